@@ -1,0 +1,1 @@
+"""The ElasticCTR client: library and command line."""

@@ -1,0 +1,5 @@
+"""ctr-client (being built; see issue 5)."""
+
+
+def main():
+    raise SystemExit("ctr-client is not implemented yet")

@@ -1,0 +1,1 @@
+"""Cube: the sharded key-value service holding the sparse embeddings for serving."""

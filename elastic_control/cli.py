@@ -1,0 +1,141 @@
+"""The elastic-control command line: the original script's flags plus subcommands.
+
+Only click code lives here; the work is done by keyword-only functions in
+``elastic_control.control`` and the subsystems' own command modules.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from elastic_control import __version__
+from elastic_control.cli_options import state_dir_option
+from elastic_control.config.resources import RANGES, Resources
+from elastic_control.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+# Subcommands live in their subsystem's module and are imported on first use,
+# so `elastic-control -h` stays fast and one broken subsystem cannot break the rest.
+LAZY_COMMANDS = {
+    "status": ("elastic_control.cli_lifecycle", "status"),
+    "delete": ("elastic_control.cli_lifecycle", "delete"),
+    "demo": ("elastic_control.demo", "demo_command"),
+    "data": ("elastic_control.data.cli", "data_group"),
+    "train": ("elastic_control.training.cli", "train_command"),
+    "role": ("elastic_control.training.cli", "role_command"),
+    "eval": ("elastic_control.evaluation.cli", "eval_command"),
+    "serve": ("elastic_control.serving.cli", "serve_command"),
+    "fileserver": ("elastic_control.fileserver.cli", "fileserver_command"),
+    "predict": ("client.cli", "predict_command"),
+    "supervise": ("elastic_control.local.cli", "supervise_command"),
+}
+HIDDEN = {"role", "supervise"}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *(n for n in LAZY_COMMANDS if n not in HIDDEN)])
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            module, attr = LAZY_COMMANDS[name]
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                if os.environ.get("ELASTIC_CTR_DEBUG"):
+                    raise
+                return _unavailable(name, e)
+        return super().get_command(ctx, name)
+
+
+def _unavailable(name: str, err: Exception) -> click.Command:
+    @click.command(name, help=f"(unavailable: {err})", context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def cmd(args):
+        raise ElasticControlError(f"the {name!r} command is unavailable in this installation: {err}")
+
+    return cmd
+
+
+def _range_help(name: str) -> str:
+    lo, hi, _, what = RANGES[name]
+    return f"{what[0].upper()}{what[1:]} ({lo}-{hi})."
+
+
+@click.group(cls=LazyGroup, invoke_without_command=True, context_settings=CONTEXT,
+             epilog="Example: elastic-control -r -u 4 -m 20 -t 2 -p 2 -b 5 -s examples/slot.conf "
+                    "-f examples/data.config; then -a, -l, -c.")
+@click.option("-r", "--config_resource", "do_render", is_flag=True, help="Validate the flags and config files and render the plan and manifests.")
+@click.option("-a", "--apply", "do_apply", is_flag=True, help="Start everything -r rendered (training, cube, serving, file server, MLflow).")
+@click.option("-l", "--log", "do_log", is_flag=True, help="Show trainer 0's, the file server's and cube-transfer's logs.")
+@click.option("-c", "--config_client", "do_client", is_flag=True, help="Configure the client: find serving and the file server, fetch slot.conf.")
+@click.option("-u", "--cpu", type=int, default=2, show_default=True, help=_range_help("cpu"))
+@click.option("-m", "--mem", type=int, default=4, show_default=True, help=_range_help("mem"))
+@click.option("-t", "--trainer", "trainers", type=int, default=2, show_default=True, help=_range_help("trainers"))
+@click.option("-p", "--pserver", "pservers", type=int, default=2, show_default=True, help=_range_help("pservers"))
+@click.option("-b", "--cube", "cube_shards", type=int, default=2, show_default=True, help=_range_help("cube_shards"))
+@click.option("-f", "--datafile", default="data.config", show_default=True, help="data.config: data location and window.")
+@click.option("-s", "--slot_conf", default="slot.conf", show_default=True, help="slot.conf: the slots to train on.")
+@click.option("-hd", "--hdfs_address", default="", help="Overrides HDFS_ADDRESS of data.config.")
+@click.option("-v", "--verbose", is_flag=True, help="More output.")
+@click.option("--backend", type=click.Choice(["auto", "local", "k8s"]), default="auto", show_default=True,
+              help="Where to run: Kubernetes when a cluster answers (auto), or local processes.")
+@click.option("--namespace", default="default", show_default=True, help="Kubernetes namespace.")
+@click.option("--image", default=None, help="Container image all pods run (default: elastic-ctr:VERSION).")
+@click.option("--queue", default="default", show_default=True, help="Volcano queue.")
+@click.option("--dry-run", "dry_run", is_flag=False, flag_value="client", default=None,
+              type=click.Choice(["client", "server"]), help="With -a: show what would be applied (server: ask the API server).")
+@click.option("--follow", is_flag=True, help="With -l: keep streaming.")
+@state_dir_option
+@click.version_option(__version__, "--version")
+@click.pass_context
+def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pservers, cube_shards, datafile, slot_conf,
+        hdfs_address, verbose, backend, namespace, image, queue, dry_run, follow, state_dir):
+    """ElasticCTR: train a CTR model on Paddle's parameter server, roll it out to cube, serve it."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = {"state_dir": state_dir, "verbose": verbose}
+        return
+    from elastic_control import control
+
+    verbs = [v for v in (do_render, do_apply, do_log, do_client) if v]
+    if not verbs:
+        click.echo(ctx.get_help())
+        return
+    if do_render:
+        resources = Resources(cpu=cpu, mem=mem, trainers=trainers, pservers=pservers, cube_shards=cube_shards)
+        control.configure_resource(resources=resources, slot_conf=slot_conf, data_config=datafile,
+                                   hdfs_address=hdfs_address, backend=backend, namespace=namespace, image=image,
+                                   state_dir=state_dir, verbose=verbose, queue=queue)
+    if do_apply:
+        control.apply(state_dir=state_dir, dry_run=dry_run)
+    if do_client:
+        control.configure_client(state_dir=state_dir)
+    if do_log:
+        control.logs(state_dir=state_dir, follow=follow)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: run the CLI and turn errors into one-line messages and exit codes."""
+    debug = os.environ.get("ELASTIC_CTR_DEBUG", "").lower() in ("1", "true", "yes")
+    try:
+        cli.main(args=argv, prog_name="elastic-control", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_USAGE if isinstance(e, click.UsageError) else e.exit_code)
+    except ElasticControlError as e:
+        if debug:
+            raise
+        click.echo(f"elastic-control: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    sys.exit(0)

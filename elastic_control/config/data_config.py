@@ -1,0 +1,206 @@
+"""data.config: bash-style ``export KEY="VALUE"`` lines, parsed in Python (never sourced).
+
+Supported syntax, per line: ``export KEY=VALUE``, ``KEY=VALUE``, values bare,
+"double-quoted" (``${VAR}`` / ``$VAR`` expanded from earlier keys, then the
+environment) or 'single-quoted' (literal); blank lines and ``#`` comments.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from elastic_control.errors import ConfigError
+
+KNOWN_KEYS = (
+    "HDFS_ADDRESS", "HDFS_UGI", "START_DATE_HR", "END_DATE_HR", "DATASET_PATH", "SPARSE_DIM",
+    "DATA_FORMAT", "ONLINE", "MODEL_PATH", "MAX_BAD_LINE_FRACTION",
+)
+REQUIRED_KEYS = ("START_DATE_HR", "END_DATE_HR", "DATASET_PATH")
+DATE_HR_FORMAT = "%Y%m%d/%H"
+
+_LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    start: dt.datetime
+    end: dt.datetime
+    dataset_path: str
+    hdfs_address: str = ""
+    hdfs_ugi: str = ""
+    sparse_dim: int | None = None
+    data_format: str = "text"
+    online: bool = False
+    model_path: str | None = None
+    max_bad_line_fraction: float = 0.01
+    source: str = "data.config"
+    values: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def dataset_root(self) -> str:
+        """Where the hourly folders live: HDFS_ADDRESS + DATASET_PATH (or the path alone)."""
+        if self.hdfs_address:
+            return self.hdfs_address.rstrip("/") + "/" + self.dataset_path.lstrip("/")
+        return self.dataset_path
+
+    def hours(self) -> Iterator[dt.datetime]:
+        """Every hour from START_DATE_HR to END_DATE_HR inclusive, in order."""
+        t = self.start
+        while t <= self.end:
+            yield t
+            t += dt.timedelta(hours=1)
+
+    def hour_dir(self, hour: dt.datetime) -> str:
+        return f"{self.dataset_root.rstrip('/')}/{hour:%Y%m%d}/{hour:%H}"
+
+    def with_window(self, start: dt.datetime, end: dt.datetime) -> "DataConfig":
+        from dataclasses import replace
+
+        return replace(self, start=start, end=end)
+
+    def to_text(self) -> str:
+        return "".join(f'export {k}="{v}"\n' for k, v in self.values.items())
+
+
+def format_hour(hour: dt.datetime) -> str:
+    return hour.strftime(DATE_HR_FORMAT)
+
+
+def parse_hour(text: str, *, key: str = "date", source: str = "data.config", line: int | None = None) -> dt.datetime:
+    try:
+        if not re.fullmatch(r"\d{8}/\d{2}", text):
+            raise ValueError
+        return dt.datetime.strptime(text, DATE_HR_FORMAT)
+    except ValueError:
+        raise ConfigError(f"{key}={text!r} is not a date and hour in the format YYYYMMDD/HH (e.g. 20191221/00)",
+                          path=source, line=line) from None
+
+
+def _unquote(raw: str, values: Mapping[str, str], env: Mapping[str, str], source: str, lineno: int) -> str:
+    raw = raw.strip()
+    # Trailing comment after an unquoted value or after a closing quote.
+    if raw.startswith("'"):
+        end = raw.find("'", 1)
+        if end < 0:
+            raise ConfigError(f"unterminated single quote in {raw!r}", path=source, line=lineno)
+        rest = raw[end + 1:].strip()
+        if rest and not rest.startswith("#"):
+            raise ConfigError(f"unexpected text after the quoted value: {rest!r}", path=source, line=lineno)
+        return raw[1:end]
+    if raw.startswith('"'):
+        end = raw.find('"', 1)
+        if end < 0:
+            raise ConfigError(f"unterminated double quote in {raw!r}", path=source, line=lineno)
+        rest = raw[end + 1:].strip()
+        if rest and not rest.startswith("#"):
+            raise ConfigError(f"unexpected text after the quoted value: {rest!r}", path=source, line=lineno)
+        body = raw[1:end]
+    else:
+        body = raw.split(" #", 1)[0].strip()
+        if any(c.isspace() for c in body):
+            raise ConfigError(f"value {body!r} contains spaces; quote it", path=source, line=lineno)
+        if any(c in body for c in "`;|&<>()"):
+            raise ConfigError(f"value {body!r} uses shell syntax this parser does not run", path=source, line=lineno)
+    if "$(" in body or "`" in body:
+        raise ConfigError(f"command substitution in {body!r} is not supported (data.config is parsed, never run)",
+                          path=source, line=lineno)
+
+    def expand(m: re.Match) -> str:
+        name = m.group(1) or m.group(3)
+        if values.get(name):
+            return values[name]
+        if env.get(name):
+            return env[name]
+        if m.group(2) is not None:  # ${VAR:-default}
+            return m.group(2)
+        if name in values or name in env:
+            return ""
+        raise ConfigError(f"${{{name}}} is not defined earlier in the file nor in the environment",
+                          path=source, line=lineno)
+
+    return _VAR.sub(expand, body)
+
+
+def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, str] | None = None) -> DataConfig:
+    env = os.environ if env is None else env
+    values: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        m = _LINE.match(stripped)
+        if not m:
+            raise ConfigError(f"cannot parse {stripped!r} (expected: export KEY=\"VALUE\")", path=source, line=lineno)
+        key, rawvalue = m.group(1), m.group(2)
+        if key not in KNOWN_KEYS:
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.75)
+            if close:
+                raise ConfigError(f"unknown key {key!r}; did you mean {close[0]!r}?", path=source, line=lineno)
+        values[key] = _unquote(rawvalue, values, env, source, lineno)
+        lines[key] = lineno
+
+    for key in REQUIRED_KEYS:
+        if not values.get(key):
+            raise ConfigError(f"{key} is missing (required keys: {', '.join(REQUIRED_KEYS)})", path=source)
+
+    start = parse_hour(values["START_DATE_HR"], key="START_DATE_HR", source=source, line=lines["START_DATE_HR"])
+    end = parse_hour(values["END_DATE_HR"], key="END_DATE_HR", source=source, line=lines["END_DATE_HR"])
+    if end < start:
+        raise ConfigError(f"END_DATE_HR {values['END_DATE_HR']} is before START_DATE_HR {values['START_DATE_HR']}",
+                          path=source, line=lines["END_DATE_HR"])
+
+    sparse_dim = None
+    if values.get("SPARSE_DIM"):
+        try:
+            sparse_dim = int(values["SPARSE_DIM"])
+            if sparse_dim <= 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"SPARSE_DIM={values['SPARSE_DIM']!r} must be a positive integer (or unset for full "
+                              "64-bit feasigns)", path=source, line=lines["SPARSE_DIM"]) from None
+
+    data_format = values.get("DATA_FORMAT", "text") or "text"
+    if data_format not in ("text", "parquet"):
+        raise ConfigError(f"DATA_FORMAT={data_format!r} must be 'text' or 'parquet'", path=source,
+                          line=lines["DATA_FORMAT"])
+
+    online_raw = values.get("ONLINE", "0") or "0"
+    if online_raw.lower() not in ("0", "1", "true", "false", "yes", "no"):
+        raise ConfigError(f"ONLINE={online_raw!r} must be 0 or 1", path=source, line=lines["ONLINE"])
+
+    fraction = 0.01
+    if values.get("MAX_BAD_LINE_FRACTION"):
+        try:
+            fraction = float(values["MAX_BAD_LINE_FRACTION"])
+            if not 0 <= fraction <= 1:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"MAX_BAD_LINE_FRACTION={values['MAX_BAD_LINE_FRACTION']!r} must be a number in [0, 1]",
+                              path=source, line=lines["MAX_BAD_LINE_FRACTION"]) from None
+
+    return DataConfig(
+        start=start, end=end, dataset_path=values["DATASET_PATH"],
+        hdfs_address=values.get("HDFS_ADDRESS", ""), hdfs_ugi=values.get("HDFS_UGI", ""),
+        sparse_dim=sparse_dim, data_format=data_format,
+        online=online_raw.lower() in ("1", "true", "yes"),
+        model_path=values.get("MODEL_PATH") or None, max_bad_line_fraction=fraction,
+        source=source, values=dict(values),
+    )
+
+
+def load_data_config(path: str | Path, env: Mapping[str, str] | None = None) -> DataConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found (pass the data description with -f/--datafile)", path=str(path)) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read: {e}", path=str(path)) from e
+    return parse_data_config(text, str(path), env)

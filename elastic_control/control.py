@@ -1,0 +1,123 @@
+"""The four verbs of elastic-control, as keyword-only library functions.
+
+The CLI (cli.py) only parses flags and calls these; a Python user can call
+them directly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from elastic_control.backends import get_backend
+from elastic_control.config import Resources, load_data_config, load_slot_conf
+from elastic_control.console import done
+from elastic_control.errors import UsageError
+from elastic_control.plan import (DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE, Plan, load_plan,
+                                  new_token)
+
+BACKENDS = ("auto", "local", "k8s")
+
+
+def choose_backend(requested: str) -> tuple[str, str]:
+    """(backend, reason). ``auto`` picks Kubernetes only when a cluster answers."""
+    if requested not in BACKENDS:
+        raise UsageError(f"--backend {requested!r} is not one of {', '.join(BACKENDS)}")
+    if requested != "auto":
+        return requested, f"--backend {requested} was given"
+    try:
+        from elastic_control.kube.adaptor import detect_cluster
+    except ImportError:  # pragma: no cover - the kube extra is always installed
+        return "local", "the kubernetes client is not installed"
+    ok, why = detect_cluster()
+    return ("k8s", why) if ok else ("local", why)
+
+
+def configure_resource(*, resources: Resources, slot_conf: str, data_config: str, hdfs_address: str = "",
+                       backend: str = "auto", namespace: str = "default", image: str | None = None,
+                       state_dir: str = ".elastic-ctr", verbose: bool = False, queue: str = "default",
+                       job_name: str = "elastic-ctr", extra: dict | None = None) -> Plan:
+    """``-r``: validate everything, then render the plan and manifests into ``state_dir``.
+
+    Nothing in ``state_dir`` changes unless every step succeeds.
+    """
+    slots = load_slot_conf(slot_conf)
+    data_cfg = load_data_config(data_config)
+    chosen, reason = choose_backend(backend)
+    state = Path(state_dir)
+    from elastic_control.plan import DEFAULT_IMAGE
+
+    plan = Plan(backend=chosen, backend_reason=reason, resources=resources, slot_conf_text=slots.to_text(),
+                data_config_path=str(Path(data_config).resolve()), hdfs_address=hdfs_address or data_cfg.hdfs_address,
+                namespace=namespace, image=image or DEFAULT_IMAGE, job_name=job_name, queue=queue,
+                verbose=verbose, state_dir=str(state), extra=dict(extra or {}))
+
+    state.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".render.", dir=state))
+    try:
+        (staging / SLOT_CONF_FILE).write_text(slots.to_text())
+        shutil.copyfile(data_config, staging / DATA_CONFIG_FILE)
+        # Keep the token across re-renders: running components already hold it.
+        old_token = state / TOKEN_FILE
+        token = old_token.read_text().strip() if old_token.exists() else new_token()
+        (staging / TOKEN_FILE).write_text(token + "\n")
+        os.chmod(staging / TOKEN_FILE, 0o600)
+        # Kubernetes manifests are always rendered, so users can read them and
+        # `kubectl apply` them whatever the backend; the local backend adds its own plan.
+        from elastic_control.backends.kube_backend import KubeBackend
+
+        KubeBackend().render(plan, staging)
+        if chosen == "local":
+            get_backend("local").render(plan, staging)
+        (staging / PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n")
+        _swap_in(staging, state)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    done(f"rendered plan for the {chosen} backend into {state}/ ({reason})")
+    return plan
+
+
+def _swap_in(staging: Path, state: Path) -> None:
+    """Move each rendered entry over its old copy; plan.json last, so a plan implies its files."""
+    entries = sorted(staging.iterdir(), key=lambda p: p.name == PLAN_FILE)
+    for entry in entries:
+        target = state / entry.name
+        if entry.is_dir() and target.exists():
+            old = state / f".{entry.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(entry, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(entry, target)
+
+
+def apply(*, state_dir: str = ".elastic-ctr", dry_run: str | None = None) -> Plan:
+    """``-a``: start everything ``-r`` rendered."""
+    plan = load_plan(state_dir)
+    get_backend(plan.backend).apply(plan, dry_run=dry_run)
+    return plan
+
+
+def logs(*, state_dir: str = ".elastic-ctr", follow: bool = False, components: list[str] | None = None) -> None:
+    """``-l``: trainer 0's, the file server's and cube-transfer's logs."""
+    plan = load_plan(state_dir)
+    get_backend(plan.backend).logs(plan, follow=follow, components=components)
+
+
+def configure_client(*, state_dir: str = ".elastic-ctr") -> Path:
+    """``-c``: discover serving and the file server, write the client's config."""
+    plan = load_plan(state_dir)
+    return get_backend(plan.backend).configure_client(plan)
+
+
+def status(*, state_dir: str = ".elastic-ctr") -> None:
+    plan = load_plan(state_dir)
+    get_backend(plan.backend).status(plan)
+
+
+def delete(*, state_dir: str = ".elastic-ctr") -> None:
+    plan = load_plan(state_dir)
+    get_backend(plan.backend).delete(plan)

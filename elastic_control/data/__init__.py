@@ -1,0 +1,1 @@
+"""Click-log data: the slot line format, key transform, readers and generators."""

@@ -1,0 +1,74 @@
+"""The slot text format and the key transform, shared by trainer, cube and serving.
+
+A line is ``$show $click $feasign:$slot $feasign:$slot ...``; a feasign is an
+unsigned 64-bit integer (values above 2**63 occur). The key stored in the
+sparse table is ``feasign % SPARSE_DIM`` when SPARSE_DIM is set (the original
+behaviour), else the full feasign. Paddle ids are int64, so the uint64 key's
+bits are reinterpreted as int64 on the way in, in every component.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+UINT64_MAX = (1 << 64) - 1
+
+
+class MalformedLine(ValueError):
+    """A line that is not in the slot format; readers count and skip these."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    show: int
+    click: int
+    feasigns: tuple[int, ...]
+    slots: tuple[int, ...]
+
+
+def parse_sample_line(line: str) -> Sample:
+    """Parse one slot-format line; raise MalformedLine naming what is wrong."""
+    parts = line.split()
+    if len(parts) < 2:
+        raise MalformedLine("expected '$show $click $feasign:$slot ...'")
+    try:
+        show, click = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise MalformedLine(f"show/click {parts[0]!r} {parts[1]!r} are not integers") from None
+    if click not in (0, 1) or show < 0:
+        raise MalformedLine(f"click must be 0 or 1 and show >= 0, got show={show} click={click}")
+    feasigns, slots = [], []
+    for tok in parts[2:]:
+        f, sep, s = tok.partition(":")
+        if not sep:
+            raise MalformedLine(f"feature {tok!r} is not feasign:slot")
+        try:
+            fv, sv = int(f), int(s)
+        except ValueError:
+            raise MalformedLine(f"feature {tok!r} is not integer:integer") from None
+        if not 0 <= fv <= UINT64_MAX or sv < 0:
+            raise MalformedLine(f"feature {tok!r}: feasign must be an unsigned 64-bit integer, slot >= 0")
+        feasigns.append(fv)
+        slots.append(sv)
+    return Sample(show, click, tuple(feasigns), tuple(slots))
+
+
+def feasign_to_key(feasign: int, sparse_dim: int | None) -> int:
+    """The sparse-table key (uint64 value as a Python int)."""
+    return feasign % sparse_dim if sparse_dim else feasign
+
+
+def keys_to_paddle_ids(keys: np.ndarray) -> np.ndarray:
+    """Reinterpret uint64 keys as the int64 ids Paddle takes (same bits)."""
+    return np.ascontiguousarray(keys, dtype=np.uint64).view(np.int64)
+
+
+def paddle_ids_to_keys(ids: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64)
+
+
+def transform_keys(feasigns: np.ndarray, sparse_dim: int | None) -> np.ndarray:
+    """Vectorised key transform on a uint64 array."""
+    feasigns = np.asarray(feasigns, dtype=np.uint64)
+    return feasigns % np.uint64(sparse_dim) if sparse_dim else feasigns

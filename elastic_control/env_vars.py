@@ -1,0 +1,77 @@
+"""Every environment variable ElasticCTR components read, in one typed registry.
+
+The Kubernetes manifests and the local backend set the SAME variables, so a
+component behaves the same in a pod and on a laptop. Add new variables here,
+never read ``os.environ`` for an ElasticCTR setting anywhere else.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    parse: Callable[[str], T]
+    default: T | None
+    doc: str
+
+    def get(self, environ: dict | None = None) -> T | None:
+        env = os.environ if environ is None else environ
+        raw = env.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as e:
+            from elastic_control.errors import ConfigError
+
+            raise ConfigError(f"environment variable {self.name}={raw!r} is invalid: {e}") from e
+
+    def require(self, environ: dict | None = None) -> T:
+        value = self.get(environ)
+        if value is None:
+            from elastic_control.errors import ConfigError
+
+            raise ConfigError(f"environment variable {self.name} must be set ({self.doc})")
+        return value
+
+
+REGISTRY: dict[str, EnvVar] = {}
+
+
+def _var(name: str, parse: Callable[[str], T], default: T | None, doc: str) -> EnvVar[T]:
+    var = EnvVar(name, parse, default, doc)
+    REGISTRY[name] = var
+    return var
+
+
+# Paddle fleet role variables (standard names, read by paddle itself too).
+TRAINING_ROLE = _var("TRAINING_ROLE", str, None, "PSERVER or TRAINER")
+PADDLE_PSERVERS_IP_PORT_LIST = _var("PADDLE_PSERVERS_IP_PORT_LIST", str, None, "host:port,... of all pservers")
+PADDLE_TRAINERS_NUM = _var("PADDLE_TRAINERS_NUM", int, 1, "number of trainers")
+PADDLE_TRAINER_ID = _var("PADDLE_TRAINER_ID", int, 0, "this trainer's index")
+PADDLE_PORT = _var("PADDLE_PORT", int, 30240, "this pserver's port")
+POD_IP = _var("POD_IP", str, "127.0.0.1", "this pod's address")
+
+# ElasticCTR settings.
+DATA_CONFIG = _var("ELASTIC_CTR_DATA_CONFIG", str, None, "path of data.config")
+SLOT_CONF = _var("ELASTIC_CTR_SLOT_CONF", str, None, "path of slot.conf")
+MODEL_PATH = _var("MODEL_PATH", str, None, "where training writes pass folders and the donefile")
+TOKEN = _var("ELASTIC_CTR_TOKEN", str, None, "bearer token required for writes (file server, cube agent)")
+DEBUG = _var("ELASTIC_CTR_DEBUG", _bool, False, "show tracebacks for errors")
+STATE_DIR = _var("ELASTIC_CTR_STATE_DIR", str, ".elastic-ctr", "state folder of rendered manifests and local runs")
+MLFLOW_TRACKING_URI = _var("MLFLOW_TRACKING_URI", str, None, "MLflow tracking server or store URI")
+FILESERVER_URL = _var("ELASTIC_CTR_FILESERVER_URL", str, None, "base URL of the file server")
+CUBE_SERVERS = _var("ELASTIC_CTR_CUBE_SERVERS", str, None, "comma-separated cube-server URLs, shard order")
+CUBE_AGENTS = _var("ELASTIC_CTR_CUBE_AGENTS", str, None, "comma-separated cube-agent URLs, shard order")
+CUBE_ROOT = _var("ELASTIC_CTR_CUBE_ROOT", str, None, "folder holding cube/VERSION/ shard files")
+SERVING_URL = _var("ELASTIC_CTR_SERVING_URL", str, None, "base URL of the serving process")

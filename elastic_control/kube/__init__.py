@@ -1,0 +1,1 @@
+"""Kubernetes: the one adaptor module and manifest rendering."""

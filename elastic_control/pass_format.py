@@ -1,0 +1,214 @@
+"""The pass folder, the models donefile, and the saved sparse table.
+
+Layout written by trainer 0 (see docs/contracts.md)::
+
+    MODEL_PATH/
+      donefile                      one JSON line per COMPLETE pass, append-only
+      pass-YYYYMMDD-HH/
+        dense/inference.pdmodel     paddle inference model; input "emb_concat"
+        dense/inference.pdiparams   [-1, len(slots) * embedding_dim] -> click probability
+        sparse/000/part-*.gz        the sparse table as fleet.save_persistables writes it
+        meta.json                   slots, dims, key transform, data window, sparse layout, metrics
+        golden.jsonl                {"line": ..., "prob": ...} computed by the training program
+
+A pass folder without its donefile line is incomplete, whatever it contains.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from elastic_control.errors import DataError
+
+DONEFILE = "donefile"
+DENSE_DIR = "dense"
+DENSE_PREFIX = "inference"  # dense/inference.pdmodel + .pdiparams
+DENSE_INPUT = "emb_concat"
+SPARSE_DIR = "sparse"
+SPARSE_TABLE_SUBDIR = "000"
+META_FILE = "meta.json"
+GOLDEN_FILE = "golden.jsonl"
+PASS_PREFIX = "pass-"
+
+# Values that fleet's CtrCommonAccessor writes per key in text form, before the
+# embedding: slot, unseen_days, delta_score, show, click.
+ACCESSOR_HEAD_COLUMNS = 5
+# Optimizer state columns per sparse optimizer rule: (after embed_w, after embedx_w(d-1)).
+SPARSE_OPTIMIZER_STATE = {
+    "naive": lambda d: (0, 0),
+    "adagrad": lambda d: (1, 1),
+    "std_adagrad": lambda d: (1, d - 1),
+    "adam": lambda d: (4, 2 * (d - 1) + 2),
+}
+
+
+def pass_name(hour: dt.datetime) -> str:
+    return f"{PASS_PREFIX}{hour:%Y%m%d-%H}"
+
+
+@dataclass(frozen=True)
+class SparseLayout:
+    """Where the embedding sits in a text line of the saved sparse table.
+
+    CtrCommonAccessor stores a dim-d embedding as embed_w (1 value) followed,
+    after embed_w's optimizer state, by embedx_w (d-1 values).
+    """
+
+    embedding_dim: int
+    optimizer: str = "adam"
+
+    def __post_init__(self):
+        if self.optimizer not in SPARSE_OPTIMIZER_STATE:
+            raise DataError(f"unknown sparse optimizer {self.optimizer!r}; known: {sorted(SPARSE_OPTIMIZER_STATE)}")
+
+    @property
+    def state_columns(self) -> tuple[int, int]:
+        return SPARSE_OPTIMIZER_STATE[self.optimizer](self.embedding_dim)
+
+    @property
+    def value_columns(self) -> int:
+        """Columns after the key."""
+        e, x = self.state_columns
+        return ACCESSOR_HEAD_COLUMNS + 1 + e + (self.embedding_dim - 1) + x
+
+    def embedding_column_indices(self) -> np.ndarray:
+        """Indices (0 = the key) of the embedding's d columns in a line."""
+        e, _ = self.state_columns
+        embed_w = 1 + ACCESSOR_HEAD_COLUMNS
+        embedx = embed_w + 1 + e
+        return np.array([embed_w] + list(range(embedx, embedx + self.embedding_dim - 1)))
+
+    def to_json(self) -> dict:
+        return {"accessor": "CtrCommonAccessor", "optimizer": self.optimizer,
+                "embedding_dim": self.embedding_dim, "value_columns": self.value_columns}
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    name: str
+    path: Path
+    meta: dict
+
+    @property
+    def slots(self) -> list[int]:
+        return list(self.meta["slots"])
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.meta["embedding_dim"])
+
+    @property
+    def sparse_dim(self) -> int | None:
+        return self.meta.get("sparse_dim")
+
+    @property
+    def layout(self) -> SparseLayout:
+        s = self.meta.get("sparse_layout", {})
+        return SparseLayout(self.embedding_dim, s.get("optimizer", "adam"))
+
+    @property
+    def dense_model_prefix(self) -> Path:
+        return self.path / DENSE_DIR / DENSE_PREFIX
+
+
+def read_donefile(model_path: str | os.PathLike) -> list[dict]:
+    """Complete passes in order; a torn last line (crash mid-append) is ignored."""
+    path = Path(model_path) / DONEFILE
+    if not path.exists():
+        return []
+    entries = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            entries.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return entries
+
+
+def load_pass(pass_dir: str | os.PathLike) -> PassInfo:
+    pass_dir = Path(pass_dir)
+    meta_path = pass_dir / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{pass_dir} is not a pass folder: {META_FILE} is missing") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{meta_path}: invalid JSON: {e}") from e
+    return PassInfo(meta.get("pass", pass_dir.name), pass_dir, meta)
+
+
+def complete_passes(model_path: str | os.PathLike) -> list[PassInfo]:
+    """Passes named in the donefile whose folders still exist, oldest first."""
+    out = []
+    for entry in read_donefile(model_path):
+        p = Path(model_path) / entry["pass"]
+        if (p / META_FILE).exists():
+            out.append(load_pass(p))
+    return out
+
+
+def latest_complete_pass(model_path: str | os.PathLike) -> PassInfo | None:
+    passes = complete_passes(model_path)
+    return passes[-1] if passes else None
+
+
+def sparse_part_files(pass_dir: str | os.PathLike) -> list[Path]:
+    table = Path(pass_dir) / SPARSE_DIR / SPARSE_TABLE_SUBDIR
+    if not table.is_dir():
+        raise DataError(f"{table}: the sparse table folder is missing")
+    return sorted(p for p in table.iterdir() if p.name.startswith("part-"))
+
+
+def _parse_key(tok: str) -> int:
+    v = int(tok)
+    return v + (1 << 64) if v < 0 else v
+
+
+def iter_sparse_table(pass_dir: str | os.PathLike, layout: SparseLayout,
+                      chunk_rows: int = 200_000) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Stream (keys uint64[n], embeddings float32[n, d]) chunks from a saved table.
+
+    Raises DataError naming the file and line if a line has the wrong number of columns.
+    """
+    cols = layout.embedding_column_indices()
+    want = 1 + layout.value_columns
+    keys: list[int] = []
+    rows: list[list[str]] = []
+    for part in sparse_part_files(pass_dir):
+        opener = gzip.open if part.name.endswith(".gz") else open
+        with opener(part, "rt", encoding="ascii") as f:
+            for lineno, line in enumerate(f, start=1):
+                toks = line.split()
+                if not toks:
+                    continue
+                if len(toks) != want:
+                    raise DataError(f"{part}:{lineno}: {len(toks)} columns, expected {want} for "
+                                    f"{layout.to_json()} (is meta.json's sparse_layout right?)")
+                keys.append(_parse_key(toks[0]))
+                rows.append([toks[i] for i in cols])
+                if len(keys) >= chunk_rows:
+                    yield np.array(keys, dtype=np.uint64), np.array(rows, dtype=np.float32)
+                    keys, rows = [], []
+    if keys:
+        yield np.array(keys, dtype=np.uint64), np.array(rows, dtype=np.float32)
+
+
+def read_sparse_table(pass_dir: str | os.PathLike, layout: SparseLayout) -> tuple[np.ndarray, np.ndarray]:
+    """The whole table, keys sorted ascending (small tables; large ones: iter_sparse_table)."""
+    chunks = list(iter_sparse_table(pass_dir, layout))
+    if not chunks:
+        return np.zeros(0, np.uint64), np.zeros((0, layout.embedding_dim), np.float32)
+    keys = np.concatenate([c[0] for c in chunks])
+    values = np.concatenate([c[1] for c in chunks])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order]
