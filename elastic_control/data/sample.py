@@ -72,3 +72,27 @@ def transform_keys(feasigns: np.ndarray, sparse_dim: int | None) -> np.ndarray:
     """Vectorised key transform on a uint64 array."""
     feasigns = np.asarray(feasigns, dtype=np.uint64)
     return feasigns % np.uint64(sparse_dim) if sparse_dim else feasigns
+
+
+# A slot with no feature in a line gets this one feasign, so that no LoD
+# sequence is ever empty. Trainer, evaluation and serving all apply it.
+PADDING_FEASIGN = 0
+
+
+def slot_keys(sample: Sample, slots: tuple[int, ...] | list[int], sparse_dim: int | None) -> list[np.ndarray]:
+    """Per slot (in slot.conf order) the uint64 keys of a sample, padding applied.
+
+    Features of slots not in ``slots`` are ignored, as in training.
+    """
+    pos = {s: i for i, s in enumerate(slots)}
+    per_slot: list[list[int]] = [[] for _ in slots]
+    for f, s in zip(sample.feasigns, sample.slots):
+        i = pos.get(s)
+        if i is not None:
+            per_slot[i].append(f)
+    out = []
+    for feas in per_slot:
+        if not feas:
+            feas = [PADDING_FEASIGN]
+        out.append(transform_keys(np.array(feas, dtype=np.uint64), sparse_dim))
+    return out
