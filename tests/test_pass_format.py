@@ -1,0 +1,52 @@
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from elastic_control.errors import DataError
+from elastic_control.pass_format import (SparseLayout, complete_passes, iter_sparse_table, read_donefile,
+                                         read_sparse_table)
+
+
+def _write_table(pass_dir, rows, layout):
+    table = pass_dir / "sparse" / "000"
+    table.mkdir(parents=True)
+    e, x = layout.state_columns
+    with gzip.open(table / "part-000-00001.gz", "wt") as f:
+        for key, emb in rows:
+            cols = [str(key), "0", "0", "1.5", "3", "1", repr(float(emb[0]))]
+            cols += ["0.1"] * e + [repr(float(v)) for v in emb[1:]] + ["0.2"] * x
+            f.write(" ".join(cols) + "\n")
+
+
+def test_adam_layout_matches_paddle_2_6_column_count():
+    # Seen in a real fleet.save_persistables of an 8-dim sparse_embedding with Adam: 34 columns.
+    assert 1 + SparseLayout(8, "adam").value_columns == 34
+    assert list(SparseLayout(8, "adam").embedding_column_indices()) == [6, 11, 12, 13, 14, 15, 16, 17]
+
+
+def test_sparse_table_roundtrip_with_uint64_keys(tmp_path):
+    layout = SparseLayout(3, "adam")
+    big = (1 << 64) - 5
+    rows = [(big, [0.5, -1.0, 2.0]), (7, [1.0, 2.0, 3.0]), (-3, [4.0, 5.0, 6.0])]  # -3 is 2**64-3 printed signed
+    _write_table(tmp_path, rows, layout)
+    keys, values = read_sparse_table(tmp_path, layout)
+    assert keys.dtype == np.uint64
+    assert keys.tolist() == [7, (1 << 64) - 5, (1 << 64) - 3]
+    np.testing.assert_array_equal(values[0], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(values[1], [0.5, -1.0, 2.0])
+
+
+def test_wrong_column_count_names_file_and_line(tmp_path):
+    _write_table(tmp_path, [(1, [1.0, 2.0, 3.0])], SparseLayout(3, "adagrad"))
+    with pytest.raises(DataError, match=r"part-000-00001.gz:1: .*expected"):
+        list(iter_sparse_table(tmp_path, SparseLayout(3, "adam")))
+
+
+def test_donefile_ignores_torn_last_line_and_missing_folders(tmp_path):
+    (tmp_path / "pass-20191221-00").mkdir()
+    (tmp_path / "pass-20191221-00" / "meta.json").write_text(json.dumps({"slots": [1], "embedding_dim": 9}))
+    (tmp_path / "donefile").write_text('{"pass": "pass-20191221-00"}\n{"pass": "pass-20191221-01"}\n{"pass": "pa')
+    assert [e["pass"] for e in read_donefile(tmp_path)] == ["pass-20191221-00", "pass-20191221-01"]
+    assert [p.name for p in complete_passes(tmp_path)] == ["pass-20191221-00"]
