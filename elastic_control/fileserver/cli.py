@@ -1,0 +1,39 @@
+"""``elastic-control fileserver --root DIR --port P``: run the file server in the foreground."""
+from __future__ import annotations
+
+import logging
+
+import click
+
+from elastic_control.console import done, warn
+from elastic_control.env_vars import TOKEN
+from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, DEFAULT_PORT, make_fileserver
+
+
+@click.command("fileserver")
+@click.option("--root", required=True, type=click.Path(file_okay=False), help="Folder to serve (created if missing).")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (0 picks a free one).")
+@click.option("--max-bytes", default=DEFAULT_MAX_BYTES, show_default=True, type=click.IntRange(1),
+              help="Largest upload accepted (413 above).")
+def fileserver_command(root, host, port, max_bytes):
+    """Serve files: PUT/GET/DELETE /files/PATH; writes need ELASTIC_CTR_TOKEN."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s fileserver %(message)s")
+    token = TOKEN.get()
+    if not token:
+        warn("ELASTIC_CTR_TOKEN is not set: the file server is read-only")
+    try:
+        server = make_fileserver(root=root, host=host, port=port, token=token, max_bytes=max_bytes)
+    except OSError as e:
+        from elastic_control.errors import ComponentError
+
+        raise ComponentError(f"file server cannot listen on {host}:{port}: {e}") from e
+    bound_host, bound_port = server.server_address[:2]
+    done(f"file server serving {root} on http://{bound_host}:{bound_port}")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
