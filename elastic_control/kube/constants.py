@@ -1,0 +1,61 @@
+"""Coordinates of the Kubernetes objects ElasticCTR creates and reads.
+
+Custom resources (Volcano) are addressed by group/version/plural, never by
+string-building in the callers; ports and label keys are fixed here so the
+templates, the backend and the tests agree.
+"""
+from __future__ import annotations
+
+# Volcano batch Job (the training job) and the scheduling Queue it runs in.
+VOLCANO_JOB_GROUP = "batch.volcano.sh"
+VOLCANO_JOB_VERSION = "v1alpha1"
+VOLCANO_JOB_PLURAL = "jobs"
+VOLCANO_JOB_KIND = "Job"
+VOLCANO_JOB_CRD = f"{VOLCANO_JOB_PLURAL}.{VOLCANO_JOB_GROUP}"
+VOLCANO_QUEUE_GROUP = "scheduling.volcano.sh"
+VOLCANO_QUEUE_VERSION = "v1beta1"
+VOLCANO_QUEUE_PLURAL = "queues"
+VOLCANO_SCHEDULER = "volcano"
+# A pinned release, never a moving `master` URL (DESIGN.md).
+VOLCANO_INSTALL_HINT = ("install Volcano from a pinned release, e.g. `kubectl apply -f "
+                        "https://raw.githubusercontent.com/volcano-sh/volcano/v1.11.0/installer/volcano-development.yaml`"
+                        " or `helm install volcano volcano-sh/volcano --version 1.11.0 -n volcano-system --create-namespace`")
+
+# Labels Volcano puts on the pods of a job.
+VOLCANO_JOB_NAME_LABEL = "volcano.sh/job-name"
+VOLCANO_TASK_SPEC_LABEL = "volcano.sh/task-spec"
+VOLCANO_TASK_INDEX_LABEL = "volcano.sh/task-index"
+
+# Our labels (recommended Kubernetes labels).
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_SHARD = "elastic-ctr/shard"
+APP_NAME = "elastic-ctr"
+
+# Ports (DESIGN.md).
+PSERVER_PORT = 30240
+TRAINER_PORT = 30241
+FILESERVER_PORT = 8080
+CUBE_SERVER_PORT = 8027
+CUBE_AGENT_PORT = 8001
+CUBE_TRANSFER_PORT = 8099
+SERVING_PORT = 8010
+MLFLOW_PORT = 8111
+
+# Paths inside every container.
+CONFIG_MOUNT = "/etc/elastic-ctr"
+SHARED_MOUNT = "/var/lib/elastic-ctr"
+POD_MODEL_PATH = f"{SHARED_MOUNT}/models"
+FILESERVER_ROOT = "/srv/elastic-ctr/files"
+CUBE_DATA_DIR = "/var/lib/elastic-ctr-cube"
+MLFLOW_DATA_DIR = "/var/lib/mlflow"
+
+# Component names: the value of app.kubernetes.io/component and the suffix of object names.
+COMPONENTS = ("config", "mlflow", "fileserver", "pserver", "trainer", "cube", "cube-transfer", "serving")
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+
+# Longest a pod/host name may be: Volcano names pods JOB-TASK-INDEX and the svc
+# plugin uses them as host names, which must be DNS labels.
+MAX_NAME_LENGTH = 63

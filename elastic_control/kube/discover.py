@@ -1,0 +1,101 @@
+"""-c: find how serving and the file server are reached from here, fetch slot.conf, write client.json."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from elastic_control.atomic import atomic_write_json, atomic_write_text
+from elastic_control.config import parse_slot_conf
+from elastic_control.console import info, warn
+from elastic_control.errors import ApplyError, ConfigError
+from elastic_control.kube import adaptor
+
+CLIENT_FILE = "client.json"
+CLIENT_SLOT_CONF = "client/slot.conf"
+SLOT_CONF_URL_PATH = "/files/config/slot.conf"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    how: str  # LoadBalancer / NodePort / port-forward
+    port_forward: str | None = None  # the command to run first, when needed
+
+
+def _node_address() -> str | None:
+    """An address of a node: ExternalIP first, then InternalIP (NodePort services answer on every node)."""
+    with adaptor.reachable("listing nodes"):
+        try:
+            nodes = adaptor.core().list_node().items
+        except adaptor.ApiException as e:
+            if e.status == 403:
+                return None
+            raise
+    for wanted in ("ExternalIP", "InternalIP"):
+        for node in nodes:
+            for address in node.status.addresses or []:
+                if address.type == wanted:
+                    return address.address
+    return None
+
+
+def discover_service(namespace: str, name: str, port: int) -> Endpoint:
+    """How to reach Service ``name`` on ``port`` from outside the cluster."""
+    with adaptor.reachable(f"reading Service {namespace}/{name}"):
+        try:
+            svc = adaptor.core().read_namespaced_service(name, namespace)
+        except adaptor.ApiException as e:
+            if e.status == 404:
+                raise ApplyError("not found: run `elastic-control -a` first", kind="Service",
+                                 namespace=namespace, name=name) from e
+            raise
+    spec_port = next((p for p in svc.spec.ports or [] if p.port == port), (svc.spec.ports or [None])[0])
+    if svc.spec.type == "LoadBalancer":
+        for ingress in (svc.status.load_balancer.ingress or []) if svc.status and svc.status.load_balancer else []:
+            host = ingress.ip or ingress.hostname
+            if host:
+                return Endpoint(f"http://{host}:{spec_port.port}", "LoadBalancer")
+    if svc.spec.type in ("NodePort", "LoadBalancer") and spec_port is not None and spec_port.node_port:
+        node = _node_address()
+        if node:
+            return Endpoint(f"http://{node}:{spec_port.node_port}", "NodePort")
+    # Reachable only inside the cluster: tell the user the port-forward to run.
+    command = f"kubectl port-forward -n {namespace} svc/{name} {port}:{port}"
+    return Endpoint(f"http://127.0.0.1:{port}", "port-forward", command)
+
+
+def fetch_slot_conf(fileserver_url: str, timeout: float = 5.0) -> str:
+    """slot.conf as published on the file server (raises requests/ConfigError when unavailable)."""
+    resp = requests.get(fileserver_url.rstrip("/") + SLOT_CONF_URL_PATH, timeout=timeout)
+    resp.raise_for_status()
+    text = resp.text
+    parse_slot_conf(text, fileserver_url + SLOT_CONF_URL_PATH)
+    return text
+
+
+def configure_client(*, namespace: str, serving_name: str, serving_port: int, fileserver_name: str,
+                     fileserver_port: int, state_dir: Path, fallback_slot_conf: str) -> Path:
+    """Write STATE/client.json (docs/contracts.md) and the slot.conf it names; returns client.json's path."""
+    serving = discover_service(namespace, serving_name, serving_port)
+    files = discover_service(namespace, fileserver_name, fileserver_port)
+    for what, endpoint in (("serving", serving), ("file server", files)):
+        if endpoint.port_forward:
+            info(f"{what} is only reachable inside the cluster; run: {endpoint.port_forward}")
+        else:
+            info(f"{what}: {endpoint.url} ({endpoint.how})")
+    try:
+        slot_text = fetch_slot_conf(files.url)
+        source = files.url + SLOT_CONF_URL_PATH
+    except (requests.RequestException, ConfigError) as e:
+        warn(f"could not fetch slot.conf from the file server ({type(e).__name__}: {e}); "
+             "using the copy in the state folder")
+        slot_text, source = fallback_slot_conf, "state folder"
+    slots = parse_slot_conf(slot_text, source)
+    slot_path = state_dir / CLIENT_SLOT_CONF
+    atomic_write_text(slot_path, slot_text)
+    path = state_dir / CLIENT_FILE
+    atomic_write_json(path, {"serving_url": serving.url, "fileserver_url": files.url,
+                             "slot_conf": str(slot_path.resolve()), "slots": list(slots.slots)})
+    return path

@@ -1,0 +1,186 @@
+"""Render the Kubernetes manifests: Jinja2 templates in ``templates/`` -> plain YAML files.
+
+One function does the rendering (``render_manifests``) with ``StrictUndefined``
+so a missing value fails loudly; every rendered document is parsed back and
+re-emitted as plain block YAML a person can read and ``kubectl apply``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from elastic_control.atomic import atomic_write_text
+from elastic_control.config import DataConfig
+from elastic_control.errors import ConfigError, UsageError
+from elastic_control.kube import constants as k
+from elastic_control.kube.volcano_rules import volcano_job_problems
+
+TEMPLATE_DIR = Path(os.environ.get("ELASTIC_CTR_TEMPLATE_DIR") or Path(__file__).resolve().parents[2] / "templates")
+
+# (file written into STATE/manifests/, template). Numbered in apply order:
+# config and storage first, then what the others connect to.
+MANIFEST_FILES = (
+    ("00-shared.yaml", "shared.yaml.j2"),
+    ("10-mlflow.yaml", "mlflow.yaml.j2"),
+    ("20-fileserver.yaml", "fileserver.yaml.j2"),
+    ("30-cube.yaml", "cube.yaml.j2"),
+    ("40-cube-transfer.yaml", "cube_transfer.yaml.j2"),
+    ("50-serving.yaml", "serving.yaml.j2"),
+    ("60-training-job.yaml", "training_job.yaml.j2"),
+)
+SECRET_FILES = {"00-shared.yaml"}  # hold the token: readable by the owner only
+
+# Requests/limits of the pods -u/-m do not size (they are per trainer/pserver).
+SIZES = {"small_cpu": "500m", "small_memory": "1Gi", "cube_cpu": "1", "cube_memory": "4Gi",
+         "serving_cpu": "2", "serving_memory": "4Gi", "shared_storage": "50Gi", "fileserver_storage": "20Gi",
+         "mlflow_storage": "5Gi"}
+MAX_RETRY = 3
+HEADER = "# Rendered by `elastic-control -r` from templates/{template}; apply with `elastic-control -a`.\n"
+
+
+@dataclass(frozen=True)
+class RenderInputs:
+    """Everything the templates need that is not in the plan itself."""
+
+    token: str
+    data_config: DataConfig
+    service_type: str = "ClusterIP"
+
+
+def validate_job_name(name: str) -> None:
+    """Job names become pod host names (JOB-TASK-I) and Service names: DNS-1035 labels."""
+    import re
+
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 40:
+        raise UsageError(f"job name {name!r} must start with a letter, use only lower-case letters, digits and "
+                         "'-', and be at most 40 characters (pod names JOB-TASK-I must fit 63)")
+
+
+def validate_namespace(namespace: str) -> None:
+    import re
+
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace) or len(namespace) > 63:
+        raise UsageError(f"--namespace {namespace!r} is not a valid namespace name (lower-case letters, digits, "
+                         "'-', at most 63 characters)")
+
+
+def pod_data_config(data_config: DataConfig, hdfs_address: str, model_path: str) -> str:
+    """data.config as the pods see it: already expanded (the pods lack the user's
+    environment), with -hd applied and MODEL_PATH pointing at the shared volume."""
+    values = dict(data_config.values)
+    values["HDFS_ADDRESS"] = hdfs_address
+    values["MODEL_PATH"] = model_path
+    lines = ["# data.config as validated by `elastic-control -r` (expanded; MODEL_PATH on the shared volume)\n"]
+    lines += [f'export {key}="{value}"\n' for key, value in values.items()]
+    return "".join(lines)
+
+
+def pod_model_path(data_config: DataConfig) -> str:
+    """Remote model paths (hdfs://, s3://) are used as they are; local ones live on the shared volume."""
+    if data_config.model_path and "://" in data_config.model_path:
+        return data_config.model_path
+    return k.POD_MODEL_PATH
+
+
+def build_context(plan, inputs: RenderInputs) -> dict:
+    """The template values for ``plan``; every name a template uses comes from here."""
+    job, res = plan.job_name, plan.resources
+    validate_job_name(job)
+    validate_namespace(plan.namespace)
+    if inputs.service_type not in k.SERVICE_TYPES:
+        raise UsageError(f"service type {inputs.service_type!r} is not one of {', '.join(k.SERVICE_TYPES)}")
+    model_path = pod_model_path(inputs.data_config)
+
+    def endpoints(task: str, count: int, port: int) -> str:
+        # The svc plugin's headless Service JOB makes each pod JOB-TASK-I.JOB.
+        return ",".join(f"{job}-{task}-{i}.{job}:{port}" for i in range(count))
+
+    def urls(port: int) -> str:
+        return ",".join(f"http://{job}-cube-{i}:{port}" for i in range(res.cube_shards))
+
+    pserver_host = f"{job}-pserver-${{VC_TASK_INDEX}}.{job}"
+    return {
+        "k": k, "job": job, "namespace": plan.namespace, "image": plan.image, "queue": plan.queue,
+        "max_retry": MAX_RETRY, "pservers": res.pservers, "trainers": res.trainers,
+        "cube_shards": res.cube_shards, "cpu": str(res.cpu), "memory": f"{res.mem}Gi",
+        "token": inputs.token, "service_type": inputs.service_type,
+        "slot_conf_text": plan.slot_conf_text,
+        "data_config_text": pod_data_config(inputs.data_config, plan.hdfs_address, model_path),
+        "model_path": model_path,
+        "pserver_endpoints": endpoints("pserver", res.pservers, k.PSERVER_PORT),
+        "trainer_endpoints": endpoints("trainer", res.trainers, k.TRAINER_PORT),
+        # Paddle finds its own place in PADDLE_PSERVERS_IP_PORT_LIST as POD_IP:PADDLE_PORT,
+        # so a pserver's POD_IP must be its host name from that list.
+        "pserver_entry": f'export POD_IP="{pserver_host}" PADDLE_TRAINER_ID="${{VC_TASK_INDEX}}"; '
+                         "exec elastic-control role",
+        "trainer_entry": 'export PADDLE_TRAINER_ID="${VC_TASK_INDEX:?the Volcano env plugin did not set '
+                         'VC_TASK_INDEX}"; exec elastic-control role',
+        "configmap_name": f"{job}-config", "secret_name": f"{job}-token", "shared_pvc_name": f"{job}-shared",
+        "mlflow_name": f"{job}-mlflow", "fileserver_name": f"{job}-fileserver",
+        "transfer_name": f"{job}-cube-transfer", "serving_name": f"{job}-serving",
+        "mlflow_url": f"http://{job}-mlflow:{k.MLFLOW_PORT}",
+        "fileserver_url": f"http://{job}-fileserver:{k.FILESERVER_PORT}",
+        "cube_servers": urls(k.CUBE_SERVER_PORT), "cube_agents": urls(k.CUBE_AGENT_PORT),
+        **SIZES,
+    }
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
+def render_documents(plan, inputs: RenderInputs) -> dict[str, list[dict]]:
+    """{manifest file name: its documents}, rendered, parsed and checked."""
+    context = build_context(plan, inputs)
+    env = _environment()
+    rendered: dict[str, list[dict]] = {}
+    for filename, template in MANIFEST_FILES:
+        try:
+            text = env.get_template(template).render(**context)
+        except jinja2.TemplateNotFound as e:
+            raise ConfigError(f"template {e.name} is missing from {TEMPLATE_DIR}") from e
+        except jinja2.UndefinedError as e:  # a template bug, never a user's: say where
+            raise ConfigError(f"template {template} uses an undefined value: {e}") from e
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        rendered[filename] = docs
+        for doc in docs:
+            if doc.get("kind") == k.VOLCANO_JOB_KIND and doc["apiVersion"].startswith(k.VOLCANO_JOB_GROUP):
+                problems = volcano_job_problems(doc)
+                if problems:
+                    raise UsageError("Volcano would refuse the training job: " + "; ".join(problems))
+    return rendered
+
+
+def render_manifests(plan, out_dir: str | Path, inputs: RenderInputs) -> list[Path]:
+    """Write every manifest of ``plan`` into ``out_dir`` as plain YAML; returns the files."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (filename, template), docs in zip(MANIFEST_FILES, render_documents(plan, inputs).values()):
+        text = HEADER.format(template=template) + yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False,
+                                                                     width=4096)
+        path = out_dir / filename
+        atomic_write_text(path, text)
+        # The temp file behind atomic writes is private; only the token's file should stay so.
+        os.chmod(path, 0o600 if filename in SECRET_FILES else 0o644)
+        written.append(path)
+    return written
+
+
+def load_manifests(manifest_dir: str | Path) -> list[dict]:
+    """Every document of the rendered manifests, in apply order."""
+    manifest_dir = Path(manifest_dir)
+    if not manifest_dir.is_dir():
+        raise UsageError(f"no manifests in {manifest_dir}: run `elastic-control -r ...` first")
+    docs: list[dict] = []
+    for path in sorted(manifest_dir.glob("*.yaml")):
+        try:
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+        except yaml.YAMLError as e:
+            raise UsageError(f"{path} is not valid YAML ({e}); run -r again") from e
+    return docs

@@ -1,0 +1,44 @@
+"""`status`: one row per component (Deployments, the Volcano job) with its pods."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elastic_control.kube import adaptor
+from elastic_control.kube import constants as k
+
+
+@dataclass(frozen=True)
+class ComponentRow:
+    component: str
+    kind: str
+    name: str
+    ready: str  # "ready/desired"
+    state: str
+
+
+def component_rows(namespace: str, job: str) -> list[ComponentRow]:
+    rows: list[ComponentRow] = []
+    from elastic_control.kube.objects import read_volcano_job
+
+    vcjob = read_volcano_job(job, namespace)
+    if vcjob is None:
+        rows.append(ComponentRow("training", "Job", job, "-", "absent"))
+    else:
+        status = vcjob.get("status") or {}
+        desired = sum(t.get("replicas", 0) for t in vcjob["spec"].get("tasks", []))
+        phase = (status.get("state") or {}).get("phase", "Pending")
+        detail = ", ".join(f"{n} {status[key]}" for key, n in (("running", "running"), ("succeeded", "succeeded"),
+                                                                ("failed", "failed"), ("pending", "pending"))
+                           if status.get(key))
+        rows.append(ComponentRow("training", "Job", job, f"{status.get('running', 0)}/{desired}",
+                                 phase + (f" ({detail})" if detail else "")))
+    with adaptor.reachable("listing deployments"):
+        deployments = adaptor.apps().list_namespaced_deployment(
+            namespace, label_selector=f"{k.LABEL_INSTANCE}={job}").items
+    for dep in sorted(deployments, key=lambda d: d.metadata.name):
+        desired = dep.spec.replicas if dep.spec.replicas is not None else 1
+        ready = (dep.status.ready_replicas or 0) if dep.status else 0
+        state = "Ready" if ready >= desired else "Starting"
+        rows.append(ComponentRow(dep.metadata.labels.get(k.LABEL_COMPONENT, "?"), "Deployment", dep.metadata.name,
+                                 f"{ready}/{desired}", state))
+    return rows
