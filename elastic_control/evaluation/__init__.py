@@ -1,0 +1,1 @@
+"""Offline evaluation of passes, the promotion gate and shadow scoring."""

@@ -1,0 +1,252 @@
+"""Exact, mergeable binary-classification metrics: AUC, log loss, calibration, reliability.
+
+The aggregate is a table of distinct scores with their positive and negative
+counts (``ScoreCounts``). Scores are click probabilities in [0, 1]; the bit
+pattern of a non-negative float32 is monotone in its value, so the table is
+keyed by ``score.view(uint32)``. Merging two tables (two workers, two files)
+is a sorted union that adds counts, so metrics derived from a merged table are
+*identical* (bit for bit) to the single-process ones, however the data was
+split: they are computed from the same table in the same order.
+
+Memory is bounded by the number of distinct float32 scores, not by the number
+of examples. If a table grows past ``max_distinct`` entries it is coarsened by
+dropping low mantissa bits (each bin then holds the scores sharing the kept
+bits) and AUC becomes approximate with a stated bound: a positive/negative pair
+inside one bin is counted as a tie (1/2) where the exact AUC counts 0, 1/2 or
+1, so ``|AUC - exact| <= 0.5 * sum_b pos_b * neg_b / (P * N)``, which is
+computed and reported (``auc_error_bound``). Log loss, calibration and the
+reliability table then come from float64 running sums (exact up to rounding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from elastic_control.errors import DataError
+
+FLOAT32_MANTISSA_BITS = 23
+DEFAULT_MAX_DISTINCT = 32_000_000  # about 640 MB per table (uint32 key + two int64 counts)
+RELIABILITY_BINS = 10
+
+
+def score_keys(scores: np.ndarray) -> np.ndarray:
+    """uint32 keys ordered like the float32 scores; raises DataError outside [0, 1] or NaN."""
+    s = np.asarray(scores, dtype=np.float32)
+    if s.size and not (np.all(s >= 0) and np.all(s <= 1)):  # NaN fails both comparisons
+        bad = s[~((s >= 0) & (s <= 1))][:3]
+        raise DataError(f"scores must be probabilities in [0, 1]; got {bad.tolist()}")
+    return (s + np.float32(0)).view(np.uint32)  # -0.0 + 0.0 is +0.0, whose key is 0
+
+
+def keys_to_scores(keys: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(keys, dtype=np.uint32).view(np.float32)
+
+
+def clip_probability(p: np.ndarray) -> np.ndarray:
+    """The clipping scikit-learn's log_loss applies to float32 predictions."""
+    eps = np.finfo(np.float32).eps
+    return np.clip(np.asarray(p, dtype=np.float64), eps, 1 - eps)
+
+
+def _logloss_terms(p64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    p = clip_probability(p64)
+    return -np.log(p), -np.log1p(-p)
+
+
+@dataclass
+class ScoreCounts:
+    """Distinct score keys (sorted) with positive and negative counts, plus running sums.
+
+    ``shift`` is the number of low mantissa bits dropped from the keys (0 = exact).
+    """
+
+    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    neg: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    shift: int = 0
+    # float64 sums, used when the table is coarsened (shift > 0).
+    sum_pred: float = 0.0
+    sum_logloss: float = 0.0
+    rel_count: np.ndarray = field(default_factory=lambda: np.zeros(RELIABILITY_BINS, np.int64))
+    rel_pos: np.ndarray = field(default_factory=lambda: np.zeros(RELIABILITY_BINS, np.int64))
+    rel_sum_pred: np.ndarray = field(default_factory=lambda: np.zeros(RELIABILITY_BINS, np.float64))
+
+    @property
+    def n(self) -> int:
+        return int(self.pos.sum() + self.neg.sum())
+
+    @property
+    def positives(self) -> int:
+        return int(self.pos.sum())
+
+    @property
+    def exact(self) -> bool:
+        return self.shift == 0
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Plain arrays for np.savez (the partial-file format)."""
+        return {"keys": self.keys, "pos": self.pos, "neg": self.neg, "shift": np.array(self.shift),
+                "sums": np.array([self.sum_pred, self.sum_logloss]), "rel_count": self.rel_count,
+                "rel_pos": self.rel_pos, "rel_sum_pred": self.rel_sum_pred}
+
+    @classmethod
+    def from_arrays(cls, a) -> "ScoreCounts":
+        return cls(np.asarray(a["keys"], np.uint32), np.asarray(a["pos"], np.int64), np.asarray(a["neg"], np.int64),
+                   int(a["shift"]), float(a["sums"][0]), float(a["sums"][1]), np.asarray(a["rel_count"], np.int64),
+                   np.asarray(a["rel_pos"], np.int64), np.asarray(a["rel_sum_pred"], np.float64))
+
+
+def _reliability_bin(p64: np.ndarray) -> np.ndarray:
+    return np.minimum((p64 * RELIABILITY_BINS).astype(np.int64), RELIABILITY_BINS - 1)
+
+
+def _unique_counts(keys: np.ndarray, pos: np.ndarray, neg: np.ndarray):
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return (uniq, np.bincount(inverse, weights=pos, minlength=len(uniq)).astype(np.int64),
+            np.bincount(inverse, weights=neg, minlength=len(uniq)).astype(np.int64))
+
+
+def _coarsen(keys: np.ndarray, shift: int) -> np.ndarray:
+    mask = np.uint32((0xFFFFFFFF >> shift) << shift)
+    return keys & mask
+
+
+class CountsBuilder:
+    """Accumulates (label, score) chunks into a ScoreCounts with bounded memory."""
+
+    def __init__(self, max_distinct: int = DEFAULT_MAX_DISTINCT, buffer_size: int = 4_000_000):
+        self.table = ScoreCounts()
+        self.max_distinct = max_distinct
+        self.buffer_size = buffer_size
+        self._keys: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
+        self._buffered = 0
+
+    def add(self, labels: np.ndarray, scores: np.ndarray) -> None:
+        labels = np.asarray(labels).astype(bool, copy=False)
+        keys = score_keys(scores)
+        if len(labels) != len(keys):
+            raise ValueError("labels and scores differ in length")
+        t = self.table
+        p64 = keys_to_scores(keys).astype(np.float64)
+        t.sum_pred += float(p64.sum())
+        lp, lq = _logloss_terms(p64)
+        t.sum_logloss += float(np.where(labels, lp, lq).sum())
+        b = _reliability_bin(p64)
+        t.rel_count += np.bincount(b, minlength=RELIABILITY_BINS)
+        t.rel_pos += np.bincount(b, weights=labels, minlength=RELIABILITY_BINS).astype(np.int64)
+        t.rel_sum_pred += np.bincount(b, weights=p64, minlength=RELIABILITY_BINS)
+        self._keys.append(keys)
+        self._labels.append(labels)
+        self._buffered += len(keys)
+        if self._buffered >= self.buffer_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._keys:
+            return
+        keys = np.concatenate(self._keys)
+        labels = np.concatenate(self._labels)
+        self._keys, self._labels, self._buffered = [], [], 0
+        if self.table.shift:
+            keys = _coarsen(keys, self.table.shift)
+        t = self.table
+        t.keys, t.pos, t.neg, t.shift = _union([(t.keys, t.pos, t.neg, t.shift),
+                                                (keys, labels.astype(np.int64), (~labels).astype(np.int64), t.shift)],
+                                               self.max_distinct)
+
+    def result(self) -> ScoreCounts:
+        self._flush()
+        return self.table
+
+
+def _union(parts, max_distinct: int):
+    """Sorted union of (keys, pos, neg, shift) parts with counts added; coarsened only past ``max_distinct``."""
+    shift = max((p[3] for p in parts), default=0)
+    keys = np.concatenate([_coarsen(k, shift) if s != shift else k for k, _, _, s in parts])
+    keys, pos, neg = _unique_counts(keys, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
+    while len(keys) > max_distinct and shift < FLOAT32_MANTISSA_BITS:
+        shift += 1  # each dropped bit roughly halves the distinct count
+        keys, pos, neg = _unique_counts(_coarsen(keys, shift), pos, neg)
+    return keys, pos, neg, shift
+
+
+def merge_counts(tables: list[ScoreCounts], max_distinct: int = DEFAULT_MAX_DISTINCT) -> ScoreCounts:
+    """The exact union of several tables (counts and sums added)."""
+    out = ScoreCounts(*_union([(t.keys, t.pos, t.neg, t.shift) for t in tables], max_distinct))
+    for t in tables:
+        out.sum_pred += t.sum_pred
+        out.sum_logloss += t.sum_logloss
+        out.rel_count = out.rel_count + t.rel_count
+        out.rel_pos = out.rel_pos + t.rel_pos
+        out.rel_sum_pred = out.rel_sum_pred + t.rel_sum_pred
+    return out
+
+
+def counts_from_arrays(labels: np.ndarray, scores: np.ndarray, max_distinct: int = DEFAULT_MAX_DISTINCT) -> ScoreCounts:
+    b = CountsBuilder(max_distinct)
+    b.add(labels, scores)
+    return b.result()
+
+
+def auc_from_counts(t: ScoreCounts) -> tuple[float | None, float]:
+    """(ROC AUC, error bound); AUC is None when only one class is present.
+
+    Each positive scores 1 against every negative below it and 1/2 against
+    every negative with the same score (the trapezoidal rule scikit-learn uses).
+    """
+    P, N = t.pos.sum(), t.neg.sum()
+    if P == 0 or N == 0:
+        return None, 0.0
+    neg_below = np.cumsum(t.neg) - t.neg
+    pairs = float(P) * float(N)
+    wins = float(np.sum(t.pos.astype(np.float64) * (2.0 * neg_below + t.neg))) / 2.0
+    bound = 0.0 if t.exact else 0.5 * float(np.sum(t.pos.astype(np.float64) * t.neg)) / pairs
+    return wins / pairs, bound
+
+
+def roc_points(t: ScoreCounts, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    """(false positive rate, true positive rate) from the highest threshold down, thinned for plotting."""
+    P, N = max(t.pos.sum(), 1), max(t.neg.sum(), 1)
+    tpr = np.concatenate([[0.0], np.cumsum(t.pos[::-1]) / P])
+    fpr = np.concatenate([[0.0], np.cumsum(t.neg[::-1]) / N])
+    if len(tpr) > max_points:
+        idx = np.unique(np.linspace(0, len(tpr) - 1, max_points).astype(np.int64))
+        tpr, fpr = tpr[idx], fpr[idx]
+    return fpr, tpr
+
+
+def summarize(t: ScoreCounts) -> dict:
+    """All scalar metrics plus the reliability table of an aggregate."""
+    n, P = t.n, t.positives
+    if n == 0:
+        raise DataError("no examples were scored (is the data window empty?)")
+    auc, bound = auc_from_counts(t)
+    if t.exact:
+        # From the table in a fixed order: identical however the data was split.
+        p64 = keys_to_scores(t.keys).astype(np.float64)
+        lp, lq = _logloss_terms(p64)
+        w = (t.pos + t.neg).astype(np.float64)
+        sum_pred = float(np.dot(w, p64))
+        logloss = float(np.dot(t.pos, lp) + np.dot(t.neg, lq)) / n
+        b = _reliability_bin(p64)
+        rel_count = np.bincount(b, weights=w, minlength=RELIABILITY_BINS).astype(np.int64)
+        rel_pos = np.bincount(b, weights=t.pos, minlength=RELIABILITY_BINS).astype(np.int64)
+        rel_sum = np.bincount(b, weights=w * p64, minlength=RELIABILITY_BINS)
+    else:
+        sum_pred, logloss = t.sum_pred, t.sum_logloss / n
+        rel_count, rel_pos, rel_sum = t.rel_count, t.rel_pos, t.rel_sum_pred
+    observed = P / n
+    reliability = []
+    for i in range(RELIABILITY_BINS):
+        c = int(rel_count[i])
+        reliability.append({"bin": [i / RELIABILITY_BINS, (i + 1) / RELIABILITY_BINS], "count": c,
+                            "mean_predicted": float(rel_sum[i] / c) if c else None,
+                            "observed_ctr": float(rel_pos[i] / c) if c else None})
+    return {
+        "examples": n, "positives": P, "auc": auc, "auc_exact": t.exact, "auc_error_bound": bound,
+        "score_bits_dropped": t.shift, "distinct_scores": int(len(t.keys)), "logloss": logloss,
+        "mean_predicted_ctr": sum_pred / n, "observed_ctr": observed,
+        "calibration": (sum_pred / n) / observed if P else None, "reliability": reliability,
+    }
