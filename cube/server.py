@@ -1,5 +1,220 @@
-"""cube-server (being built; see issue 4)."""
+"""cube-server: serves one shard of the cube over HTTP, from memory-mapped shard files.
+
+``cube-server --port P --shard I --data DIR [--workers N]``. DIR is a version
+folder (holding manifest.json) or a cube root (the newest complete version
+holding shard I is served at start; with an agent, the versions the agent
+loads). With N > 1 workers, N processes accept on the same port
+(SO_REUSEPORT) under a small supervisor that restarts a crashed worker; all
+workers follow the shared state file (see cube/version_store.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from cube.cli_common import run_cli
+from cube.server_app import CubeWorker
+from cube.shard_format import CorruptShardError, complete_versions, shard_file_name, verify_version_dir
+from cube.version_store import ControlState, StateFile, load_index
+from elastic_control import env_vars
+from elastic_control.atomic import atomic_write_json
+from elastic_control.errors import ComponentError, UsageError
+
+DEFAULT_PORT = 8027
+DEFAULT_MAX_BATCH = 1_000_000
+READY_TIMEOUT = 300.0
 
 
-def main():
-    raise SystemExit("cube-server is not implemented yet")
+def make_listen_socket(host: str, port: int, *, reuse_port: bool, listen: bool = True) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ComponentError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    if listen:
+        sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def initial_state(data_dir: Path, shard: int, workers: int, store: StateFile) -> ControlState:
+    """The state to start with: the recorded one after a restart, else what DIR holds."""
+    state = store.read()
+    if state is not None:
+        if state.shard != shard:
+            raise UsageError(f"{store.path} belongs to shard {state.shard}, not {shard}; use another --state-dir")
+        state.workers = workers
+        return state
+    state = ControlState(generation=1, workers=workers, shard=shard)
+    if (data_dir / "manifest.json").exists():
+        candidates = [(data_dir, "")]
+    else:
+        candidates = [(data_dir / v, f"{v}/") for v in reversed(complete_versions(data_dir))]
+    for version_dir, prefix in candidates:
+        name = shard_file_name(shard)
+        if not (version_dir / name).exists():
+            continue
+        manifest = verify_version_dir(version_dir) if prefix == "" else _verify_one(version_dir, name)
+        state.active = manifest["version"]
+        state.paths[state.active] = prefix + name
+        break
+    return state
+
+
+def _verify_one(version_dir: Path, name: str) -> dict:
+    """Check one shard against its manifest (a cube root may hold only this server's shard)."""
+    from cube.shard_format import read_manifest, sha256_file
+
+    manifest = read_manifest(version_dir)
+    entry = manifest["files"].get(name)
+    if entry is None or sha256_file(version_dir / name) != entry["sha256"]:
+        raise CorruptShardError(f"{version_dir / name}: missing from or not matching manifest.json")
+    return manifest
+
+
+def run_worker(*, host: str, port: int, shard: int, data_dir: str, state_dir: str, worker: int, workers: int,
+               token: str | None, max_batch: int, ready_file: str | None = None) -> None:
+    """Body of one worker process (also the whole server when --workers 1)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    app = CubeWorker(data_dir=Path(data_dir), state_dir=Path(state_dir), shard=shard, worker=worker,
+                     workers=workers, token=token, max_batch=max_batch)
+    app.apply_state_file()
+    sock = make_listen_socket(host, port, reuse_port=workers > 1)
+    if ready_file:
+        atomic_write_json(ready_file, {"port": sock.getsockname()[1], "pid": os.getpid(), "workers": workers})
+    try:
+        asyncio.run(app.serve(sock, max_body=max_batch * 8 + 1024))
+    except KeyboardInterrupt:
+        pass
+
+
+class Supervisor:
+    """Starts N worker processes on one port and restarts any that dies."""
+
+    def __init__(self, workers: int, worker_kwargs: dict):
+        self.n = workers
+        self.kwargs = worker_kwargs
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: dict[int, multiprocessing.Process] = {}
+        self.stopping = False
+
+    def start(self, k: int) -> None:
+        p = self.ctx.Process(target=run_worker, kwargs={**self.kwargs, "worker": k}, name=f"cube-server-worker-{k}",
+                             daemon=True)
+        p.start()
+        self.procs[k] = p
+
+    def run(self, store: StateFile, generation: int, ready_file: str | None, port: int) -> None:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        for k in range(self.n):
+            self.start(k)
+        self._wait_ready(store, generation)
+        if ready_file:
+            atomic_write_json(ready_file, {"port": port, "pid": os.getpid(), "workers": self.n})
+        print(f"cube-server: shard {self.kwargs['shard']} ready on http://{self.kwargs['host']}:{port} "
+              f"with {self.n} workers", flush=True)
+        while not self.stopping:
+            time.sleep(0.2)
+            for k, p in list(self.procs.items()):
+                if not p.is_alive() and not self.stopping:
+                    print(f"cube-server: worker {k} (pid {p.pid}) exited with {p.exitcode}; restarting",
+                          file=sys.stderr, flush=True)
+                    time.sleep(0.5)
+                    self.start(k)
+        for p in self.procs.values():
+            p.terminate()
+        for p in self.procs.values():
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+    def _wait_ready(self, store: StateFile, generation: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline and not self.stopping:
+            acks = store.read_acks(self.n)
+            errors = [a["error"] for a in acks.values() if a.get("error")]
+            if errors:
+                self._stop()
+                raise ComponentError(f"a worker could not load its versions: {errors[0]}")
+            if len(acks) == self.n and all(a.get("generation", 0) >= generation for a in acks.values()):
+                return
+            dead = [k for k, p in self.procs.items() if not p.is_alive()]
+            if dead:
+                self._stop()
+                raise ComponentError(f"worker {dead[0]} exited during start-up (exit code {self.procs[dead[0]].exitcode})")
+            time.sleep(0.05)
+
+    def _stop(self, *_):
+        self.stopping = True
+        for p in self.procs.values():
+            if p.is_alive():
+                p.terminate()
+
+
+def serve(*, port: int, shard: int, data: str, workers: int = 1, host: str = "127.0.0.1",
+          state_dir: str | None = None, token: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+          ready_file: str | None = None) -> None:
+    """Run a cube-server until SIGTERM (keyword-only API behind the console script)."""
+    data_dir = Path(data)
+    if not data_dir.is_dir():
+        raise UsageError(f"--data {data}: not a folder")
+    if shard < 0:
+        raise UsageError(f"--shard {shard} must be >= 0")
+    if not 1 <= workers <= 64:
+        raise UsageError(f"--workers {workers} is out of range (1-64)")
+    store = StateFile(state_dir or data_dir / f".cube-server-shard-{shard}")
+    with store.locked():
+        state = initial_state(data_dir, shard, workers, store)
+        if state.active:  # refuse a bad file now, with a clear message, rather than in every worker
+            load_index(data_dir, state.paths[state.active], version=state.active, shard=shard)
+        store.write(state)
+        for f in store.dir.glob("worker-*.json"):
+            f.unlink()
+    kwargs = dict(host=host, shard=shard, data_dir=str(data_dir), state_dir=str(store.dir), workers=workers,
+                  token=token, max_batch=max_batch)
+    if workers == 1:
+        print(f"cube-server: shard {shard} serving {state.active or 'nothing yet'} from {data_dir}", flush=True)
+        run_worker(port=port, worker=0, ready_file=ready_file, **kwargs)
+        return
+    # Reserve the port (bound, not listening) so port 0 resolves once for all workers.
+    holder = make_listen_socket(host, port, reuse_port=True, listen=False)
+    real_port = holder.getsockname()[1]
+    Supervisor(workers, {**kwargs, "port": real_port}).run(store, state.generation, ready_file, real_port)
+    holder.close()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="TCP port (0: any free port).")
+@click.option("--shard", type=int, required=True, help="The shard index I this server serves.")
+@click.option("--data", required=True, help="A version folder (with manifest.json) or a cube root.")
+@click.option("--workers", type=int, default=1, show_default=True, help="Worker processes sharing the port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 in a pod).")
+@click.option("--state-dir", default=None, help="Where the version state lives (default DATA/.cube-server-shard-I).")
+@click.option("--max-batch", type=int, default=DEFAULT_MAX_BATCH, show_default=True, help="Most keys per request.")
+@click.option("--ready-file", default=None, help="Write {port, pid} here (JSON) once serving.")
+def server_command(port, shard, data, workers, host, state_dir, max_batch, ready_file):
+    """Serve one cube shard: batched lookups, versioned, switched atomically."""
+    serve(port=port, shard=shard, data=data, workers=workers, host=host, state_dir=state_dir,
+          token=env_vars.TOKEN.get(), max_batch=max_batch, ready_file=ready_file)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_cli(server_command, "cube-server", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""CubeClient: batched lookups across all cube shards, for serving and tests.
+
+    client = CubeClient(["http://127.0.0.1:8027", "http://127.0.0.1:8028"])
+    values, found, version = client.lookup(np.array([...], dtype=np.uint64))
+
+Keys are grouped by shard (key % N), every shard is asked once, concurrently,
+over keep-alive connections, and the answers are put back in input order.
+Thread-safe: each call borrows connections from a per-shard pool.
+
+Consistency: an un-pinned lookup that finds shards answering with different
+versions (a rollout switching right now) is repeated pinned to the newest of
+those versions, which every shard still holds (servers keep the prepared,
+active and previous versions); so one call never mixes versions.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote, urlsplit
+
+import numpy as np
+
+from elastic_control.errors import ComponentError, UsageError
+
+DEFAULT_TIMEOUT = 5.0
+
+
+class CubeUnavailableError(ComponentError):
+    """A shard could not be reached or answered with an error."""
+
+
+class CubeVersionError(CubeUnavailableError):
+    """The pinned version is not held by a shard (HTTP 404)."""
+
+
+class _ShardConnections:
+    """A small pool of keep-alive HTTP connections to one shard."""
+
+    def __init__(self, url: str, timeout: float):
+        u = urlsplit(url if "://" in url else f"http://{url}")
+        if u.scheme != "http" or not u.hostname:
+            raise UsageError(f"cube shard URL {url!r} must look like http://HOST:PORT")
+        self.url, self.host, self.port, self.timeout = url, u.hostname, u.port or 80, timeout
+        self.idle: queue.LifoQueue = queue.LifoQueue()
+
+    def request(self, method: str, path: str, body: bytes = b"", headers: dict | None = None):
+        """(status, headers, body); one retry on a fresh connection if a kept-alive one went stale."""
+        headers = {"Content-Length": str(len(body)), **(headers or {})}
+        for attempt in (0, 1):
+            try:
+                conn = self.idle.get_nowait()
+                reused = True
+            except queue.Empty:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                reused = False
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if reused and attempt == 0 and not isinstance(e, socket.timeout):
+                    continue
+                what = "timed out" if isinstance(e, socket.timeout) else f"unreachable ({e})"
+                raise CubeUnavailableError(f"cube shard {self.url} {what}") from e
+            if resp.will_close:
+                conn.close()
+            else:
+                self.idle.put(conn)
+            return resp.status, resp.headers, data
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        while True:
+            try:
+                self.idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        return json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
+class CubeClient:
+    """Lookups across N cube shards (``shard_urls`` in shard order)."""
+
+    def __init__(self, shard_urls: list[str] | str, *, timeout: float = DEFAULT_TIMEOUT):
+        if isinstance(shard_urls, str):
+            shard_urls = [u.strip() for u in shard_urls.split(",") if u.strip()]
+        if not shard_urls:
+            raise UsageError("CubeClient needs at least one shard URL")
+        self.shards = [_ShardConnections(u, timeout) for u in shard_urls]
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.shards)), thread_name_prefix="cube-client")
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for s in self.shards:
+            s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _lookup_shard(self, i: int, keys: np.ndarray, version: str | None):
+        path = "/v1/lookup" + (f"?version={quote(version)}" if version else "")
+        status, headers, body = self.shards[i].request(
+            "POST", path, np.ascontiguousarray(keys, dtype="<u8").tobytes(),
+            {"Content-Type": "application/octet-stream"})
+        if status == 404 and version:
+            raise CubeVersionError(f"cube shard {self.shards[i].url}: {_error_text(body)}")
+        if status != 200:
+            raise CubeUnavailableError(f"cube shard {self.shards[i].url} answered {status}: {_error_text(body)}")
+        n, dim = len(keys), int(headers["X-Cube-Dim"])
+        if len(body) != n * dim * 4 + (n + 7) // 8:
+            raise CubeUnavailableError(f"cube shard {self.shards[i].url}: answer of {len(body)} bytes "
+                                       f"does not fit {n} keys of dim {dim}")
+        values = np.frombuffer(body, dtype="<f4", count=n * dim).reshape(n, dim)
+        found = np.unpackbits(np.frombuffer(body, np.uint8, offset=n * dim * 4), count=n,
+                              bitorder="little").astype(bool)
+        return values, found, headers["X-Cube-Version"]
+
+    def _lookup_once(self, keys: np.ndarray, version: str | None):
+        n_shards = len(self.shards)
+        if n_shards == 1 or len(keys) == 0:  # (no keys: still ask shard 0, to learn dim and version)
+            return {0: (np.arange(len(keys)), self._lookup_shard(0, keys, version))}
+        shard_of = keys % np.uint64(n_shards)
+        groups = {i: np.flatnonzero(shard_of == i) for i in range(n_shards)}
+        groups = {i: idx for i, idx in groups.items() if len(idx)}
+        futures = {i: self._pool.submit(self._lookup_shard, i, keys[idx], version) for i, idx in groups.items()}
+        return {i: (groups[i], f.result()) for i, f in futures.items()}
+
+    def lookup(self, keys, version: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+        """(values float32[n, dim], found bool[n], version) for uint64 ``keys``; missing keys are zeros."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        parts = self._lookup_once(keys, version)
+        versions = {res[2] for _, res in parts.values()}
+        if len(versions) > 1:  # a switch is in progress: ask again, pinned to one version
+            for pinned in sorted(versions, reverse=True):
+                try:
+                    parts = self._lookup_once(keys, pinned)
+                    break
+                except CubeVersionError:
+                    continue
+            versions = {res[2] for _, res in parts.values()}
+            if len(versions) != 1:
+                raise CubeUnavailableError(f"cube shards disagree on the version ({sorted(versions)})")
+        dim = next(iter(parts.values()))[1][0].shape[1]
+        values = np.zeros((len(keys), dim), dtype=np.float32)
+        found = np.zeros(len(keys), dtype=bool)
+        for idx, (v, f, _) in parts.values():
+            values[idx] = v
+            found[idx] = f
+        return values, found, versions.pop()
+
+    def status(self) -> list[dict]:
+        """Every shard's /v1/status."""
+        out = []
+        for s in self.shards:
+            status, _, body = s.request("GET", "/v1/status")
+            if status != 200:
+                raise CubeUnavailableError(f"cube shard {s.url} answered {status} to /v1/status")
+            out.append(json.loads(body))
+        return out
