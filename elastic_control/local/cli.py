@@ -1,0 +1,28 @@
+"""The hidden ``elastic-control supervise`` command: the detached supervisor's entry point.
+
+Users never call it: ``elastic-control -a`` with the local backend starts it
+(elastic_control.local.daemon) and ``delete`` stops it.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from elastic_control.cli_options import state_dir_option
+from elastic_control.env_vars import TOKEN
+
+
+@click.command("supervise", hidden=True)
+@state_dir_option
+def supervise_command(state_dir):
+    """Run the local supervisor in the foreground on STATE_DIR (started by -a)."""
+    from elastic_control.local.layout import LocalLayout
+    from elastic_control.local.supervisor import configure_logging, run_supervisor
+
+    configure_logging()
+    layout = LocalLayout.of(state_dir)
+    token_file = layout.state / "token"
+    token = token_file.read_text().strip() if token_file.exists() else None
+    secret = {TOKEN.name: token} if token else {}
+    sys.exit(run_supervisor(layout.state, secret_env=secret))

@@ -1,0 +1,182 @@
+"""The local plan: every component of the pipeline as a process, on free loopback ports.
+
+Each component gets the SAME entry point and the SAME environment variables
+as its container in the Kubernetes manifests (templates/*.yaml.j2), with
+loopback URLs and folders of the state directory in place of Services and
+volumes. The write token is not written here: the supervisor reads it from
+STATE/token and hands it to the children.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from elastic_control import env_vars as ev
+from elastic_control.config import DataConfig
+from elastic_control.local.layout import LocalLayout
+from elastic_control.local.ports import LOOPBACK, free_ports
+from elastic_control.local.spec import JOB, SERVICE, ComponentSpec, LocalPlan
+from elastic_control.plan import Plan
+
+LOCAL_DATA_CONFIG = "local/data.config"   # data.config as the components read it (expanded, absolute paths)
+DEFAULT_MAX_JOB_RESTARTS = 3              # as the Volcano job's maxRetry
+
+MLFLOW = "mlflow"
+FILESERVER = "fileserver"
+TRANSFER = "cube-transfer"
+SERVING = "serving"
+
+
+def cube_server_name(shard: int) -> str:
+    return f"cube-server-{shard}"
+
+
+def cube_agent_name(shard: int) -> str:
+    return f"cube-agent-{shard}"
+
+
+def pserver_name(index: int) -> str:
+    return f"pserver-{index}"
+
+
+def trainer_name(index: int) -> str:
+    return f"trainer-{index}"
+
+
+def console_script(name: str, module: str) -> list[str]:
+    """The installed console script beside this Python, else ``python -c`` of its main()."""
+    script = Path(sys.executable).parent / name
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
+
+
+def elastic_control_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "elastic_control", *args]
+
+
+def _absolute(path: str | None, base: Path) -> str | None:
+    """Local relative paths are taken relative to where -r ran; URLs (hdfs://, s3://) are kept."""
+    if not path or "://" in path:
+        return path
+    return str((base / path).resolve()) if not os.path.isabs(path) else path
+
+
+def local_data_config(cfg: DataConfig, *, hdfs_address: str, model_path: str, base: Path) -> str:
+    """data.config as the local components read it: expanded, absolute paths, MODEL_PATH set."""
+    values = dict(cfg.values)
+    values["HDFS_ADDRESS"] = hdfs_address
+    if not hdfs_address:
+        values["DATASET_PATH"] = _absolute(cfg.dataset_path, base)
+    values["MODEL_PATH"] = model_path
+    return dataclasses.replace(cfg, values=values).to_text()
+
+
+def resolve_model_path(cfg: DataConfig, layout: LocalLayout, base: Path) -> str:
+    return _absolute(cfg.model_path, base) or str(layout.default_model_path)
+
+
+def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: list[int] | None = None,
+                    max_job_restarts: int = DEFAULT_MAX_JOB_RESTARTS) -> LocalPlan:
+    """Every component with its argv, environment and port; ``ports`` are drawn fresh when not given."""
+    res = plan.resources
+    needed = 4 + 2 * res.cube_shards + res.pservers + res.trainers
+    ports = list(ports) if ports is not None else free_ports(needed)
+    if len(ports) < needed:
+        raise ValueError(f"need {needed} ports, got {len(ports)}")
+    take = iter(ports)
+    mlflow_port, fileserver_port, transfer_port, serving_port = next(take), next(take), next(take), next(take)
+    cube_ports = [(next(take), next(take)) for _ in range(res.cube_shards)]
+    pserver_ports = [next(take) for _ in range(res.pservers)]
+    trainer_ports = [next(take) for _ in range(res.trainers)]
+
+    def url(port: int) -> str:
+        return f"http://{LOOPBACK}:{port}"
+
+    fileserver_url, serving_url, mlflow_url = url(fileserver_port), url(serving_port), url(mlflow_port)
+    cube_servers = ",".join(url(s) for s, _ in cube_ports)
+    cube_agents = ",".join(url(a) for _, a in cube_ports)
+    config_env = {ev.SLOT_CONF.name: str(layout.state / "slot.conf"),
+                  ev.DATA_CONFIG.name: str(layout.state / LOCAL_DATA_CONFIG)}
+    shards = str(res.cube_shards)
+    comps: list[ComponentSpec] = []
+
+    comps.append(ComponentSpec(
+        name=MLFLOW, kind="mlflow", port=mlflow_port, ready="http:/health", ready_timeout=180.0,
+        argv=console_script("mlflow", "mlflow.cli") + [
+            "server", "--host", LOOPBACK, "--port", str(mlflow_port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{layout.mlflow_dir / 'mlflow.db'}",
+            "--artifacts-destination", str(layout.mlflow_dir / "artifacts"), "--serve-artifacts"],
+        # Its background job runner forks a pool of consumers that only the GenAI features use:
+        # on a 2-core machine they cost more than they give.
+        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    ))
+    comps.append(ComponentSpec(
+        name=FILESERVER, kind="fileserver", port=fileserver_port, ready="http:/healthz",
+        argv=elastic_control_argv("fileserver", "--root", str(layout.fileserver_root), "--host", LOOPBACK,
+                                  "--port", str(fileserver_port)),
+        env={ev.FILESERVER_ROOT.name: str(layout.fileserver_root), ev.FILESERVER_PORT.name: str(fileserver_port)},
+    ))
+    for shard, (server_port, agent_port) in enumerate(cube_ports):
+        data_dir = str(layout.agent_dir(shard))
+        comps.append(ComponentSpec(
+            name=cube_server_name(shard), kind="cube-server", port=server_port, ready="http:/healthz",
+            argv=console_script("cube-server", "cube.server") + [
+                "--port", str(server_port), "--shard", str(shard), "--data", data_dir],
+            env={ev.CUBE_SHARD.name: str(shard), ev.CUBE_SHARDS.name: shards, ev.CUBE_ROOT.name: data_dir,
+                 ev.CUBE_SERVER_PORT.name: str(server_port)},
+        ))
+        comps.append(ComponentSpec(
+            name=cube_agent_name(shard), kind="cube-agent", port=agent_port, ready="http:/healthz",
+            after=[cube_server_name(shard), FILESERVER],
+            argv=console_script("cube-agent", "cube.agent"),
+            env={ev.CUBE_SHARD.name: str(shard), ev.CUBE_SHARDS.name: shards, ev.CUBE_ROOT.name: data_dir,
+                 ev.CUBE_AGENT_PORT.name: str(agent_port), ev.CUBE_SERVER_URL.name: url(server_port),
+                 ev.FILESERVER_URL.name: fileserver_url},
+        ))
+    comps.append(ComponentSpec(
+        name=TRANSFER, kind="cube-transfer", port=transfer_port, ready="http:/healthz",
+        after=[FILESERVER] + [cube_agent_name(i) for i in range(res.cube_shards)],
+        argv=console_script("cube-transfer", "cube.transfer"),
+        env={ev.MODEL_PATH.name: model_path, ev.CUBE_ROOT.name: str(layout.cube_root), ev.CUBE_SHARDS.name: shards,
+             ev.CUBE_AGENTS.name: cube_agents, ev.CUBE_SERVERS.name: cube_servers,
+             ev.FILESERVER_URL.name: fileserver_url, ev.CUBE_TRANSFER_PORT.name: str(transfer_port), **config_env},
+    ))
+    comps.append(ComponentSpec(
+        name=SERVING, kind="serving", port=serving_port, ready="http:/healthz",
+        after=[FILESERVER] + [cube_server_name(i) for i in range(res.cube_shards)],
+        argv=elastic_control_argv("serve", "--port", str(serving_port)),
+        env={ev.SERVING_PORT.name: str(serving_port), ev.CUBE_SERVERS.name: cube_servers,
+             ev.FILESERVER_URL.name: fileserver_url, **config_env},
+    ))
+
+    pserver_list = ",".join(f"{LOOPBACK}:{p}" for p in pserver_ports)
+    trainer_list = ",".join(f"{LOOPBACK}:{p}" for p in trainer_ports)
+    job_env = {ev.PADDLE_PSERVERS_IP_PORT_LIST.name: pserver_list, ev.PADDLE_TRAINER_ENDPOINTS.name: trainer_list,
+               ev.PADDLE_TRAINERS_NUM.name: str(res.trainers), ev.POD_IP.name: LOOPBACK,
+               ev.MODEL_PATH.name: model_path, ev.MLFLOW_TRACKING_URI.name: mlflow_url,
+               ev.FILESERVER_URL.name: fileserver_url, **config_env}
+    for role, role_ports, name in (("PSERVER", pserver_ports, pserver_name), ("TRAINER", trainer_ports, trainer_name)):
+        for i, port in enumerate(role_ports):
+            comps.append(ComponentSpec(
+                name=name(i), kind=role.lower(), group=JOB, port=port, ready="none",
+                after=[MLFLOW, FILESERVER], argv=elastic_control_argv("role"),
+                env={**job_env, ev.TRAINING_ROLE.name: role, ev.PADDLE_PORT.name: str(port),
+                     ev.PADDLE_TRAINER_ID.name: str(i)},
+            ))
+    assert all(c.group in (JOB, SERVICE) for c in comps)
+    return LocalPlan(components=comps, max_job_restarts=max_job_restarts, model_path=model_path,
+                     serving_url=serving_url)
+
+
+def publish_config(layout: LocalLayout) -> None:
+    """What the file server's init container does: config/slot.conf and config/data.config for -c."""
+    target = layout.fileserver_root / "config"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, source in (("slot.conf", layout.state / "slot.conf"), ("data.config", layout.state / LOCAL_DATA_CONFIG)):
+        tmp = target / f".{name}.tmp"
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target / name)

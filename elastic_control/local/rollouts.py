@@ -1,0 +1,104 @@
+"""Freshness of every rollout: seconds from a pass's donefile line to serving answering with it.
+
+The supervisor runs a RolloutWatcher about once a second: it asks serving
+which model version it answers with and, the first time a version appears,
+records it beside the time trainer 0 wrote that pass's donefile line, in
+local/rollouts.json (read by ``status`` and the demo).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+import requests
+
+from elastic_control.atomic import atomic_write_json
+from elastic_control.local.layout import LocalLayout
+from elastic_control.pass_format import read_donefile
+
+
+def entry_time(entry: dict) -> float | None:
+    """A donefile line's ``time`` as epoch seconds (numbers and ISO-8601 strings are accepted)."""
+    value = entry.get("time")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.astimezone()  # naive: the writer's local time
+        return parsed.timestamp()
+    return None
+
+
+def served_version(serving_url: str, timeout: float = 1.0) -> str | None:
+    """The model version serving answers with now, or None if it serves nothing (yet) or is down."""
+    try:
+        resp = requests.get(serving_url.rstrip("/") + "/v1/status", timeout=timeout)
+    except requests.RequestException:
+        return None
+    if not resp.ok:
+        return None
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return version_from_status(body)
+
+
+def version_from_status(body: dict) -> str | None:
+    """Find the served model version in serving's /v1/status answer."""
+    if not isinstance(body, dict):
+        return None
+    for key in ("model_version", "version"):
+        if isinstance(body.get(key), str) and body[key]:
+            return body[key]
+    for nested in ("active", "model", "serving"):
+        inner = body.get(nested)
+        if isinstance(inner, dict):
+            found = version_from_status(inner)
+            if found:
+                return found
+    return None
+
+
+def read_rollouts(layout: LocalLayout) -> list[dict]:
+    try:
+        return json.loads(layout.rollouts_file.read_text()).get("rollouts", [])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+class RolloutWatcher:
+    def __init__(self, layout: LocalLayout, *, model_path: str | None, serving_url: str | None):
+        self.layout = layout
+        self.model_path = model_path
+        self.serving_url = serving_url
+        self.rollouts = read_rollouts(layout)
+        self.seen = {r["version"] for r in self.rollouts}
+        self.current: str | None = self.rollouts[-1]["version"] if self.rollouts else None
+
+    def tick(self) -> None:
+        if not self.serving_url:
+            return
+        version = served_version(self.serving_url)
+        if not version or version == self.current:
+            return
+        now = time.time()
+        self.current = version
+        record = {"version": version, "served_at": now, "donefile_time": None, "freshness_s": None}
+        if self.model_path:
+            for entry in read_donefile(self.model_path):
+                if entry.get("pass") == version:
+                    t = entry_time(entry)
+                    record["donefile_time"] = t
+                    record["freshness_s"] = None if t is None else round(now - t, 2)
+        if version in self.seen:
+            record["again"] = True  # e.g. serving restarted on the same version; freshness is the first one
+            record["freshness_s"] = None
+        self.seen.add(version)
+        self.rollouts.append(record)
+        atomic_write_json(self.layout.rollouts_file, {"rollouts": self.rollouts})
