@@ -87,6 +87,10 @@ def _range_help(name: str) -> str:
 @click.option("--namespace", default="default", show_default=True, help="Kubernetes namespace.")
 @click.option("--image", default=None, help="Container image all pods run (default: elastic-ctr:VERSION).")
 @click.option("--queue", default="default", show_default=True, help="Volcano queue.")
+@click.option("--job-name", default="elastic-ctr", show_default=True,
+              help="Name of the training job; prefixes every Kubernetes object (app.kubernetes.io/instance).")
+@click.option("--service-type", type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"]), default="ClusterIP",
+              show_default=True, help="How serving and the file server are exposed outside the cluster.")
 @click.option("--dry-run", "dry_run", is_flag=False, flag_value="client", default=None,
               type=click.Choice(["client", "server"]), help="With -a: show what would be applied (server: ask the API server).")
 @click.option("--follow", is_flag=True, help="With -l: keep streaming.")
@@ -94,7 +98,7 @@ def _range_help(name: str) -> str:
 @click.version_option(__version__, "--version")
 @click.pass_context
 def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pservers, cube_shards, datafile, slot_conf,
-        hdfs_address, verbose, backend, namespace, image, queue, dry_run, follow, state_dir):
+        hdfs_address, verbose, backend, namespace, image, queue, job_name, service_type, dry_run, follow, state_dir):
     """ElasticCTR: train a CTR model on Paddle's parameter server, roll it out to cube, serve it."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"state_dir": state_dir, "verbose": verbose}
@@ -109,7 +113,8 @@ def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pserver
         resources = Resources(cpu=cpu, mem=mem, trainers=trainers, pservers=pservers, cube_shards=cube_shards)
         control.configure_resource(resources=resources, slot_conf=slot_conf, data_config=datafile,
                                    hdfs_address=hdfs_address, backend=backend, namespace=namespace, image=image,
-                                   state_dir=state_dir, verbose=verbose, queue=queue)
+                                   state_dir=state_dir, verbose=verbose, queue=queue,
+                                   job_name=job_name, service_type=service_type)
     if do_apply:
         control.apply(state_dir=state_dir, dry_run=dry_run)
     if do_client:

@@ -38,7 +38,8 @@ def choose_backend(requested: str) -> tuple[str, str]:
 def configure_resource(*, resources: Resources, slot_conf: str, data_config: str, hdfs_address: str = "",
                        backend: str = "auto", namespace: str = "default", image: str | None = None,
                        state_dir: str = ".elastic-ctr", verbose: bool = False, queue: str = "default",
-                       job_name: str = "elastic-ctr", extra: dict | None = None) -> Plan:
+                       job_name: str = "elastic-ctr", service_type: str = "ClusterIP",
+                       extra: dict | None = None) -> Plan:
     """``-r``: validate everything, then render the plan and manifests into ``state_dir``.
 
     Nothing in ``state_dir`` changes unless every step succeeds.
@@ -52,10 +53,12 @@ def configure_resource(*, resources: Resources, slot_conf: str, data_config: str
     plan = Plan(backend=chosen, backend_reason=reason, resources=resources, slot_conf_text=slots.to_text(),
                 data_config_path=str(Path(data_config).resolve()), hdfs_address=hdfs_address or data_cfg.hdfs_address,
                 namespace=namespace, image=image or DEFAULT_IMAGE, job_name=job_name, queue=queue,
-                verbose=verbose, state_dir=str(state), extra=dict(extra or {}))
+                service_type=service_type, verbose=verbose, state_dir=str(state), extra=dict(extra or {}))
 
+    created_state = not state.exists()
     state.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".render.", dir=state))
+    ok = False
     try:
         (staging / SLOT_CONF_FILE).write_text(slots.to_text())
         shutil.copyfile(data_config, staging / DATA_CONFIG_FILE)
@@ -73,8 +76,12 @@ def configure_resource(*, resources: Resources, slot_conf: str, data_config: str
             get_backend("local").render(plan, staging)
         (staging / PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n")
         _swap_in(staging, state)
+        ok = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if not ok and created_state:
+            # A failed first -r leaves no state folder behind, not an empty one.
+            shutil.rmtree(state, ignore_errors=True)
     done(f"rendered plan for the {chosen} backend into {state}/ ({reason})")
     return plan
 

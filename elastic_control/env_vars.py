@@ -61,6 +61,7 @@ PADDLE_TRAINERS_NUM = _var("PADDLE_TRAINERS_NUM", int, 1, "number of trainers")
 PADDLE_TRAINER_ID = _var("PADDLE_TRAINER_ID", int, 0, "this trainer's index")
 PADDLE_PORT = _var("PADDLE_PORT", int, 30240, "this pserver's port")
 POD_IP = _var("POD_IP", str, "127.0.0.1", "this pod's address")
+PADDLE_TRAINER_ENDPOINTS = _var("PADDLE_TRAINER_ENDPOINTS", str, None, "host:port,... of all trainers")
 
 # ElasticCTR settings.
 DATA_CONFIG = _var("ELASTIC_CTR_DATA_CONFIG", str, None, "path of data.config")
@@ -75,3 +76,17 @@ CUBE_SERVERS = _var("ELASTIC_CTR_CUBE_SERVERS", str, None, "comma-separated cube
 CUBE_AGENTS = _var("ELASTIC_CTR_CUBE_AGENTS", str, None, "comma-separated cube-agent URLs, shard order")
 CUBE_ROOT = _var("ELASTIC_CTR_CUBE_ROOT", str, None, "folder holding cube/VERSION/ shard files")
 SERVING_URL = _var("ELASTIC_CTR_SERVING_URL", str, None, "base URL of the serving process")
+
+# Listening ports and per-component settings; the Kubernetes manifests set
+# these (the defaults are the ports in DESIGN.md, so a program that only uses
+# its default still listens where its Service points).
+FILESERVER_PORT = _var("ELASTIC_CTR_FILESERVER_PORT", int, 8080, "file server listening port")
+FILESERVER_ROOT = _var("ELASTIC_CTR_FILESERVER_ROOT", str, None, "folder the file server serves and writes")
+SERVING_PORT = _var("ELASTIC_CTR_SERVING_PORT", int, 8010, "serving listening port")
+CUBE_SERVER_PORT = _var("ELASTIC_CTR_CUBE_SERVER_PORT", int, 8027, "cube-server listening port")
+CUBE_AGENT_PORT = _var("ELASTIC_CTR_CUBE_AGENT_PORT", int, 8001, "cube-agent listening port")
+CUBE_TRANSFER_PORT = _var("ELASTIC_CTR_CUBE_TRANSFER_PORT", int, 8099, "cube-transfer listening port")
+CUBE_SHARD = _var("ELASTIC_CTR_CUBE_SHARD", int, None, "this cube server/agent's shard index")
+CUBE_SHARDS = _var("ELASTIC_CTR_CUBE_SHARDS", int, None, "number of cube shards")
+CUBE_SERVER_URL = _var("ELASTIC_CTR_CUBE_SERVER_URL", str, None, "cube-agent: URL of the cube-server it feeds")
+APPLY_TIMEOUT = _var("ELASTIC_CTR_APPLY_TIMEOUT", float, 600.0, "-a: seconds to wait for pods to run")

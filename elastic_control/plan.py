@@ -37,6 +37,7 @@ class Plan:
     image: str = DEFAULT_IMAGE
     job_name: str = DEFAULT_JOB_NAME
     queue: str = "default"
+    service_type: str = "ClusterIP"
     verbose: bool = False
     state_dir: str = ".elastic-ctr"
     extra: dict = field(default_factory=dict)

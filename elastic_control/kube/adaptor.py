@@ -119,6 +119,8 @@ def detect_cluster(timeout: float = 3.0) -> tuple[bool, str]:
         return False, f"the Kubernetes API server at {server_url()} answered HTTP {e.status} for /version"
     except (urllib3.exceptions.HTTPError, OSError) as e:
         return False, f"the Kubernetes API server at {server_url()} did not answer within {timeout:g}s ({type(e).__name__})"
+    except Exception as e:  # an answer that is not Kubernetes' (a proxy's HTML page, say)
+        return False, f"{server_url()} did not answer like a Kubernetes API server ({type(e).__name__})"
     return True, f"the Kubernetes API server at {server_url()} answered (Kubernetes {info.git_version})"
 
 

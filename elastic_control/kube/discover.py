@@ -89,7 +89,8 @@ def configure_client(*, namespace: str, serving_name: str, serving_port: int, fi
         slot_text = fetch_slot_conf(files.url)
         source = files.url + SLOT_CONF_URL_PATH
     except (requests.RequestException, ConfigError) as e:
-        warn(f"could not fetch slot.conf from the file server ({type(e).__name__}: {e}); "
+        reason = type(e).__name__ if isinstance(e, requests.ConnectionError) else f"{type(e).__name__}: {e}"
+        warn(f"could not fetch slot.conf from {files.url}{SLOT_CONF_URL_PATH} ({reason}); "
              "using the copy in the state folder")
         slot_text, source = fallback_slot_conf, "state folder"
     slots = parse_slot_conf(slot_text, source)

@@ -73,7 +73,7 @@ def explain_pod(pod, events: list, *, cpu: int | None = None, mem: int | None = 
         if "insufficient memory" in message.lower():
             hints.append(f"lower -m (now {mem} GiB)" if mem else "request less memory")
         hint = " or ".join(hints) + ", or add nodes" if hints else "check node capacity, taints and the queue"
-        return f"pod {name} cannot be scheduled: {message.strip()}; {hint}"
+        return f"pod {name} cannot be scheduled: {message.strip().rstrip('.')}; {hint}"
     for condition in pod.status.conditions or []:
         if condition.type == "PodScheduled" and condition.status == "False":
             return f"pod {name} is not scheduled: {condition.reason or ''} {condition.message or ''}".strip()

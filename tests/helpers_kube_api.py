@@ -1,0 +1,379 @@
+"""A local HTTP server answering the Kubernetes API paths elastic-control uses.
+
+It keeps objects in memory and acts like the controllers where the code
+depends on it: a Deployment or a Volcano Job gets pods, a Service gets a
+cluster IP (and node ports), deleting a job removes its pods a moment later.
+Answers have the API server's real shapes (lists, Status objects, chunked
+log streams) so the real `kubernetes` client parses them. Scenarios:
+
+- ``crd_installed=False``: no jobs.batch.volcano.sh CRD (404).
+- ``unschedulable=True``: the training job's pods stay Pending with a
+  FailedScheduling event ("Insufficient cpu").
+- ``recreate_trainer=True``: while trainer 0's log is followed, its pod is
+  deleted and recreated (RestartJob) before the stream ends; the new pod's
+  stream ends with the job Completed.
+- ``node_ports``: Service name -> nodePort to allocate (point it at a local
+  test server to make a NodePort service reachable).
+
+Use ``with FakeKubeAPI() as api: api.write_kubeconfig(path)``.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import yaml
+
+VOLCANO = "batch.volcano.sh/v1alpha1"
+KINDS = {  # (group/version, plural) -> kind
+    ("v1", "pods"): "Pod", ("v1", "services"): "Service", ("v1", "configmaps"): "ConfigMap",
+    ("v1", "secrets"): "Secret", ("v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
+    ("v1", "events"): "Event", ("v1", "namespaces"): "Namespace", ("v1", "nodes"): "Node",
+    ("apps/v1", "deployments"): "Deployment", (VOLCANO, "jobs"): "Job",
+    ("scheduling.volcano.sh/v1beta1", "queues"): "Queue",
+    ("apiextensions.k8s.io/v1", "customresourcedefinitions"): "CustomResourceDefinition",
+}
+_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))"
+                   r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?/?$")
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class FakeKubeAPI:
+    def __init__(self, *, crd_installed: bool = True, queue_state: str = "Open", namespaces=("default",),
+                 unschedulable: bool = False, recreate_trainer: bool = False, node_ports: dict | None = None,
+                 job_delete_delay: float = 0.3, log_line_delay: float = 0.02):
+        self.crd_installed, self.queue_state = crd_installed, queue_state
+        self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
+        self.node_ports = dict(node_ports or {})
+        self.job_delete_delay, self.log_line_delay = job_delete_delay, log_line_delay
+        self.lock = threading.RLock()
+        self.store: dict[tuple, dict] = {}  # (gv, plural, namespace, name) -> object
+        self.requests: list[tuple[str, str, dict]] = []
+        self.logs: dict[str, list[str]] = {}  # pod uid -> lines
+        self._rv = itertools.count(1000)
+        self._node_port = itertools.count(30000)
+        self.trainer_generations = 0
+        self.recreated = False
+        for ns in namespaces:
+            self._put("v1", "namespaces", None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+                                                  "status": {"phase": "Active"}})
+        self._put("v1", "nodes", None, {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                     {"type": "Hostname", "address": "node-1"}]}})
+        self._put("scheduling.volcano.sh/v1beta1", "queues", None, {
+            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": "default"},
+            "spec": {"weight": 1, "reclaimable": True}, "status": {"state": queue_state}})
+        if crd_installed:
+            self._put("apiextensions.k8s.io/v1", "customresourcedefinitions", None, {
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "jobs.batch.volcano.sh"},
+                "spec": {"group": "batch.volcano.sh", "scope": "Namespaced",
+                         "names": {"kind": "Job", "plural": "jobs", "singular": "job", "shortNames": ["vcjob", "vj"]},
+                         "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                                       "schema": {"openAPIV3Schema": {"type": "object"}}}]}})
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def __enter__(self):
+        api = self
+
+        class Handler(_Handler):
+            fake = api
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        path = Path(path)
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}]}))
+        return path
+
+    # ---- store -----------------------------------------------------------------------------------------
+    def _put(self, gv, plural, ns, obj):
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now())
+        meta["resourceVersion"] = str(next(self._rv))
+        if ns:
+            meta["namespace"] = ns
+        self.store[(gv, plural, ns, meta["name"])] = obj
+        return obj
+
+    def get(self, gv, plural, ns, name):
+        return self.store.get((gv, plural, ns, name))
+
+    def items(self, gv, plural, ns=None):
+        return [o for (g, p, n, _), o in sorted(self.store.items(), key=lambda kv: kv[0][3])
+                if g == gv and p == plural and (ns is None or n == ns)]
+
+    def pods(self, ns="default", **labels):
+        return [p for p in self.items("v1", "pods", ns)
+                if all(p["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())]
+
+    def event(self, ns, pod_name, reason, message, type_="Warning"):
+        name = f"{pod_name}.{uuid.uuid4().hex[:12]}"
+        self._put("v1", "events", ns, {
+            "apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+            "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": ns},
+            "reason": reason, "message": message, "type": type_, "count": 1,
+            "firstTimestamp": now(), "lastTimestamp": now(), "source": {"component": "volcano"}})
+
+    # ---- controllers -----------------------------------------------------------------------------------
+    def _make_pod(self, ns, name, template, labels, *, pending=False, log=None):
+        spec = copy.deepcopy(template["spec"])
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "labels": {**template["metadata"].get("labels", {}), **labels}},
+               "spec": spec}
+        if pending:
+            pod["status"] = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient cpu.", "lastTransitionTime": now()}]}
+        else:
+            pod["status"] = {"phase": "Running", "podIP": "10.0.0.7", "startTime": now(),
+                             "conditions": [{"type": "Ready", "status": "True"}],
+                             "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0,
+                                                    "image": c["image"], "imageID": "", "state": {
+                                                        "running": {"startedAt": now()}}}
+                                                   for c in spec["containers"]]}
+        self._put("v1", "pods", ns, pod)
+        self.logs[pod["metadata"]["uid"]] = log if log is not None else [f"{name} started", f"{name} working"]
+        if pending:
+            self.event(ns, name, "FailedScheduling", "0/3 nodes are available: 3 Insufficient cpu.")
+        return pod
+
+    def _on_create(self, gv, plural, ns, obj):
+        if (gv, plural) == ("apps/v1", "deployments"):
+            name = obj["metadata"]["name"]
+            obj["status"] = {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1}
+            self._make_pod(ns, f"{name}-5d9c7b-{uuid.uuid4().hex[:5]}", obj["spec"]["template"], {})
+        elif (gv, plural) == ("v1", "services"):
+            obj["spec"]["clusterIP"] = "10.96.0.10"
+            if obj["spec"].get("type") in ("NodePort", "LoadBalancer"):
+                for port in obj["spec"]["ports"]:
+                    port.setdefault("nodePort", self.node_ports.get(obj["metadata"]["name"], next(self._node_port)))
+        elif (gv, plural) == (VOLCANO, "jobs"):
+            job = obj["metadata"]["name"]
+            total = 0
+            for task in obj["spec"]["tasks"]:
+                for i in range(task.get("replicas", 1)):
+                    total += 1
+                    self._volcano_pod(ns, job, task, i)
+            obj["status"] = {"state": {"phase": "Pending" if self.unschedulable else "Running"},
+                             "running": 0 if self.unschedulable else total, "pending": total if self.unschedulable else 0,
+                             "minAvailable": obj["spec"]["minAvailable"]}
+
+    def _volcano_pod(self, ns, job, task, index, log=None):
+        labels = {"volcano.sh/job-name": job, "volcano.sh/job-namespace": ns,
+                  "volcano.sh/task-spec": task["name"], "volcano.sh/task-index": str(index)}
+        if task["name"] == "trainer" and index == 0 and log is None:
+            self.trainer_generations += 1
+            log = ["pass-20191221-00 step 10 loss 0.52", "pass-20191221-00 step 20 loss 0.49"]
+        return self._make_pod(ns, f"{job}-{task['name']}-{index}", task["template"], labels,
+                              pending=self.unschedulable, log=log)
+
+    def _on_delete(self, gv, plural, ns, obj):
+        if (gv, plural) == (VOLCANO, "jobs"):
+            job = obj["metadata"]["name"]
+
+            def remove_pods():  # the job controller takes a moment
+                with self.lock:
+                    for pod in self.pods(ns, **{"volcano.sh/job-name": job}):
+                        self.store.pop(("v1", "pods", ns, pod["metadata"]["name"]), None)
+
+            threading.Timer(self.job_delete_delay, remove_pods).start()
+        elif (gv, plural) == ("apps/v1", "deployments"):
+            selector = obj["spec"]["selector"]["matchLabels"]
+            for pod in self.pods(ns, **selector):
+                self.store.pop(("v1", "pods", ns, pod["metadata"]["name"]), None)
+
+    def recreate_trainer0(self, ns, job_name):
+        """What RestartJob does to trainer 0: a new pod (new uid) under the same name."""
+        job = self.get(VOLCANO, "jobs", ns, job_name)
+        task = next(t for t in job["spec"]["tasks"] if t["name"] == "trainer")
+        self.trainer_generations += 1
+        self._volcano_pod(ns, job_name, task, 0, log=["restarted by RestartJob, resuming from the last pass",
+                                                        "pass-20191221-01 step 10 loss 0.47", "training finished"])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeKubeAPI
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    # ---- plumbing --------------------------------------------------------------------------------------
+    def _send(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _status(self, code, reason, message):
+        self._send(code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                          "message": message, "reason": reason, "code": code})
+
+    def _body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
+
+    def _route(self, method):
+        url = urlparse(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        fake = self.fake
+        with fake.lock:
+            fake.requests.append((method, url.path, query))
+        if url.path in ("/version", "/version/"):
+            return self._send(200, {
+                "major": "1", "minor": "33", "gitVersion": "v1.33.1", "gitCommit": "8adc0f041b8e7ad1d30e29cc59c6ae7a15e19828",
+                "gitTreeState": "clean", "buildDate": "2025-05-15T08:19:08Z", "goVersion": "go1.24.2",
+                "compiler": "gc", "platform": "linux/amd64"})
+        m = _PATH.match(url.path)
+        if not m:
+            return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+        gv = m.group("core") or m.group("gv")
+        ns, plural, name, sub = m.group("ns"), m.group("plural"), m.group("name"), m.group("sub")
+        if (gv, plural) not in KINDS:
+            return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+        if gv == "v1" and plural == "namespaces":
+            ns, plural, name = None, "namespaces", name
+        kind = KINDS[(gv, plural)]
+        if sub == "log":
+            return self._log(ns, name, query)
+        with fake.lock:
+            if method == "GET" and name is None:
+                items = fake.items(gv, plural, ns)
+                items = [o for o in items if _matches(o, query.get("labelSelector"), query.get("fieldSelector"))]
+                return self._send(200, {"apiVersion": gv, "kind": f"{kind}List",
+                                        "metadata": {"resourceVersion": str(next(fake._rv))}, "items": items})
+            obj = fake.get(gv, plural, ns, name) if name else None
+            if method == "GET":
+                if obj is None:
+                    return self._status(404, "NotFound", f'{plural} "{name}" not found')
+                return self._send(200, obj)
+            if method == "POST":
+                body = self._body()
+                if fake.get(gv, plural, ns, body["metadata"]["name"]) is not None:
+                    return self._status(409, "AlreadyExists", f'{plural} "{body["metadata"]["name"]}" already exists')
+                if query.get("dryRun") == "All":
+                    return self._send(201, body)
+                fake._put(gv, plural, ns, body)
+                fake._on_create(gv, plural, ns, body)
+                return self._send(201, body)
+            if method == "PUT":
+                body = self._body()
+                if obj is None:
+                    return self._status(404, "NotFound", f'{plural} "{name}" not found')
+                if body["metadata"].get("resourceVersion") != obj["metadata"]["resourceVersion"]:
+                    return self._status(409, "Conflict", "the object has been modified")
+                if query.get("dryRun") == "All":
+                    return self._send(200, body)
+                body["metadata"]["uid"] = obj["metadata"]["uid"]
+                body.setdefault("status", obj.get("status", {}))
+                return self._send(200, fake._put(gv, plural, ns, body))
+            if method == "DELETE":
+                if obj is None:
+                    return self._status(404, "NotFound", f'{plural} "{name}" not found')
+                fake.store.pop((gv, plural, ns, name))
+                fake._on_delete(gv, plural, ns, obj)
+                if (gv, plural) == ("v1", "services"):  # the API answers a Service delete with the object
+                    return self._send(200, obj)
+                return self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                        "details": {"name": name, "kind": plural, "uid": obj["metadata"]["uid"]}})
+        return self._status(405, "MethodNotAllowed", method)
+
+    def _log(self, ns, name, query):
+        fake = self.fake
+        with fake.lock:
+            pod = fake.get("v1", "pods", ns, name)
+            lines = list(fake.logs.get(pod["metadata"]["uid"], [])) if pod else None
+        if pod is None:
+            return self._status(404, "NotFound", f'pods "{name}" not found')
+        if pod["status"]["phase"] == "Pending":
+            return self._status(400, "BadRequest", f'container in pod "{name}" is waiting to start: PodInitializing')
+        if query.get("tailLines"):
+            lines = lines[-int(query["tailLines"]):]
+        if query.get("follow") != "true":
+            body = "".join(line + "\n" for line in lines).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for line in lines:
+            data = (line + "\n").encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            time.sleep(fake.log_line_delay)
+        labels = pod["metadata"]["labels"]
+        is_trainer0 = labels.get("volcano.sh/task-spec") == "trainer" and labels.get("volcano.sh/task-index") == "0"
+        if is_trainer0:
+            job_name = labels["volcano.sh/job-name"]
+            with fake.lock:
+                job = fake.get(VOLCANO, "jobs", ns, job_name)
+                if fake.recreate_trainer and not fake.recreated and job is not None:
+                    fake.recreated = True
+                    fake.recreate_trainer0(ns, job_name)  # the stream ends because the pod went away
+                elif job is not None:
+                    job["status"]["state"]["phase"] = "Completed"
+                    pod["status"]["phase"] = "Succeeded"
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_POST(self):
+        self._route("POST")
+
+    def do_PUT(self):
+        self._route("PUT")
+
+    def do_DELETE(self):
+        self._route("DELETE")
+
+
+def _matches(obj, label_selector, field_selector) -> bool:
+    labels = obj["metadata"].get("labels", {})
+    for term in filter(None, (label_selector or "").split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    for term in filter(None, (field_selector or "").split(",")):
+        key, _, value = term.partition("=")
+        node = obj
+        for part in key.split("."):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if node != value:
+            return False
+    return True
