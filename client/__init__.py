@@ -1,1 +1,1 @@
-"""The ElasticCTR client: library and command line."""
+"""The ElasticCTR client: library (client.api) and command line (client.cli)."""

@@ -1,3 +1,4 @@
+"""``python -m client``."""
 from client.cli import main
 
 main()

@@ -1,5 +1,112 @@
-"""ctr-client (being built; see issue 5)."""
+"""``ctr-client`` / ``python -m client``: predict, upload, health. Only click code lives here."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from client.api import ServingClient, check_health, load_client_config, upload_configs
+from elastic_control.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
+from elastic_control.env_vars import STATE_DIR
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-def main():
-    raise SystemExit("ctr-client is not implemented yet")
+def _state_dir(ctx: click.Context, given: str | None) -> str:
+    if given:
+        return given
+    parent = ctx.find_root().obj
+    if isinstance(parent, dict) and parent.get("state_dir"):
+        return parent["state_dir"]
+    return STATE_DIR.get()
+
+
+_state_option = click.option("--state-dir", default=None, type=click.Path(file_okay=False),
+                             help="State folder holding client.json (default: $ELASTIC_CTR_STATE_DIR or .elastic-ctr).")
+_serving_option = click.option("--serving", "serving_url", default=None, help="Serving URL (overrides client.json).")
+_fileserver_option = click.option("--fileserver", "fileserver_url", default=None,
+                                  help="File server URL (overrides client.json).")
+
+
+@click.command("predict", context_settings=CONTEXT)
+@click.argument("input_file", type=click.File("r", encoding="utf-8"))
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 10000),
+              help="Lines per request.")
+@click.option("--retry-for", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to keep retrying a batch while serving is unavailable.")
+@_serving_option
+@_state_option
+@click.pass_context
+def predict_command(ctx, input_file, batch_size, retry_for, serving_url, state_dir):
+    """Print one click probability per slot-format line of INPUT_FILE ('-' = stdin); blank lines are skipped."""
+    config = load_client_config(state_dir=_state_dir(ctx, state_dir), serving_url=serving_url)
+    client = ServingClient(config.serving_url, retry_for=retry_for)
+    write = sys.stdout.write
+    for prob in client.predict_lines(input_file, batch_size=batch_size):
+        write(f"{prob:.9g}\n")
+    sys.stdout.flush()
+
+
+@click.command("upload", context_settings=CONTEXT)
+@click.option("-s", "--slot-conf", type=click.Path(exists=True, dir_okay=False), help="slot.conf to upload.")
+@click.option("-f", "--data-config", type=click.Path(exists=True, dir_okay=False), help="data.config to upload.")
+@_fileserver_option
+@_state_option
+@click.pass_context
+def upload_command(ctx, slot_conf, data_config, fileserver_url, state_dir):
+    """Validate and upload slot.conf / data.config to the file server (writes need the token)."""
+    config = load_client_config(state_dir=_state_dir(ctx, state_dir), fileserver_url=fileserver_url)
+    for item in upload_configs(config, slot_conf=slot_conf, data_config=data_config):
+        click.echo(f"uploaded {item['path']} ({item['size']} bytes, sha256 {item['sha256'][:12]}…)", err=True)
+
+
+@click.command("health", context_settings=CONTEXT)
+@_serving_option
+@_fileserver_option
+@_state_option
+@click.pass_context
+def health_command(ctx, serving_url, fileserver_url, state_dir):
+    """Check serving and the file server; exit 1 if either is down."""
+    import json
+
+    config = load_client_config(state_dir=_state_dir(ctx, state_dir), serving_url=serving_url,
+                                fileserver_url=fileserver_url)
+    report = check_health(config)
+    click.echo(json.dumps(report, indent=2, sort_keys=True))
+    if any(isinstance(v, str) and v.startswith("error") for v in report.values()):
+        raise ElasticControlError("; ".join(f"{k} {v}" for k, v in report.items() if isinstance(v, str)))
+
+
+@click.group(context_settings=CONTEXT)
+def cli():
+    """The ElasticCTR client: predictions from serving, configs to the file server."""
+
+
+cli.add_command(predict_command)
+cli.add_command(upload_command)
+cli.add_command(health_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: one-line errors, exit 2 for usage errors and 1 for failures."""
+    debug = os.environ.get("ELASTIC_CTR_DEBUG", "").lower() in ("1", "true", "yes")
+    try:
+        cli.main(args=argv, prog_name="ctr-client", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_USAGE if isinstance(e, click.UsageError) else e.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except ElasticControlError as e:
+        if debug:
+            raise
+        click.echo(f"ctr-client: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        sys.exit(EXIT_FAILURE)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)

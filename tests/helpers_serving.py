@@ -87,3 +87,57 @@ def raw_request(port: int, data: bytes, timeout: float = 10.0) -> bytes:
 
 def status_of(reply: bytes) -> int:
     return int(reply.split(b" ", 2)[1])
+
+
+CRITEO = REPO.parent / "shared" / "data" / "criteo" / "criteo_real_distinct.txt"
+CRITEO_SLOTS = list(range(1, 40))
+
+
+def criteo_slot_lines(start: int, count: int) -> list[str]:
+    """``count`` real Criteo lines from line ``start`` on, converted to the slot format by the project's converter."""
+    import itertools
+
+    import pytest
+
+    if not CRITEO.exists():
+        pytest.skip(f"real Criteo lines not found at {CRITEO}")
+    try:
+        from elastic_control.data.criteo import CriteoConverter
+    except ImportError as e:
+        pytest.skip(f"the Criteo converter is not available: {e}")
+    conv = CriteoConverter()
+    with open(CRITEO, encoding="utf-8") as f:
+        return [conv.convert_line(raw) for raw in itertools.islice(f, start, start + count)]
+
+
+def train_criteo_pass(model_path: Path, name: str, *, seed: int, sparse_dim: int | None = None,
+                      train_lines: int = 3000, golden_lines: int = 300, offset: int = 0) -> Path:
+    """A real pass from a short PS run (one pserver, one trainer) on real Criteo lines, recorded in the donefile.
+
+    Uses the evaluation engineer's fixture trainer (tests/helpers_eval.py) until
+    ``elastic-control train`` can be driven from tests; all 39 Criteo slots.
+    """
+    import json as _json
+
+    import helpers_eval
+    from elastic_control.atomic import append_line_durably
+
+    lines = criteo_slot_lines(offset, train_lines + golden_lines)
+    saved = helpers_eval.SLOTS
+    helpers_eval.SLOTS = CRITEO_SLOTS  # train_pass reads the module's slot list
+    try:
+        pass_dir = helpers_eval.train_pass(model_path / name, lines[:train_lines], lines[train_lines:],
+                                           epochs=1, seed=seed, sparse_dim=sparse_dim)
+    finally:
+        helpers_eval.SLOTS = saved
+    append_line_durably(model_path / "donefile", _json.dumps(
+        {"pass": name, "path": str(pass_dir), "window": {"start": "20200101/00", "end": "20200101/00"},
+         "time": time.time(), "metrics": {}}))
+    return pass_dir
+
+
+def golden(pass_dir: Path) -> tuple[list[str], list[float]]:
+    import json as _json
+
+    rows = [_json.loads(l) for l in (pass_dir / "golden.jsonl").read_text().splitlines() if l.strip()]
+    return [r["line"] for r in rows], [r["prob"] for r in rows]

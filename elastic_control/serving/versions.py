@@ -1,0 +1,165 @@
+"""Where serving learns the active version, and how it gets that version's dense model.
+
+Three sources, one interface (``current()`` -> a version record or None;
+``materialise(record, workers)`` -> a LoadedVersion ready to score):
+
+- ``FileServerSource``: polls ``cube/current.json`` on the file server (written
+  by cube-transfer after every shard activated), downloads
+  ``cube/VERSION/dense/`` and ``cube/VERSION/meta.json`` into a local cache.
+- ``CubeRootSource``: the same files in a local cube root (tests, one machine).
+- ``ModelDirSource``: the newest complete pass of a MODEL_PATH, its sparse
+  table held in memory (no cube; for tests and quick local checks).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from elastic_control.errors import ComponentError, DataError
+from elastic_control.pass_format import DENSE_DIR, DENSE_PREFIX, META_FILE, latest_complete_pass
+from elastic_control.scoring import DenseModel, InMemoryTable
+from elastic_control.serving.lookup import CubeLookup, Lookup, TableLookup
+
+log = logging.getLogger("elastic_control.serving")
+
+CURRENT_FILE = "current.json"
+REMOTE_CURRENT = "cube/current.json"
+
+
+@dataclass
+class LoadedVersion:
+    """Everything needed to score with one version; replaced whole on a switch, never mutated."""
+
+    version: str
+    slots: tuple[int, ...]
+    sparse_dim: int | None
+    dim: int
+    dense: list[DenseModel]  # one predictor per batch worker (a predictor is not thread-safe)
+    lookup: Lookup
+    record: dict = field(default_factory=dict)
+    loaded_at: float = field(default_factory=time.time)
+
+
+def _load_dense(dense_dir: Path, version: str, slots: Sequence[int], dim: int, workers: int) -> list[DenseModel]:
+    prefix = dense_dir / DENSE_PREFIX
+    if not prefix.with_suffix(".pdmodel").exists():
+        raise DataError(f"version {version}: no dense model at {prefix}.pdmodel")
+    first = DenseModel(prefix)
+    # Fail at load, not on the first request, if the model does not take slots*dim inputs.
+    width = len(slots) * dim
+    out = first.predict(np.zeros((1, width), np.float32))
+    if out.shape != (1,) or not np.isfinite(out).all():
+        raise DataError(f"version {version}: dense model gave {out!r} for one zero row of width {width}")
+    return [first] + [first.clone() for _ in range(workers - 1)]
+
+
+def _version_fields(record: dict, meta: dict) -> tuple[tuple[int, ...], int | None, int]:
+    """Slots, sparse_dim and dim: meta.json (the pass) wins; current.json fills gaps."""
+    try:
+        slots = tuple(int(s) for s in (meta.get("slots") or record["slots"]))
+        dim = int(meta.get("embedding_dim") or record["dim"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"version {record.get('version')}: slots/dim missing from meta.json and current.json") from e
+    sparse_dim = meta.get("sparse_dim", record.get("sparse_dim"))
+    return slots, (int(sparse_dim) if sparse_dim else None), dim
+
+
+class CubeRootSource:
+    """``CUBE_ROOT/current.json``, ``CUBE_ROOT/VERSION/dense/``, ``CUBE_ROOT/VERSION/meta.json``."""
+
+    def __init__(self, cube_root: str | Path, cube_urls: Sequence[str], lookup_timeout: float = 5.0):
+        self.root = Path(cube_root)
+        self.cube_urls = list(cube_urls)
+        self.lookup_timeout = lookup_timeout
+        self.describe = f"cube root {self.root}"
+
+    def current(self) -> dict | None:
+        path = self.root / CURRENT_FILE
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: invalid JSON: {e}") from e
+
+    def _version_dir(self, record: dict) -> Path:
+        return self.root / record["version"]
+
+    def materialise(self, record: dict, workers: int) -> LoadedVersion:
+        vdir = self._version_dir(record)
+        meta_path = vdir / META_FILE
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+        slots, sparse_dim, dim = _version_fields(record, meta)
+        dense = _load_dense(vdir / DENSE_DIR, record["version"], slots, dim, workers)
+        if not self.cube_urls:
+            raise ComponentError("no cube-server URLs: pass --cube-servers or set ELASTIC_CTR_CUBE_SERVERS")
+        shards = record.get("shards")
+        if shards is not None and int(shards) != len(self.cube_urls):
+            raise ComponentError(f"version {record['version']} has {shards} shards but serving knows "
+                                 f"{len(self.cube_urls)} cube servers ({', '.join(self.cube_urls)})")
+        return LoadedVersion(record["version"], slots, sparse_dim, dim, dense,
+                             CubeLookup(self.cube_urls, self.lookup_timeout), record)
+
+
+class FileServerSource(CubeRootSource):
+    """The file server's ``cube/`` tree; dense models are downloaded into ``cache_dir``."""
+
+    def __init__(self, fileserver_url: str, cache_dir: str | Path, cube_urls: Sequence[str],
+                 lookup_timeout: float = 5.0):
+        from elastic_control.fileserver.client import FileServerClient
+
+        super().__init__(cache_dir, cube_urls, lookup_timeout)
+        self.fs = FileServerClient(fileserver_url, timeout=30.0)
+        self.describe = f"file server {fileserver_url}"
+
+    def current(self) -> dict | None:
+        from elastic_control.fileserver.client import NotFound
+
+        try:
+            return self.fs.get_json(REMOTE_CURRENT)
+        except NotFound:
+            return None
+
+    def _version_dir(self, record: dict) -> Path:
+        version = record["version"]
+        local = self.root / version
+        if not (local / DENSE_DIR / f"{DENSE_PREFIX}.pdmodel").exists():
+            staging = self.root / f".{version}.download"
+            shutil.rmtree(staging, ignore_errors=True)
+            dense_remote = record.get("dense") or f"cube/{version}/{DENSE_DIR}/"
+            self.fs.get_tree(dense_remote, staging / DENSE_DIR)
+            self.fs.get_file(f"cube/{version}/{META_FILE}", staging / META_FILE)
+            shutil.rmtree(local, ignore_errors=True)
+            staging.rename(local)
+        return local
+
+
+class ModelDirSource:
+    """The newest complete pass of MODEL_PATH, scored from its in-memory sparse table."""
+
+    def __init__(self, model_path: str | Path):
+        self.model_path = Path(model_path)
+        self.describe = f"model dir {self.model_path}"
+
+    def current(self) -> dict | None:
+        info = latest_complete_pass(self.model_path)
+        if info is None:
+            return None
+        return {"version": info.name, "pass": info.name, "slots": info.slots, "dim": info.embedding_dim,
+                "sparse_dim": info.sparse_dim, "path": str(info.path)}
+
+    def materialise(self, record: dict, workers: int) -> LoadedVersion:
+        from elastic_control.pass_format import load_pass
+
+        info = load_pass(record["path"])
+        slots, sparse_dim, dim = _version_fields(record, info.meta)
+        dense = _load_dense(info.path / DENSE_DIR, info.name, slots, dim, workers)
+        return LoadedVersion(info.name, slots, sparse_dim, dim, dense,
+                             TableLookup(InMemoryTable.from_pass(info), info.name), record)
