@@ -1,0 +1,111 @@
+"""`elastic-control eval`: offline metrics of a pass, its worker/merge entries for a cluster job, shadow reports."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from elastic_control.console import console, done, info, out
+
+
+def _finish(result, output: str | None, mlflow: bool, as_json: bool) -> None:
+    import json
+
+    from elastic_control.evaluation.report import metrics_table, reliability_table, write_outputs
+    from elastic_control.evaluation.tracking import log_evaluation
+
+    try:
+        artifacts = None
+        if output:
+            artifacts = write_outputs(result, Path(output))
+        if as_json:
+            out(json.dumps(result.metrics, sort_keys=True))
+        else:
+            console.print(metrics_table(result.metrics))
+            console.print(reliability_table(result.metrics["model"], "reliability (model)"))
+        data = result.metrics["data"]
+        if data["bad_lines"]:
+            info(f"{data['bad_lines']} of {data['lines']} lines were malformed and skipped")
+        if output:
+            done(f"wrote {', '.join(str(p) for p in artifacts.values())}")
+        if mlflow:
+            run_id = log_evaluation(result, artifacts)
+            if run_id:
+                done(f"recorded in MLflow (run {run_id})")
+    finally:
+        result.cleanup()
+
+
+@click.group("eval", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Cluster job: each worker runs `eval ... --shard I/W --partial-out DIR`, then one "
+                    "`eval merge --partial-out DIR`; see docs/contracts.md.")
+@click.option("--model", "model", type=click.Path(file_okay=False), help="Pass folder to evaluate.")
+@click.option("--baseline", type=click.Path(file_okay=False), help="Pass folder to compare with (e.g. the active one).")
+@click.option("-f", "--datafile", default="data.config", show_default=True, help="data.config: data location and window.")
+@click.option("--output", type=click.Path(file_okay=False), help="Write metrics.json, scored.parquet and plots here.")
+@click.option("--group-slot", type=int, help="Slot whose feasign names the group (user/query): grouped AUC, NDCG@k.")
+@click.option("--ndcg-k", type=click.IntRange(1, 10000), default=10, show_default=True, help="k of NDCG@k.")
+@click.option("--workers", type=click.IntRange(1, 512), help="Worker processes (default: all cores).")
+@click.option("--start", help="First hour YYYYMMDD/HH (default: START_DATE_HR).")
+@click.option("--end", help="Last hour YYYYMMDD/HH (default: END_DATE_HR).")
+@click.option("--shard", help="Run only share I of W (a cluster worker) and write its partial to --partial-out.")
+@click.option("--partial-out", type=click.Path(file_okay=False),
+              help="Folder of per-share partials (kept; complete shares are reused on a rerun).")
+@click.option("--mlflow/--no-mlflow", default=True, show_default=True, help="Record the evaluation in MLflow.")
+@click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON on stdout instead of tables.")
+@click.pass_context
+def eval_command(ctx, model, baseline, datafile, output, group_slot, ndcg_k, workers, start, end, shard, partial_out,
+                 mlflow, as_json):
+    """Score a pass offline on a data window: AUC, log loss, calibration, grouped AUC and NDCG@k."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from elastic_control.errors import UsageError
+    from elastic_control.evaluation.parallel import default_workers, evaluate
+    from elastic_control.evaluation.shares import EvalSpec, parse_shard, run_share
+
+    if not model:
+        raise UsageError("--model PASS_DIR is required (the pass folder to evaluate)")
+    if shard:
+        index, shares = parse_shard(shard)
+        if not partial_out:
+            raise UsageError("--shard needs --partial-out DIR (where the share's partial is written)")
+    else:
+        shares = workers or default_workers()
+    spec = EvalSpec.create(model=model, data_config=datafile, shares=shares, baseline=baseline, start=start, end=end,
+                           group_slot=group_slot, ndcg_k=ndcg_k, keep_scored=bool(output or partial_out))
+    if shard:
+        result = run_share(spec, index, partial_out)
+        done(f"share {index}/{shares}: {result['examples']} examples scored in {result['seconds']}s "
+             f"-> {partial_out}")
+        return
+    result = evaluate(spec, workers=shares, partials=partial_out, progress=info)
+    _finish(result, output, mlflow, as_json)
+
+
+@eval_command.command("merge")
+@click.option("--partial-out", "partials", required=True, type=click.Path(file_okay=False),
+              help="The folder the shares wrote their partials to.")
+@click.option("--output", type=click.Path(file_okay=False), help="Write metrics.json, scored.parquet and plots here.")
+@click.option("--mlflow/--no-mlflow", default=True, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def merge_command(partials, output, mlflow, as_json):
+    """Merge the share partials of a cluster evaluation (fails naming the shares still missing)."""
+    from elastic_control.evaluation.parallel import merge_partials
+
+    _finish(merge_partials(partials), output, mlflow, as_json)
+
+
+@eval_command.command("shadow-report")
+@click.argument("log", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def shadow_report_command(log, as_json):
+    """Summarise a shadow-scoring log: active vs candidate scores on live requests."""
+    import json
+
+    from elastic_control.evaluation.shadow import shadow_report, shadow_report_table
+
+    report = shadow_report(log)
+    if as_json:
+        out(json.dumps(report, sort_keys=True))
+    else:
+        console.print(shadow_report_table(report))

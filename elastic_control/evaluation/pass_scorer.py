@@ -1,0 +1,61 @@
+"""Scoring parsed lines with a pass offline: its sparse table in memory, its dense program in paddle.inference.
+
+The path is the shared one (elastic_control/scoring.py: pool + DenseModel),
+fed from the training reader's column batches (data/line_batch.py), so the
+probabilities are the ones serving and the training program compute.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from elastic_control.data.line_batch import LineBatch, batch_slot_keys
+from elastic_control.pass_format import PassInfo, load_pass
+from elastic_control.scoring import DenseModel, InMemoryTable, KeyBatch, pool
+
+
+def key_batch(batch: LineBatch, slots, sparse_dim: int | None) -> KeyBatch:
+    """The scoring KeyBatch of a LineBatch (padding and slot order as in training)."""
+    per_slot = batch_slot_keys(batch, slots, sparse_dim)
+    n = len(batch)
+    keys = [k for k, _ in per_slot]
+    rows = [np.repeat(np.arange(n, dtype=np.int64), lengths) for _, lengths in per_slot]
+    pos = [np.full(len(k), j, np.int64) for j, (k, _) in enumerate(per_slot)]
+    if not keys:
+        z = np.zeros(0, np.int64)
+        return KeyBatch(np.zeros(0, np.uint64), z, z, n, 0)
+    return KeyBatch(np.concatenate(keys).astype(np.uint64, copy=False), np.concatenate(rows), np.concatenate(pos),
+                    n, len(per_slot))
+
+
+def group_keys(batch: LineBatch, group_slot: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(group uint64[n], has_group bool[n]): each line's first feasign of ``group_slot``."""
+    n = len(batch)
+    groups, has = np.zeros(n, np.uint64), np.zeros(n, bool)
+    if group_slot is None or n == 0:
+        return groups, has
+    idx = np.flatnonzero(batch.feature_slots == group_slot)
+    lines, first = np.unique(batch.feature_line[idx], return_index=True)
+    groups[lines] = batch.feasigns[idx[first]]
+    has[lines] = True
+    return groups, has
+
+
+class PassScorer:
+    """A pass loaded for offline scoring (one per process: paddle predictors are per process)."""
+
+    def __init__(self, pass_dir: str | os.PathLike, threads: int = 1):
+        self.info: PassInfo = load_pass(pass_dir)
+        self.table = InMemoryTable.from_pass(self.info)
+        self.model = DenseModel.from_pass(self.info, threads=threads)
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def score(self, batch: LineBatch) -> np.ndarray:
+        """Click probabilities float32[n] for the lines of ``batch``."""
+        kb = key_batch(batch, self.info.slots, self.info.sparse_dim)
+        vectors, _found = self.table.lookup(kb.keys)
+        return self.model.predict(pool(kb, vectors))
