@@ -39,6 +39,9 @@ SIZES = {"small_cpu": "500m", "small_memory": "1Gi", "cube_cpu": "1", "cube_memo
          "serving_cpu": "2", "serving_memory": "4Gi", "shared_storage": "50Gi", "fileserver_storage": "20Gi",
          "mlflow_storage": "5Gi"}
 MAX_RETRY = 3
+# libyaml's C loader/dumper when present: manifests are parsed and re-emitted on every -r.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 HEADER = "# Rendered by `elastic-control -r` from templates/{template}; apply with `elastic-control -a`.\n"
 
 
@@ -146,7 +149,7 @@ def render_documents(plan, inputs: RenderInputs) -> dict[str, list[dict]]:
             raise ConfigError(f"template {e.name} is missing from {TEMPLATE_DIR}") from e
         except jinja2.UndefinedError as e:  # a template bug, never a user's: say where
             raise ConfigError(f"template {template} uses an undefined value: {e}") from e
-        docs = [d for d in yaml.safe_load_all(text) if d]
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d]
         rendered[filename] = docs
         for doc in docs:
             if doc.get("kind") == k.VOLCANO_JOB_KIND and doc["apiVersion"].startswith(k.VOLCANO_JOB_GROUP):
@@ -162,8 +165,8 @@ def render_manifests(plan, out_dir: str | Path, inputs: RenderInputs) -> list[Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for (filename, template), docs in zip(MANIFEST_FILES, render_documents(plan, inputs).values()):
-        text = HEADER.format(template=template) + yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False,
-                                                                     width=4096)
+        text = HEADER.format(template=template) + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False,
+                                                                default_flow_style=False, width=4096)
         path = out_dir / filename
         atomic_write_text(path, text)
         # The temp file behind atomic writes is private; only the token's file should stay so.
@@ -180,7 +183,7 @@ def load_manifests(manifest_dir: str | Path) -> list[dict]:
     docs: list[dict] = []
     for path in sorted(manifest_dir.glob("*.yaml")):
         try:
-            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+            docs += [d for d in yaml.load_all(path.read_text(), Loader=_Loader) if d]
         except yaml.YAMLError as e:
             raise UsageError(f"{path} is not valid YAML ({e}); run -r again") from e
     return docs

@@ -81,9 +81,9 @@ def _policy_problems(policies: list[dict], where: str) -> list[str]:
             if event in seen:
                 problems.append(f"{where}: policy event {event!r} appears twice")
             seen.add(event)
-        if "*" in events and len(seen) > 1:
-            problems.append(f"{where}: the '*' event must stand alone")
         if action not in ALLOWED_POLICY_ACTIONS:
             problems.append(f"{where}: policy action {action!r} is not allowed "
                             f"(allowed: {', '.join(sorted(ALLOWED_POLICY_ACTIONS))})")
+    if "*" in seen and len(seen) > 1:
+        problems.append(f"{where}: the '*' event must stand alone")
     return problems
