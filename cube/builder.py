@@ -118,3 +118,7 @@ def builder_command(pass_dir, shards, output, version, overwrite):
 
 def main(argv: list[str] | None = None) -> None:
     run_cli(builder_command, "cube-builder", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -165,7 +165,7 @@ class Supervisor:
                 p.terminate()
 
 
-def serve(*, port: int, shard: int, data: str, workers: int = 1, host: str = "127.0.0.1",
+def serve(*, port: int, shard: int, data: str, workers: int = 1, host: str = "0.0.0.0",
           state_dir: str | None = None, token: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
           ready_file: str | None = None) -> None:
     """Run a cube-server until SIGTERM (keyword-only API behind the console script)."""
@@ -198,16 +198,22 @@ def serve(*, port: int, shard: int, data: str, workers: int = 1, host: str = "12
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="TCP port (0: any free port).")
-@click.option("--shard", type=int, required=True, help="The shard index I this server serves.")
-@click.option("--data", required=True, help="A version folder (with manifest.json) or a cube root.")
-@click.option("--workers", type=int, default=1, show_default=True, help="Worker processes sharing the port.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 in a pod).")
+@click.option("--port", type=int, default=lambda: env_vars.CUBE_SERVER_PORT.get(), show_default=str(DEFAULT_PORT),
+              help="TCP port, 0: any free port [env ELASTIC_CTR_CUBE_SERVER_PORT].")
+@click.option("--shard", type=int, default=lambda: env_vars.CUBE_SHARD.get(),
+              help="The shard index I this server serves [env ELASTIC_CTR_CUBE_SHARD].")
+@click.option("--data", default=lambda: env_vars.CUBE_ROOT.get(),
+              help="A version folder (with manifest.json) or a cube root [env ELASTIC_CTR_CUBE_ROOT].")
+@click.option("--workers", type=int, default=lambda: env_vars.CUBE_SERVER_WORKERS.get(), show_default="1",
+              help="Worker processes sharing the port [env ELASTIC_CTR_CUBE_SERVER_WORKERS].")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--state-dir", default=None, help="Where the version state lives (default DATA/.cube-server-shard-I).")
 @click.option("--max-batch", type=int, default=DEFAULT_MAX_BATCH, show_default=True, help="Most keys per request.")
 @click.option("--ready-file", default=None, help="Write {port, pid} here (JSON) once serving.")
 def server_command(port, shard, data, workers, host, state_dir, max_batch, ready_file):
     """Serve one cube shard: batched lookups, versioned, switched atomically."""
+    if shard is None or data is None:
+        raise UsageError("--shard and --data are required (or ELASTIC_CTR_CUBE_SHARD and ELASTIC_CTR_CUBE_ROOT)")
     serve(port=port, shard=shard, data=data, workers=workers, host=host, state_dir=state_dir,
           token=env_vars.TOKEN.get(), max_batch=max_batch, ready_file=ready_file)
 

@@ -1,5 +1,378 @@
-"""cube-transfer (being built; see issue 4)."""
+"""cube-transfer: turns each new complete training pass into the active cube version.
+
+Loop: read ``MODEL_PATH/donefile``; take the newest complete pass not yet
+handled; (optional) promotion gate; build the version with cube-builder
+(skipped when ``CUBE_ROOT/VERSION`` already holds a verified build); publish
+shards, manifest, dense model and meta.json through the file server; roll out
+in two phases (cube/rollout.py); record ``cube/current.json``; GC old versions.
+Older passes still waiting when a newer one is complete are skipped
+("superseded"): serving wants the freshest model, not every hour replayed.
+
+Durability: every phase is written to the rollout journal first, so a restart
+never rebuilds a finished version, and a restart in the middle of activating
+finishes the switch on every shard (or switches every shard back), never
+leaving shards on different versions.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from cube.builder import build_version
+from cube.cli_common import run_cli
+from cube.json_service import Route, make_json_server
+from cube.rollout import FILESERVER_PREFIX, RetryPolicy, ShardFleet, publish_version, roll_out
+from cube.rollout_journal import FINAL, RolloutJournal
+from cube.shard_format import CorruptShardError, complete_versions, read_manifest, verify_version_dir
+from elastic_control import env_vars
+from elastic_control.atomic import atomic_write_json
+from elastic_control.errors import ComponentError, DataError, ElasticControlError, UsageError
+from elastic_control.fileserver.client import FileServerClient, FileServerError
+from elastic_control.pass_format import load_pass, read_donefile
+
+DEFAULT_PORT = 8099
+JOURNAL_FILE = "transfer-state.json"
+CURRENT_FILE = "current.json"
+MAX_BACKOFF = 300.0
+log = logging.getLogger("cube.transfer")
 
 
-def main():
-    raise SystemExit("cube-transfer is not implemented yet")
+@dataclass
+class TransferConfig:
+    model_path: Path
+    cube_root: Path
+    fileserver_url: str
+    agents: list[str]
+    token: str | None
+    keep: int = 3
+    gate_rule: str | None = None
+    force: bool = False
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    poll_interval: float = 5.0
+    retry_backoff: float = 5.0    # first wait before retrying a failed pass; doubles up to MAX_BACKOFF
+
+    @property
+    def shards(self) -> int:
+        return len(self.agents)
+
+
+def donefile_time(entry: dict) -> float | None:
+    """The donefile line's ``time`` as epoch seconds (a number or an ISO-8601 string)."""
+    t = entry.get("time")
+    if isinstance(t, (int, float)):
+        return float(t)
+    if isinstance(t, str):
+        try:
+            d = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
+    return None
+
+
+def run_gate(candidate: Path, active: Path | None, rule: str):
+    """Call the evaluation engineer's promotion gate (imported late: optional dependency)."""
+    try:
+        from elastic_control.evaluation.gate import evaluate_candidate
+    except ImportError as e:
+        raise ComponentError(f"a promotion gate is configured ({rule!r}) but elastic_control.evaluation.gate "
+                             f"is unavailable: {e}") from e
+    return evaluate_candidate(candidate, active, rule)
+
+
+class Transfer:
+    def __init__(self, config: TransferConfig):
+        if not config.agents:
+            raise UsageError("no cube agents: pass --agents or set ELASTIC_CTR_CUBE_AGENTS")
+        self.cfg = config
+        config.cube_root.mkdir(parents=True, exist_ok=True)
+        self.journal = RolloutJournal(config.cube_root / JOURNAL_FILE)
+        self.fs = FileServerClient(config.fileserver_url, token=config.token, timeout=config.retry.timeout)
+        self.fleet = ShardFleet(config.agents, config.token, config.retry)
+        self.wake = threading.Event()
+        self.stopping = False
+        self.last_error: str | None = None
+
+    # ---- the loop ---------------------------------------------------------------------
+
+    def run_forever(self) -> None:
+        while not self.stopping:
+            self.poll_once()
+            self.wake.wait(self.cfg.poll_interval)
+            self.wake.clear()
+
+    def poll_once(self) -> str | None:
+        """Handle at most one pass; return its version (or None when there was nothing to do)."""
+        try:
+            if self.journal.data["in_flight"]:
+                return self.recover()
+            entry = self._next_pass()
+            if entry is None:
+                return None
+            self.process(entry)
+            self.last_error = None
+            return entry["pass"]
+        except ElasticControlError as e:
+            self.last_error = str(e)
+            log.error("%s", e)
+            return None
+
+    def _next_pass(self) -> dict | None:
+        entries = read_donefile(self.cfg.model_path)
+        passes = self.journal.data["passes"]
+        active = self.journal.active_version
+        names = [e["pass"] for e in entries]
+        # Never go back to a pass older than the active one.
+        start = names.index(active) + 1 if active in names else 0
+        waiting = [e for e in entries[start:] if passes.get(e["pass"], {}).get("status") not in FINAL]
+        if not waiting:
+            return None
+        newest = waiting[-1]
+        for older in waiting[:-1]:
+            if passes.get(older["pass"], {}).get("status") != "superseded":
+                self.journal.set_pass(older["pass"], status="superseded", reason=f"newer pass {newest['pass']}")
+        st = passes.get(newest["pass"], {})
+        if st.get("status") == "failed" and st.get("next_retry_at", 0) > time.time():
+            return None
+        return newest
+
+    def process(self, entry: dict) -> None:
+        version = entry["pass"]
+        pass_dir = Path(self.cfg.model_path) / entry.get("path", version)
+        if not Path(entry.get("path", "")).is_absolute():
+            pass_dir = Path(self.cfg.model_path) / version
+        timings: dict = {}
+        t0 = time.time()
+        if self.cfg.gate_rule and not self.cfg.force:
+            active = self.journal.data["active"]
+            active_dir = Path(active["pass_path"]) if active and active.get("pass_path") else None
+            result = run_gate(pass_dir, active_dir, self.cfg.gate_rule)
+            timings["gate_s"] = round(time.time() - t0, 3)
+            gate = {"passed": bool(result.passed), "reason": str(result.reason), "metrics": dict(result.metrics)}
+            if not result.passed:
+                self.journal.set_pass(version, status="rejected", gate=gate)
+                self.journal.finish({"version": version, "result": "rejected", "reason": gate["reason"],
+                                     "at": time.time()})
+                log.warning("pass %s rejected by the promotion gate: %s", version, gate["reason"])
+                return
+            self.journal.set_pass(version, status="gated", gate=gate)
+        t1 = time.time()
+        manifest, rebuilt = self._build(version, pass_dir)
+        timings["build_s"] = round(time.time() - t1, 3)
+        timings["built"] = rebuilt
+        t2 = time.time()
+        try:
+            publish_version(self.fs, self.cfg.cube_root / version, pass_dir, self.cfg.retry)
+        except (ComponentError, FileServerError) as e:
+            self._failed(version, f"publish failed: {e}", timings)
+            return
+        timings["publish_s"] = round(time.time() - t2, 3)
+        ok, info = roll_out(version=version, manifest=manifest, journal=self.journal, fleet=self.fleet, fs=self.fs)
+        self._conclude(version, entry, pass_dir, manifest, ok, {**timings, **info}, t0)
+
+    def _build(self, version: str, pass_dir: Path) -> tuple[dict, bool]:
+        vdir = self.cfg.cube_root / version
+        if (vdir / "manifest.json").exists():
+            try:
+                manifest = verify_version_dir(vdir)
+                if manifest["shards"] == self.cfg.shards:
+                    return manifest, False
+            except (CorruptShardError, DataError) as e:
+                log.warning("rebuilding %s: %s", version, e)
+        manifest = build_version(pass_dir=pass_dir, shards=self.cfg.shards, output=self.cfg.cube_root,
+                                 version=version, overwrite=True)
+        return manifest, True
+
+    def _failed(self, version: str, reason: str, timings: dict) -> None:
+        prev = self.journal.data["passes"].get(version, {})
+        attempts = prev.get("attempts", 0) + 1
+        wait = min(MAX_BACKOFF, self.cfg.retry_backoff * 2 ** (attempts - 1))
+        self.journal.set_pass(version, status="failed", reason=reason, attempts=attempts,
+                              next_retry_at=time.time() + wait)
+        self.journal.finish({"version": version, "result": "failed", "reason": reason, "at": time.time(), **timings})
+        self.last_error = reason
+        log.error("rollout of %s failed (attempt %d, retry in %.0fs): %s", version, attempts, wait, reason)
+
+    def _conclude(self, version, entry, pass_dir, manifest, ok, info, t0) -> None:
+        if not ok:
+            if info.get("rollback_errors"):
+                # Shards may disagree: keep the rollout in flight, so the next poll repairs it.
+                self.last_error = info["error"]
+                return
+            self._failed(version, info["error"], info)
+            return
+        now = time.time()
+        info["total_s"] = round(now - t0, 3)
+        done_at = donefile_time(entry)
+        if done_at is not None:
+            info["freshness_s"] = round(now - done_at, 3)
+        active = {"version": version, "pass": version, "pass_path": str(pass_dir), "activated_at": now,
+                  "donefile_time": entry.get("time"), "shards": manifest["shards"], "dim": manifest["dim"],
+                  "rows": manifest["rows"], "timings": info}
+        self._publish_current(version, manifest, entry, now)
+        self.journal.set_pass(version, status="active", timings=info, activated_at=now)
+        self.journal.finish({"version": version, "result": "active", "at": now, **info}, active=active)
+        log.info("cube version %s active on %d shards (%s)", version, manifest["shards"], info)
+        self.gc()
+
+    def _publish_current(self, version: str, manifest: dict, entry: dict, now: float) -> None:
+        current = {"version": version, "pass": version, "shards": manifest["shards"], "dim": manifest["dim"],
+                   "slots": manifest.get("slots"), "sparse_dim": manifest.get("sparse_dim"),
+                   "dense": f"{FILESERVER_PREFIX}/{version}/dense/", "activated_at": now,
+                   "donefile_time": entry.get("time")}
+        atomic_write_json(self.cfg.cube_root / CURRENT_FILE, current)
+        try:
+            self.cfg.retry.run(lambda: self.fs.put_bytes(f"{FILESERVER_PREFIX}/{CURRENT_FILE}",
+                                                         __import__("json").dumps(current, indent=1).encode()),
+                               "publish cube/current.json")
+        except ComponentError as e:
+            self.last_error = f"{e} (the shards are switched; current.json will be re-published next time)"
+
+    def recover(self) -> str:
+        """Finish (or undo) a rollout a previous run left in flight, so every shard ends on one version."""
+        flight = self.journal.data["in_flight"]
+        version = flight["version"]
+        if flight["phase"] == "preparing":
+            # No shard switched yet: the old version is active everywhere; retry the pass normally.
+            self.journal.finish({"version": version, "result": "interrupted", "phase": "preparing", "at": time.time()})
+            self.journal.set_pass(version, status="failed", reason="interrupted during prepare", next_retry_at=0)
+            return version
+        entry = next((e for e in read_donefile(self.cfg.model_path) if e["pass"] == version), {"pass": version})
+        pass_dir = Path(self.cfg.model_path) / version
+        t0 = time.time()
+        manifest = read_manifest(self.cfg.cube_root / version)
+        ok, info = roll_out(version=version, manifest=manifest, journal=self.journal, fleet=self.fleet,
+                            fs=self.fs, resume=True)
+        info["recovered"] = True
+        self._conclude(version, entry, pass_dir, manifest, ok, info, t0)
+        return version
+
+    # ---- garbage collection ---------------------------------------------------------------
+
+    def gc(self) -> list[str]:
+        """Delete built versions beyond the newest ``keep`` (never the active or previous one)."""
+        protect = {self.journal.active_version}
+        for rec in reversed(self.journal.data["history"]):
+            if rec.get("result") == "active" and rec["version"] != self.journal.active_version:
+                protect.add(rec["version"])  # the previous active version: servers still hold it
+                break
+        versions = complete_versions(self.cfg.cube_root)
+        doomed = [v for v in versions[:-self.cfg.keep] if v not in protect]
+        for v in doomed:
+            shutil.rmtree(self.cfg.cube_root / v, ignore_errors=True)
+            try:
+                self.fs.delete(f"{FILESERVER_PREFIX}/{v}/")
+            except FileServerError as e:
+                log.warning("could not delete %s from the file server: %s", v, e)
+        return doomed
+
+    # ---- status ----------------------------------------------------------------------------
+
+    def status(self, _body=None) -> tuple[int, dict]:
+        snap = self.journal.snapshot()
+        return 200, {"active": snap["active"], "in_flight": snap["in_flight"], "passes": snap["passes"],
+                     "history": snap["history"][-20:], "last_error": self.last_error,
+                     "config": {"model_path": str(self.cfg.model_path), "cube_root": str(self.cfg.cube_root),
+                                "fileserver": self.cfg.fileserver_url, "agents": self.cfg.agents,
+                                "keep": self.cfg.keep, "gate": self.cfg.gate_rule, "force": self.cfg.force}}
+
+    def routes(self) -> dict:
+        def poll(_body):
+            self.wake.set()
+            return 202, {"status": "poll requested"}
+        return {("GET", "/v1/status"): Route(self.status),
+                ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok",
+                                                             "active": self.journal.active_version})),
+                ("POST", "/v1/poll"): Route(poll, write=True),
+                ("GET", "/v1/shards"): Route(lambda _b: (200, {"shards": self.fleet.statuses()}))}
+
+
+def _split(csv: str | None) -> list[str]:
+    return [s.strip() for s in (csv or "").split(",") if s.strip()]
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model-path", default=None, help="Where training writes passes and the donefile [env MODEL_PATH].")
+@click.option("--cube-root", default=None, help="Local folder for built versions and the journal "
+                                                 "[env ELASTIC_CTR_CUBE_ROOT].")
+@click.option("--fileserver", default=None, help="File server base URL [env ELASTIC_CTR_FILESERVER_URL].")
+@click.option("--agents", default=None, help="Comma-separated cube-agent URLs in shard order "
+                                             "[env ELASTIC_CTR_CUBE_AGENTS].")
+@click.option("--keep", type=int, default=None, help="Built versions to keep [env ELASTIC_CTR_CUBE_KEEP, default 3].")
+@click.option("--gate", "gate_rule", default=None, help="Promotion gate rule for evaluate_candidate "
+                                                        "[env ELASTIC_CTR_PROMOTION_GATE]; unset: no gate.")
+@click.option("--force", is_flag=True, help="Skip the promotion gate.")
+@click.option("--poll-interval", type=float, default=5.0, show_default=True, help="Seconds between donefile checks.")
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per agent or file-server call.")
+@click.option("--retries", type=int, default=3, show_default=True, help="Attempts per call (exponential backoff).")
+@click.option("--once", is_flag=True, help="Handle what is there now (including an interrupted rollout), then exit.")
+@click.option("--port", type=int, default=lambda: env_vars.CUBE_TRANSFER_PORT.get(), show_default=str(DEFAULT_PORT),
+              help="Status port, 0: any free port [env ELASTIC_CTR_CUBE_TRANSFER_PORT].")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
+@click.option("--ready-file", default=None, help="Write {port, pid} here (JSON) once listening.")
+def transfer_command(model_path, cube_root, fileserver, agents, keep, gate_rule, force, poll_interval, timeout,
+                     retries, once, port, host, ready_file):
+    """Watch the donefile; build, publish and roll out each new pass to every cube shard."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s cube-transfer %(levelname)s %(message)s")
+    model_path = model_path or env_vars.MODEL_PATH.require()
+    cfg = TransferConfig(
+        model_path=Path(model_path),
+        cube_root=Path(cube_root or env_vars.CUBE_ROOT.get() or Path(model_path) / "cube"),
+        fileserver_url=fileserver or env_vars.FILESERVER_URL.require(),
+        agents=_split(agents or env_vars.CUBE_AGENTS.get()),
+        token=env_vars.TOKEN.get(),
+        keep=keep if keep is not None else env_vars.CUBE_KEEP_VERSIONS.get(),
+        gate_rule=gate_rule or env_vars.PROMOTION_GATE.get(),
+        force=force,
+        retry=RetryPolicy(attempts=retries, timeout=timeout),
+        poll_interval=poll_interval)
+    expected = env_vars.CUBE_SHARDS.get()
+    if expected is not None and expected != cfg.shards:
+        raise UsageError(f"ELASTIC_CTR_CUBE_SHARDS={expected} but {cfg.shards} agent URLs were given")
+    if cfg.keep < 2:
+        raise UsageError(f"--keep {cfg.keep} must be >= 2 (the active and the previous version)")
+    if retries < 1:
+        raise UsageError(f"--retries {retries} must be >= 1")
+    transfer = Transfer(cfg)
+    if once:
+        while transfer.poll_once():
+            pass
+        if transfer.last_error:
+            raise ComponentError(transfer.last_error)
+        return
+    try:
+        server = make_json_server(host=host, port=port, routes=transfer.routes(), token=cfg.token,
+                                  name="cube-transfer")
+    except OSError as e:
+        raise ComponentError(f"cube-transfer cannot listen on {host}:{port}: {e.strerror}") from e
+    from cube.json_service import serve_in_thread
+
+    serve_in_thread(server)
+    if ready_file:
+        atomic_write_json(ready_file, {"port": server.server_address[1], "pid": os.getpid()})
+    print(f"cube-transfer: watching {cfg.model_path}/donefile, {cfg.shards} shards, "
+          f"status on http://{host}:{server.server_address[1]}", flush=True)
+
+    def stop(*_):
+        transfer.stopping = True
+        transfer.wake.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    transfer.run_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_cli(transfer_command, "cube-transfer", argv)
+
+
+if __name__ == "__main__":
+    main()

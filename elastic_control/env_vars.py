@@ -90,3 +90,6 @@ CUBE_SHARD = _var("ELASTIC_CTR_CUBE_SHARD", int, None, "this cube server/agent's
 CUBE_SHARDS = _var("ELASTIC_CTR_CUBE_SHARDS", int, None, "number of cube shards")
 CUBE_SERVER_URL = _var("ELASTIC_CTR_CUBE_SERVER_URL", str, None, "cube-agent: URL of the cube-server it feeds")
 APPLY_TIMEOUT = _var("ELASTIC_CTR_APPLY_TIMEOUT", float, 600.0, "-a: seconds to wait for pods to run")
+CUBE_KEEP_VERSIONS = _var("ELASTIC_CTR_CUBE_KEEP", int, 3, "cube versions cube-transfer keeps (the rest are deleted)")
+PROMOTION_GATE = _var("ELASTIC_CTR_PROMOTION_GATE", str, None, "promotion gate rule cube-transfer applies before a rollout")
+CUBE_SERVER_WORKERS = _var("ELASTIC_CTR_CUBE_SERVER_WORKERS", int, 1, "cube-server worker processes sharing its port")
