@@ -1,0 +1,194 @@
+"""Offline evaluation and the promotion gate on real passes from a short parameter-server run."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import helpers_eval as h
+
+pytestmark = pytest.mark.e2e
+
+HOLDOUT = ["20200101/01", "20200101/03"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A good pass, a pass trained on shuffled labels, three hours of fresh data after their window."""
+    root = tmp_path_factory.mktemp("evalworld")
+    model = h.PlantedModel()
+    train = model.lines(20000, seed=1)
+    golden = model.lines(200, seed=2)
+    models = root / "models"
+    good = h.train_pass(models / "pass-20200101-00", train, golden)
+    bad = h.train_pass(models / "pass-bad", train, golden, shuffle_labels=True)
+    data = root / "data"
+    h.write_hours(data, dt.datetime(2020, 1, 1, 1), [model.lines(2500, seed=10 + i) for i in range(3)], gz_hour=1)
+    # A malformed line is counted and skipped, never fatal below the limit.
+    with open(data / "20200101" / "02" / "part-00000", "a") as f:
+        f.write("1 x not-a-line\n")
+    config = h.write_data_config(root / "data.config", data, *HOLDOUT)
+    (root / "data.config.loose").write_text(config.read_text() + 'export MAX_BAD_LINE_FRACTION="0.5"\n')
+    return {"root": root, "good": good, "bad": bad, "config": root / "data.config.loose"}
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_store(world, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{world['root'] / 'mlflow.db'}")
+
+
+def _golden(pass_dir):
+    rows = [json.loads(l) for l in (pass_dir / "golden.jsonl").read_text().splitlines()]
+    return [r["line"] for r in rows], np.array([r["prob"] for r in rows])
+
+
+@pytest.mark.parametrize("which", ["good", "bad"])
+def test_golden_lines_score_to_training_probabilities(world, which):
+    from elastic_control.data.line_batch import parse_lines
+    from elastic_control.evaluation.pass_scorer import PassScorer
+    from elastic_control.scoring import score_lines
+
+    lines, probs = _golden(world[which])
+    scorer = PassScorer(world[which])
+    batch, bad = parse_lines(lines)
+    assert not bad and len(batch) == len(lines) == 200
+    got = scorer.score(batch)
+    assert np.abs(got - probs).max() < 1e-5
+    # The shared scoring path serving uses gives the same numbers.
+    shared = score_lines(lines, scorer.info, scorer.table.lookup, scorer.model)
+    assert np.abs(shared - probs).max() < 1e-5
+    assert probs.std() > 0.01  # a real model, not a constant
+
+
+def _spec(world, shares, **kw):
+    from elastic_control.evaluation.shares import EvalSpec
+
+    return EvalSpec.create(model=world["good"], baseline=world["bad"], data_config=world["config"], shares=shares,
+                           group_slot=h.GROUP_SLOT, **kw)
+
+
+def test_parallel_equals_single_process_and_sklearn(world, tmp_path):
+    from sklearn.metrics import roc_auc_score
+
+    from elastic_control.evaluation.parallel import evaluate
+
+    single = evaluate(_spec(world, 1, keep_scored=True), workers=1, partials=tmp_path / "one")
+    par = evaluate(_spec(world, 3), workers=2, partials=tmp_path / "three")
+    for key in ("model", "baseline", "comparison"):
+        assert par.metrics[key] == single.metrics[key]  # exact, not approximate
+    assert single.metrics["model"]["examples"] == 7500
+    assert single.metrics["data"]["bad_lines"] == 1
+    assert sum(par.metrics["data"]["share_examples"]) == 7500 and min(par.metrics["data"]["share_examples"]) > 0
+    import pyarrow.parquet as pq
+    import pyarrow as pa
+
+    t = pa.concat_tables([pq.read_table(f) for f in single.scored_files])
+    y, s = t.column("label").to_numpy(), t.column("score").to_numpy()
+    assert single.metrics["model"]["auc"] == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    assert single.metrics["model"]["auc"] > 0.75 > single.metrics["baseline"]["auc"]
+
+
+def test_lost_share_is_redone_alone(world, tmp_path):
+    from elastic_control.errors import DataError
+    from elastic_control.evaluation.parallel import evaluate, merge_partials
+    from elastic_control.evaluation.shares import SHARE_JSON, run_share, share_dir
+
+    spec = _spec(world, 3)
+    partials = tmp_path / "p"
+    run_share(spec, 0, partials)
+    run_share(spec, 2, partials)
+    with pytest.raises(DataError, match=r"shares 1/3 have no complete partial"):
+        merge_partials(partials)
+    before = {i: (share_dir(partials, i, 3) / SHARE_JSON).stat().st_mtime_ns for i in (0, 2)}
+    result = evaluate(spec, workers=1, partials=partials)
+    after = {i: (share_dir(partials, i, 3) / SHARE_JSON).stat().st_mtime_ns for i in (0, 2)}
+    assert before == after  # the complete shares were reused, not recomputed
+    fresh = evaluate(spec, workers=1, partials=tmp_path / "fresh")
+    assert result.metrics["model"] == fresh.metrics["model"]
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "elastic_control", *map(str, args)], capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), timeout=300, cwd=h.REPO)
+
+
+def test_cli_writes_metrics_parquet_plots_and_mlflow(world, tmp_path):
+    out = tmp_path / "out"
+    store = tmp_path / "mlflow.db"
+    r = _cli("eval", "--model", world["good"], "--baseline", world["bad"], "-f", world["config"], "--output", out,
+             "--group-slot", h.GROUP_SLOT, "--workers", 2, "--ndcg-k", 5,
+             env={"MLFLOW_TRACKING_URI": f"sqlite:///{store}"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ndcg@5" in r.stderr and "auc" in r.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"]["gauc"] > metrics["baseline"]["gauc"]
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(out / "scored.parquet")
+    assert t.num_rows == metrics["model"]["examples"] == 7500
+    assert set(t.column_names) == {"label", "score", "baseline_score", "group"}
+    assert (out / "roc.png").read_bytes()[:4] == b"\x89PNG" and (out / "calibration.png").stat().st_size > 1000
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store}")
+    runs = client.search_runs([client.get_experiment_by_name("elastic-ctr").experiment_id])
+    run = [x for x in runs if x.info.run_name.startswith("eval-")][0]
+    assert run.data.metrics["auc"] == pytest.approx(metrics["model"]["auc"])
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"roc.png", "calibration.png", "metrics.json"} <= names
+
+
+def test_cli_shard_and_merge(world, tmp_path):
+    partials = tmp_path / "parts"
+    base = ["eval", "--model", world["good"], "-f", world["config"], "--partial-out", partials]
+    for i in range(2):
+        r = _cli(*base, "--shard", f"{i}/2")
+        assert r.returncode == 0, r.stderr[-2000:]
+    r = _cli("eval", "merge", "--partial-out", partials, "--json", "--no-mlflow")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["model"]["examples"] == 7500
+
+
+def test_cli_errors_are_one_line(world, tmp_path):
+    r = _cli("eval", "-f", world["config"])
+    assert r.returncode == 2 and "--model" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("eval", "--model", tmp_path, "-f", world["config"])
+    assert r.returncode == 1 and "not a pass folder" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("eval", "--model", world["good"], "-f", world["config"], "--shard", "3/2", "--partial-out", tmp_path)
+    assert r.returncode == 2 and "I/W" in r.stderr
+    r = _cli("eval", "--model", world["good"], "-f", world["config"], "--start", "2020-01-01")
+    assert r.returncode == 2 and "YYYYMMDD/HH" in r.stderr
+    r = _cli("eval", "merge", "--partial-out", tmp_path / "nothing")
+    assert r.returncode == 1 and "no share partials" in r.stderr
+
+
+def test_gate_rejects_worse_pass_and_promotes_better(world):
+    from elastic_control.evaluation.gate import evaluate_candidate
+
+    rule = "auc_drop<=0.002,calibration=0.5..2"
+    worse = evaluate_candidate(world["bad"], world["good"], rule, data_config=world["config"])
+    assert not worse.passed and "auc drop" in worse.reason and "rejected" in worse.reason
+    better = evaluate_candidate(world["good"], world["bad"], rule, data_config=world["config"])
+    assert better.passed, better.reason
+    assert better.metrics["holdout"] == {"start": "20200101/01", "end": "20200101/01", "after_training": True}
+    first = evaluate_candidate(world["good"], None, "calibration=0.5..2,auc>=0.7", data_config=world["config"])
+    assert first.passed and "no active pass" in first.reason
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("elastic-ctr").experiment_id],
+                              filter_string="tags.`gate.decision` = 'rejected'")
+    assert any(r.data.tags["gate.pass"] == "pass-bad" for r in runs)
+
+
+def test_gate_without_holdout_data_fails_closed(world, tmp_path):
+    from elastic_control.evaluation.gate import evaluate_candidate
+
+    empty = h.write_data_config(tmp_path / "empty.config", tmp_path / "nodata", "20200101/00", "20200101/00")
+    d = evaluate_candidate(world["good"], None, "calibration=0.5..2", data_config=empty, record=False)
+    assert not d.passed and "cannot evaluate" in d.reason
