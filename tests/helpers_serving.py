@@ -141,3 +141,76 @@ def golden(pass_dir: Path) -> tuple[list[str], list[float]]:
 
     rows = [_json.loads(l) for l in (pass_dir / "golden.jsonl").read_text().splitlines() if l.strip()]
     return [r["line"] for r in rows], [r["prob"] for r in rows]
+
+
+@contextlib.contextmanager
+def serving_in_thread(source, wait_ready: bool = True, **kwargs):
+    """A real serving HTTP server on 127.0.0.1:0 in this process, ready (first version loaded) unless told not to wait."""
+    from elastic_control.serving.app import ServingApp
+    from elastic_control.serving.http_server import ServingServer
+
+    app = ServingApp(source, poll_interval=kwargs.pop("poll_interval", 0.2), **kwargs)
+    server = ServingServer(app, host="127.0.0.1", port=0).start_in_thread()
+    try:
+        deadline = time.monotonic() + 60
+        while wait_ready and app.active is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.stop()
+
+
+def publish_version(fs_root: Path, pass_dir: Path, shards: int, *, make_current: bool = True) -> str:
+    """What cube-transfer does, done directly: build shards, copy dense + meta, record current.json."""
+    import json as _json
+    import shutil as _shutil
+
+    from cube.builder import build_version
+    from elastic_control.atomic import atomic_write_json
+
+    cube_root = fs_root / "cube"
+    manifest = build_version(pass_dir=pass_dir, shards=shards, output=cube_root)
+    version = manifest["version"]
+    _shutil.copytree(pass_dir / "dense", cube_root / version / "dense")
+    _shutil.copy(pass_dir / "meta.json", cube_root / version / "meta.json")
+    if make_current:
+        set_current(fs_root, pass_dir, version, shards)
+    return version
+
+
+def set_current(fs_root: Path, pass_dir: Path, version: str, shards: int) -> None:
+    import json as _json
+
+    from elastic_control.atomic import atomic_write_json
+
+    meta = _json.loads((pass_dir / "meta.json").read_text())
+    atomic_write_json(fs_root / "cube" / "current.json", {
+        "version": version, "pass": version, "shards": shards, "dim": meta["embedding_dim"],
+        "slots": meta["slots"], "sparse_dim": meta["sparse_dim"], "dense": f"cube/{version}/dense/",
+        "activated_at": time.time(), "donefile_time": time.time()})
+
+
+@contextlib.contextmanager
+def cube_servers(cube_root: Path, shards: int, log_dir: Path, token: str = "t0ken"):
+    """``shards`` real cube-server processes serving ``cube_root``; yields their URLs (shard order)."""
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for i in range(shards):
+            port = free_port()
+            proc = stack.enter_context(process(
+                [PYTHON, "-c", "from cube.server import main; main()", "--port", str(port), "--shard", str(i),
+                 "--data", str(cube_root), "--host", "127.0.0.1"],
+                env_extra={"ELASTIC_CTR_TOKEN": token}, log_path=log_dir / f"cube-{i}.log"))
+            urls.append((f"http://127.0.0.1:{port}", proc))
+        for url, proc in urls:
+            wait_healthy(url, proc)
+        yield [u for u, _ in urls]
+
+
+def switch_cube_version(urls: list[str], version: str, token: str = "t0ken") -> None:
+    """Two-phase: load ``version`` on every shard, then activate it on every shard (cube-transfer's job)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    for step in ("load", "activate"):
+        for url in urls:
+            r = requests.post(f"{url}/v1/{step}", json={"version": version}, headers=headers, timeout=60)
+            assert r.status_code == 200, (step, url, r.text)

@@ -1,0 +1,287 @@
+"""Serving against real passes (short real PS runs on real Criteo lines), real cube servers and a real file server."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+
+import pyarrow  # noqa: F401  (before paddle)
+from elastic_control.scoring import InMemoryTable, batch_from_lines, pool
+from elastic_control.serving.instances import InstanceError, build_key_batch
+from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
+from helpers_serving import (PYTHON, criteo_slot_lines, cube_servers, fileserver_in_thread, free_port, golden,
+                             process, publish_version, serving_in_thread, set_current, switch_cube_version,
+                             train_criteo_pass, wait_healthy)
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """MODEL_PATH with one real pass (full 64-bit feasigns, no SPARSE_DIM)."""
+    root = tmp_path_factory.mktemp("models")
+    train_criteo_pass(root, "pass-20200101-00", seed=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pass_a(models):
+    return models / "pass-20200101-00"
+
+
+# ---- request parsing ------------------------------------------------------------------
+
+def test_key_batch_pools_like_the_shared_scoring_path():
+    lines = criteo_slot_lines(0, 200) + ["1 0", "1 1 5:1 6:1 7:99"]  # an all-padding line; extra slot 99 ignored
+    slots = list(range(1, 40))
+    rng = np.random.default_rng(0)
+    for sparse_dim in (None, 1000003):
+        ref = batch_from_lines(lines, slots, sparse_dim)
+        keys = np.unique(ref.keys)
+        table = InMemoryTable(keys, rng.normal(size=(len(keys), 9)).astype(np.float32))
+        mine = build_key_batch([{"line": l} for l in lines], slots, sparse_dim)
+        want = pool(ref, table.lookup(ref.keys)[0])
+        got = pool(mine, table.lookup(mine.keys)[0])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_slots_form_equals_line_form():
+    slots = [0, 1, 2]
+    big = (1 << 64) - 5
+    a = build_key_batch([{"line": f"1 0 {big}:0 7:1 8:1"}], slots, None)
+    b = build_key_batch([{"slots": {"0": [str(big)], "1": [7, 8]}}], slots, None)
+    assert sorted(zip(a.slot_pos, a.keys)) == sorted(zip(b.slot_pos, b.keys))
+
+
+@pytest.mark.parametrize("instances, match", [
+    ([{}], "is empty"),
+    ([{"slots": {}}], "non-empty"),
+    ([{"slots": {"77": [1]}}], "unknown slot '77'"),
+    ([{"slots": {"x": [1]}}], "unknown slot 'x'"),
+    ([{"slots": {"0": [1.5]}}], "not an integer"),
+    ([{"slots": {"0": ["12a"]}}], "not an unsigned integer"),
+    ([{"slots": {"0": [True]}}], "not an integer"),
+    ([{"slots": {"0": [1 << 64]}}], "outside the unsigned 64-bit range"),
+    ([{"line": "1 0 abc:0"}], "integer:integer"),
+    ([{"line": 5}], "must be a string"),
+    (["1 0 1:0"], "expected an object"),
+])
+def test_bad_instances_are_named(instances, match):
+    with pytest.raises(InstanceError, match=match):
+        build_key_batch(instances, [0, 1], None)
+
+
+# ---- no train/serve skew ------------------------------------------------------------
+
+def test_no_skew_model_dir(models, pass_a):
+    lines, probs = golden(pass_a)
+    with serving_in_thread(ModelDirSource(models)) as srv:
+        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["model_version"] == body["cube_version"] == "pass-20200101-00"
+        np.testing.assert_allclose(body["predictions"], probs, rtol=0, atol=TOL)
+
+
+def test_bad_requests_get_4xx_and_serving_keeps_serving(models, pass_a):
+    lines, probs = golden(pass_a)
+    good = {"instances": [{"line": lines[0]}]}
+    bad = [
+        (b"{not json", 400, "malformed JSON"),
+        (b"\xff\xfe", 400, "malformed JSON"),
+        (json.dumps([1, 2]).encode(), 400, "instances"),
+        (json.dumps({"instances": []}).encode(), 400, "empty"),
+        (json.dumps({"instances": [{}]}).encode(), 400, "empty"),
+        (json.dumps({"instances": [{"slots": {"12345": [1]}}]}).encode(), 400, "unknown slot"),
+        (json.dumps({"instances": [{"slots": {"1": ["x1"]}}]}).encode(), 400, "unsigned integer"),
+        (json.dumps({"instances": [{"line": "1 0 1.5:1"}]}).encode(), 400, "integer:integer"),
+        (b'{"instances": [' + b'{"line": "1 0 1:1"},' * 500_000 + b'{"line": "1 0 1:1"}]}', 413, "exceeds"),
+    ]
+    with serving_in_thread(ModelDirSource(models)) as srv:
+        for body, status, words in bad:
+            r = requests.post(srv.url + "/v1/predict", data=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == status, (body[:60], r.text)
+            assert words in r.json()["error"]
+            ok = requests.post(srv.url + "/v1/predict", json=good)
+            assert ok.status_code == 200 and abs(ok.json()["predictions"][0] - probs[0]) < TOL
+        assert requests.get(srv.url + "/v1/predict").status_code == 405
+        assert requests.get(srv.url + "/nope").status_code == 404
+        metrics = requests.get(srv.url + "/metrics").text
+        assert 'serving_requests_total{code="400"} 8' in metrics
+        assert "serving_request_seconds_bucket" in metrics
+
+
+def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(models, pass_a):
+    lines, probs = golden(pass_a)
+    results = {}
+
+    def client(i):
+        s = requests.Session()
+        for k in range(10):
+            j = (i * 10 + k) % (len(lines) - 4)
+            r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines[j:j + 4]]})
+            results[(i, k)] = (j, r.status_code, r.json())
+
+    with serving_in_thread(ModelDirSource(models), workers=1) as srv:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = requests.get(srv.url + "/v1/status").json()["metrics"]
+    assert len(results) == 80
+    for j, status, body in results.values():
+        assert status == 200
+        np.testing.assert_allclose(body["predictions"], probs[j:j + 4], rtol=0, atol=TOL)
+    assert stats["batches"] <= stats["requests"]["200"]
+
+
+def test_not_ready_is_503_with_a_reason(tmp_path):
+    with serving_in_thread(ModelDirSource(tmp_path), wait_ready=False) as srv:
+        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": "1 0 1:1"}]})
+        assert r.status_code == 503 and "no model version is active yet" in r.json()["error"]
+        assert requests.get(srv.url + "/healthz").json()["ready"] is False
+        assert requests.get(srv.url + "/readyz").status_code == 503
+
+
+def test_cube_unreachable_is_a_quick_503(tmp_path, pass_a):
+    fs_root = tmp_path / "fs"
+    publish_version(fs_root, pass_a, shards=2)
+    dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    lines, _ = golden(pass_a)
+    with serving_in_thread(CubeRootSource(fs_root / "cube", dead, lookup_timeout=1.0)) as srv:
+        t0 = time.monotonic()
+        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": lines[0]}]}, timeout=30)
+        assert r.status_code == 503 and "cube unavailable" in r.json()["error"]
+        assert time.monotonic() - t0 < 10
+        assert requests.get(srv.url + "/healthz").status_code == 200
+        assert "serving_cube_errors_total 1" in requests.get(srv.url + "/metrics").text
+
+
+@pytest.mark.e2e
+def test_no_skew_through_cube_servers_file_server_and_client(tmp_path, pass_a):
+    """The whole serving path as processes: file server -> serving process -> 2 cube-server processes."""
+    fs_root = tmp_path / "fs"
+    publish_version(fs_root, pass_a, shards=2)
+    lines, probs = golden(pass_a)
+    (tmp_path / "golden.txt").write_text("\n".join(lines) + "\n")
+    with cube_servers(fs_root / "cube", 2, tmp_path) as urls, fileserver_in_thread(fs_root) as fs_url:
+        port = free_port()
+        with process([PYTHON, "-m", "elastic_control", "serve", "--host", "127.0.0.1", "--port", str(port),
+                      "--fileserver", fs_url, "--cube-servers", ",".join(urls), "--cache-dir", str(tmp_path / "cache")],
+                     log_path=tmp_path / "serving.log") as proc:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, proc)
+            deadline = time.monotonic() + 60
+            while not requests.get(url + "/healthz").json()["ready"]:
+                assert time.monotonic() < deadline, (tmp_path / "serving.log").read_text()[-2000:]
+                time.sleep(0.1)
+            out = subprocess.run([PYTHON, "-m", "client", "predict", str(tmp_path / "golden.txt"), "--serving", url,
+                                  "--batch-size", "32"], capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            got = [float(x) for x in out.stdout.split()]
+            assert len(got) == len(lines)
+            np.testing.assert_allclose(got, probs, rtol=0, atol=TOL)
+            status = requests.get(url + "/v1/status").json()
+            assert status["model_version"] == status["cube_version"] == "pass-20200101-00"
+
+
+@pytest.mark.e2e
+def test_version_switch_under_continuous_requests_same_weights(tmp_path, pass_a):
+    """Fast variant: the second version is pass A under a new name (no second training run)."""
+    pass_b = tmp_path / "models_b" / "pass-20200101-01"
+    shutil.copytree(pass_a, pass_b)
+    meta = json.loads((pass_b / "meta.json").read_text())
+    (pass_b / "meta.json").write_text(json.dumps({**meta, "pass": pass_b.name}))
+    _switch_under_load(tmp_path, pass_a, pass_b)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_version_switch_under_continuous_requests(tmp_path, pass_a):
+    """Roll out a second, differently trained pass (with SPARSE_DIM) while 4 clients keep predicting."""
+    pass_b = train_criteo_pass(tmp_path / "models_b", "pass-20200101-01", seed=2, sparse_dim=1000003, offset=5000)
+    _switch_under_load(tmp_path, pass_a, pass_b)
+
+
+def _switch_under_load(tmp_path, pass_a, pass_b):
+    """No error, each answer's model and cube versions match, and B's answers equal B's golden probabilities."""
+    fs_root = tmp_path / "fs"
+    va = publish_version(fs_root, pass_a, shards=2)
+    lines_a, probs_a = golden(pass_a)
+    lines_b, probs_b = golden(pass_b)
+    with cube_servers(fs_root / "cube", 2, tmp_path) as urls, fileserver_in_thread(fs_root) as fs_url:
+        source = FileServerSource(fs_url, tmp_path / "cache", urls)
+        with serving_in_thread(source, poll_interval=0.1) as srv:
+            assert srv.app.active.version == va
+            stop = threading.Event()
+            answers, errors = [], []
+
+            def client(i):
+                s = requests.Session()
+                while not stop.is_set():
+                    r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines_b[i:i + 8]]})
+                    if r.status_code != 200:
+                        errors.append(r.text)
+                    else:
+                        answers.append((i, r.json()))
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(1.0)
+            vb = publish_version(fs_root, pass_b, shards=2, make_current=False)
+            switch_cube_version(urls, vb)          # cube-transfer: prepare all, activate all ...
+            set_current(fs_root, pass_b, vb, 2)    # ... then record the current version
+            deadline = time.monotonic() + 30
+            while srv.app.active.version != vb and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)
+            stop.set()
+            for t in threads:
+                t.join()
+    assert errors == []
+    seen = {a["model_version"] for _, a in answers}
+    assert seen == {va, vb}
+    for i, a in answers:
+        assert a["model_version"] == a["cube_version"]
+        if a["model_version"] == vb:  # B's golden lines scored by B: B's training-time probabilities
+            np.testing.assert_allclose(a["predictions"], probs_b[i:i + 8], rtol=0, atol=TOL)
+
+
+@pytest.mark.e2e
+def test_client_survives_serving_restart_without_losing_lines(tmp_path, models, pass_a):
+    """Kill serving mid-stream and start it again: every line gets exactly one prediction, in order."""
+    lines, probs = golden(pass_a)
+    lines, probs = lines * 10, probs * 10
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    port = free_port()
+    serve = [PYTHON, "-m", "elastic_control", "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--model-dir", str(models)]
+    url = f"http://127.0.0.1:{port}"
+    with process(serve, log_path=tmp_path / "s1.log") as first:
+        wait_healthy(url, first)
+        with open(tmp_path / "out.txt", "w") as out:
+            client = subprocess.Popen([PYTHON, "-m", "client", "predict", str(tmp_path / "in.txt"), "--serving", url,
+                                       "--batch-size", "8", "--retry-for", "120"], stdout=out,
+                                      stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 60
+            while (tmp_path / "out.txt").stat().st_size == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            first.kill()
+            first.wait()
+    time.sleep(0.5)
+    with process(serve, log_path=tmp_path / "s2.log") as second:
+        wait_healthy(url, second)
+        _, err = client.communicate(timeout=180)
+    assert client.returncode == 0, err
+    got = [float(x) for x in (tmp_path / "out.txt").read_text().split()]
+    assert len(got) == len(lines)
+    np.testing.assert_allclose(got, probs, rtol=0, atol=TOL)
