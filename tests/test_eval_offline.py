@@ -192,3 +192,48 @@ def test_gate_without_holdout_data_fails_closed(world, tmp_path):
     empty = h.write_data_config(tmp_path / "empty.config", tmp_path / "nodata", "20200101/00", "20200101/00")
     d = evaluate_candidate(world["good"], None, "calibration=0.5..2", data_config=empty, record=False)
     assert not d.passed and "cannot evaluate" in d.reason
+
+
+def test_shadow_scoring_beside_live_serving(world, tmp_path):
+    """Real serving (active = good pass) with the candidate (bad pass) shadow-scored on the same requests."""
+    import requests
+
+    from elastic_control.atomic import append_line_durably
+    from elastic_control.evaluation.pass_scorer import PassScorer
+    from elastic_control.evaluation.shadow import ShadowScorer, shadow_report
+    from elastic_control.serving.versions import ModelDirSource
+    from helpers_serving import serving_in_thread
+
+    models = world["good"].parent
+    donefile = models / "donefile"
+    if not donefile.exists():
+        append_line_durably(donefile, json.dumps({"pass": world["good"].name, "path": str(world["good"])}))
+    lines, _ = _golden(world["good"])
+    log = tmp_path / "shadow.jsonl"
+    shadow = ShadowScorer(world["bad"], log)
+    with serving_in_thread(ModelDirSource(models), workers=1) as srv:
+        srv.app.add_after_response_hook(shadow)
+        served = []
+        for i in range(0, 200, 50):
+            r = requests.post(f"{srv.url}/v1/predict", json={"instances": [{"line": l} for l in lines[i:i + 50]]},
+                              timeout=30)
+            assert r.status_code == 200, r.text
+            served += r.json()["predictions"]
+        shadow.flush()
+    shadow.close()
+    records = [json.loads(l) for l in log.read_text().splitlines()]
+    active = np.concatenate([r["active"] for r in records])
+    candidate = np.concatenate([r["candidate"] for r in records])
+    assert shadow.counters["instances"] == 200 and shadow.counters["errors"] == 0
+    assert np.allclose(np.sort(active), np.sort(served), atol=1e-6)
+    # The candidate's logged scores are the bad pass's own offline scores.
+    from elastic_control.data.line_batch import parse_lines
+
+    offline = PassScorer(world["bad"]).score(parse_lines(lines)[0])
+    assert np.allclose(np.sort(candidate), np.sort(offline), atol=1e-5)
+    report = shadow_report(log)
+    assert report["instances"] == 200 and report["labelled"] == 200
+    assert report["auc_active"] > report["auc_candidate"]
+    assert report["versions"] == [f"{world['good'].name} vs {world['bad'].name}"]
+    r = _cli("eval", "shadow-report", log, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["instances"] == 200
