@@ -125,22 +125,25 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
         comps.append(ComponentSpec(
             name=cube_server_name(shard), kind="cube-server", port=server_port, ready="http:/healthz",
             argv=console_script("cube-server", "cube.server") + [
-                "--port", str(server_port), "--shard", str(shard), "--data", data_dir],
+                "--host", LOOPBACK, "--port", str(server_port), "--shard", str(shard), "--data", data_dir],
             env={ev.CUBE_SHARD.name: str(shard), ev.CUBE_SHARDS.name: shards, ev.CUBE_ROOT.name: data_dir,
                  ev.CUBE_SERVER_PORT.name: str(server_port)},
+            make_dirs=[data_dir],
         ))
         comps.append(ComponentSpec(
             name=cube_agent_name(shard), kind="cube-agent", port=agent_port, ready="http:/healthz",
             after=[cube_server_name(shard), FILESERVER],
-            argv=console_script("cube-agent", "cube.agent"),
+            argv=console_script("cube-agent", "cube.agent") + ["--host", LOOPBACK],
             env={ev.CUBE_SHARD.name: str(shard), ev.CUBE_SHARDS.name: shards, ev.CUBE_ROOT.name: data_dir,
                  ev.CUBE_AGENT_PORT.name: str(agent_port), ev.CUBE_SERVER_URL.name: url(server_port),
                  ev.FILESERVER_URL.name: fileserver_url},
+            make_dirs=[data_dir],
         ))
     comps.append(ComponentSpec(
         name=TRANSFER, kind="cube-transfer", port=transfer_port, ready="http:/healthz",
         after=[FILESERVER] + [cube_agent_name(i) for i in range(res.cube_shards)],
-        argv=console_script("cube-transfer", "cube.transfer"),
+        # Polls the donefile every second (5 s by default): freshness is what the local pipeline shows off.
+        argv=console_script("cube-transfer", "cube.transfer") + ["--host", LOOPBACK, "--poll-interval", "1"],
         env={ev.MODEL_PATH.name: model_path, ev.CUBE_ROOT.name: str(layout.cube_root), ev.CUBE_SHARDS.name: shards,
              ev.CUBE_AGENTS.name: cube_agents, ev.CUBE_SERVERS.name: cube_servers,
              ev.FILESERVER_URL.name: fileserver_url, ev.CUBE_TRANSFER_PORT.name: str(transfer_port), **config_env},
@@ -148,7 +151,8 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
     comps.append(ComponentSpec(
         name=SERVING, kind="serving", port=serving_port, ready="http:/healthz",
         after=[FILESERVER] + [cube_server_name(i) for i in range(res.cube_shards)],
-        argv=elastic_control_argv("serve", "--port", str(serving_port)),
+        argv=elastic_control_argv("serve", "--host", LOOPBACK, "--port", str(serving_port),
+                                  "--cache-dir", str(layout.state / "serving-cache")),
         env={ev.SERVING_PORT.name: str(serving_port), ev.CUBE_SERVERS.name: cube_servers,
              ev.FILESERVER_URL.name: fileserver_url, **config_env},
     ))

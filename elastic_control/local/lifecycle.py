@@ -153,7 +153,7 @@ def delete(layout: LocalLayout) -> list[str]:
     info = rt.supervisor_info(layout)
     record = info.record
     if record is None:
-        raise UsageError(f"nothing was started in {layout.state}/ (no local runtime record); nothing to delete")
+        return []  # never started: nothing to stop (delete is idempotent)
     stopped: list[str] = []
     sup = (record.get("supervisor") or {})
     if info.alive:

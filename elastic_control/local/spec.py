@@ -39,6 +39,7 @@ class ComponentSpec:
     after: list[str] = field(default_factory=list)     # components that must be ready before this one starts
     cwd: str | None = None
     ready_timeout: float = 120.0
+    make_dirs: list[str] = field(default_factory=list)  # created before each start (a pod's emptyDir volumes)
 
     def __post_init__(self):
         if self.group not in GROUPS:

@@ -287,6 +287,8 @@ class Supervisor:
         run.attempt += 1
         self._note(spec.name, f"starting {spec.name} (attempt {run.attempt}): {' '.join(spec.argv)}")
         try:
+            for folder in spec.make_dirs:
+                Path(folder).mkdir(parents=True, exist_ok=True)
             proc = start_process(spec.argv, env=env, log_path=self.layout.log_path(spec.name), cwd=spec.cwd)
         except OSError as e:
             self._note(spec.name, f"cannot start {spec.name}: {e}")

@@ -1,0 +1,252 @@
+"""`elastic-control demo`: the whole pipeline on one machine, from data to live predictions.
+
+Makes hourly data (synthetic planted-model hours, or real Criteo lines with
+--criteo), renders and applies the local backend (-r --backend local, -a),
+trains the hourly passes on the parameter server, rolls the last pass out
+through cube, configures the client (-c) and predicts the held-out hour
+through it, then prints the AUC (beside the Bayes-optimal one on synthetic
+data), a few predictions, the freshness of every rollout and where the MLflow
+UI is. Everything it started is stopped at the end unless --keep.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import numpy as np
+
+from elastic_control.console import console, done, info, out, warn
+from elastic_control.errors import ComponentError, UsageError
+
+DEFAULT_WORKDIR = "elastic-ctr-demo"
+
+
+@dataclass
+class DemoReport:
+    workdir: str
+    state_dir: str
+    timings: dict = field(default_factory=dict)      # stage -> seconds
+    passes: list = field(default_factory=list)       # [{"pass", "auc", "seconds"}]
+    rollouts: list = field(default_factory=list)
+    served_version: str | None = None
+    auc: float | None = None
+    bayes_auc: float | None = None
+    predictions: int = 0
+    predictions_per_s: float | None = None
+    golden_max_diff: float | None = None
+    golden_lines: int = 0
+    mlflow_url: str | None = None
+    examples: list = field(default_factory=list)     # a few (label, prediction, truth) rows
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _timed(report: DemoReport, stage: str):
+    class _T:
+        def __enter__(self):
+            self.t0 = time.monotonic()
+
+        def __exit__(self, *exc):
+            report.timings[stage] = round(time.monotonic() - self.t0, 2)
+
+    return _T()
+
+
+def _reset_workdir(workdir: Path) -> None:
+    """A fresh run: stop a previous demo still running here, clear its data, models and state."""
+    from elastic_control.local import lifecycle
+    from elastic_control.local import runtime as rt
+    from elastic_control.local.layout import LocalLayout
+
+    state = LocalLayout.of(workdir / "state")
+    if rt.read_runtime(state) is not None:
+        if rt.supervisor_info(state).alive:
+            raise UsageError(f"a pipeline is still running in {state.state}/ (a demo run with --keep?); stop it with "
+                             f"`elastic-control delete --state-dir {state.state}` or use another --workdir")
+        lifecycle.delete(state)  # stops anything an earlier, killed run left behind
+    for name in ("data", "models", "state", "criteo-prefix.txt"):
+        path = workdir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def predict_through_client(state_dir: Path, lines: list[str], *, batch_size: int = 256) -> tuple[np.ndarray, set, float]:
+    """Predictions for ``lines`` from serving via the client library; (probabilities, versions seen, seconds)."""
+    from client.api import ServingClient, load_client_config
+
+    config = load_client_config(state_dir=state_dir)
+    client = ServingClient(config.serving_url, retry_for=60.0)
+    probs: list[float] = []
+    versions: set = set()
+    t0 = time.monotonic()
+    for i in range(0, len(lines), batch_size):
+        batch = lines[i:i + batch_size]
+        answer = client.predict_instances([{"line": line} for line in batch])
+        probs.extend(float(p) for p in answer["predictions"])
+        versions.add((answer.get("model_version"), answer.get("cube_version")))
+    return np.array(probs, dtype=np.float64), versions, time.monotonic() - t0
+
+
+def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
+    """Max |served − training| over the pass's golden.jsonl lines (the train/serve skew)."""
+    import json
+
+    from elastic_control.pass_format import GOLDEN_FILE
+
+    path = pass_dir / GOLDEN_FILE
+    if not path.exists():
+        return None, 0
+    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    if not rows:
+        return None, 0
+    served, _, _ = predict_through_client(state_dir, [r["line"] for r in rows])
+    return float(np.max(np.abs(served - np.array([r["prob"] for r in rows])))), len(rows)
+
+
+def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 2, lines_per_hour: int = 20_000, trainers: int = 2,
+             pservers: int = 1, shards: int = 2, criteo: str | None = None, keep: bool = False, seed: int = 7,
+             timeout: float = 900.0, show: bool = True) -> DemoReport:
+    """Run the main job; returns the report (also printed). Stops everything at the end unless ``keep``."""
+    from elastic_control import control
+    from elastic_control.config import Resources
+    from elastic_control.local.demo_data import prepare_criteo, prepare_synthetic
+    from elastic_control.local.layout import LocalLayout
+    from elastic_control.local.pipeline_watch import wait_for_training, wait_until_served
+    from elastic_control.local.spec import load_local_plan
+    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
+
+    if hours < 2:
+        raise UsageError(f"--hours {hours}: the demo trains at least 2 hourly passes")
+    if criteo and not Path(criteo).is_file():
+        raise UsageError(f"--criteo {criteo}: file not found")
+    resources = Resources(trainers=trainers, pservers=pservers, cube_shards=shards)  # validates the ranges
+    root = Path(workdir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    _reset_workdir(root)
+    state_dir = root / "state"
+    layout = LocalLayout.of(state_dir)
+    report = DemoReport(workdir=str(root), state_dir=str(state_dir))
+    t_start = time.monotonic()
+
+    with _timed(report, "data"):
+        if criteo:
+            info(f"converting real Criteo lines from {criteo} into {hours} training hours + 1 held-out hour")
+            data = prepare_criteo(root, criteo, train_hours=hours, lines_per_hour=lines_per_hour)
+        else:
+            info(f"generating {hours} training hours + 1 held-out hour of synthetic planted-model data "
+                 f"({lines_per_hour} lines per hour)")
+            data = prepare_synthetic(root, train_hours=hours, lines_per_hour=lines_per_hour, seed=seed)
+    done(f"data: {data.lines_total} lines ({data.source}) in {report.timings['data']:.1f}s under {data.dataset}")
+    report.bayes_auc = data.bayes_auc
+
+    started = False
+    try:
+        with _timed(report, "render"):
+            control.configure_resource(resources=resources, slot_conf=str(data.slot_conf),
+                                       data_config=str(data.data_config), backend="local", state_dir=str(state_dir))
+        with _timed(report, "startup"):
+            started = True
+            control.apply(state_dir=str(state_dir))
+        plan = load_local_plan(layout.components_file)
+        report.mlflow_url = f"http://127.0.0.1:{plan.by_name('mlflow').port}"
+        info(f"MLflow UI (live while the pipeline runs): {report.mlflow_url}")
+
+        t_train = time.monotonic()
+        remaining = lambda: max(30.0, timeout - (time.monotonic() - t_start))  # noqa: E731
+        passes = wait_for_training(layout, expected_passes=hours, timeout=remaining(), show=show)
+        report.timings["training"] = round(time.monotonic() - t_train, 2)
+        previous = None
+        for p in passes:
+            seconds = None if p.done_at is None or previous is None else round(p.done_at - previous, 2)
+            report.passes.append({"pass": p.name, "auc": p.auc, "seconds_since_previous": seconds})
+            previous = p.done_at
+        last = passes[-1].name
+
+        with _timed(report, "rollout_wait"):
+            rollout = wait_until_served(layout, last, timeout=remaining(), show=show)
+        report.served_version = last
+        fresh = rollout.get("freshness_s")
+        done(f"serving answers with {last}" + (f" {fresh:.1f}s after its donefile line" if fresh is not None else ""))
+
+        control.configure_client(state_dir=str(state_dir))
+        with _timed(report, "predict"):
+            probs, versions, seconds = predict_through_client(state_dir, data.heldout_lines)
+        report.predictions = len(probs)
+        report.predictions_per_s = round(len(probs) / seconds, 1) if seconds > 0 else None
+        if {v[0] for v in versions} != {last}:
+            raise ComponentError(f"serving answered with versions {sorted(versions)} while {last} was active")
+        report.auc, _ = auc_from_counts(counts_from_arrays(data.heldout_labels, probs))
+        report.golden_max_diff, report.golden_lines = golden_check(state_dir, data.model_path / last)
+        for i in range(min(5, len(probs))):
+            report.examples.append({"label": int(data.heldout_labels[i]), "prediction": float(probs[i]),
+                                    "truth": None if data.heldout_truth is None else float(data.heldout_truth[i]),
+                                    "line": data.heldout_lines[i][:60]})
+        from elastic_control.local.rollouts import read_rollouts
+
+        report.rollouts = read_rollouts(layout)
+        report.timings["total"] = round(time.monotonic() - t_start, 2)
+        print_report(report, data)
+        return report
+    finally:
+        if started and not keep:
+            try:
+                control.delete(state_dir=str(state_dir))
+            except Exception as e:  # noqa: BLE001 - never hide the demo's own error behind a cleanup error
+                warn(f"cleanup failed: {e}; run `elastic-control delete --state-dir {state_dir}`")
+        elif started:
+            info(f"the pipeline keeps running (--keep): `elastic-control status --state-dir {state_dir}`, "
+                 f"`elastic-control delete --state-dir {state_dir}` to stop it")
+
+
+def print_report(report: DemoReport, data) -> None:
+    console.rule("ElasticCTR demo")
+    info(f"trained {len(report.passes)} hourly passes on {data.source}; serving {report.served_version}")
+    for p in report.passes:
+        auc = f"AUC {p['auc']:.4f}" if p["auc"] is not None else "AUC n/a"
+        info(f"  {p['pass']}: {auc} (held out by the trainer)")
+    line = f"held-out hour through the client: {report.predictions} predictions, AUC {report.auc:.4f}"
+    if report.bayes_auc is not None:
+        line += f" (Bayes-optimal {report.bayes_auc:.4f}, gap {report.bayes_auc - report.auc:+.4f})"
+    info(line)
+    if report.golden_max_diff is not None:
+        info(f"train/serve consistency: max |serving − training program| = {report.golden_max_diff:.2e} over "
+             f"{report.golden_lines} golden lines of {report.served_version}")
+    info("a few predictions (label, predicted probability" + (", true probability)" if data.heldout_truth is not None
+                                                              else ")") + ":")
+    for e in report.examples:
+        truth = f"  true {e['truth']:.4f}" if e["truth"] is not None else ""
+        info(f"  click={e['label']}  p={e['prediction']:.4f}{truth}   {e['line']}…")
+    for r in report.rollouts:
+        if r.get("freshness_s") is not None:
+            info(f"freshness of {r['version']}: {r['freshness_s']:.1f}s from its donefile line to serving answering with it")
+    t = report.timings
+    info("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
+         + (f"; {report.predictions_per_s:.0f} predictions/s through the client" if report.predictions_per_s else ""))
+    info(f"MLflow UI: {report.mlflow_url} while the pipeline runs (demo --keep keeps it); afterwards: "
+         f".venv/bin/mlflow ui --backend-store-uri sqlite:///{report.state_dir}/mlflow/mlflow.db")
+    out(f"AUC {report.auc:.4f}" + (f" (Bayes-optimal {report.bayes_auc:.4f})" if report.bayes_auc is not None else ""))
+
+
+@click.command("demo", help="The whole pipeline on this machine: data, training, cube, serving, predictions and AUC.")
+@click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the data, models and state of this run (cleared at the start).")
+@click.option("--hours", type=click.IntRange(2, 48), default=2, show_default=True, help="Hourly passes to train.")
+@click.option("--lines-per-hour", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True)
+@click.option("--trainers", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option("--pservers", type=click.IntRange(1, 16), default=1, show_default=True)
+@click.option("--shards", type=click.IntRange(1, 16), default=2, show_default=True, help="Cube shards.")
+@click.option("--criteo", type=click.Path(dir_okay=False), default=None,
+              help="Use real Criteo lines (raw TSV) instead of synthetic data.")
+@click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic data.")
+@click.option("--timeout", type=click.FloatRange(60), default=900.0, show_default=True,
+              help="Give up (and clean up) after this many seconds.")
+@click.option("--keep", is_flag=True, help="Leave the pipeline running at the end (stop it with `delete`).")
+def demo_command(workdir, hours, lines_per_hour, trainers, pservers, shards, criteo, seed, timeout, keep):
+    run_demo(workdir=workdir, hours=hours, lines_per_hour=lines_per_hour, trainers=trainers, pservers=pservers,
+             shards=shards, criteo=criteo, keep=keep, seed=seed, timeout=timeout)
