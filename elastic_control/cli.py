@@ -131,9 +131,14 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:
+        # One line, like every other error, instead of click's usage block.
+        hint = f"; see `{e.ctx.command_path} -h`" if e.ctx is not None else ""
+        click.echo(f"elastic-control: error: {e.format_message().rstrip('.')}{hint}", err=True)
+        sys.exit(EXIT_USAGE)
     except click.ClickException as e:
         e.show()
-        sys.exit(EXIT_USAGE if isinstance(e, click.UsageError) else e.exit_code)
+        sys.exit(e.exit_code)
     except ElasticControlError as e:
         if debug:
             raise

@@ -93,3 +93,5 @@ APPLY_TIMEOUT = _var("ELASTIC_CTR_APPLY_TIMEOUT", float, 600.0, "-a: seconds to 
 CUBE_KEEP_VERSIONS = _var("ELASTIC_CTR_CUBE_KEEP", int, 3, "cube versions cube-transfer keeps (the rest are deleted)")
 PROMOTION_GATE = _var("ELASTIC_CTR_PROMOTION_GATE", str, None, "promotion gate rule cube-transfer applies before a rollout")
 CUBE_SERVER_WORKERS = _var("ELASTIC_CTR_CUBE_SERVER_WORKERS", int, 1, "cube-server worker processes sharing its port")
+TEMPLATE_DIR = _var("ELASTIC_CTR_TEMPLATE_DIR", str, None, "folder of the Jinja2 manifest templates (default: the "
+                    "project's templates/)")

@@ -15,11 +15,16 @@ import yaml
 
 from elastic_control.atomic import atomic_write_text
 from elastic_control.config import DataConfig
+from elastic_control.env_vars import TEMPLATE_DIR
 from elastic_control.errors import ConfigError, UsageError
 from elastic_control.kube import constants as k
 from elastic_control.kube.volcano_rules import volcano_job_problems
 
-TEMPLATE_DIR = Path(os.environ.get("ELASTIC_CTR_TEMPLATE_DIR") or Path(__file__).resolve().parents[2] / "templates")
+DEFAULT_TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
+
+
+def template_dir() -> Path:
+    return Path(TEMPLATE_DIR.get() or DEFAULT_TEMPLATE_DIR)
 
 # (file written into STATE/manifests/, template). Numbered in apply order:
 # config and storage first, then what the others connect to.
@@ -133,7 +138,7 @@ def build_context(plan, inputs: RenderInputs) -> dict:
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir())), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, autoescape=False)
 
 
@@ -146,7 +151,7 @@ def render_documents(plan, inputs: RenderInputs) -> dict[str, list[dict]]:
         try:
             text = env.get_template(template).render(**context)
         except jinja2.TemplateNotFound as e:
-            raise ConfigError(f"template {e.name} is missing from {TEMPLATE_DIR}") from e
+            raise ConfigError(f"template {e.name} is missing from {template_dir()} (set ELASTIC_CTR_TEMPLATE_DIR)") from e
         except jinja2.UndefinedError as e:  # a template bug, never a user's: say where
             raise ConfigError(f"template {template} uses an undefined value: {e}") from e
         docs = [d for d in yaml.load_all(text, Loader=_Loader) if d]

@@ -1,0 +1,133 @@
+"""The four documented invocations (-r, -a, -l, -c) as subprocesses, through the console script and
+through `bash elastic-control.sh`, against the fake Kubernetes API; plus what users see when it fails."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers_kube_api import VOLCANO, FakeKubeAPI
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[1]
+CONSOLE_SCRIPT = [str(REPO / ".venv" / "bin" / "elastic-control")]
+SHIM = ["bash", str(REPO / "elastic-control.sh")]
+DOCUMENTED_R = "-r -u 4 -m 20 -t 2 -p 2 -b 5 -s examples/slot.conf -f examples/data.config"
+
+
+def run(entry, args, env, timeout=180):
+    """Run from the repository (the documented paths are relative to it); never a traceback."""
+    proc = subprocess.run([*entry, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    return proc
+
+
+@pytest.fixture()
+def kube_env(tmp_path):
+    def make(**scenario):
+        api = FakeKubeAPI(**scenario).__enter__()
+        made.append(api)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_CTR_", "KUBERNETES_"))}
+        env.update(KUBECONFIG=str(api.write_kubeconfig(tmp_path / f"kubeconfig-{len(made)}")),
+                   ELASTIC_CTR_STATE_DIR=str(tmp_path / f"state-{len(made)}"), ELASTIC_CTR_APPLY_TIMEOUT="60")
+        return api, env
+
+    made: list[FakeKubeAPI] = []
+    yield make
+    for api in made:
+        api.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("entry", [CONSOLE_SCRIPT, SHIM], ids=["console-script", "bash-shim"])
+def test_the_four_documented_invocations(kube_env, entry):
+    if not Path(CONSOLE_SCRIPT[0]).exists():
+        pytest.skip("the project's .venv is not set up (bash scripts/setup.sh)")
+    api, env = kube_env(recreate_trainer=True)
+    state = Path(env["ELASTIC_CTR_STATE_DIR"])
+
+    r = run(entry, [*DOCUMENTED_R.split(), "--backend", "k8s"], env)
+    assert r.returncode == 0, r.stderr
+    assert "rendered plan for the k8s backend" in r.stderr
+    assert json.loads((state / "plan.json").read_text())["resources"] == {
+        "cpu": 4, "mem": 20, "trainers": 2, "pservers": 2, "cube_shards": 5}
+    assert len(list((state / "manifests").glob("*.yaml"))) == 7
+
+    r = run(entry, ["-a"], env)
+    assert r.returncode == 0, r.stderr
+    assert "Job default/elastic-ctr created" in r.stderr and "13/13 pods running" in r.stderr
+    assert api.get(VOLCANO, "jobs", "default", "elastic-ctr")["spec"]["minAvailable"] == 4
+
+    r = run(entry, ["-l", "--follow"], env)
+    assert r.returncode == 0, r.stderr
+    assert "[trainer-0] (pod recreated: reattached to elastic-ctr-trainer-0)" in r.stdout
+    assert r.stdout.index("step 20 loss 0.49") < r.stdout.index("training finished")
+    assert "[elastic-ctr-fileserver-" in r.stdout and "[elastic-ctr-cube-transfer-" in r.stdout
+
+    r = run(entry, ["-c"], env)
+    assert r.returncode == 0, r.stderr
+    assert "kubectl port-forward -n default svc/elastic-ctr-serving 8010:8010" in r.stderr
+    client = json.loads((state / "client.json").read_text())
+    assert client["serving_url"] == "http://127.0.0.1:8010" and len(client["slots"]) == 39
+
+
+def test_auto_backend_says_which_and_why(kube_env):
+    _, env = kube_env()
+    r = run(CONSOLE_SCRIPT, [*DOCUMENTED_R.split(), "--backend", "auto"], env)
+    assert r.returncode == 0 and "for the k8s backend" in r.stderr and "answered (Kubernetes v1.33.1)" in r.stderr
+
+
+def test_unschedulable_job_through_the_cli(kube_env):
+    _, env = kube_env(unschedulable=True)
+    env["ELASTIC_CTR_APPLY_TIMEOUT"] = "2"
+    assert run(CONSOLE_SCRIPT, [*DOCUMENTED_R.split(), "--backend", "k8s"], env).returncode == 0
+    r = run(CONSOLE_SCRIPT, ["-a"], env)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("elastic-control: error: 9/13 pods running, not running after 2s: pod elastic-ctr-")
+    assert "Insufficient cpu; lower -u (now 4), or add nodes" in last
+
+
+def test_missing_volcano_through_the_cli(kube_env):
+    api, env = kube_env(crd_installed=False)
+    assert run(SHIM, [*DOCUMENTED_R.split(), "--backend", "k8s"], env).returncode == 0
+    r = run(SHIM, ["-a"], env)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "elastic-control: error: Volcano is not installed: the CRD jobs.batch.volcano.sh does not exist; install "
+        "Volcano from a pinned release, e.g. `kubectl apply -f https://raw.githubusercontent.com/volcano-sh/volcano/"
+        "v1.11.0/installer/volcano-development.yaml` or `helm install volcano volcano-sh/volcano --version 1.11.0 "
+        "-n volcano-system --create-namespace`"]
+    assert not [c for c in api.requests if c[0] == "POST"]
+
+
+def test_status_and_delete_subcommands_honour_the_group_state_dir(tmp_path, monkeypatch, capfd):
+    """In-process through cli.main (subprocesses are covered above): `--state-dir X status` and `delete --state-dir X`."""
+    from elastic_control.cli import main
+    from elastic_control.kube import adaptor
+
+    state = str(tmp_path / "elsewhere")
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("ELASTIC_CTR_STATE_DIR", raising=False)
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "60")
+
+    def cli(*args):
+        with pytest.raises(SystemExit) as exit_info:
+            main(list(args))
+        return exit_info.value.code
+
+    with FakeKubeAPI() as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        adaptor.reset()
+        assert cli("--state-dir", state, *DOCUMENTED_R.split(), "--backend", "k8s") == 0
+        assert cli("--state-dir", state, "-a") == 0
+        capfd.readouterr()
+        assert cli("--state-dir", state, "status") == 0
+        assert "Running (running 4)" in capfd.readouterr().out
+        assert cli("delete", "--state-dir", state) == 0
+        assert "Volcano job default/elastic-ctr deleted" in capfd.readouterr().err
+        assert api.items(VOLCANO, "jobs") == []
+    adaptor.reset()
