@@ -1,0 +1,268 @@
+"""Hourly click-log partitions: which hours are ready, which files are this trainer's, and their lines.
+
+Layout: ``{HDFS_ADDRESS}{DATASET_PATH}/YYYYMMDD/HH/part-*`` (text, plain or
+.gz; or Parquet) and an hour is complete when ``donefile`` exists in it.
+Offline, a missing hour is skipped with a warning; online (ONLINE=1) the
+reader waits for its donefile, and keeps going after END_DATE_HR.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import io
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from elastic_control.config.data_config import DataConfig, format_hour
+from elastic_control.data.filesystems import DataLocation, open_location
+from elastic_control.data.line_batch import BadLine, LineBatch, parse_lines
+from elastic_control.errors import DataError
+
+HOUR_DONEFILE = "donefile"
+DEFAULT_CHUNK_LINES = 4096
+# Do not judge the bad-line fraction on a handful of lines.
+MIN_LINES_FOR_EARLY_CHECK = 10_000
+
+
+@dataclass(frozen=True)
+class HourPartition:
+    hour: dt.datetime
+    location: DataLocation
+    files: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return format_hour(self.hour)
+
+
+@dataclass
+class BadLineCounter:
+    """Counts lines and malformed lines; fails once the bad fraction passes the limit."""
+
+    max_fraction: float
+    total: int = 0
+    bad: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, good: int, bad_lines: list[BadLine], where: str) -> None:
+        self.total += good + len(bad_lines)
+        self.bad += len(bad_lines)
+        for b in bad_lines[: max(0, 3 - len(self.examples))]:
+            self.examples.append(f"{where}: {b.reason}: {b.line[:80]!r}")
+        if self.total >= MIN_LINES_FOR_EARLY_CHECK:
+            self.check(where)
+
+    @property
+    def fraction(self) -> float:
+        return self.bad / self.total if self.total else 0.0
+
+    def check(self, where: str) -> None:
+        if self.bad and self.fraction > self.max_fraction:
+            raise DataError(
+                f"{where}: {self.bad} of {self.total} lines are malformed ({self.fraction:.2%}), above "
+                f"MAX_BAD_LINE_FRACTION={self.max_fraction:g}; first: {'; '.join(self.examples)}")
+
+
+class HourlyData:
+    """The hours of a DataConfig window and their files."""
+
+    def __init__(self, config: DataConfig, *, wait_timeout: float | None = None, poll_seconds: float = 10.0,
+                 warn: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep):
+        self.config = config
+        self.root = open_location(config.dataset_root, hdfs_ugi=config.hdfs_ugi)
+        self.wait_timeout = wait_timeout
+        self.poll_seconds = poll_seconds
+        self._warn = warn or _default_warn
+        self._sleep = sleep
+
+    def hour_location(self, hour: dt.datetime) -> DataLocation:
+        return self.root.join(f"{hour:%Y%m%d}", f"{hour:%H}")
+
+    def is_ready(self, hour: dt.datetime) -> bool:
+        loc = self.hour_location(hour)
+        return bool(loc.fs.exists(f"{loc.path}/{HOUR_DONEFILE}"))
+
+    def list_files(self, hour: dt.datetime) -> tuple[str, ...]:
+        """Data files of an hour, sorted: part-* (text, .gz, or Parquet), never the donefile or hidden files."""
+        loc = self.hour_location(hour)
+        names = []
+        for entry in loc.fs.ls(loc.path, detail=True):
+            if entry.get("type") == "directory":
+                continue
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if name == HOUR_DONEFILE or name.startswith((".", "_")):
+                continue
+            if name.startswith("part-") or name.endswith(".parquet"):
+                names.append(name)
+        return tuple(sorted(names))
+
+    def schedule(self) -> Iterator[dt.datetime]:
+        """START..END; online, continues past END one hour at a time."""
+        if not self.config.online:
+            yield from self.config.hours()
+            return
+        for i in itertools.count():
+            yield self.config.start + dt.timedelta(hours=i)
+
+    def partitions(self, *, after: dt.datetime | None = None) -> Iterator[HourPartition]:
+        """Ready hours in order (strictly after ``after`` when resuming); waits online, skips offline."""
+        for hour in self.schedule():
+            if after is not None and hour <= after:
+                continue
+            if not self.is_ready(hour):
+                if not self.config.online:
+                    self._warn(f"hour {format_hour(hour)} is missing (no {HOUR_DONEFILE} in "
+                               f"{self.hour_location(hour).url}); skipped")
+                    continue
+                self.wait_for(hour)
+            yield HourPartition(hour, self.hour_location(hour), self.list_files(hour))
+
+    def wait_for(self, hour: dt.datetime) -> None:
+        """Block until the hour's donefile exists; DataError after ``wait_timeout`` seconds."""
+        started = time.monotonic()
+        announced = False
+        while not self.is_ready(hour):
+            waited = time.monotonic() - started
+            if self.wait_timeout is not None and waited >= self.wait_timeout:
+                raise DataError(f"hour {format_hour(hour)}: no {HOUR_DONEFILE} in {self.hour_location(hour).url} "
+                                f"after waiting {waited:.0f}s (ONLINE=1)")
+            if not announced:
+                self._warn(f"waiting for hour {format_hour(hour)} ({self.hour_location(hour).url}/{HOUR_DONEFILE})")
+                announced = True
+            pause = self.poll_seconds
+            if self.wait_timeout is not None:
+                pause = max(0.01, min(pause, self.wait_timeout - waited))
+            self._sleep(pause)
+
+    def iter_batches(self, part: HourPartition, *, trainer_id: int = 0, trainers: int = 1,
+                     counter: BadLineCounter | None = None,
+                     chunk_lines: int = DEFAULT_CHUNK_LINES) -> Iterator[LineBatch]:
+        """This trainer's lines of an hour, parsed, in chunks; malformed lines counted in ``counter``.
+
+        With at least as many files as trainers each trainer reads whole files
+        (``files[id::trainers]``); otherwise every trainer reads every file and
+        keeps every ``trainers``-th line, so small hours still split evenly.
+        """
+        counter = counter or BadLineCounter(self.config.max_bad_line_fraction)
+        if len(part.files) >= trainers:
+            files, stride = part.files[trainer_id::trainers], 1
+        else:
+            files, stride = part.files, trainers
+        seen = 0  # lines across the hour's files, for the line-level split
+        for name in files:
+            path = f"{part.location.path}/{name}"
+            where = f"{part.location.url}/{name}"
+            if self.config.data_format == "parquet":
+                chunks = iter_parquet_batches(part.location.fs, path, where, chunk_lines)
+            else:
+                chunks = iter_text_chunks(part.location.fs, path, where, chunk_lines)
+            for chunk in chunks:
+                if stride > 1:
+                    chunk, seen = _take_stride(chunk, seen, trainer_id, stride)
+                if isinstance(chunk, list):
+                    batch, bad = parse_lines(chunk)
+                else:
+                    batch, bad = chunk
+                counter.add(len(batch), bad, where)
+                if len(batch):
+                    yield batch
+        counter.check(f"hour {part.name}")
+
+
+def _take_stride(chunk, seen: int, trainer_id: int, stride: int):
+    """Keep the lines whose hour-wide index is trainer_id modulo stride."""
+    if isinstance(chunk, list):
+        n = len(chunk)
+        first = (trainer_id - seen) % stride
+        return chunk[first::stride], seen + n
+    batch, bad = chunk
+    from elastic_control.data.line_batch import concat_batches, slice_batch
+
+    n = len(batch)
+    keep = [slice_batch(batch, i, i + 1) for i in range((trainer_id - seen) % stride, n, stride)]
+    return (concat_batches(keep), bad if trainer_id == 0 else []), seen + n
+
+
+def _default_warn(message: str) -> None:
+    from elastic_control.console import warn
+
+    warn(message)
+
+
+def open_text(fs, path: str) -> io.TextIOBase:
+    """A text stream over a plain or gzip file on any filesystem."""
+    raw = fs.open(path, "rb")
+    if path.endswith(".gz"):
+        raw = gzip.GzipFile(fileobj=raw)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+
+
+def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[list[str]]:
+    """Lists of up to ``chunk_lines`` raw lines of a text file."""
+    try:
+        with open_text(fs, path) as f:
+            while True:
+                chunk = list(itertools.islice(f, chunk_lines))
+                if not chunk:
+                    return
+                yield chunk
+    except (OSError, EOFError) as e:
+        raise DataError(f"{where}: cannot read: {e}") from e
+
+
+# Parquet layout (feature-store style): one row per sample.
+PARQUET_COLUMNS = {"show": "int64 (optional, default 1)", "click": "int (0/1)",
+                   "feasigns": "list<uint64>", "slots": "list<int>"}
+
+
+def iter_parquet_batches(fs, path: str, where: str, chunk_lines: int) -> Iterator[tuple[LineBatch, list[BadLine]]]:
+    """Batches of a Parquet file with columns click, feasigns, slots (and optionally show)."""
+    import pyarrow.parquet as pq
+
+    try:
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            names = set(pf.schema_arrow.names)
+            missing = {"click", "feasigns", "slots"} - names
+            if missing:
+                raise DataError(f"{where}: Parquet columns {sorted(missing)} are missing "
+                                f"(expected {PARQUET_COLUMNS})")
+            cols = [c for c in ("show", "click", "feasigns", "slots") if c in names]
+            for rb in pf.iter_batches(batch_size=chunk_lines, columns=cols):
+                yield _record_batch_to_lines(rb, where)
+    except (OSError, EOFError) as e:
+        raise DataError(f"{where}: cannot read: {e}") from e
+
+
+def _record_batch_to_lines(rb, where: str) -> tuple[LineBatch, list[BadLine]]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = rb.num_rows
+    click = rb.column("click")
+    show = rb.column("show") if "show" in rb.schema.names else pa.array(np.ones(n, np.int64))
+    feas, slots = rb.column("feasigns"), rb.column("slots")
+    feas_len = pc.fill_null(pc.list_value_length(feas), -1).to_numpy(zero_copy_only=False)
+    slot_len = pc.fill_null(pc.list_value_length(slots), -2).to_numpy(zero_copy_only=False)
+    click_np = pc.fill_null(pc.cast(click, pa.int64()), -1).to_numpy(zero_copy_only=False)
+    show_np = pc.fill_null(pc.cast(show, pa.int64()), -1).to_numpy(zero_copy_only=False)
+    ok = (feas_len == slot_len) & np.isin(click_np, (0, 1)) & (show_np >= 0)
+    bad = [BadLine(int(i), f"row {int(i)}", "click must be 0/1, show >= 0, feasigns and slots of equal length")
+           for i in np.flatnonzero(~ok)]
+    if not ok.all():
+        rb = rb.filter(pa.array(ok))
+        feas, slots = rb.column("feasigns"), rb.column("slots")
+        click_np, show_np, feas_len = click_np[ok], show_np[ok], feas_len[ok]
+    flat_feas = pc.list_flatten(feas).to_numpy(zero_copy_only=False)
+    flat_slots = pc.list_flatten(slots).to_numpy(zero_copy_only=False)
+    if flat_feas.dtype != np.uint64:
+        if flat_feas.dtype.kind == "i" and (flat_feas < 0).any():
+            raise DataError(f"{where}: feasigns must be unsigned 64-bit (uint64 column), found negative values")
+        flat_feas = flat_feas.astype(np.uint64)
+    lines = np.repeat(np.arange(len(click_np), dtype=np.int64), feas_len)
+    return LineBatch(show_np.astype(np.int64), click_np.astype(np.int64), lines, flat_feas,
+                     flat_slots.astype(np.int64), None), bad

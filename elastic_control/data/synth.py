@@ -1,0 +1,136 @@
+"""Synthetic click logs from a planted model, so the best achievable AUC is known.
+
+Each slot draws feasigns from its own Zipf-distributed vocabulary (feasigns
+are 64-bit hashes, so half are above 2**63); every feasign has a weight, a few
+slot pairs interact through low-rank factors, and clicks are drawn from the
+true probability sigmoid(bias + weights + interactions). Beside every
+``part-N`` the generator writes ``truth-N`` with each line's true probability,
+so the Bayes-optimal AUC of any split is ``auc(true_prob, click)``.
+Everything is deterministic for a given seed.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from elastic_control.atomic import atomic_write_text
+from elastic_control.data.hourly_writer import hour_dir, write_hour
+
+TRUTH_PREFIX = "truth-"
+# How many features a slot has in one line: usually one, sometimes none or two.
+FEATURES_PER_SLOT = (0, 1, 2)
+FEATURES_PER_SLOT_P = (0.08, 0.84, 0.08)
+
+
+def stable_feasign(*parts) -> int:
+    """A stable unsigned 64-bit hash of ``parts`` (same value on every machine and run)."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass(frozen=True)
+class PlantedModel:
+    slots: tuple[int, ...]
+    feasigns: tuple[np.ndarray, ...]      # per slot: uint64[vocab]
+    popularity: tuple[np.ndarray, ...]    # per slot: Zipf probabilities over the vocabulary
+    weights: tuple[np.ndarray, ...]       # per slot: float64[vocab]
+    interactions: tuple[tuple[int, int, np.ndarray, np.ndarray], ...]  # (slot pos a, slot pos b, U_a, V_b)
+    bias: float
+
+
+def build_planted_model(slots: Sequence[int], seed: int, *, vocab: int = 500, zipf: float = 1.1,
+                        weight_scale: float = 0.5, interactions: int = 3, rank: int = 2,
+                        base_ctr: float = 0.2) -> PlantedModel:
+    """The ground truth for ``slots``; deterministic in ``seed``."""
+    rng = np.random.default_rng([seed, 1])
+    slots = tuple(slots)
+    ranks = np.arange(1, vocab + 1, dtype=np.float64)
+    pop = ranks ** -zipf
+    pop /= pop.sum()
+    feas = tuple(np.array([stable_feasign("synth", seed, s, i) for i in range(vocab)], dtype=np.uint64)
+                 for s in slots)
+    # Some slots matter more than others, as in real logs.
+    scales = weight_scale * rng.uniform(0.3, 1.5, size=len(slots))
+    weights = tuple(rng.normal(0.0, sc, size=vocab) for sc in scales)
+    pairs = []
+    if len(slots) >= 2:
+        for _ in range(interactions):
+            a, b = rng.choice(len(slots), size=2, replace=False)
+            pairs.append((int(a), int(b), rng.normal(0, 0.8, size=(vocab, rank)), rng.normal(0, 0.8, size=(vocab, rank))))
+    bias = float(np.log(base_ctr / (1 - base_ctr)))
+    return PlantedModel(slots, feas, (pop,) * len(slots), weights, tuple(pairs), bias)
+
+
+def sample_lines(model: PlantedModel, n: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """``n`` slot-format lines, their true click probabilities and the drawn clicks."""
+    logit = np.full(n, model.bias)
+    tokens: list[list[str]] = [[] for _ in range(n)]
+    chosen = []
+    for j, slot in enumerate(model.slots):
+        counts = rng.choice(FEATURES_PER_SLOT, size=n, p=FEATURES_PER_SLOT_P)
+        line_of = np.repeat(np.arange(n), counts)
+        idx = rng.choice(len(model.weights[j]), size=len(line_of), p=model.popularity[j])
+        np.add.at(logit, line_of, model.weights[j][idx])
+        chosen.append((line_of, idx))
+        feas = model.feasigns[j][idx].tolist()
+        for line, f in zip(line_of.tolist(), feas):
+            tokens[line].append(f"{f}:{slot}")
+    for a, b, u, v in model.interactions:
+        ua = np.zeros((n, u.shape[1]))
+        vb = np.zeros((n, v.shape[1]))
+        np.add.at(ua, chosen[a][0], u[chosen[a][1]])
+        np.add.at(vb, chosen[b][0], v[chosen[b][1]])
+        logit += (ua * vb).sum(axis=1)
+    prob = 1.0 / (1.0 + np.exp(-logit))
+    clicks = (rng.random(n) < prob).astype(np.int64)
+    lines = [f"1 {c} " + " ".join(t) if t else f"1 {c}" for c, t in zip(clicks.tolist(), tokens)]
+    return lines, prob, clicks
+
+
+def generate(output: str | Path, *, slots: Sequence[int], hours: int, lines_per_hour: int, seed: int,
+             start: dt.datetime, parts: int = 2, compress: bool = False,
+             progress: Callable[[int], None] | None = None, **model_options) -> dict:
+    """Write ``hours`` hours of synthetic data under ``output``; return a summary with the Bayes-optimal AUC."""
+    from elastic_control.training.metrics import auc as auc_of
+
+    model = build_planted_model(slots, seed, **model_options)
+    all_prob, all_click = [], []
+    for h in range(hours):
+        hour = start + dt.timedelta(hours=h)
+        rng = np.random.default_rng([seed, 2, h])
+        lines, prob, clicks = sample_lines(model, lines_per_hour, rng)
+        folder = hour_dir(output, hour)
+        # Truth files first: the hour's donefile (written by write_hour) seals everything.
+        for i in range(parts):
+            atomic_write_text(folder / f"{TRUTH_PREFIX}{i:05d}", "".join(f"{p:.9f}\n" for p in prob[i::parts]))
+        write_hour(output, hour, lines, parts=parts, compress=compress)
+        all_prob.append(prob)
+        all_click.append(clicks)
+        if progress:
+            progress(1)
+    prob, clicks = np.concatenate(all_prob), np.concatenate(all_click)
+    return {"hours": hours, "lines": int(len(prob)), "ctr": float(clicks.mean()),
+            "bayes_auc": float(auc_of(clicks, prob)), "start": f"{start:%Y%m%d/%H}"}
+
+
+def read_truth(hour_folder: str | Path) -> tuple[list[str], np.ndarray]:
+    """(lines, true probabilities) of one generated hour, aligned, in part order."""
+    folder = Path(hour_folder)
+    lines: list[str] = []
+    probs: list[float] = []
+    for part in sorted(folder.glob("part-*")):
+        import gzip
+
+        opener = gzip.open if part.name.endswith(".gz") else open
+        with opener(part, "rt", encoding="utf-8") as f:
+            lines.extend(ln.rstrip("\n") for ln in f if ln.strip())
+        suffix = part.name[len("part-"):].removesuffix(".gz")
+        probs.extend(float(x) for x in (folder / f"{TRUTH_PREFIX}{suffix}").read_text().split())
+    if len(lines) != len(probs):
+        raise ValueError(f"{folder}: {len(lines)} lines but {len(probs)} true probabilities")
+    return lines, np.array(probs)

@@ -1,0 +1,86 @@
+"""Turn parsed line batches into Paddle feeds, parsing ahead in a background thread.
+
+Parsing (numpy, releases the GIL for most of its work) overlaps with
+``exe.run`` (C++, releases the GIL), so one trainer process keeps both of its
+jobs busy without the copies a multi-process reader would need.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from elastic_control.data.line_batch import LineBatch, batch_slot_keys, concat_batches, slice_batch
+from elastic_control.data.sample import keys_to_paddle_ids
+from elastic_control.training.model import LABEL_INPUT, slot_input_name
+
+_END = object()
+
+
+def make_feed(paddle, batch: LineBatch, slots, sparse_dim: int | None, place) -> dict:
+    """Feed dict: one int64 LoD tensor per slot (padding rule of sample.slot_keys) and the click labels."""
+    core = paddle.base.core
+    feed = {}
+    for slot, (keys, lengths) in zip(slots, batch_slot_keys(batch, slots, sparse_dim)):
+        t = core.LoDTensor()
+        t.set(keys_to_paddle_ids(keys).reshape(-1, 1), place)
+        t.set_recursive_sequence_lengths([lengths.tolist()])
+        feed[slot_input_name(slot)] = t
+    feed[LABEL_INPUT] = batch.clicks.astype(np.float32).reshape(-1, 1)
+    return feed
+
+
+def rebatch(batches: Iterable[LineBatch], batch_size: int) -> Iterator[LineBatch]:
+    """Re-cut a stream of parsed chunks into batches of exactly ``batch_size`` lines (the last may be short)."""
+    pending: list[LineBatch] = []
+    have = 0
+    for b in batches:
+        pending.append(b)
+        have += len(b)
+        if have < batch_size:
+            continue
+        merged = concat_batches(pending)
+        start = 0
+        while len(merged) - start >= batch_size:
+            yield slice_batch(merged, start, start + batch_size)
+            start += batch_size
+        rest = slice_batch(merged, start, len(merged))
+        pending, have = ([rest], len(rest)) if len(rest) else ([], 0)
+    if have:
+        yield concat_batches(pending)
+
+
+def prefetch(iterator: Iterable, depth: int = 4) -> Iterator:
+    """Run ``iterator`` in a background thread, ``depth`` items ahead; re-raises its errors here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def work():
+        try:
+            for item in iterator:
+                if stop.is_set():
+                    return
+                q.put(item)
+            q.put(_END)
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(e)
+
+    thread = threading.Thread(target=work, name="prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(0.05)

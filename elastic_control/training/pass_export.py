@@ -1,0 +1,77 @@
+"""Trainer 0's per-pass output: dense/, sparse/, golden.jsonl, meta.json, then the donefile line.
+
+Everything is written into a hidden staging folder beside the pass
+(``atomic.staged_directory``), renamed into place when complete, and only then
+is the donefile line appended. A crash at any point leaves either a hidden
+``.pass-*.tmp`` folder (removed on restart) or a pass folder without a
+donefile line: neither counts as a pass, and the job resumes after the last
+one that does.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from elastic_control import pass_format
+from elastic_control.atomic import append_line_durably, atomic_write_json, staged_directory
+from elastic_control.config.data_config import format_hour
+
+from elastic_control.training.model import SPARSE_ACCESSOR
+
+# The sparse table's rule (model.SPARSE_RULE) in pass_format.SparseLayout's terms.
+SPARSE_OPTIMIZER = "adam"
+
+# Test hook: ELASTIC_CTR_TEST_CRASH_EXPORT=<stage> kills the process at that stage of an export.
+_CRASH_ENV = "ELASTIC_CTR_TEST_CRASH_EXPORT"
+
+
+def _maybe_crash(stage: str) -> None:
+    if os.environ.get(_CRASH_ENV) == stage:
+        print(f"[test] crashing during export at stage {stage!r}", flush=True)
+        os._exit(3)
+
+
+def write_pass(model_path: str | os.PathLike, *, hour_start: dt.datetime, hour_end: dt.datetime,
+               save_sparse: Callable[[Path], None], save_dense: Callable[[Path], None],
+               score_golden: Callable[[], list[dict]], meta: dict) -> dict:
+    """Stage and publish one pass; return the donefile entry.
+
+    ``score_golden`` runs AFTER the sparse and dense exports so the golden
+    probabilities come from exactly the exported state.
+    """
+    name = pass_format.pass_name(hour_end)
+    final = Path(model_path) / name
+    window = {"start": format_hour(hour_start), "end": format_hour(hour_end)}
+    with staged_directory(final) as stage:
+        save_sparse(stage / pass_format.SPARSE_DIR)
+        _maybe_crash("after_sparse")
+        save_dense(stage / pass_format.DENSE_DIR / pass_format.DENSE_PREFIX)
+        golden = score_golden()
+        with open(stage / pass_format.GOLDEN_FILE, "w", encoding="utf-8") as f:
+            for row in golden:
+                f.write(json.dumps(row) + "\n")
+        full_meta = dict(meta, **{"pass": name, "window": window, "dense_input": pass_format.DENSE_INPUT,
+                                  "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        atomic_write_json(stage / pass_format.META_FILE, full_meta)
+        _maybe_crash("before_rename")
+    _maybe_crash("before_donefile")
+    entry = {"pass": name, "path": str(final.resolve()), "window": window, "time": time.time(),
+             "metrics": meta.get("metrics", {})}
+    append_line_durably(Path(model_path) / pass_format.DONEFILE, json.dumps(entry, sort_keys=True))
+    return entry
+
+
+def golden_rows(lines: list[str], probs: np.ndarray) -> list[dict]:
+    return [{"line": ln, "prob": float(p)} for ln, p in zip(lines, np.asarray(probs).ravel().tolist())]
+
+
+def sparse_layout_json(embedding_dim: int) -> dict:
+    layout = pass_format.SparseLayout(embedding_dim, SPARSE_OPTIMIZER).to_json()
+    layout["accessor"] = SPARSE_ACCESSOR
+    return layout

@@ -1,0 +1,112 @@
+"""TRAINING_ROLE=PSERVER: serve the sparse table and dense parameters until the trainers finish, then exit.
+
+Paddle's ``fleet.run_server()`` never returns by itself. Trainer 0 asks the
+servers to stop once every trainer has finished (``stop_server``); as a
+safety net each pserver also watches the coordinator and exits on its own a
+short grace period after the job has finished.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from elastic_control.training.coordinator import Coordinator, CoordinatorClient, coordinator_endpoint
+from elastic_control.training.resume import remove_stale_staging, resume_point
+from elastic_control.training.settings import RoleSettings
+
+# After the job finished, how long run_server may take to return before the process exits anyway.
+EXIT_GRACE_SECONDS = 15.0
+
+
+def _log(settings: RoleSettings, message: str) -> None:
+    print(f"[pserver {_my_index(settings)}] {message}", flush=True)
+
+
+def _my_index(settings: RoleSettings) -> int:
+    me = f"{settings.pod_ip}:{settings.port}"
+    endpoints = [e.strip() for e in settings.pserver_endpoints.split(",")]
+    if me not in endpoints:
+        from elastic_control.errors import ConfigError
+
+        raise ConfigError(f"this pserver's POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "
+                          f"{settings.pserver_endpoints}")
+    return endpoints.index(me)
+
+
+def run_pserver(settings: RoleSettings) -> None:
+    import multiprocessing
+
+    index = _my_index(settings)
+    start = resume_point(settings.model_path)
+    if index == 0:
+        removed = remove_stale_staging(settings.model_path)
+        if removed:
+            _log(settings, f"removed unfinished pass staging folders: {', '.join(removed)}")
+    # fleet.run_server() holds the GIL while it serves, so the coordinator and the
+    # exit guard cannot be threads of this process: they run in a child process.
+    guard = multiprocessing.get_context("spawn").Process(
+        target=guard_main, name=f"pserver-{index}-guard", daemon=True,
+        args=(settings.pserver_endpoints, settings.trainers, index, start, os.getpid()))
+    guard.start()
+
+    import pyarrow  # noqa: F401  (before paddle)
+    import paddle
+    import paddle.distributed.fleet as fleet
+
+    from elastic_control.training.model import ModelSpec, build_training_net, make_strategy
+
+    paddle.enable_static()
+    fleet.init(is_collective=False)
+    spec = ModelSpec(settings.slot_conf.slots, settings.hyper.embedding_dim,
+                     learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim)
+    net = build_training_net(paddle, spec)
+    fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), make_strategy(fleet)).minimize(net.loss)
+    if start.get("last_pass"):
+        sparse_dir = os.path.join(start["last_pass_dir"], "sparse")
+        _log(settings, f"resuming: loading the sparse table of {start['last_pass']} from {sparse_dir}")
+        fleet.init_server(sparse_dir)
+    else:
+        fleet.init_server()
+    _log(settings, f"serving on {settings.pod_ip}:{settings.port}")
+    fleet.run_server()
+    _log(settings, "stopped by trainer 0 after all trainers finished")
+    guard.terminate()
+    guard.join(5)
+
+
+def guard_main(pserver_endpoints: str, trainers: int, index: int, hello: dict, parent_pid: int) -> None:
+    """Child process of a pserver: pserver 0's hosts the coordinator; every guard ends its pserver
+    a grace period after the job finished, in case stop_server did not reach it."""
+    import signal
+
+    host, port = coordinator_endpoint(pserver_endpoints)
+    if index == 0:
+        coordinator = Coordinator(trainers, hello=lambda: hello)
+        coordinator.serve_in_thread("0.0.0.0" if host not in ("127.0.0.1", "localhost") else host, port)
+        while not coordinator.wait_all_finished(timeout=1.0):
+            if os.getppid() != parent_pid:  # the pserver died: nothing left to coordinate
+                return
+    else:
+        client = CoordinatorClient(host, port, connect_timeout=30)
+        seen = False
+        while os.getppid() == parent_pid:
+            time.sleep(2)
+            try:
+                if client.status().get("finished"):
+                    break
+                seen = True
+            except Exception:
+                if seen:  # pserver 0 went away after we had talked to it: the job is over
+                    break
+        else:
+            return
+    deadline = time.monotonic() + EXIT_GRACE_SECONDS
+    while time.monotonic() < deadline:
+        if os.getppid() != parent_pid:
+            return
+        time.sleep(0.2)
+    print(f"[pserver {index}] the job finished but the server did not stop; ending it", flush=True)
+    try:
+        os.kill(parent_pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,84 @@
+"""MLflow tracking for trainer 0: parameters, step metrics, per-pass metrics, one model version per pass.
+
+MLFLOW_TRACKING_URI comes from the environment; when unset, a local SQLite
+store ``MODEL_PATH/mlflow.db`` (artifacts in ``MODEL_PATH/mlartifacts``) is
+used, so a laptop run keeps its history beside its models. Import this module
+before paddle (mlflow imports pyarrow, which must come first).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlflow  # noqa: F401  (before paddle: see the module docstring)
+from mlflow.tracking import MlflowClient
+
+from elastic_control.env_vars import MLFLOW_TRACKING_URI
+
+EXPERIMENT = "elastic-ctr"
+REGISTERED_MODEL = "elastic-ctr"
+LOCAL_STORE = "mlflow.db"
+LOCAL_ARTIFACTS = "mlartifacts"
+
+
+def tracking_uri(model_path: str | os.PathLike) -> str:
+    """MLFLOW_TRACKING_URI, or a SQLite store in MODEL_PATH."""
+    uri = MLFLOW_TRACKING_URI.get()
+    if uri:
+        return uri
+    return f"sqlite:///{Path(model_path).resolve() / LOCAL_STORE}"
+
+
+class Tracker:
+    """One MLflow run for one training job (trainer 0)."""
+
+    def __init__(self, model_path: str | os.PathLike, *, run_name: str = "train", warn=print):
+        self.uri = tracking_uri(model_path)
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self._warn = warn
+        exp = self.client.get_experiment_by_name(EXPERIMENT)
+        if exp is None:
+            artifacts = None
+            if self.uri.startswith("sqlite:"):
+                artifacts = (Path(model_path).resolve() / LOCAL_ARTIFACTS).as_uri()
+            exp_id = self.client.create_experiment(EXPERIMENT, artifact_location=artifacts)
+        else:
+            exp_id = exp.experiment_id
+        self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+
+    def log_params(self, params: dict) -> None:
+        from mlflow.entities import Param
+
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        import math
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
+
+    def register_pass(self, pass_dir: str | os.PathLike, *, pass_name: str, window: dict, metrics: dict) -> str | None:
+        """A new version of the registered model pointing at the pass folder; returns the version."""
+        tags = {"pass": pass_name, "window_start": window["start"], "window_end": window["end"]}
+        tags.update({k: f"{v:.6f}" if isinstance(v, float) else str(v) for k, v in metrics.items()})
+        try:
+            try:
+                self.client.get_registered_model(REGISTERED_MODEL)
+            except mlflow.exceptions.MlflowException:
+                self.client.create_registered_model(REGISTERED_MODEL)
+            version = self.client.create_model_version(REGISTERED_MODEL, source=str(Path(pass_dir).resolve()),
+                                                       run_id=self.run_id, tags=tags)
+            return str(version.version)
+        except mlflow.exceptions.MlflowException as e:
+            # Registration is bookkeeping: a registry that refuses it must not stop training.
+            self._warn(f"MLflow: could not register {pass_name}: {e}")
+            return None
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)

@@ -1,0 +1,326 @@
+"""TRAINING_ROLE=TRAINER: train hour by hour; trainer 0 also exports each pass and tracks the run.
+
+Per pass (one hour): every trainer trains on its share of the hour's files,
+flushes its pending pushes and waits at a barrier; trainer 0 then exports the
+pass while the others wait at a second barrier, so nothing changes the
+parameters between the export and the golden scoring.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from elastic_control.config.data_config import format_hour, parse_hour
+from elastic_control.data.line_batch import LineBatch, concat_batches, take_rows
+from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
+from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
+from elastic_control.training.metrics import RecentWindow, auc, log_loss
+from elastic_control.training.settings import RoleSettings
+
+
+@dataclass
+class PassStats:
+    examples: int = 0
+    steps: int = 0
+    loss_sum: float = 0.0
+    bad_lines: int = 0
+    lines: int = 0
+    seconds: float = 0.0
+    golden: list[LineBatch] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, settings: RoleSettings):
+        self.s = settings
+        self.rank = settings.trainer_id
+        self.tracker = None
+        if settings.is_chief:
+            from elastic_control.training.tracking import Tracker  # mlflow before paddle
+
+            self.tracker = Tracker(settings.model_path, run_name=f"train-{format_hour(settings.data_config.start)}",
+                                   warn=self.log)
+        import pyarrow  # noqa: F401  (before paddle)
+        import paddle
+        import paddle.distributed.fleet as fleet
+
+        from elastic_control.training.model import ModelSpec, build_training_net, make_strategy
+
+        self.paddle, self.fleet = paddle, fleet
+        paddle.enable_static()
+        fleet.init(is_collective=False)
+        self.spec = ModelSpec(settings.slot_conf.slots, settings.hyper.embedding_dim,
+                              learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim)
+        self.net = build_training_net(paddle, self.spec)
+        optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), make_strategy(fleet))
+        optimizer.minimize(self.net.loss)
+        self.main = paddle.static.default_main_program()
+        # The training program's forward part alone: scores golden lines without pushing gradients.
+        self.forward = self.main._prune([self.net.prob])
+        self.place = paddle.CPUPlace()
+        self.exe = paddle.static.Executor(self.place)
+        self.coord = CoordinatorClient(*coordinator_endpoint(settings.pserver_endpoints))
+        self.global_step = 0
+        self.window = RecentWindow(50_000)
+
+    def log(self, message: str) -> None:
+        print(f"[trainer {self.rank}] {message}", flush=True)
+
+    # -- setup -------------------------------------------------------------------------------
+    def start(self) -> dict:
+        hello = self.coord.hello()
+        self.exe.run(self.paddle.static.default_startup_program())
+        if hello.get("last_pass") and self.s.is_chief:
+            # init_worker pushes trainer 0's dense parameters to the servers: make them the last pass's.
+            self._load_dense_from_pass(hello["last_pass_dir"])
+        # init_worker: trainer 0 pushes its dense parameters, then every trainer pulls them. Paddle's
+        # barrier in between is a no-op without Gloo, so the others wait for trainer 0 here.
+        if self.s.is_chief:
+            self.fleet.init_worker()
+            self.coord.barrier("init/chief-pushed", self.rank, self.s.trainers)
+        else:
+            self.coord.barrier("init/chief-pushed", self.rank, self.s.trainers)
+            self.fleet.init_worker()
+        self._dense_ctx = self._dense_pull_context()
+        if hello.get("last_pass"):
+            self.log(f"resuming after {hello['last_pass']} (hours up to {hello['resume_after']} are done)")
+        if self.tracker:
+            self.tracker.log_params({
+                "slots": ",".join(map(str, self.spec.slots)), "num_slots": len(self.spec.slots),
+                "embedding_dim": self.spec.embedding_dim, "hidden": "-".join(map(str, self.spec.hidden)),
+                "trainers": self.s.trainers, "pservers": self.s.pservers, "learning_rate": self.spec.learning_rate,
+                "batch_size": self.s.hyper.batch_size, "sparse_dim": self.spec.sparse_dim,
+                "window_start": format_hour(self.s.data_config.start), "window_end": format_hour(self.s.data_config.end),
+                "dataset": self.s.data_config.dataset_root, "online": self.s.data_config.online,
+                "resumed_after": hello.get("last_pass") or "",
+            })
+        return hello
+
+    def _load_dense_from_pass(self, pass_dir: str) -> None:
+        paddle = self.paddle
+        prefix = str(pass_format_prefix(pass_dir))
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            paddle.static.load_inference_model(prefix, self.exe)
+        glob = paddle.static.global_scope()
+        for name in self.net.dense_param_names:
+            glob.find_var(name).get_tensor().set(np.array(scope.find_var(name).get_tensor()), self.place)
+        self.log(f"loaded dense parameters from {prefix}")
+
+    # -- training ----------------------------------------------------------------------------
+    def run(self) -> None:
+        from elastic_control.training.feeding import prefetch, rebatch
+
+        hello = self.start()
+        data = HourlyData(self.s.data_config, wait_timeout=self.s.hyper.wait_timeout,
+                          poll_seconds=self.s.hyper.poll_seconds, warn=self.log)
+        after = parse_hour(hello["resume_after"]) if hello.get("resume_after") else None
+        passes = 0
+        for part in data.partitions(after=after):
+            stats = self.train_hour(data, part, prefetch, rebatch)
+            self._flush_pushes()
+            everyone = self.coord.barrier(f"{part.name}/trained", self.rank, self.s.trainers,
+                                          {"examples": stats.examples, "bad_lines": stats.bad_lines,
+                                           "lines": stats.lines, "seconds": stats.seconds})
+            if self.s.is_chief:
+                self.export(part, stats, everyone)
+            self.coord.barrier(f"{part.name}/exported", self.rank, self.s.trainers)
+            passes += 1
+        self.log(f"finished: {passes} pass(es)")
+        self.shutdown()
+
+    def train_hour(self, data: HourlyData, part: HourPartition, prefetch, rebatch) -> PassStats:
+        from elastic_control.training.feeding import make_feed
+
+        stats = PassStats()
+        counter = BadLineCounter(self.s.data_config.max_bad_line_fraction)
+        golden_need = self.s.hyper.golden_lines if self.s.is_chief else 0
+        stride = self.s.hyper.golden_stride
+        seen = 0
+
+        def batches():
+            nonlocal seen, golden_need
+            for chunk in data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=counter):
+                if golden_need > 0:
+                    # Trainer 0 holds out every stride-th line until it has enough golden lines.
+                    idx = np.arange(seen, seen + len(chunk))
+                    held = np.flatnonzero(idx % stride == stride - 1)[:golden_need]
+                    if len(held):
+                        stats.golden.append(take_rows(chunk, held))
+                        golden_need -= len(held)
+                        rest = np.setdiff1d(np.arange(len(chunk)), held, assume_unique=True)
+                        seen += len(chunk)
+                        chunk = take_rows(chunk, rest)
+                    else:
+                        seen += len(chunk)
+                yield chunk
+
+        def feeds():
+            for b in rebatch(batches(), self.s.hyper.batch_size):
+                yield b, make_feed(self.paddle, b, self.spec.slots, self.spec.sparse_dim, self.place)
+
+        started = time.monotonic()
+        last_log, last_examples = started, 0
+        for batch, feed in prefetch(feeds()):
+            loss, prob = self.exe.run(self.main, feed=feed, fetch_list=[self.net.loss, self.net.prob])
+            stats.steps += 1
+            if stats.steps % self.s.hyper.dense_pull_every == 0:
+                self._pull_dense()
+            stats.examples += len(batch)
+            stats.loss_sum += float(np.array(loss)) * len(batch)
+            self.global_step += 1
+            self.window.add(batch.clicks, np.array(prob))
+            if self.global_step % self.s.hyper.log_every == 0:
+                now = time.monotonic()
+                rate = (stats.examples - last_examples) / max(now - last_log, 1e-9)
+                last_log, last_examples = now, stats.examples
+                self._log_step(part, float(np.array(loss)), rate)
+        stats.seconds = time.monotonic() - started
+        stats.bad_lines, stats.lines = counter.bad, counter.total
+        rate = stats.examples / max(stats.seconds, 1e-9)
+        self.log(f"pass {part.name}: {stats.examples} examples in {stats.steps} steps, "
+                 f"{rate:.0f} examples/s, {counter.bad} bad lines")
+        return stats
+
+    def _log_step(self, part: HourPartition, loss: float, rate: float) -> None:
+        window_auc = self.window.auc()
+        self.log(f"pass {part.name} step {self.global_step} loss {loss:.4f} auc {window_auc:.4f} "
+                 f"examples/s {rate:.0f}")
+        if self.tracker:
+            import psutil
+
+            proc = psutil.Process()
+            self.tracker.log_metrics({"loss": loss, "auc": window_auc, "examples_per_sec": rate,
+                                      "cpu_percent": proc.cpu_percent(None),
+                                      "memory_mb": proc.memory_info().rss / 2**20}, self.global_step)
+
+    def _flush_pushes(self) -> None:
+        """Make sure this trainer's asynchronous sparse pushes reached the servers."""
+        self.fleet.fleet._runtime_handle._worker.client_flush()
+
+    # -- export (trainer 0) ------------------------------------------------------------------
+    def _dense_pull_context(self):
+        from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+        rt = self.fleet.fleet._runtime_handle
+        return rt, get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
+
+    def _pull_dense(self) -> None:
+        """Refresh the local dense parameters from the servers.
+
+        In 2.6.2's a_sync mode with ``exe.run`` the trainers push dense gradients
+        (send ops) but nothing pulls the updated parameters back (the
+        communicator that would is only created in GEO mode): without this,
+        every trainer would keep its initial MLP for ever.
+        """
+        rt, dense_map = self._dense_ctx
+        rt._pull_all_dense(rt.scopes, rt._send_ctx, dense_map)
+
+    def _dense_snapshot(self) -> dict:
+        scope = self.paddle.static.global_scope()
+        return {n: np.array(scope.find_var(n).get_tensor()).copy() for n in self.net.dense_param_names}
+
+    def score(self, batch: LineBatch) -> np.ndarray:
+        """Probabilities from the training program's forward pass (no gradient push)."""
+        from elastic_control.training.feeding import make_feed
+
+        feed = make_feed(self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place)
+        (prob,) = self.exe.run(self.forward, feed=feed, fetch_list=[self.net.prob.name])
+        return np.array(prob).ravel()
+
+    def export(self, part: HourPartition, stats: PassStats, everyone: dict) -> None:
+        from elastic_control.training import pass_export
+
+        self._pull_dense()
+        golden = concat_batches(stats.golden)
+        examples = sum(int(d["examples"]) for d in everyone.values())
+        bad = sum(int(d["bad_lines"]) for d in everyone.values())
+        train_loss = stats.loss_sum / max(stats.examples, 1)
+        metrics = {"examples": examples, "bad_lines": bad, "train_loss": train_loss,
+                   "train_auc": self.window.auc(), "golden_lines": len(golden),
+                   "examples_per_sec": examples / max(max(float(d["seconds"]) for d in everyone.values()), 1e-9)}
+        snapshot = {}
+        scored: dict = {}
+
+        timings = {}
+
+        def save_sparse(path):
+            t = time.monotonic()
+            # Only the sparse table: fleet.save_persistables would also write the
+            # dense table as text (seconds, and nobody reads it: dense/ has it).
+            rt = self.fleet.fleet._runtime_handle
+            (table_id,) = {ctx.table_id() for ctx in rt._send_ctx.values() if ctx.is_sparse()}
+            rt._worker.save_one_model(table_id, str(path), 0)
+            timings["sparse"] = time.monotonic() - t
+
+        def save_dense(prefix):
+            timings["dense"] = time.monotonic()
+            snapshot.update(self._dense_snapshot())
+            self.paddle.static.save_inference_model(str(prefix), [self.net.infer_input], [self.net.infer_prob],
+                                                    self.exe, program=self.net.infer_program)
+
+        def score_golden():
+            timings["dense"] = time.monotonic() - timings["dense"]
+            t = time.monotonic()
+            probs = self.score(golden) if len(golden) else np.zeros(0)
+            timings["golden"] = time.monotonic() - t
+            after = self._dense_snapshot()
+            if any(not np.array_equal(after[k], v) for k, v in snapshot.items()):
+                raise RuntimeError("dense parameters changed during the export; refusing an inconsistent pass")
+            scored["probs"] = probs
+            if len(golden):
+                metrics["auc"] = auc(golden.clicks, probs)
+                metrics["logloss"] = log_loss(golden.clicks, probs)
+            return pass_export.golden_rows([golden.line_at(i) for i in range(len(golden))], probs)
+
+        meta = {"slots": list(self.spec.slots), "embedding_dim": self.spec.embedding_dim,
+                "sparse_dim": self.spec.sparse_dim, "sparse_layout": pass_export.sparse_layout_json(self.spec.embedding_dim),
+                "trainers": self.s.trainers, "pservers": self.s.pservers, "metrics": metrics,
+                "model": self.spec.to_json()}
+        entry = pass_export.write_pass(self.s.model_path, hour_start=part.hour, hour_end=part.hour,
+                                       save_sparse=save_sparse, save_dense=save_dense, score_golden=score_golden,
+                                       meta=meta)
+        self.log(f"export timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+        self.log(f"exported {entry['pass']}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
+                 f"{len(golden)} golden lines, train AUC {metrics['train_auc']:.4f}")
+        if self.tracker:
+            t = time.monotonic()
+            pass_metrics = {f"pass_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+            self.tracker.log_metrics(pass_metrics, self.global_step)
+            self.tracker.register_pass(entry["path"], pass_name=entry["pass"], window=entry["window"],
+                                       metrics={k: metrics[k] for k in ("auc", "train_auc", "examples") if k in metrics})
+            self.log(f"MLflow: logged and registered {entry['pass']} in {time.monotonic() - t:.1f}s")
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop together: the others release their clients first, then trainer 0 stops the servers."""
+        self.coord.barrier("end/trained", self.rank, self.s.trainers)
+        if not self.s.is_chief:
+            self.fleet.stop_worker()
+            self.coord.finish(self.rank)
+            self.coord.barrier("end/workers-stopped", self.rank, self.s.trainers)
+            return
+        self.coord.barrier("end/workers-stopped", self.rank, self.s.trainers)
+        self.coord.finish(self.rank)
+        self.fleet.fleet._runtime_handle._worker.stop_server()
+        self.fleet.stop_worker()
+        if self.tracker:
+            self.tracker.finish()
+
+
+def pass_format_prefix(pass_dir: str):
+    from elastic_control.pass_format import load_pass
+
+    return load_pass(pass_dir).dense_model_prefix
+
+
+def run_trainer(settings: RoleSettings) -> None:
+    trainer = Trainer(settings)
+    try:
+        trainer.run()
+    except BaseException:
+        if trainer.tracker:
+            trainer.tracker.finish("FAILED")
+        raise
