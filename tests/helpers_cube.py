@@ -86,47 +86,68 @@ def add_done(model_path: Path, name: str, t: float | None = None) -> None:
 
 
 @contextlib.contextmanager
-def cube_process(kind: str, args: list[str], log_dir: Path, name: str, env_extra: dict | None = None,
-                 timeout: float = 60):
-    """Start ``cube-<kind>`` with ``--ready-file``; yield (url, Popen); stop it at exit."""
-    ready = log_dir / f"{name}.ready.json"
-    ready.unlink(missing_ok=True)
-    log = open(log_dir / f"{name}.log", "ab")
+def cube_processes(specs: list[tuple[str, list[str], str]], log_dir: Path, env_extra: dict | None = None,
+                   timeout: float = 90):
+    """Start several ``cube-<kind>`` processes at once (each with ``--ready-file``); yield [(url, Popen)]."""
     env = {**os.environ, "ELASTIC_CTR_TOKEN": TOKEN, **(env_extra or {})}
-    proc = subprocess.Popen([PYTHON, "-m", f"cube.{kind}", *args, "--ready-file", str(ready)],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    started = []
     try:
+        for kind, args, name in specs:
+            ready = log_dir / f"{name}.ready.json"
+            ready.unlink(missing_ok=True)
+            log = open(log_dir / f"{name}.log", "ab")
+            proc = subprocess.Popen([PYTHON, "-m", f"cube.{kind}", *args, "--ready-file", str(ready)],
+                                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            started.append((kind, name, ready, proc, log))
         deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if proc.poll() is not None:
-                raise RuntimeError(f"cube-{kind} exited with {proc.returncode}: "
-                                   f"{(log_dir / f'{name}.log').read_text()[-1500:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cube-{kind} did not get ready in {timeout}s")
-            time.sleep(0.05)
-        port = json.loads(ready.read_text())["port"]
-        yield f"http://127.0.0.1:{port}", proc
+        for kind, name, ready, proc, _ in started:
+            while not ready.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"cube-{kind} exited with {proc.returncode}: "
+                                       f"{(log_dir / f'{name}.log').read_text()[-1500:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cube-{kind} did not get ready in {timeout}s")
+                time.sleep(0.05)
+        yield [(f"http://127.0.0.1:{json.loads(r.read_text())['port']}", p) for _, _, r, p, _ in started]
     finally:
-        if proc.poll() is None:
-            proc.terminate()
+        for *_, proc, _ in started:
+            if proc.poll() is None:
+                proc.terminate()
+        for *_, proc, log in started:
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        log.close()
+            log.close()
+
+
+@contextlib.contextmanager
+def cube_process(kind: str, args: list[str], log_dir: Path, name: str, env_extra: dict | None = None,
+                 timeout: float = 90):
+    """Start one ``cube-<kind>``; yield (url, Popen); stop it at exit."""
+    with cube_processes([(kind, args, name)], log_dir, env_extra, timeout) as [one]:
+        yield one
+
+
+def server_args(data: Path, shard: int, *, port: int = 0, workers: int = 1, extra: list[str] | None = None):
+    return ["--port", str(port), "--host", "127.0.0.1", "--shard", str(shard), "--data", str(data),
+            "--workers", str(workers), *(extra or [])]
+
+
+def agent_args(data: Path, shard: int, server_url: str):
+    return ["--port", "0", "--host", "127.0.0.1", "--shard", str(shard), "--data", str(data),
+            "--server", server_url, "--timeout", "10"]
 
 
 def cube_server(data: Path, shard: int, log_dir: Path, *, workers: int = 1, extra: list[str] | None = None,
                 name: str | None = None):
-    return cube_process("server", ["--port", "0", "--host", "127.0.0.1", "--shard", str(shard), "--data", str(data),
-                                   "--workers", str(workers), *(extra or [])],
-                        log_dir, name or f"server-{shard}")
+    return cube_process("server", server_args(data, shard, workers=workers, extra=extra), log_dir,
+                        name or f"server-{shard}")
 
 
 def cube_agent(data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None):
-    return cube_process("agent", ["--port", "0", "--host", "127.0.0.1", "--shard", str(shard), "--data", str(data),
-                                  "--server", server_url, "--timeout", "10"], log_dir, name or f"agent-{shard}")
+    return cube_process("agent", agent_args(data, shard, server_url), log_dir, name or f"agent-{shard}")
 
 
 @contextlib.contextmanager
