@@ -96,29 +96,3 @@ def slot_keys(sample: Sample, slots: tuple[int, ...] | list[int], sparse_dim: in
             feas = [PADDING_FEASIGN]
         out.append(transform_keys(np.array(feas, dtype=np.uint64), sparse_dim))
     return out
-
-
-# A slot with no feature in a line gets ONE padding feasign so that its LoD
-# sequence is never empty (sum pooling over an empty sequence is undefined in
-# Paddle's sequence_pool). The padding goes through the key transform like any
-# other feasign, so it has an embedding in the sparse table like any other key.
-PADDING_FEASIGN = 0
-
-
-def slot_keys(sample: Sample, slots, sparse_dim: int | None) -> list[np.ndarray]:
-    """The sparse-table keys of each slot of ``slots`` (in that order), padding included.
-
-    Features whose slot is not in ``slots`` are ignored; a slot without any
-    feature gets ``[transform(PADDING_FEASIGN)]``. Trainer, serving and
-    evaluation all pool exactly these keys (sum per slot, concatenated in order).
-    """
-    by_slot: dict[int, list[int]] = {s: [] for s in slots}
-    for f, s in zip(sample.feasigns, sample.slots):
-        keys = by_slot.get(s)
-        if keys is not None:
-            keys.append(f)
-    out = []
-    for s in slots:
-        feas = by_slot[s] or [PADDING_FEASIGN]
-        out.append(transform_keys(np.array(feas, dtype=np.uint64), sparse_dim))
-    return out
