@@ -237,3 +237,43 @@ def test_shadow_scoring_beside_live_serving(world, tmp_path):
     assert report["versions"] == [f"{world['good'].name} vs {world['bad'].name}"]
     r = _cli("eval", "shadow-report", log, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["instances"] == 200
+
+
+def test_serve_shadow_flag_logs_candidate_scores(world, tmp_path):
+    """`elastic-control serve --shadow PASS` wires the shadow scorer into the real serving process."""
+    import time
+
+    import requests
+
+    from elastic_control.atomic import append_line_durably
+
+    models = tmp_path / "models"
+    models.mkdir()
+    append_line_durably(models / "donefile", json.dumps({"pass": world["good"].name}))
+    (models / world["good"].name).symlink_to(world["good"])
+    log = tmp_path / "shadow.jsonl"
+    port = h.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "elastic_control", "serve", "--host", "127.0.0.1", "--port",
+                             str(port), "--model-dir", models, "--workers", "1", "--shadow", world["bad"],
+                             "--shadow-log", log], cwd=h.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        lines, _ = _golden(world["good"])
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                r = requests.post(f"http://127.0.0.1:{port}/v1/predict",
+                                  json={"instances": [{"line": l} for l in lines[:20]]}, timeout=10)
+                if r.status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "serving did not come up"
+            time.sleep(0.2)
+        while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rec = json.loads(log.read_text().splitlines()[0])
+        assert rec["candidate_version"] == "pass-bad" and len(rec["candidate"]) == 20
+        assert np.allclose(rec["active"], r.json()["predictions"], atol=1e-6)
+    finally:
+        proc.terminate()
+        proc.wait(30)

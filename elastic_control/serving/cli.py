@@ -48,8 +48,12 @@ def make_source(*, fileserver: str | None, cube_root: str | None, model_dir: str
 @click.option("--lookup-timeout", default=5.0, show_default=True, type=click.FloatRange(0.01), help="Cube lookup timeout (s).")
 @click.option("--max-body", default=DEFAULT_MAX_BODY, show_default=True, type=click.IntRange(1024), help="Largest request body (413 above).")
 @click.option("--max-batch", default=2048, show_default=True, type=click.IntRange(1), help="Most instances merged into one batch.")
+@click.option("--shadow", "shadow_pass", default=None, type=click.Path(file_okay=False),
+              help="Candidate pass folder to shadow-score beside the active version (evaluation/shadow.py).")
+@click.option("--shadow-log", default="shadow.jsonl", show_default=True, type=click.Path(dir_okay=False),
+              help="JSONL log of active and candidate scores; summarise with `elastic-control eval shadow-report`.")
 def serve_command(host, port, fileserver, cube_root, model_dir, cube_servers, cache_dir, workers, poll_interval,
-                  lookup_timeout, max_body, max_batch):
+                  lookup_timeout, max_body, max_batch, shadow_pass, shadow_log):
     """Serve predictions: POST /v1/predict, GET /healthz, /metrics, /v1/status."""
     from elastic_control.serving.app import ServingApp
     from elastic_control.serving.http_server import ServingServer
@@ -64,6 +68,10 @@ def serve_command(host, port, fileserver, cube_root, model_dir, cube_servers, ca
     source = make_source(fileserver=fileserver, cube_root=cube_root, model_dir=model_dir, cube_servers=urls,
                          cache_dir=cache_dir, lookup_timeout=lookup_timeout)
     app = ServingApp(source, workers=workers, poll_interval=poll_interval, max_batch_instances=max_batch)
+    if shadow_pass:
+        from elastic_control.evaluation.shadow import ShadowScorer
+
+        app.add_after_response_hook(ShadowScorer(shadow_pass, shadow_log))
     server = ServingServer(app, host=host, port=port, max_body=max_body)
     try:
         server.run_forever(on_listening=lambda s: done(f"serving on http://{host}:{s.port} from {source.describe} "
