@@ -49,7 +49,8 @@ CONFIG_MOUNT = "/etc/elastic-ctr"
 SHARED_MOUNT = "/var/lib/elastic-ctr"
 POD_MODEL_PATH = f"{SHARED_MOUNT}/models"
 FILESERVER_ROOT = "/srv/elastic-ctr/files"
-CUBE_DATA_DIR = "/var/lib/elastic-ctr-cube"
+CUBE_DATA_DIR = "/var/lib/elastic-ctr-cube"  # per cube pod (emptyDir): the agent re-fetches versions
+TRANSFER_CUBE_ROOT = f"{SHARED_MOUNT}/cube"  # cube-transfer's builds and journal, on the shared claim
 MLFLOW_DATA_DIR = "/var/lib/mlflow"
 
 # Component names: the value of app.kubernetes.io/component and the suffix of object names.

@@ -118,7 +118,7 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "token": inputs.token, "service_type": inputs.service_type,
         "slot_conf_text": plan.slot_conf_text,
         "data_config_text": pod_data_config(inputs.data_config, plan.hdfs_address, model_path),
-        "model_path": model_path,
+        "model_path": model_path, "transfer_cube_root": k.TRANSFER_CUBE_ROOT,
         "pserver_endpoints": endpoints("pserver", res.pservers, k.PSERVER_PORT),
         "trainer_endpoints": endpoints("trainer", res.trainers, k.TRAINER_PORT),
         # Paddle finds its own place in PADDLE_PSERVERS_IP_PORT_LIST as POD_IP:PADDLE_PORT,
