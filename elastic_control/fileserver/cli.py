@@ -6,20 +6,23 @@ import logging
 import click
 
 from elastic_control.console import done, warn
-from elastic_control.env_vars import TOKEN
+from elastic_control.env_vars import FILESERVER_PORT, FILESERVER_ROOT, TOKEN
 from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, DEFAULT_PORT, make_fileserver
 
 
 @click.command("fileserver")
-@click.option("--root", required=True, type=click.Path(file_okay=False), help="Folder to serve (created if missing).")
+@click.option("--root", default=lambda: FILESERVER_ROOT.get(), type=click.Path(file_okay=False),
+              help="Folder to serve, created if missing [default: $ELASTIC_CTR_FILESERVER_ROOT].")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
-@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
-              help="Port (0 picks a free one).")
+@click.option("--port", default=lambda: FILESERVER_PORT.get(), type=click.IntRange(0, 65535),
+              help=f"Port, 0 picks a free one [default: $ELASTIC_CTR_FILESERVER_PORT or {DEFAULT_PORT}].")
 @click.option("--max-bytes", default=DEFAULT_MAX_BYTES, show_default=True, type=click.IntRange(1),
               help="Largest upload accepted (413 above).")
 def fileserver_command(root, host, port, max_bytes):
     """Serve files: PUT/GET/DELETE /files/PATH; writes need ELASTIC_CTR_TOKEN."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fileserver %(message)s")
+    if not root:
+        raise click.UsageError("--root DIR is required (or set ELASTIC_CTR_FILESERVER_ROOT)")
     token = TOKEN.get()
     if not token:
         warn("ELASTIC_CTR_TOKEN is not set: the file server is read-only")

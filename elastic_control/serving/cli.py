@@ -8,7 +8,7 @@ import tempfile
 import click
 
 from elastic_control.console import done
-from elastic_control.env_vars import CUBE_ROOT, CUBE_SERVERS, FILESERVER_URL, MODEL_PATH
+from elastic_control.env_vars import CUBE_ROOT, CUBE_SERVERS, FILESERVER_URL, MODEL_PATH, SERVING_PORT
 from elastic_control.errors import UsageError
 from elastic_control.serving.app import DEFAULT_MAX_BODY, DEFAULT_PORT
 
@@ -34,7 +34,8 @@ def make_source(*, fileserver: str | None, cube_root: str | None, model_dir: str
 
 @click.command("serve")
 @click.option("--host", default="0.0.0.0", show_default=True)
-@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=lambda: SERVING_PORT.get(), type=click.IntRange(0, 65535),
+              help=f"Port [default: $ELASTIC_CTR_SERVING_PORT or {DEFAULT_PORT}].")
 @click.option("--fileserver", default=None,
               help="File server URL: follow its cube/current.json [default: $ELASTIC_CTR_FILESERVER_URL].")
 @click.option("--cube-root", default=None, type=click.Path(file_okay=False),
