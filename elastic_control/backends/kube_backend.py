@@ -50,7 +50,7 @@ class KubeBackend(Backend):
         done(f"preflight: namespace {plan.namespace}, Volcano ({k.VOLCANO_JOB_CRD}), queue {plan.queue} Open")
         for doc in docs:
             result = (apply_volcano_job if is_volcano_job(doc) else apply_typed)(doc, dry_run=dry_run == "server")
-            done(f"{describe(doc)} {result}{' (server dry run)' if dry_run else ''}")
+            done(f"{describe(doc)} would be {result} (server dry run)" if dry_run else f"{describe(doc)} {result}")
         if dry_run == "server":
             return
         self._wait(plan)
