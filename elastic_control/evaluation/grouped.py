@@ -70,13 +70,24 @@ def group_totals(groups: np.ndarray, labels: np.ndarray, scores: np.ndarray, k: 
     """Grouped AUC and NDCG@k totals over the complete groups in these arrays."""
     groups = np.asarray(groups, np.uint64)
     labels = np.asarray(labels).astype(np.int64)
-    scores = np.asarray(scores, np.float64)
+    scores = np.asarray(scores)
     n = len(groups)
     if n == 0:
         return GroupTotals()
-    # Sort by group, then score descending (for ranking); ties are handled as blocks.
-    order = np.lexsort((-scores, groups))
-    g, y, s = groups[order], labels[order], scores[order]
+    # Sort by group, then score descending (for ranking); ties are handled as blocks. One sort of a
+    # packed uint64: dense group id (33 bits) | inverted float32 score bits (30 bits: scores are in
+    # [0, 1], so at most 0x3F800000) | label (1 bit).
+    from elastic_control.evaluation.metrics import score_keys
+
+    uniq, gid_of = np.unique(groups, return_inverse=True)
+    if len(uniq) >= 1 << 33:
+        raise ValueError("more than 2**33 groups in one bucket: use more buckets")
+    inv_score = np.uint64(0x3F800000) - score_keys(scores.astype(np.float32)).astype(np.uint64)
+    packed = (gid_of.astype(np.uint64) << np.uint64(31)) | (inv_score << np.uint64(1)) | labels.astype(np.uint64)
+    packed.sort()
+    g = packed >> np.uint64(31)
+    y = (packed & np.uint64(1)).astype(np.int64)
+    s = (packed >> np.uint64(1)) & np.uint64(0x3FFFFFFF)  # equal within a tie block; only compared
     gstart = _runs(g)
     gsize = np.diff(np.append(gstart, n))
     gid = np.repeat(np.arange(len(gstart)), gsize)

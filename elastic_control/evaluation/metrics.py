@@ -102,9 +102,30 @@ def _reliability_bin(p64: np.ndarray) -> np.ndarray:
 
 
 def _unique_counts(keys: np.ndarray, pos: np.ndarray, neg: np.ndarray):
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    return (uniq, np.bincount(inverse, weights=pos, minlength=len(uniq)).astype(np.int64),
-            np.bincount(inverse, weights=neg, minlength=len(uniq)).astype(np.int64))
+    """Sorted distinct keys with their counts added (a stable sort merges pre-sorted runs in linear time)."""
+    if len(keys) == 0:
+        return keys.astype(np.uint32), pos.astype(np.int64), neg.astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+    return k[starts], np.add.reduceat(pos[order], starts).astype(np.int64), \
+        np.add.reduceat(neg[order], starts).astype(np.int64)
+
+
+def _chunk_counts(keys: np.ndarray, labels: np.ndarray):
+    """(keys, pos, neg) of one chunk: one in-place sort of key<<1|label, then run lengths."""
+    v = (keys.astype(np.uint64) << np.uint64(1)) | labels.astype(np.uint64)
+    v.sort()
+    starts = np.flatnonzero(np.concatenate([[True], v[1:] != v[:-1]]))
+    runs = np.diff(np.append(starts, len(v)))
+    vals = v[starts]
+    k = (vals >> np.uint64(1)).astype(np.uint32)
+    is_pos = (vals & np.uint64(1)).astype(bool)
+    # A key appears at most twice (its negatives run, then its positives run): fold the pairs.
+    kstarts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+    pos = np.add.reduceat(np.where(is_pos, runs, 0), kstarts).astype(np.int64)
+    neg = np.add.reduceat(np.where(is_pos, 0, runs), kstarts).astype(np.int64)
+    return k[kstarts], pos, neg
 
 
 def _coarsen(keys: np.ndarray, shift: int) -> np.ndarray:
@@ -152,8 +173,8 @@ class CountsBuilder:
         if self.table.shift:
             keys = _coarsen(keys, self.table.shift)
         t = self.table
-        t.keys, t.pos, t.neg, t.shift = _union([(t.keys, t.pos, t.neg, t.shift),
-                                                (keys, labels.astype(np.int64), (~labels).astype(np.int64), t.shift)],
+        ck, cp, cn = _chunk_counts(keys, labels) if len(keys) else (keys, np.zeros(0, np.int64), np.zeros(0, np.int64))
+        t.keys, t.pos, t.neg, t.shift = _union([(t.keys, t.pos, t.neg, t.shift), (ck, cp, cn, t.shift)],
                                                self.max_distinct)
 
     def result(self) -> ScoreCounts:
@@ -164,6 +185,9 @@ class CountsBuilder:
 def _union(parts, max_distinct: int):
     """Sorted union of (keys, pos, neg, shift) parts with counts added; coarsened only past ``max_distinct``."""
     shift = max((p[3] for p in parts), default=0)
+    parts = [p for p in parts if len(p[0])] or parts[:1]
+    if len(parts) == 1 and parts[0][3] == shift and len(parts[0][0]) <= max_distinct:
+        return parts[0]  # already a sorted distinct table
     keys = np.concatenate([_coarsen(k, shift) if s != shift else k for k, _, _, s in parts])
     keys, pos, neg = _unique_counts(keys, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
     while len(keys) > max_distinct and shift < FLOAT32_MANTISSA_BITS:
