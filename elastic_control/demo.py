@@ -40,6 +40,7 @@ class DemoReport:
     golden_lines: int = 0
     mlflow_url: str | None = None
     examples: list = field(default_factory=list)     # a few (label, prediction, truth) rows
+    job: dict | None = None                          # the training job's record: attempts, restarts
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -111,8 +112,11 @@ def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
 
 def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 2, lines_per_hour: int = 20_000, trainers: int = 2,
              pservers: int = 1, shards: int = 2, criteo: str | None = None, keep: bool = False, seed: int = 7,
-             timeout: float = 900.0, show: bool = True) -> DemoReport:
-    """Run the main job; returns the report (also printed). Stops everything at the end unless ``keep``."""
+             timeout: float = 900.0, show: bool = True, on_pass=None) -> DemoReport:
+    """Run the main job; returns the report (also printed). Stops everything at the end unless ``keep``.
+
+    ``on_pass(event, layout)`` is called as each training pass completes (tests use it to inject failures).
+    """
     from elastic_control import control
     from elastic_control.config import Resources
     from elastic_control.local.demo_data import prepare_criteo, prepare_synthetic
@@ -159,8 +163,15 @@ def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 2, lines_per_hour: 
 
         t_train = time.monotonic()
         remaining = lambda: max(30.0, timeout - (time.monotonic() - t_start))  # noqa: E731
-        passes = wait_for_training(layout, expected_passes=hours, timeout=remaining(), show=show)
+        passes = wait_for_training(layout, expected_passes=hours, timeout=remaining(), show=show,
+                                   on_pass=(lambda event: on_pass(event, layout)) if on_pass else None)
         report.timings["training"] = round(time.monotonic() - t_train, 2)
+        from elastic_control.local import runtime as rt
+
+        report.job = (rt.read_runtime(layout) or {}).get("job")
+        if report.job and report.job.get("restarts"):
+            warn(f"the training job was restarted {report.job['restarts']} time(s) from its last complete pass "
+                 f"(last failure: {report.job.get('reason')})")
         previous = None
         for p in passes:
             seconds = None if p.done_at is None or previous is None else round(p.done_at - previous, 2)
