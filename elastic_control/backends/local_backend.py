@@ -21,7 +21,7 @@ from elastic_control.local.layout import LocalLayout
 from elastic_control.local.spec import load_local_plan, save_local_plan
 from elastic_control.plan import DATA_CONFIG_FILE, Plan
 
-CLIENT_SLOT_CONF = "client-slot.conf"
+CLIENT_SLOT_CONF = "client/slot.conf"   # as the Kubernetes backend writes it
 
 
 class LocalBackend(Backend):

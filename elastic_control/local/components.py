@@ -167,13 +167,15 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
         for i, port in enumerate(role_ports):
             comps.append(ComponentSpec(
                 name=name(i), kind=role.lower(), group=JOB, port=port, ready="none",
-                after=[MLFLOW, FILESERVER], argv=elastic_control_argv("role"),
+                # Not after MLflow: as on the cluster, the job starts while the tracking server is still
+                # coming up (its SQLite migrations take tens of seconds); MLflow's client retries meanwhile.
+                after=[FILESERVER], argv=elastic_control_argv("role"),
                 env={**job_env, ev.TRAINING_ROLE.name: role, ev.PADDLE_PORT.name: str(port),
                      ev.PADDLE_TRAINER_ID.name: str(i)},
             ))
     assert all(c.group in (JOB, SERVICE) for c in comps)
     return LocalPlan(components=comps, max_job_restarts=max_job_restarts, model_path=model_path,
-                     serving_url=serving_url)
+                     serving_url=serving_url, transfer_url=url(transfer_port))
 
 
 def publish_config(layout: LocalLayout) -> None:

@@ -65,6 +65,22 @@ def version_from_status(body: dict) -> str | None:
     return None
 
 
+def transfer_timings(transfer_url: str, version: str, timeout: float = 1.0) -> dict:
+    """cube-transfer's timings of one rollout (build, publish, prepare, activate), or {} if unknown."""
+    try:
+        body = requests.get(transfer_url.rstrip("/") + "/v1/status", timeout=timeout).json()
+    except (requests.RequestException, ValueError):
+        return {}
+    for entry in reversed(body.get("history") or []):
+        if entry.get("version") == version and entry.get("result") == "active":
+            out = {k: entry[k] for k in ("build_s", "publish_s", "prepare_s", "activate_s", "total_s")
+                   if isinstance(entry.get(k), (int, float))}
+            if isinstance(entry.get("at"), (int, float)):
+                out["activated_at"] = entry["at"]
+            return out
+    return {}
+
+
 def read_rollouts(layout: LocalLayout) -> list[dict]:
     try:
         return json.loads(layout.rollouts_file.read_text()).get("rollouts", [])
@@ -73,10 +89,12 @@ def read_rollouts(layout: LocalLayout) -> list[dict]:
 
 
 class RolloutWatcher:
-    def __init__(self, layout: LocalLayout, *, model_path: str | None, serving_url: str | None):
+    def __init__(self, layout: LocalLayout, *, model_path: str | None, serving_url: str | None,
+                 transfer_url: str | None = None):
         self.layout = layout
         self.model_path = model_path
         self.serving_url = serving_url
+        self.transfer_url = transfer_url
         self.rollouts = read_rollouts(layout)
         self.seen = {r["version"] for r in self.rollouts}
         self.current: str | None = self.rollouts[-1]["version"] if self.rollouts else None
@@ -96,6 +114,7 @@ class RolloutWatcher:
                     t = entry_time(entry)
                     record["donefile_time"] = t
                     record["freshness_s"] = None if t is None else round(now - t, 2)
+        record.update(transfer_timings(self.transfer_url, version) if self.transfer_url else {})
         if version in self.seen:
             record["again"] = True  # e.g. serving restarted on the same version; freshness is the first one
             record["freshness_s"] = None

@@ -64,6 +64,7 @@ class LocalPlan:
     pserver_exit_grace: float = 10.0       # after the trainers finish, pservers get this long to exit by themselves
     model_path: str | None = None          # where the rollout watcher reads the models donefile
     serving_url: str | None = None         # where it asks which version is served
+    transfer_url: str | None = None        # cube-transfer, for each rollout's build/prepare/activate timings
     format: int = COMPONENTS_FORMAT
 
     def __post_init__(self):

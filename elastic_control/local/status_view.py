@@ -145,11 +145,16 @@ def print_status(status: dict) -> None:
         console.print("active cube/model version: none yet")
     if status["rollouts"]:
         t = Table(title="rollouts", show_edge=False, pad_edge=False, header_style="bold")
-        for col in ("version", "donefile line", "served from", "freshness"):
+        for col in ("version", "donefile line", "activated", "served from", "cube build", "rollout", "freshness"):
             t.add_column(col)
+
+        def secs(value) -> str:
+            return "-" if not isinstance(value, (int, float)) else f"{value:.1f}s"
+
         for r in status["rollouts"]:
-            fresh = "-" if r.get("freshness_s") is None else f"{r['freshness_s']:.1f}s"
-            t.add_row(r["version"], _when(r.get("donefile_time")), _when(r.get("served_at")), fresh)
+            t.add_row(r["version"], _when(r.get("donefile_time")), _when(r.get("activated_at")),
+                      _when(r.get("served_at")), secs(r.get("build_s")), secs(r.get("total_s")),
+                      secs(r.get("freshness_s")))
         console.print(t)
 
 

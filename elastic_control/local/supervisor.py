@@ -397,5 +397,6 @@ def run_supervisor(state_dir: str | Path, *, plan: LocalPlan | None = None, secr
     if plan.model_path or plan.serving_url:
         from elastic_control.local.rollouts import RolloutWatcher
 
-        sup.hooks.append(RolloutWatcher(layout, model_path=plan.model_path, serving_url=plan.serving_url))
+        sup.hooks.append(RolloutWatcher(layout, model_path=plan.model_path, serving_url=plan.serving_url,
+                                        transfer_url=plan.transfer_url))
     return sup.run()
