@@ -277,3 +277,48 @@ def test_serve_shadow_flag_logs_candidate_scores(world, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_rejected_pass_never_reaches_cube(world, tmp_path, monkeypatch):
+    """Real cube-transfer with a gate: the good pass rolls out, the shuffled-label one is rejected before
+    any cube build, publish or prepare, and the shards keep serving the good one."""
+    import contextlib
+
+    import requests
+    from helpers_cube import TOKEN, add_done, agent_args, cube_processes, fileserver, server_args
+
+    from cube.rollout import RetryPolicy
+    from cube.transfer import Transfer, TransferConfig
+
+    monkeypatch.setenv("ELASTIC_CTR_DATA_CONFIG", str(world["config"]))
+    models = tmp_path / "models"
+    models.mkdir()
+    good, bad = "pass-20200101-00", "pass-20200101-01"
+    (models / good).symlink_to(world["good"])
+    (models / bad).symlink_to(world["bad"])
+    with contextlib.ExitStack() as stack:
+        fs_url = stack.enter_context(fileserver(tmp_path / "fileserver"))
+        port = h.free_port()
+        data = tmp_path / "shard-0"
+        data.mkdir()
+        started = stack.enter_context(cube_processes(
+            [("server", server_args(data, 0, port=port), "server-0"),
+             ("agent", agent_args(data, 0, f"http://127.0.0.1:{port}"), "agent-0")], tmp_path))
+        server_url, agent_url = started[0][0], started[1][0]
+        cfg = TransferConfig(model_path=models, cube_root=tmp_path / "built", fileserver_url=fs_url,
+                             agents=[agent_url], token=TOKEN, gate_rule="auc_drop<=0.002,calibration=0.5..2",
+                             retry=RetryPolicy(attempts=2, backoff=0.1, timeout=30))
+        t = Transfer(cfg)
+        add_done(models, good)
+        assert t.poll_once() == good
+        assert requests.get(f"{server_url}/v1/status", timeout=5).json()["active"] == good
+        add_done(models, bad)
+        t.poll_once()
+        snap = t.status()[1]
+        assert snap["passes"][bad]["status"] == "rejected", snap["passes"][bad]
+        assert "auc drop" in snap["passes"][bad]["gate"]["reason"]
+        assert requests.get(f"{server_url}/v1/status", timeout=5).json()["active"] == good
+        assert not (tmp_path / "built" / bad).exists()  # never built
+        r = requests.get(f"{fs_url}/files/cube/{bad}/", timeout=5)
+        assert r.status_code == 404  # never published
+        assert requests.get(f"{fs_url}/files/cube/current.json", timeout=5).json()["version"] == good
