@@ -47,7 +47,7 @@ def pipeline(tmp_path_factory):
             return
         record = rt.read_runtime(layout)
         victim = record["components"]["trainer-1"]
-        time.sleep(2.0)  # into the next pass
+        time.sleep(0.5)  # into the next pass (the trainers move on right after the donefile line)
         killed.update(pid=victim["pid"], after=event.name, at=time.time())
         os.kill(victim["pid"], signal.SIGKILL)
 
@@ -185,6 +185,9 @@ def test_second_apply_is_refused_then_delete_leaves_no_process(pipeline):
     state = state_of(pipeline)
     res = cli("-a", "--state-dir", str(state))
     assert res.returncode == 2 and "already running" in res.stderr and "Traceback" not in res.stderr
+    res = cli("-r", "--backend", "local", "-s", str(workdir / "slot.conf"), "-f", str(workdir / "data.config"),
+              "--state-dir", str(state))
+    assert res.returncode == 2 and "is running" in res.stderr and "delete" in res.stderr
     pids = [c["pid"] for c in _record(state)["components"].values() if c["pid"]]
     res = cli("delete", "--state-dir", str(state))
     assert res.returncode == 0, res.stderr

@@ -29,7 +29,14 @@ class LocalBackend(Backend):
 
     def render(self, plan: Plan, staging: Path) -> list[Path]:
         """Plan every component on free ports into ``staging/local/``; nothing starts."""
+        from elastic_control.local import runtime as rt
+
         final = LocalLayout.of(plan.state_dir)
+        running = rt.supervisor_info(final)
+        if running.alive:
+            # New ports under a running pipeline would point -c, -l and status at the wrong processes.
+            raise UsageError(f"the pipeline in {final.state}/ is running (supervisor pid {running.pid}); stop it with "
+                             "`elastic-control delete` before -r, or render into another --state-dir")
         cfg = load_data_config(staging / DATA_CONFIG_FILE)
         base = Path.cwd()
         model_path = resolve_model_path(cfg, final, base)

@@ -152,7 +152,7 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
         name=SERVING, kind="serving", port=serving_port, ready="http:/healthz",
         after=[FILESERVER] + [cube_server_name(i) for i in range(res.cube_shards)],
         argv=elastic_control_argv("serve", "--host", LOOPBACK, "--port", str(serving_port),
-                                  "--cache-dir", str(layout.state / "serving-cache")),
+                                  "--cache-dir", str(layout.state / "serving-cache"), "--poll-interval", "0.5"),
         env={ev.SERVING_PORT.name: str(serving_port), ev.CUBE_SERVERS.name: cube_servers,
              ev.FILESERVER_URL.name: fileserver_url, **config_env},
     ))

@@ -1,0 +1,81 @@
+"""The demo's own logic without running the pipeline: arguments, data preparation, workdir safety.
+
+The whole main job on real components is tests/test_local_pipeline.py.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastic_control.config import load_data_config, load_slot_conf
+from elastic_control.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+CRITEO = ROOT / ".." / "shared" / "data" / "criteo" / "criteo_real_distinct.txt"
+
+
+def test_synthetic_data_holds_out_the_hour_after_the_training_window(tmp_path):
+    from elastic_control.local.demo_data import DEMO_START, prepare_synthetic
+
+    data = prepare_synthetic(tmp_path, train_hours=2, lines_per_hour=400)
+    cfg = load_data_config(data.data_config, env={})
+    assert [h for h in cfg.hours()] == [DEMO_START, DEMO_START.replace(hour=1)]
+    assert Path(cfg.model_path) == tmp_path / "models" and Path(cfg.dataset_path) == tmp_path / "data"
+    assert (tmp_path / "data" / "20191221" / "02" / "donefile").exists()  # the held-out hour exists ...
+    assert len(data.heldout_lines) == 400 == len(data.heldout_labels) == len(data.heldout_truth)
+    assert 0.5 < data.bayes_auc <= 1.0
+    assert set(load_slot_conf(data.slot_conf).slots) >= {int(tok.split(":")[1])
+                                                        for tok in data.heldout_lines[0].split()[2:]}
+
+
+@pytest.mark.skipif(not CRITEO.exists(), reason=f"the real Criteo lines are not at {CRITEO}")
+def test_criteo_data_is_converted_and_split(tmp_path):
+    from elastic_control.local.demo_data import prepare_criteo
+
+    data = prepare_criteo(tmp_path, str(CRITEO), train_hours=2, lines_per_hour=500)
+    assert data.lines_total == 1500 and len(data.heldout_lines) == 500
+    assert data.bayes_auc is None and data.heldout_truth is None
+    assert set(data.heldout_labels) <= {0, 1}
+    assert load_slot_conf(data.slot_conf).slots == tuple(range(1, 40))
+
+
+def test_demo_refuses_bad_arguments(tmp_path):
+    from elastic_control.demo import run_demo
+
+    with pytest.raises(UsageError, match="at least 2 hourly passes"):
+        run_demo(workdir=str(tmp_path), hours=1)
+    with pytest.raises(UsageError, match="--criteo .*not found"):
+        run_demo(workdir=str(tmp_path), criteo=str(tmp_path / "missing.tsv"))
+    with pytest.raises(UsageError, match="-t/--trainer"):
+        run_demo(workdir=str(tmp_path), trainers=0)
+    env = {**os.environ}
+    res = subprocess.run([sys.executable, "-m", "elastic_control", "demo", "--hours", "1", "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
+    """A --keep run still going in the workdir is never wiped by the next demo."""
+    from elastic_control.demo import _reset_workdir
+    from elastic_control.local.layout import LocalLayout
+    from elastic_control.local.runtime import SupervisorLock, write_runtime
+    from elastic_control.local.process import process_identity
+
+    layout = LocalLayout.of(tmp_path / "state")
+    lock = SupervisorLock(layout)
+    assert lock.acquire()
+    try:
+        write_runtime(layout, {"state": "running", "components": {},
+                               "supervisor": {"pid": os.getpid(), "started": process_identity(os.getpid())}})
+        (tmp_path / "models").mkdir()
+        with pytest.raises(UsageError, match="still running"):
+            _reset_workdir(tmp_path)
+        assert (tmp_path / "models").exists()
+    finally:
+        lock.release()
+    _reset_workdir(tmp_path)
+    assert not (tmp_path / "models").exists() and not (tmp_path / "state").exists()
