@@ -1,0 +1,295 @@
+"""Cube vs Redis: keys/s and latency of batched lookups on the same keys and values.
+
+    .venv/bin/python bench/bench_cube.py            # 10M keys, 9 floats each
+    .venv/bin/python bench/bench_cube.py --quick    # 1M keys
+
+Both servers hold the same keys (uint64) and values (9 float32); queries have
+10% missing keys. Cube: one cube-server process with --workers 2 (one per
+core) answering POST /v1/lookup with binary bodies. Redis: Debian's
+redis-server (single-threaded, default settings, persistence off) answering
+MGET of 8-byte keys holding 36-byte values. Both on loopback, on free ports.
+
+Load generator (the same for both, in THIS process): a closed loop over C
+keep-alive TCP connections driven by one `selectors` loop; every request is
+pre-encoded, and every answer is only counted (its length is known from the
+HTTP Content-Length or from the RESP shape), so the generator spends little
+CPU per request. It runs on the same 2 cores as the server under test, which
+costs the 2-worker cube more than the single-threaded Redis: the ratios are
+conservative. Latency is per request, measured by the generator.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow  # noqa: F401
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from cube.shard_format import write_shard  # noqa: E402
+
+DIM = 9
+MISS_FRACTION = 0.10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(1, 2**64 - 1, size=int(n * 1.001) + 10, dtype=np.uint64))[:n]
+    rng.shuffle(keys)
+    keys = np.sort(keys)
+    values = rng.standard_normal((len(keys), DIM)).astype(np.float32)
+    return keys, values
+
+
+def make_queries(keys: np.ndarray, batch: int, count: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    q = keys[rng.integers(0, len(keys), size=(count, batch))]
+    miss = rng.random((count, batch)) < MISS_FRACTION
+    q[miss] = rng.integers(1, 2**64 - 1, size=int(miss.sum()), dtype=np.uint64) | np.uint64(1)  # ~never present
+    return list(q)
+
+
+# ---- servers ----------------------------------------------------------------------------------
+
+def start_cube(data_dir: Path, workers: int) -> tuple[subprocess.Popen, int]:
+    ready = data_dir / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "cube.server", "--port", "0", "--host", "127.0.0.1", "--shard", "0",
+                             "--data", str(data_dir / "v1"), "--workers", str(workers), "--ready-file", str(ready),
+                             "--state-dir", str(data_dir / "state")],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise SystemExit("cube-server failed to start")
+        time.sleep(0.1)
+    return proc, json.loads(ready.read_text())["port"]
+
+
+def start_redis(port: int, workdir: Path) -> subprocess.Popen:
+    exe = shutil.which("redis-server")
+    if not exe:
+        raise SystemExit("redis-server is not installed (apt-get install redis-server); it is the benchmark's peer")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir), "--protected-mode", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("redis-server did not start")
+
+
+def load_redis(port: int, keys: np.ndarray, values: np.ndarray, chunk: int = 50_000) -> None:
+    """MSET every key (8 raw bytes) -> value (36 raw bytes) with pre-built RESP, vectorised."""
+    rec = np.dtype([("a", "S4"), ("k", "S8"), ("b", "S7"), ("v", f"V{4 * DIM}"), ("c", "S2")])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        for start in range(0, len(keys), chunk):
+            k, v = keys[start:start + chunk], values[start:start + chunk]
+            arr = np.empty(len(k), dtype=rec)
+            arr["a"] = b"$8\r\n"
+            arr["k"] = k.view("S8") if False else np.frombuffer(k.astype("<u8").tobytes(), "V8").view("S8")
+            arr["b"] = b"\r\n$36\r\n"
+            arr["v"] = np.frombuffer(np.ascontiguousarray(v, "<f4").tobytes(), f"V{4 * DIM}")
+            arr["c"] = b"\r\n"
+            s.sendall(f"*{2 * len(k) + 1}\r\n$4\r\nMSET\r\n".encode() + arr.tobytes())
+            got = b""
+            while not got.endswith(b"\r\n"):
+                got += s.recv(64)
+            if got != b"+OK\r\n":
+                raise SystemExit(f"redis MSET failed: {got!r}")
+    # Note: S8 views drop trailing NUL bytes, so keys are written from raw V8 bytes above.
+
+
+# ---- request encodings ------------------------------------------------------------------------
+
+def cube_request(port: int, q: np.ndarray) -> bytes:
+    body = q.astype("<u8").tobytes()
+    return (f"POST /v1/lookup HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def redis_request(q: np.ndarray) -> bytes:
+    parts = [f"*{len(q) + 1}\r\n$4\r\nMGET\r\n".encode()]
+    raw = q.astype("<u8").tobytes()
+    for i in range(len(q)):
+        parts.append(b"$8\r\n" + raw[8 * i:8 * i + 8] + b"\r\n")
+    return b"".join(parts)
+
+
+def redis_answer_length(q: np.ndarray, present: np.ndarray) -> int:
+    hits = int(present.sum())
+    return len(f"*{len(q)}\r\n") + hits * (len(f"${4 * DIM}\r\n") + 4 * DIM + 2) + (len(q) - hits) * 5
+
+
+# ---- the load generator -----------------------------------------------------------------------
+
+class Conn:
+    __slots__ = ("sock", "buf", "want", "t0", "i")
+
+    def __init__(self, sock):
+        self.sock, self.buf, self.want, self.t0, self.i = sock, bytearray(), None, 0.0, 0
+
+
+def run_load(port: int, requests: list[bytes], expect: list[int] | None, clients: int, seconds: float,
+             batch: int) -> dict:
+    """Closed loop: each of ``clients`` connections sends the next request when its answer is complete."""
+    sel = selectors.DefaultSelector()
+    conns = []
+    for c in range(clients):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        conn = Conn(s)
+        conn.i = c * 7919
+        conns.append(conn)
+        sel.register(s, selectors.EVENT_READ, conn)
+    lat = []
+    n_req = len(requests)
+    done = 0
+
+    def send(conn):
+        idx = conn.i % n_req
+        conn.i += clients
+        conn.want = expect[idx] if expect is not None else None
+        conn.buf.clear()
+        conn.t0 = time.perf_counter()
+        conn.sock.sendall(requests[idx])
+
+    start = time.perf_counter()
+    end = start + seconds
+    for conn in conns:
+        send(conn)
+    while True:
+        events = sel.select(timeout=10.0)
+        if not events:
+            raise SystemExit(f"no answer for 10 s (port {port}); "
+                             f"partial buffers: {[(len(c.buf), c.want) for c in conns][:4]}")
+        for key, _ in events:
+            conn = key.data
+            chunk = conn.sock.recv(1 << 20)
+            if not chunk:
+                raise SystemExit("the server closed a connection")
+            conn.buf += chunk
+            if conn.want is None:  # HTTP: learn the length from the head
+                head_end = conn.buf.find(b"\r\n\r\n")
+                if head_end < 0:
+                    continue
+                head = bytes(conn.buf[:head_end]).lower()
+                if not head.startswith(b"http/1.1 200"):
+                    raise SystemExit(f"cube answered: {bytes(conn.buf[:200])!r}")
+                cl = head.index(b"content-length:") + 15
+                conn.want = head_end + 4 + int(head[cl:head.index(b"\r\n", cl) if b"\r\n" in head[cl:] else None])
+            if len(conn.buf) >= conn.want:
+                now = time.perf_counter()
+                lat.append(now - conn.t0)
+                done += 1
+                if now < end:
+                    if expect is None:
+                        conn.want = None
+                    send(conn)
+                else:
+                    sel.unregister(conn.sock)
+                    conn.sock.close()
+                    conns.remove(conn)
+                    if expect is None:
+                        conn.want = None
+        if not conns:
+            break
+    elapsed = time.perf_counter() - start
+    lat = np.array(lat)
+    return {"keys_per_s": done * batch / elapsed, "requests_per_s": done / elapsed,
+            "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
+            "requests": done}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1M keys and shorter runs")
+    ap.add_argument("--keys", type=int, default=None, help="number of keys (default 10M, --quick 1M)")
+    ap.add_argument("--seconds", type=float, default=None, help="seconds per measurement (default 6, --quick 3)")
+    ap.add_argument("--workers", type=int, default=2, help="cube-server worker processes")
+    args = ap.parse_args()
+    n = args.keys or (1_000_000 if args.quick else 10_000_000)
+    seconds = args.seconds or (3.0 if args.quick else 6.0)
+    work = Path(tempfile.mkdtemp(prefix="bench-cube-"))
+    procs = []
+    try:
+        t = time.time()
+        keys, values = make_data(n)
+        (work / "v1").mkdir()
+        write_shard(work / "v1" / "shard-0.arrow", keys, values, version="bench", shard=0, shards=1)
+        from cube.shard_format import sha256_file
+        f = work / "v1" / "shard-0.arrow"
+        (work / "v1" / "manifest.json").write_text(json.dumps({
+            "version": "bench", "shards": 1, "dim": DIM, "rows": len(keys),
+            "files": {"shard-0.arrow": {"shard": 0, "rows": len(keys), "size": f.stat().st_size,
+                                        "sha256": sha256_file(f)}}}))
+        print(f"data: {len(keys):,} keys x {DIM} float32, {MISS_FRACTION:.0%} misses per batch "
+              f"(built in {time.time() - t:.1f}s)", flush=True)
+        cube_proc, cube_port = start_cube(work, args.workers)
+        procs.append(cube_proc)
+        redis_port = free_port()
+        procs.append(start_redis(redis_port, work))
+        t = time.time()
+        load_redis(redis_port, keys, values)
+        print(f"servers: cube-server --workers {args.workers} on :{cube_port}; redis-server on :{redis_port} "
+              f"(loaded in {time.time() - t:.1f}s)", flush=True)
+        # Spot-check both answer the same vectors.
+        q = make_queries(keys, 50, 1, seed=99)[0]
+        import requests as rq
+        r = rq.post(f"http://127.0.0.1:{cube_port}/v1/lookup", data=q.astype("<u8").tobytes(), timeout=10)
+        cube_vals = np.frombuffer(r.content[:50 * DIM * 4], "<f4").reshape(50, DIM)
+        present = np.isin(q, keys)
+        pos = np.searchsorted(keys, q[present])
+        assert np.array_equal(cube_vals[present], values[pos]) and not cube_vals[~present].any()
+
+        rows = []
+        for batch in (26, 1000):
+            queries = make_queries(keys, batch, 4000 if batch == 26 else 800, seed=batch)
+            cube_reqs = [cube_request(cube_port, q) for q in queries]
+            redis_reqs = [redis_request(q) for q in queries]
+            expect = [redis_answer_length(q, np.isin(q, keys)) for q in queries]
+            for clients in (1, 16):
+                res_c = run_load(cube_port, cube_reqs, None, clients, seconds, batch)
+                res_r = run_load(redis_port, redis_reqs, expect, clients, seconds, batch)
+                rows.append((batch, clients, res_c, res_r))
+                print(f"batch {batch:5d}  clients {clients:2d} | cube {res_c['keys_per_s'] / 1e6:6.2f} Mkeys/s "
+                      f"p50 {res_c['p50_ms']:6.2f} ms p99 {res_c['p99_ms']:6.2f} ms | redis "
+                      f"{res_r['keys_per_s'] / 1e6:6.2f} Mkeys/s p50 {res_r['p50_ms']:6.2f} ms p99 "
+                      f"{res_r['p99_ms']:6.2f} ms | cube/redis {res_c['keys_per_s'] / res_r['keys_per_s']:5.2f}x",
+                      flush=True)
+        print("\nsummary (keys/s ratio cube/Redis):")
+        for batch, clients, c, r in rows:
+            print(f"  batch {batch:4d}, {clients:2d} clients: {c['keys_per_s'] / r['keys_per_s']:.2f}x")
+        print(f"load generator: one selectors loop in the benchmark process, on the same {os.cpu_count()} cores; "
+              f"load average now {os.getloadavg()[0]:.1f}")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
