@@ -285,3 +285,38 @@ def test_client_survives_serving_restart_without_losing_lines(tmp_path, models, 
     got = [float(x) for x in (tmp_path / "out.txt").read_text().split()]
     assert len(got) == len(lines)
     np.testing.assert_allclose(got, probs, rtol=0, atol=TOL)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_no_skew_on_a_pass_from_the_product_pipeline(tmp_path):
+    """`elastic-control data criteo` + `elastic-control train` (1 pserver, 1 trainer) on 20k real Criteo lines,
+    then cube servers + file server + serving: serving reproduces golden.jsonl within 1e-5."""
+    from helpers_serving import CRITEO, CRITEO_SLOTS
+
+    if not CRITEO.exists():
+        pytest.skip(f"real Criteo lines not found at {CRITEO}")
+    with open(CRITEO, encoding="utf-8") as f:
+        (tmp_path / "raw.txt").write_text("".join(next(f) for _ in range(20000)))
+    (tmp_path / "slot.conf").write_text("\n".join(map(str, CRITEO_SLOTS)) + "\n")
+    (tmp_path / "data.config").write_text(
+        f'export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n'
+        f'export DATASET_PATH="{tmp_path / "data"}"\nexport MODEL_PATH="{tmp_path / "models"}"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
+    for cmd in (["data", "criteo", "--input", str(tmp_path / "raw.txt"), "--output", str(tmp_path / "data"),
+                 "--hours", "1", "--start", "20200101/00"],
+                ["train", "-f", str(tmp_path / "data.config"), "-s", str(tmp_path / "slot.conf"), "-t", "1", "-p", "1",
+                 "--timeout", "600"]):
+        out = subprocess.run([PYTHON, "-m", "elastic_control", *cmd], capture_output=True, text=True, env=env,
+                             timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+    pass_dir = tmp_path / "models" / "pass-20200101-00"
+    lines, probs = golden(pass_dir)
+    assert np.std(probs) > 1e-4, "the pass must not be a constant predictor, or the comparison proves nothing"
+    fs_root = tmp_path / "fs"
+    publish_version(fs_root, pass_dir, shards=2)
+    with cube_servers(fs_root / "cube", 2, tmp_path) as urls, fileserver_in_thread(fs_root) as fs_url:
+        with serving_in_thread(FileServerSource(fs_url, tmp_path / "cache", urls)) as srv:
+            r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines]})
+            assert r.status_code == 200, r.text
+            np.testing.assert_allclose(r.json()["predictions"], probs, rtol=0, atol=TOL)
