@@ -119,10 +119,9 @@ def _cli(*args, env=None):
 
 def test_cli_writes_metrics_parquet_plots_and_mlflow(world, tmp_path):
     out = tmp_path / "out"
-    store = tmp_path / "mlflow.db"
+    # One worker here (parallel runs are covered above); the module's MLflow store (already migrated).
     r = _cli("eval", "--model", world["good"], "--baseline", world["bad"], "-f", world["config"], "--output", out,
-             "--group-slot", h.GROUP_SLOT, "--workers", 2, "--ndcg-k", 5,
-             env={"MLFLOW_TRACKING_URI": f"sqlite:///{store}"})
+             "--group-slot", h.GROUP_SLOT, "--workers", 1, "--ndcg-k", 5)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ndcg@5" in r.stderr and "auc" in r.stderr
     metrics = json.loads((out / "metrics.json").read_text())
@@ -135,8 +134,9 @@ def test_cli_writes_metrics_parquet_plots_and_mlflow(world, tmp_path):
     assert (out / "roc.png").read_bytes()[:4] == b"\x89PNG" and (out / "calibration.png").stat().st_size > 1000
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{store}")
-    runs = client.search_runs([client.get_experiment_by_name("elastic-ctr").experiment_id])
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("elastic-ctr").experiment_id],
+                              filter_string="params.ndcg_k = '5'")
     run = [x for x in runs if x.info.run_name.startswith("eval-")][0]
     assert run.data.metrics["auc"] == pytest.approx(metrics["model"]["auc"])
     names = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -129,11 +129,12 @@ def merge_partials(partials: str | os.PathLike, spec: EvalSpec | None = None) ->
     names = ["model"] + (["baseline"] if spec.baseline else [])
     counts = {}
     for name in names:
-        tables = []
-        for i in range(spec.shares):
+        merged = None
+        for i in range(spec.shares):  # folded one share at a time: at most two tables in memory
             with np.load(share_dir(partials, i, spec.shares) / f"{name}.npz") as a:
-                tables.append(ScoreCounts.from_arrays(a))
-        counts[name] = merge_counts(tables)
+                table = ScoreCounts.from_arrays(a)
+            merged = table if merged is None else merge_counts([merged, table])
+        counts[name] = merged
     metrics = {name: summarize(counts[name]) for name in names}
     metrics["model"]["pass"] = infos[0]["model_pass"]
     if spec.baseline:
@@ -160,6 +161,8 @@ def _spec_from_folder(partials: Path) -> EvalSpec:
 
 
 def _add_group_metrics(spec: EvalSpec, partials: Path, buckets: int, metrics: dict) -> None:
+    """Grouped AUC and NDCG@k, one bucket (the same bucket of every share) in memory at a time."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     names = ["model"] + (["baseline"] if spec.baseline else [])
@@ -169,10 +172,7 @@ def _add_group_metrics(spec: EvalSpec, partials: Path, buckets: int, metrics: di
         files = sorted(partials.glob(f"share-*-of-*/scored-b{b:04d}.parquet"))
         if not files:
             continue
-        table = pq.ParquetFile(files[0]).schema_arrow
-        import pyarrow as pa
-
-        t = pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({}, schema=table)
+        t = pa.concat_tables([pq.read_table(f) for f in files])
         t = t.filter(t.column("group").is_valid())
         g = t.column("group").to_numpy()
         y = t.column("label").to_numpy()
