@@ -130,6 +130,9 @@ class ServingApp:
             if old is not None:
                 # Batches still using ``old`` hold their own reference; close its lookup a bit later.
                 threading.Timer(30.0, old.lookup.close).start()
+            prune = getattr(self.source, "prune", None)
+            if prune:  # downloaded copies of versions nobody can switch back to
+                prune(keep={version} | ({old.version} if old else set()))
             return True
         finally:
             self._reload_lock.release()
@@ -139,8 +142,10 @@ class ServingApp:
             try:
                 self.check_version_now()
             except Exception as e:  # noqa: BLE001 - the poller must survive a flaky file server
-                self.last_reload_error = f"cannot read the current version from {self.source.describe}: {e}"
-                log.warning(self.last_reload_error)
+                message = f"cannot read the current version from {self.source.describe}: {e}"
+                if message != self.last_reload_error:  # log a lasting outage once, not every poll
+                    log.warning(message)
+                self.last_reload_error = message
             self._stopping.wait(self.poll_interval)
 
     # ---- batches --------------------------------------------------------

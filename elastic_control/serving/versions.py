@@ -140,6 +140,12 @@ class FileServerSource(CubeRootSource):
             staging.rename(local)
         return local
 
+    def prune(self, keep: set[str]) -> None:
+        """Delete downloaded versions other than ``keep`` (only this cache: never a cube root)."""
+        for entry in self.root.iterdir():
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+
 
 class ModelDirSource:
     """The newest complete pass of MODEL_PATH, scored from its in-memory sparse table."""
