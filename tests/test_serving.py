@@ -143,6 +143,37 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(models, pass_
     assert stats["batches"] <= stats["requests"]["200"]
 
 
+def test_after_response_hook_sees_each_scored_batch(models, pass_a):
+    """The shadow-scoring hook: called after the answer with the batch, its version and probabilities."""
+    lines, probs = golden(pass_a)
+    seen = []
+    with serving_in_thread(ModelDirSource(models)) as srv:
+        srv.app.add_after_response_hook(seen.append)
+        srv.app.add_after_response_hook(lambda scored: 1 / 0)  # a failing hook never reaches the client
+        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines[:5]]})
+        assert r.status_code == 200
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    (scored,) = seen
+    assert scored.version == "pass-20200101-00" and scored.batch.n == 5
+    assert [i["line"] for i in scored.instances] == lines[:5]
+    np.testing.assert_allclose(scored.probabilities, probs[:5], rtol=0, atol=TOL)
+
+
+def test_a_version_that_cannot_load_is_reported(tmp_path, pass_a):
+    fs_root = tmp_path / "fs"
+    publish_version(fs_root, pass_a, shards=2)  # two shards, but serving is told of one cube server
+    with serving_in_thread(CubeRootSource(fs_root / "cube", [f"http://127.0.0.1:{free_port()}"]),
+                           wait_ready=False) as srv:
+        deadline = time.monotonic() + 30
+        while srv.app.last_reload_error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": "1 0 1:1"}]})
+        assert r.status_code == 503 and "2 shards but serving knows 1 cube servers" in r.json()["error"]
+        assert requests.get(srv.url + "/v1/status").json()["metrics"]["reload_failures"] >= 1
+
+
 def test_not_ready_is_503_with_a_reason(tmp_path):
     with serving_in_thread(ModelDirSource(tmp_path), wait_ready=False) as srv:
         r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": "1 0 1:1"}]})
