@@ -221,6 +221,8 @@ def test_errors_are_json_and_server_keeps_serving(served):
     assert requests.put(f"{url}/files/dir/", data=b"1", headers=AUTH).status_code == 400
     assert requests.put(f"{url}/files/d/f", data=b"1", headers=AUTH).status_code == 201
     assert requests.put(f"{url}/files/d", data=b"1", headers=AUTH).status_code == 409
+    r = requests.put(f"{url}/files/d/f/g", data=b"1", headers=AUTH)  # d/f is a file
+    assert r.status_code == 409 and "conflicts" in r.json()["error"]
     assert requests.delete(f"{url}/files/", headers=AUTH).status_code == 400
     assert requests.get(f"{url}/healthz").status_code == 200
 
@@ -235,3 +237,24 @@ def test_fileserver_command_runs_as_a_process(tmp_path):
         wait_healthy(url, proc)
         assert requests.put(f"{url}/files/slot.conf", data=b"1\n2\n", headers=AUTH).status_code == 201
         assert (tmp_path / "r" / "slot.conf").read_bytes() == b"1\n2\n"
+
+
+def test_large_files_stream_without_buffering(tmp_path):
+    """A 64 MiB upload and download keep Python's allocations far below the file size."""
+    import tracemalloc
+
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(1 << 20))
+    with fileserver_in_thread(tmp_path / "root", token=TOKEN) as url:
+        c = FileServerClient(url, token=TOKEN)
+        tracemalloc.start()
+        try:
+            c.put_file("cube/v/shard-0.arrow", big)
+            c.get_file("cube/v/shard-0.arrow", tmp_path / "back.bin")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 16 << 20, f"peak Python allocations {peak >> 20} MiB for a 64 MiB file"
+    assert (tmp_path / "back.bin").read_bytes() == big.read_bytes()

@@ -106,6 +106,14 @@ class FileRequestHandler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError) as e:
             log.warning("%s %s: connection lost: %s", self.command, self.path, e)
             self.close_connection = True
+        except (NotADirectoryError, FileExistsError, IsADirectoryError) as e:
+            # e.g. PUT a/b while a is a file: the path conflicts with what is there.
+            self._error(HTTPStatus.CONFLICT, f"path conflicts with an existing file or folder: {e.strerror}",
+                        close=self.command == "PUT")
+        except OSError as e:
+            log.error("%s %s: %s", self.command, self.path, e)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"file system error: {e.strerror or e}",
+                        close=self.command == "PUT")
 
     def _target(self) -> tuple[list[str], bool, Path]:
         path = urlsplit(self.path).path
