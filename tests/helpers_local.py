@@ -6,7 +6,6 @@ supervisor's policies can be exercised in seconds.
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -133,8 +132,3 @@ def kill_everything_under(state: Path) -> None:
 def component(record: dict, name: str) -> dict:
     return record["components"][name]
 
-
-def env_without_state() -> dict:
-    env = dict(os.environ)
-    env.pop("ELASTIC_CTR_STATE_DIR", None)
-    return env

@@ -79,3 +79,19 @@ def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
         lock.release()
     _reset_workdir(tmp_path)
     assert not (tmp_path / "models").exists() and not (tmp_path / "state").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.skipif(not CRITEO.exists(), reason=f"the real Criteo lines are not at {CRITEO}")
+def test_demo_on_real_criteo_lines(tmp_path):
+    """The main job on converted real Criteo lines, cleaned up at the end (no --keep)."""
+    from elastic_control.demo import run_demo
+    from helpers_local import processes_under
+
+    report = run_demo(workdir=str(tmp_path / "demo"), criteo=str(CRITEO), hours=2, lines_per_hour=4000,
+                      trainers=1, pservers=1, shards=2, show=False, timeout=780)
+    assert report.served_version == "pass-20191221-01" and report.predictions == 4000
+    assert report.golden_max_diff is not None and report.golden_max_diff < 1e-5
+    assert report.bayes_auc is None and 0.0 <= report.auc <= 1.0
+    assert processes_under(tmp_path / "demo") == []

@@ -6,7 +6,6 @@ status and delete read what it records in the state folder.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from elastic_control.atomic import atomic_write_json, atomic_write_text
@@ -108,6 +107,3 @@ class LocalBackend(Backend):
         else:
             done(f"nothing was running in {layout.state}/; data, models and logs are kept")
 
-
-def read_client_config(state_dir: str | Path) -> dict:
-    return json.loads((Path(state_dir) / "client.json").read_text())

@@ -12,7 +12,6 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from elastic_control.atomic import atomic_write_json
 from elastic_control.local.layout import LocalLayout

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 
 from rich.table import Table
 
@@ -157,13 +156,3 @@ def print_status(status: dict) -> None:
                       secs(r.get("freshness_s")))
         console.print(t)
 
-
-def wait_for(predicate, timeout: float, poll: float = 0.5):
-    """Poll ``predicate()`` until it returns something truthy or ``timeout`` passes (then None)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    return None
