@@ -11,8 +11,9 @@ the same probabilities. Then, for single-instance and 32-instance requests
 at concurrency 1, 8 and 32 (keep-alive client threads in this process), it
 prints requests/s, p50 and p99 and the ratios ElasticCTR / MLflow.
 
-Without --pass it trains a small real pass first (short PS run on real
-Criteo lines, via the test fixture trainer), which takes ~30 s.
+Without --pass it first trains a pass with the product pipeline
+(`elastic-control data criteo` + `elastic-control train`, the 400-400-400
+model) on 20k real Criteo lines (5k with --quick), which takes about a minute.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import pyarrow  # noqa: E402,F401  (before paddle)
 import mlflow  # noqa: E402,F401
 
 from helpers_serving import (PYTHON, cube_servers, fileserver_in_thread, free_port, golden, process,  # noqa: E402
-                             publish_version, train_criteo_pass, wait_healthy)
+                             publish_version, wait_healthy)
 
 
 def serving_body(lines):
@@ -90,6 +91,30 @@ def load(port: int, path: str, bodies: list[bytes], concurrency: int, seconds: f
             "n": len(lat)}
 
 
+def train_product_pass(work: Path, lines: int) -> Path:
+    """`elastic-control data criteo` + `elastic-control train` (1 pserver, 1 trainer) on real Criteo lines."""
+    import subprocess
+
+    from helpers_serving import CRITEO, CRITEO_SLOTS
+
+    if not CRITEO.exists():
+        raise SystemExit(f"real Criteo lines not found at {CRITEO}; pass --pass PASS_DIR")
+    print(f"training a pass on {lines} real Criteo lines (elastic-control data criteo + train)...", file=sys.stderr)
+    with open(CRITEO, encoding="utf-8") as f, open(work / "raw.txt", "w") as out:
+        for _ in range(lines):
+            out.write(next(f))
+    (work / "slot.conf").write_text("\n".join(map(str, CRITEO_SLOTS)) + "\n")
+    (work / "data.config").write_text(
+        f'export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n'
+        f'export DATASET_PATH="{work / "data"}"\nexport MODEL_PATH="{work / "models"}"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
+    for cmd in (["data", "criteo", "--input", str(work / "raw.txt"), "--output", str(work / "data"), "--hours", "1",
+                 "--start", "20200101/00"],
+                ["train", "-f", str(work / "data.config"), "-s", str(work / "slot.conf"), "-t", "1", "-p", "1"]):
+        subprocess.run([PYTHON, "-m", "elastic_control", *cmd], check=True, env=env, stdout=subprocess.DEVNULL)
+    return work / "models" / "pass-20200101-00"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (1.5 s per point instead of 6 s)")
@@ -102,8 +127,7 @@ def main():
     if args.pass_dir:
         pass_dir = Path(args.pass_dir)
     else:
-        print("training a small real pass (short PS run on real Criteo lines)...", file=sys.stderr)
-        pass_dir = train_criteo_pass(work / "models", "pass-20200101-00", seed=1)
+        pass_dir = train_product_pass(work, lines=5000 if args.quick else 20000)
     lines, probs = golden(pass_dir)
     fs_root = work / "fs"
     publish_version(fs_root, pass_dir, shards=args.shards)
@@ -164,6 +188,12 @@ def main():
                       f"{m['p50'] / s['p50']:>5.1f}x {m['p99'] / s['p99']:>5.1f}x", flush=True)
         print("\nratios: req/s = ElasticCTR / MLflow (higher is better for ElasticCTR); "
               "p50/p99 = MLflow latency / ElasticCTR latency")
+        conn_s.request("GET", "/v1/status")
+        stats = json.loads(conn_s.getresponse().read())["metrics"]
+        ok = stats["requests"].get("200", 0)
+        print(f"ElasticCTR merged {ok} requests into {stats['batches']} batches "
+              f"({ok / max(stats['batches'], 1):.1f} requests, "
+              f"{stats['batch_instances'] / max(stats['batches'], 1):.1f} instances per batch on average)")
 
 
 if __name__ == "__main__":
