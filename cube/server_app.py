@@ -13,6 +13,7 @@ import hmac
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -44,12 +45,17 @@ class CubeWorker:
         self._control_lock = asyncio.Lock()
         self._stamp: tuple = ()
         self._last_error: str | None = None
+        self._apply_lock = threading.Lock()  # the watcher and a control call may both apply
         self.started = time.time()
 
     # ---- state ---------------------------------------------------------------------------
 
     def apply_state_file(self) -> None:
         """Load what the state file says (blocking); remember the error instead of dying."""
+        with self._apply_lock:
+            self._apply_state_file()
+
+    def _apply_state_file(self) -> None:
         stamp = self.store.stamp()
         state = self.store.read()
         if state is None:

@@ -147,9 +147,9 @@ class Transfer:
 
     def process(self, entry: dict) -> None:
         version = entry["pass"]
-        pass_dir = Path(self.cfg.model_path) / entry.get("path", version)
-        if not Path(entry.get("path", "")).is_absolute():
-            pass_dir = Path(self.cfg.model_path) / version
+        # The donefile's "path" is relative to MODEL_PATH (the pass name) unless absolute.
+        path = entry.get("path") or version
+        pass_dir = Path(path) if Path(path).is_absolute() else Path(self.cfg.model_path) / path
         timings: dict = {}
         t0 = time.time()
         if self.cfg.gate_rule and not self.cfg.force:
