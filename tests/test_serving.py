@@ -140,7 +140,7 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(models, pass_
     for j, status, body in results.values():
         assert status == 200
         np.testing.assert_allclose(body["predictions"], probs[j:j + 4], rtol=0, atol=TOL)
-    assert stats["batches"] <= stats["requests"]["200"]
+    assert stats["batches"] < stats["requests"]["200"]  # concurrent requests were merged
 
 
 def test_after_response_hook_sees_each_scored_batch(models, pass_a):
