@@ -19,10 +19,15 @@ def hyperparameter_options(fn):
                      show_default=True),
         click.option("--learning-rate", type=click.FloatRange(0, 10, min_open=True), default=_DEFAULTS.learning_rate,
                      show_default=True),
+        click.option("--sparse-learning-rate", type=click.FloatRange(0, 10, min_open=True),
+                     default=_DEFAULTS.sparse_learning_rate, show_default=True,
+                     help="Learning rate of the embeddings (sparse Adam rule)."),
         click.option("--log-every", type=click.IntRange(1), default=_DEFAULTS.log_every, show_default=True,
                      help="Steps between progress lines and MLflow step metrics."),
         click.option("--golden-lines", type=click.IntRange(0, 100_000), default=_DEFAULTS.golden_lines,
                      show_default=True, help="Held-out lines per pass scored into golden.jsonl."),
+        click.option("--dense-pull-every", type=click.IntRange(1), default=_DEFAULTS.dense_pull_every,
+                     show_default=True, help="Steps between pulls of the dense parameters from the pservers."),
         click.option("--wait-timeout", type=click.FloatRange(0), default=None,
                      help="ONLINE=1: fail after waiting this many seconds for an hour (default: wait forever)."),
         click.option("--poll-seconds", type=click.FloatRange(0.01), default=_DEFAULTS.poll_seconds,
@@ -30,11 +35,12 @@ def hyperparameter_options(fn):
     ]
 
     @functools.wraps(fn)
-    def wrapper(*args, embedding_dim, batch_size, learning_rate, log_every, golden_lines, wait_timeout,
-                poll_seconds, **kwargs):
+    def wrapper(*args, embedding_dim, batch_size, learning_rate, sparse_learning_rate, log_every, golden_lines,
+                dense_pull_every, wait_timeout, poll_seconds, **kwargs):
         hyper = Hyperparameters(embedding_dim=embedding_dim, batch_size=batch_size, learning_rate=learning_rate,
-                                log_every=log_every, golden_lines=golden_lines, wait_timeout=wait_timeout,
-                                poll_seconds=poll_seconds)
+                                sparse_learning_rate=sparse_learning_rate,
+                                log_every=log_every, golden_lines=golden_lines, dense_pull_every=dense_pull_every,
+                                wait_timeout=wait_timeout, poll_seconds=poll_seconds)
         return fn(*args, hyper=hyper, **kwargs)
 
     for option in reversed(options):
@@ -45,8 +51,10 @@ def hyperparameter_options(fn):
 def hyperparameter_args(hyper: Hyperparameters) -> list[str]:
     """The same settings as `role` flags, for the processes the launcher starts."""
     args = ["--embedding-dim", str(hyper.embedding_dim), "--batch-size", str(hyper.batch_size),
-            "--learning-rate", repr(hyper.learning_rate), "--log-every", str(hyper.log_every),
-            "--golden-lines", str(hyper.golden_lines), "--poll-seconds", repr(hyper.poll_seconds)]
+            "--learning-rate", repr(hyper.learning_rate), "--sparse-learning-rate", repr(hyper.sparse_learning_rate),
+            "--log-every", str(hyper.log_every),
+            "--golden-lines", str(hyper.golden_lines), "--poll-seconds", repr(hyper.poll_seconds),
+            "--dense-pull-every", str(hyper.dense_pull_every)]
     if hyper.wait_timeout is not None:
         args += ["--wait-timeout", repr(hyper.wait_timeout)]
     return args

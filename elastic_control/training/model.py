@@ -34,10 +34,12 @@ class ModelSpec:
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     learning_rate: float = 1e-3
     sparse_dim: int | None = None
+    sparse_learning_rate: float = 0.02
 
     def to_json(self) -> dict:
         return {"slots": list(self.slots), "embedding_dim": self.embedding_dim, "hidden": list(self.hidden),
-                "learning_rate": self.learning_rate, "sparse_dim": self.sparse_dim}
+                "learning_rate": self.learning_rate, "sparse_learning_rate": self.sparse_learning_rate,
+                "sparse_dim": self.sparse_dim}
 
 
 @dataclass
@@ -109,7 +111,7 @@ SPARSE_ACCESSOR = "SparseAccessor"
 SPARSE_RULE = "SparseAdamSGDRule"
 
 
-def make_strategy(fleet, *, shards: int = SPARSE_SHARDS):
+def make_strategy(fleet, *, sparse_learning_rate: float, shards: int = SPARSE_SHARDS):
     """Fully asynchronous parameter-server training (the original's setting), table layout pinned.
 
     The accessor and the sparse optimizer rule decide the saved table's columns
@@ -124,5 +126,9 @@ def make_strategy(fleet, *, shards: int = SPARSE_SHARDS):
         f"{prefix}.accessor.accessor_class": SPARSE_ACCESSOR,
         f"{prefix}.accessor.embed_sgd_param.name": SPARSE_RULE,
         f"{prefix}.accessor.embedx_sgd_param.name": SPARSE_RULE,
+        # Embeddings get few updates each (a key is in few batches): they learn
+        # with their own, larger rate than the dense tower's Adam.
+        f"{prefix}.accessor.embed_sgd_param.adam.learning_rate": sparse_learning_rate,
+        f"{prefix}.accessor.embedx_sgd_param.adam.learning_rate": sparse_learning_rate,
     }}
     return strategy

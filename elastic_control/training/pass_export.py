@@ -27,13 +27,15 @@ from elastic_control.training.model import SPARSE_ACCESSOR
 # The sparse table's rule (model.SPARSE_RULE) in pass_format.SparseLayout's terms.
 SPARSE_OPTIMIZER = "adam"
 
-# Test hook: ELASTIC_CTR_TEST_CRASH_EXPORT=<stage> kills the process at that stage of an export.
+# Test hook: ELASTIC_CTR_TEST_CRASH_EXPORT=<stage>[:<pass name>] kills the process at that
+# stage of an export (of that pass only), like a machine failure would.
 _CRASH_ENV = "ELASTIC_CTR_TEST_CRASH_EXPORT"
 
 
-def _maybe_crash(stage: str) -> None:
-    if os.environ.get(_CRASH_ENV) == stage:
-        print(f"[test] crashing during export at stage {stage!r}", flush=True)
+def _maybe_crash(stage: str, name: str) -> None:
+    want = os.environ.get(_CRASH_ENV, "")
+    if want in (stage, f"{stage}:{name}"):
+        print(f"[test] crashing during the export of {name} at stage {stage!r}", flush=True)
         os._exit(3)
 
 
@@ -50,7 +52,7 @@ def write_pass(model_path: str | os.PathLike, *, hour_start: dt.datetime, hour_e
     window = {"start": format_hour(hour_start), "end": format_hour(hour_end)}
     with staged_directory(final) as stage:
         save_sparse(stage / pass_format.SPARSE_DIR)
-        _maybe_crash("after_sparse")
+        _maybe_crash("after_sparse", name)
         save_dense(stage / pass_format.DENSE_DIR / pass_format.DENSE_PREFIX)
         golden = score_golden()
         with open(stage / pass_format.GOLDEN_FILE, "w", encoding="utf-8") as f:
@@ -59,8 +61,8 @@ def write_pass(model_path: str | os.PathLike, *, hour_start: dt.datetime, hour_e
         full_meta = dict(meta, **{"pass": name, "window": window, "dense_input": pass_format.DENSE_INPUT,
                                   "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         atomic_write_json(stage / pass_format.META_FILE, full_meta)
-        _maybe_crash("before_rename")
-    _maybe_crash("before_donefile")
+        _maybe_crash("before_rename", name)
+    _maybe_crash("before_donefile", name)
     entry = {"pass": name, "path": str(final.resolve()), "window": window, "time": time.time(),
              "metrics": meta.get("metrics", {})}
     append_line_durably(Path(model_path) / pass_format.DONEFILE, json.dumps(entry, sort_keys=True))

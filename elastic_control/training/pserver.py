@@ -58,9 +58,11 @@ def run_pserver(settings: RoleSettings) -> None:
     paddle.enable_static()
     fleet.init(is_collective=False)
     spec = ModelSpec(settings.slot_conf.slots, settings.hyper.embedding_dim,
-                     learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim)
+                     learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim,
+                              sparse_learning_rate=settings.hyper.sparse_learning_rate)
     net = build_training_net(paddle, spec)
-    fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), make_strategy(fleet)).minimize(net.loss)
+    strategy = make_strategy(fleet, sparse_learning_rate=spec.sparse_learning_rate)
+    fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), strategy).minimize(net.loss)
     if start.get("last_pass"):
         sparse_dir = os.path.join(start["last_pass_dir"], "sparse")
         _log(settings, f"resuming: loading the sparse table of {start['last_pass']} from {sparse_dir}")

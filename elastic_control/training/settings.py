@@ -15,7 +15,8 @@ from elastic_control.training.model import DEFAULT_EMBEDDING_DIM
 class Hyperparameters:
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
     batch_size: int = 512
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3       # dense tower (Adam on the pservers)
+    sparse_learning_rate: float = 0.02  # embeddings (sparse Adam rule on the pservers)
     log_every: int = 50           # steps between progress lines and MLflow step metrics
     golden_lines: int = 256       # held-out lines per pass scored into golden.jsonl
     golden_stride: int = 20       # trainer 0 holds out every Nth line of its share until it has enough

@@ -52,9 +52,11 @@ class Trainer:
         paddle.enable_static()
         fleet.init(is_collective=False)
         self.spec = ModelSpec(settings.slot_conf.slots, settings.hyper.embedding_dim,
-                              learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim)
+                              learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim,
+                              sparse_learning_rate=settings.hyper.sparse_learning_rate)
         self.net = build_training_net(paddle, self.spec)
-        optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), make_strategy(fleet))
+        strategy = make_strategy(fleet, sparse_learning_rate=self.spec.sparse_learning_rate)
+        optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), strategy)
         optimizer.minimize(self.net.loss)
         self.main = paddle.static.default_main_program()
         # The training program's forward part alone: scores golden lines without pushing gradients.
@@ -63,7 +65,8 @@ class Trainer:
         self.exe = paddle.static.Executor(self.place)
         self.coord = CoordinatorClient(*coordinator_endpoint(settings.pserver_endpoints))
         self.global_step = 0
-        self.window = RecentWindow(50_000)
+        # Recent predictions only: an AUC over many model versions mixes incomparable scores.
+        self.window = RecentWindow(10_000)
 
     def log(self, message: str) -> None:
         print(f"[trainer {self.rank}] {message}", flush=True)
