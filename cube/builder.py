@@ -7,7 +7,7 @@ sorted, de-duplicated (the LAST occurrence in part-file order wins, so the
 output is deterministic) and written. Peak memory is one shard, not the table.
 Everything is written into a staging folder renamed into place at the end.
 
-Which columns hold the embedding (Paddle 2.6.2, CtrCommonAccessor, text
+Which columns hold the embedding (Paddle 2.6.2, SparseAccessor, text
 save): ``key slot unseen_days delta_score show click embed_w [embed state]
 embedx_w(d-1) [embedx state]``; the served vector is embed_w + embedx_w
 (``elastic_control.pass_format.SparseLayout``).

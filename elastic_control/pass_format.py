@@ -37,7 +37,7 @@ META_FILE = "meta.json"
 GOLDEN_FILE = "golden.jsonl"
 PASS_PREFIX = "pass-"
 
-# Values that fleet's CtrCommonAccessor writes per key in text form, before the
+# Values that fleet's SparseAccessor (what sparse_embedding gets in 2.6.2) writes per key in text form, before the
 # embedding: slot, unseen_days, delta_score, show, click.
 ACCESSOR_HEAD_COLUMNS = 5
 # Optimizer state columns per sparse optimizer rule: (after embed_w, after embedx_w(d-1)).
@@ -57,7 +57,7 @@ def pass_name(hour: dt.datetime) -> str:
 class SparseLayout:
     """Where the embedding sits in a text line of the saved sparse table.
 
-    CtrCommonAccessor stores a dim-d embedding as embed_w (1 value) followed,
+    Paddle 2.6.2's SparseAccessor stores a dim-d embedding as embed_w (1 value) followed,
     after embed_w's optimizer state, by embedx_w (d-1 values).
     """
 
@@ -86,7 +86,7 @@ class SparseLayout:
         return np.array([embed_w] + list(range(embedx, embedx + self.embedding_dim - 1)))
 
     def to_json(self) -> dict:
-        return {"accessor": "CtrCommonAccessor", "optimizer": self.optimizer,
+        return {"accessor": "SparseAccessor", "optimizer": self.optimizer,
                 "embedding_dim": self.embedding_dim, "value_columns": self.value_columns}
 
 

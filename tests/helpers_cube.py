@@ -75,7 +75,7 @@ def write_synthetic_pass(pass_dir: Path, keys: np.ndarray, values: np.ndarray, *
     (dense / "inference.pdmodel").write_bytes(b"model-" + pass_dir.name.encode())
     (dense / "inference.pdiparams").write_bytes(b"params-" + pass_dir.name.encode())
     meta = {"pass": pass_dir.name, "slots": [0, 1], "embedding_dim": dim, "sparse_dim": sparse_dim,
-            "sparse_layout": {"accessor": "CtrCommonAccessor", "optimizer": optimizer}}
+            "sparse_layout": {"accessor": "SparseAccessor", "optimizer": optimizer}}
     (pass_dir / "meta.json").write_text(json.dumps(meta))
     return pass_dir
 

@@ -1,7 +1,7 @@
 """A short real PaddlePaddle 2.6.2 parameter-server run that saves a pass folder.
 
 Used by the cube tests (run as a script, one process per role) to get a REAL
-saved sparse table: CtrCommonAccessor, sparse Adam, embedding dim 8 (34 text
+saved sparse table: SparseAccessor, sparse Adam, embedding dim 8 (34 text
 columns per line), 64-bit keys including values above 2**63. Modeled on
 ../shared/examples/paddle_ps_probe.py. Environment: the standard fleet role
 variables plus OUT (the pass folder to write) and SEED.
@@ -51,7 +51,7 @@ else:
         exe.run(paddle.static.default_main_program(), feed=feed, fetch_list=[loss])
     fleet.save_persistables(exe, os.path.join(OUT, "sparse"))
     meta = {"pass": os.path.basename(OUT.rstrip("/")), "slots": list(range(SLOTS)), "embedding_dim": EMB,
-            "sparse_dim": None, "sparse_layout": {"accessor": "CtrCommonAccessor", "optimizer": "adam"},
+            "sparse_dim": None, "sparse_layout": {"accessor": "SparseAccessor", "optimizer": "adam"},
             "vocab_size": int(len(vocab))}
     with open(os.path.join(OUT, "meta.json"), "w") as f:
         json.dump(meta, f)

@@ -130,7 +130,7 @@ else:
     start, end = args.window.split(",")
     meta = {"pass": os.path.basename(out.rstrip("/")), "slots": SLOTS, "embedding_dim": EMB,
             "sparse_dim": SPARSE_DIM,
-            "sparse_layout": {"accessor": "CtrCommonAccessor", "optimizer": "adam", "embedding_dim": EMB},
+            "sparse_layout": {"accessor": "SparseAccessor", "optimizer": "adam", "embedding_dim": EMB},
             "window": {"start": start, "end": end}, "dense_input": "emb_concat", "metrics": {},
             "trainers": 1, "pservers": 1, "created_at": time.time(), "fixture": True,
             "shuffled_labels": bool(args.shuffle_labels)}
