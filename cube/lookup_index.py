@@ -15,6 +15,9 @@ import numpy as np
 
 from cube.shard_format import MappedShard
 
+WINDOW_MAX_WIDTH = 32     # widest bucket for which small batches use the window gather
+WINDOW_MAX_KEYS = 128     # above this many keys the fixed-depth search is cheaper per key
+
 
 class ShardIndex:
     """Read-only lookup structure over one mapped shard (thread-safe: nothing mutates)."""
@@ -35,8 +38,22 @@ class ShardIndex:
         self._steps = max(1, widest.bit_length())  # 2**steps > widest bucket
         self._keys = keys
         self._n = n
-        self._rows = shard.values.view(np.dtype((np.void, 4 * self.dim))).reshape(n)
+        self.row_bytes = 4 * self.dim
+        # Rows as opaque bytes: take() copies each as one chunk instead of dim strided floats.
+        self._row_bytes = shard.values.reshape(n, self.dim).view(np.uint8)
         # A padded copy of the keys is NOT made: probes are clamped instead, keeping lookup zero-copy.
+        self._top_bucket = np.uint64(len(self._start) - 2)
+        self._shift_0d = np.array(self._shift)  # a 0-d array: cheaper for a ufunc than a scalar
+        # Hashed keys use all 64 bits, so no query can land past the last bucket: skip the clamp.
+        self._clamp = top < 64
+        # Small batches: compare each key with its whole bucket at once, through a
+        # sliding-window view of the keys (row r = keys[r:r+widest], no copy):
+        # a handful of numpy calls instead of three per search step. Only while
+        # buckets are narrow, as they are for hashed keys (~1.2 rows on average).
+        self._windows = None
+        if 0 < widest <= WINDOW_MAX_WIDTH and n >= widest:
+            self._windows = np.lib.stride_tricks.sliding_window_view(keys, widest)
+            self._last_window = n - widest
 
     @property
     def rows(self) -> int:
@@ -47,9 +64,9 @@ class ShardIndex:
         query = np.asarray(query, dtype=np.uint64)
         if self._n == 0 or len(query) == 0:
             return np.zeros(len(query), np.int64), np.zeros(len(query), bool)
-        bucket = (query >> self._shift).astype(np.int64)
-        np.minimum(bucket, len(self._start) - 2, out=bucket)  # keys above the table's top bit
-        pos = self._start[bucket]
+        if self._windows is not None and len(query) <= WINDOW_MAX_KEYS:
+            return self._window_positions(query)
+        pos = self._start.take(self._buckets(query))
         keys = self._keys
         # Lower bound from the bucket's first row in fixed-depth power-of-two steps.
         # No upper bound is needed: rows past the bucket hold keys of higher
@@ -68,12 +85,42 @@ class ShardIndex:
         found = np.take(keys, pos, mode="clip") == query
         return pos, found
 
+    def _buckets(self, query: np.ndarray) -> np.ndarray:
+        """Bucket of each key as int64 (keys above the table's top bit go to the last bucket)."""
+        bucket = np.right_shift(query, self._shift_0d)
+        if self._clamp:
+            np.minimum(bucket, self._top_bucket, out=bucket)
+        return bucket.view(np.int64)  # < 2**63 (shift >= 1, or clamped), so the view is exact
+
+    def _window_positions(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """positions() for a small batch: compare each key with every row of its bucket."""
+        lo = self._start.take(self._buckets(query))
+        # A bucket starting in the last `widest` rows lies inside the last window.
+        np.minimum(lo, self._last_window, out=lo)
+        equal = self._windows[lo] == query[:, None]
+        found = equal.any(axis=1)
+        lo += equal.argmax(axis=1)
+        return lo, found
+
+    def lookup_rows(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows uint8[n, row_bytes], found bool[n]) for uint64 ``query``; rows of missing keys are zero.
+
+        The hot path of cube-server, kept to a few numpy calls: the rows are
+        gathered as raw bytes (one memcpy each) and come back contiguous,
+        ready to be sliced per request and sent.
+        """
+        pos, found = self.positions(query)
+        if self._n == 0:
+            return np.zeros((len(pos), self.row_bytes), np.uint8), found
+        rows = self._row_bytes.take(pos, axis=0, mode="clip")
+        if len(pos) <= WINDOW_MAX_KEYS:
+            # One call, no branch: bytes times 0 or 1 is exact (slow per byte, so small batches only).
+            np.multiply(rows, found[:, None], out=rows)
+        elif not found.all():
+            rows[~found] = 0
+        return rows, found
+
     def lookup(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values float32[n, dim], found bool[n]); missing keys get zero vectors."""
-        pos, found = self.positions(query)
-        np.minimum(pos, self._n - 1, out=pos)
-        # Rows gathered as opaque dim*4-byte records: one memcpy each instead of dim strided copies.
-        values = np.take(self._rows, pos).view(np.float32).reshape(len(pos), self.dim)
-        if not found.all():
-            values[~found] = 0.0
-        return values, found
+        rows, found = self.lookup_rows(query)
+        return rows.view(np.float32), found

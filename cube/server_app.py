@@ -16,10 +16,12 @@ import socket
 import threading
 import time
 from pathlib import Path
+from time import perf_counter
 
 import numpy as np
 
-from cube.http_protocol import HttpProtocol, Request, Response, Slot
+from cube.http_protocol import Request, Response, Slot
+from cube.lookup_protocol import LookupProtocol
 from cube.server_metrics import ServerMetrics
 from cube.version_store import ControlState, StateFile, VersionSet, load_index
 from elastic_control.errors import ElasticControlError, UsageError
@@ -40,8 +42,11 @@ class CubeWorker:
         self.max_batch = max_batch
         self.metrics = ServerMetrics()
         self.versions = VersionSet(ControlState(shard=shard, workers=workers), {})
-        self._pending: list = []
+        self._pending: list = []      # (index, body, slot, deliver, t0) waiting for the next merged pass
         self._flush_scheduled = False
+        self._head_prefixes: dict[str, tuple[bytes, bytes]] = {}
+        self._max_body_bytes = max_batch * 8
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._control_lock = asyncio.Lock()
         self._stamp: tuple = ()
         self._last_error: str | None = None
@@ -182,34 +187,62 @@ class CubeWorker:
     # ---- lookups -------------------------------------------------------------------------
 
     def lookup(self, req: Request, slot: Slot, deliver) -> Response | None:
+        """A lookup that came through the generic parser (JSON, or a head the fast path passed on)."""
         version = req.query.get("version") or None
         index = self.versions.get(version)
         if index is None:
-            if version is None:
-                return self._count("lookup", Response.error(503, "no active version yet"))
-            held = sorted(self.versions.indexes)
-            return self._count("lookup", Response.error(404, f"unknown version {version!r}; held: {held}"))
+            return self._count("lookup", self._no_index(version))
         if req.headers.get("content-type", "").startswith("application/json"):
             return self._count("lookup", self._lookup_json(req, index))
-        if len(req.body) % 8:
-            return self._count("lookup", Response.error(400, f"body length {len(req.body)} is not a multiple of 8 "
-                                                            "(expected little-endian uint64 keys)"))
-        n = len(req.body) // 8
-        if n > self.max_batch:
-            return self._count("lookup", Response.error(413, f"{n} keys exceed the batch limit {self.max_batch}"))
-        keys = np.frombuffer(req.body, dtype="<u8")
-        self._pending.append((index, keys, slot, deliver, time.perf_counter()))
+        bad = self._check_body(req.body)
+        if bad is not None:
+            return self._count("lookup", bad)
+        self._queue(index, req.body, slot, deliver)
+        return None
+
+    def fast_lookup(self, proto, version: str | None, body: bytes, keep_alive: bool) -> None:
+        """A binary lookup from LookupProtocol's fast path: bind it to a version and queue it."""
+        slot = proto.new_slot(keep_alive)
+        versions = self.versions
+        index = versions.active if version is None else versions.indexes.get(version)
+        if index is None:
+            proto._deliver(slot, self._count("lookup", self._no_index(version)))
+            return
+        if len(body) & 7 or len(body) > self._max_body_bytes:
+            proto._deliver(slot, self._count("lookup", self._check_body(body)))
+            return
+        self._queue(index, body, slot, proto._deliver)
+
+    def _no_index(self, version: str | None) -> Response:
+        if version is None:
+            return Response.error(503, "no active version yet")
+        return Response.error(404, f"unknown version {version!r}; held: {sorted(self.versions.indexes)}")
+
+    def _check_body(self, body: bytes) -> Response | None:
+        if len(body) % 8:
+            return Response.error(400, f"body length {len(body)} is not a multiple of 8 "
+                                       "(expected little-endian uint64 keys)")
+        if len(body) > self._max_body_bytes:
+            return Response.error(413, f"{len(body) // 8} keys exceed the batch limit {self.max_batch}")
+        return None
+
+    def _queue(self, index, body: bytes, slot: Slot, deliver) -> None:
+        """Queue a checked lookup; every lookup queued before the loop gets back to it shares one pass."""
+        self._pending.append((index, body, slot, deliver, perf_counter()))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return None
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         pending, self._pending, self._flush_scheduled = self._pending, [], False
-        by_index: dict[int, list] = {}
-        for item in pending:
-            by_index.setdefault(id(item[0]), []).append(item)
-        for items in by_index.values():
+        if len(pending) == 1 or all(it[0] is pending[0][0] for it in pending):
+            groups = [pending]
+        else:  # requests pinned to different versions: one pass per version, never mixed
+            by_index: dict[int, list] = {}
+            for item in pending:
+                by_index.setdefault(id(item[0]), []).append(item)
+            groups = list(by_index.values())
+        for items in groups:
             try:
                 self._answer_group(items)
             except Exception as e:  # never leave a request unanswered
@@ -218,25 +251,51 @@ class CubeWorker:
                         deliver(slot, self._count("lookup", Response.error(500, f"lookup failed: {e}")))
 
     def _answer_group(self, items: list) -> None:
+        """One vectorised lookup for every request in ``items`` (all bound to one version), then answer each."""
         index = items[0][0]
-        keys = items[0][1] if len(items) == 1 else np.concatenate([it[1] for it in items])
-        values, found = index.lookup(keys)
-        flat = values.reshape(-1).view(np.uint8)  # bytes of the rows, to slice per request without copies
-        row_bytes = index.dim * 4
-        self.metrics.batches += 1
+        single = len(items) == 1
+        keys = np.frombuffer(items[0][1] if single else b"".join([it[1] for it in items]), dtype="<u8")
+        rows, found = index.lookup_rows(keys)
+        rows = memoryview(rows)
+        rb = index.row_bytes
+        total = len(keys)
+        prefixes = self._head_prefixes.get(index.version)
+        if prefixes is None:
+            prefixes = self._head_prefixes_for(index)
+        if single:
+            hits = int(np.count_nonzero(found))
+            _, body, slot, deliver, t0 = items[0]
+            bitmap = np.packbits(found, bitorder="little").tobytes()
+            head = prefixes[slot.keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (
+                total * rb + len(bitmap), total - hits)
+            deliver(slot, b"".join((head, rows, bitmap)))
+            self.metrics.observe_lookups(1, total, total - hits, (perf_counter() - t0,))
+            return
+        bitmaps = _split_bitmaps(found, [len(it[1]) >> 3 for it in items])
+        hits_upto = np.cumsum(found).tolist()
         start = 0
-        for _, k, slot, deliver, t0 in items:
-            end = start + len(k)
-            f = found[start:end]
-            misses = len(k) - int(np.count_nonzero(f))
-            body = [memoryview(flat[start * row_bytes:end * row_bytes]),
-                    np.packbits(f, bitorder="little").tobytes()]
-            deliver(slot, Response(200, body, "application/octet-stream",
-                                   {VERSION_HEADER: index.version, "X-Cube-Dim": str(index.dim),
-                                    "X-Cube-Misses": str(misses)}))
-            self.metrics.count_request("lookup", 200)
-            self.metrics.observe_lookup(len(k), misses, time.perf_counter() - t0)
+        all_hits = 0
+        for (_, body, slot, deliver, _), bitmap in zip(items, bitmaps):
+            n = len(body) >> 3
+            end = start + n
+            hits = (hits_upto[end - 1] if end else 0) - (hits_upto[start - 1] if start else 0)
+            all_hits += hits
+            head = prefixes[slot.keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (n * rb + len(bitmap), n - hits)
+            deliver(slot, b"".join((head, rows[start * rb:end * rb], bitmap)))
             start = end
+        now = perf_counter()
+        self.metrics.observe_lookups(len(items), total, total - all_hits, [now - it[4] for it in items])
+
+    def _head_prefixes_for(self, index) -> tuple[bytes, bytes]:
+        """Response head up to the Content-Length value, for (close, keep-alive), cached per version."""
+        if len(self._head_prefixes) > 16:
+            self._head_prefixes.clear()
+        common = (f"Content-Type: application/octet-stream\r\n{VERSION_HEADER}: {index.version}\r\n"
+                  f"X-Cube-Dim: {index.dim}\r\nContent-Length: ").encode("latin-1")
+        prefixes = (b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + common,
+                    b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n" + common)
+        self._head_prefixes[index.version] = prefixes
+        return prefixes
 
     def _lookup_json(self, req: Request, index) -> Response:
         try:
@@ -256,9 +315,39 @@ class CubeWorker:
 
     async def serve(self, sock: socket.socket, max_body: int) -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: HttpProtocol(self.handle, max_body), sock=sock)
+        self._loop = loop
+        self._max_body_bytes = min(max_body, self.max_batch * 8)
+        server = await loop.create_server(lambda: LookupProtocol(self, max_body), sock=sock)
         watcher = loop.create_task(self.watch_state())
         try:
             await server.serve_forever()
         finally:
             watcher.cancel()
+
+
+def _split_bitmaps(found: np.ndarray, sizes: list[int]) -> list[bytes]:
+    """Each request's found-bitmap (its own bit 0 first) from the merged ``found``.
+
+    Few requests: one packbits each. Many: spread the flags so every request
+    starts on a byte boundary, pack once, and slice the bytes.
+    """
+    if len(sizes) <= 3:
+        out, start = [], 0
+        for n in sizes:
+            out.append(np.packbits(found[start:start + n], bitorder="little").tobytes())
+            start += n
+        return out
+    padded = [(n + 7) & ~7 for n in sizes]
+    if padded == sizes:
+        packed = np.packbits(found, bitorder="little").tobytes()
+    else:
+        starts = np.cumsum([0] + sizes[:-1])
+        pad_starts = np.cumsum([0] + padded[:-1])
+        spread = np.zeros(sum(padded), bool)
+        spread[np.arange(len(found)) + np.repeat(pad_starts - starts, sizes)] = found
+        packed = np.packbits(spread, bitorder="little").tobytes()
+    out, at = [], 0
+    for n, p in zip(sizes, padded):
+        out.append(packed[at:at + ((n + 7) >> 3)])
+        at += p >> 3
+    return out

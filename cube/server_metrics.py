@@ -38,6 +38,16 @@ class ServerMetrics:
         self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.latency_sum += seconds
 
+    def observe_lookups(self, requests: int, keys: int, misses: int, seconds) -> None:
+        """Count ``requests`` binary lookups answered 200 together (one merged pass), with their latencies."""
+        self.requests["lookup|200"] += requests
+        self.keys += keys
+        self.misses += misses
+        counts = self.latency_counts
+        for s in seconds:
+            counts[bisect.bisect_left(LATENCY_BUCKETS, s)] += 1
+            self.latency_sum += s
+
     def to_json(self) -> dict:
         return {"requests": dict(self.requests), "keys": self.keys, "misses": self.misses, "batches": self.batches,
                 "latency_counts": self.latency_counts, "latency_sum": self.latency_sum}

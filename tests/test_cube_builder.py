@@ -9,7 +9,7 @@ import pytest
 from helpers_cube import PYTHON, REPO, real_pass_dir, write_synthetic_pass
 
 from cube.builder import build_version
-from cube.lookup_index import ShardIndex
+from cube.lookup_index import WINDOW_MAX_KEYS, ShardIndex
 from cube.shard_format import CorruptShardError, open_shard, verify_version_dir, write_shard
 from cube.sparse_table_reader import iter_sparse_table_fast
 from elastic_control.errors import DataError, UsageError
@@ -144,6 +144,16 @@ def test_lookup_index_matches_a_plain_set_lookup(tmp_path, keys):
     pos = np.searchsorted(keys, query[found])
     np.testing.assert_array_equal(got[found], values[pos])
     assert not got[~found].any()
+    # Small batches take the sliding-window path (below WINDOW_MAX_KEYS): same answers.
+    for size in (1, 26, WINDOW_MAX_KEYS, WINDOW_MAX_KEYS + 1):
+        for at in range(0, len(query), 997):
+            part = query[at:at + size]
+            got_part, found_part = index.lookup(part)
+            np.testing.assert_array_equal(found_part, expect_found[at:at + size])
+            np.testing.assert_array_equal(got_part, got[at:at + size])
+    rows, found_rows = index.lookup_rows(query[:26])
+    assert rows.dtype == np.uint8 and rows.shape == (min(26, len(query)), 4 * 3)
+    np.testing.assert_array_equal(rows.view(np.float32), got[:26])
 
 
 def test_builder_cli_reports_errors_in_one_line(tmp_path):
