@@ -9,13 +9,19 @@ core) answering POST /v1/lookup with binary bodies. Redis: Debian's
 redis-server (single-threaded, default settings, persistence off) answering
 MGET of 8-byte keys holding 36-byte values. Both on loopback, on free ports.
 
-Load generator (the same for both, in THIS process): a closed loop over C
-keep-alive TCP connections driven by one `selectors` loop; every request is
-pre-encoded, and every answer is only counted (its length is known from the
-HTTP Content-Length or from the RESP shape), so the generator spends little
-CPU per request. It runs on the same 2 cores as the server under test, which
-costs the 2-worker cube more than the single-threaded Redis: the ratios are
-conservative. Latency is per request, measured by the generator.
+Load generator (the same for both): bench/loadgen.c, compiled with the
+system C compiler at start: a closed loop over C keep-alive TCP connections
+(epoll, one thread). Every request is pre-encoded and the exact length of
+its answer is learned once beforehand (each request is asked once), so per
+request the generator only sends and counts received bytes: a couple of
+system calls, identical for both peers whatever their protocol, and cheap
+enough not to be the bottleneck of either (a Python generator spent more
+CPU per request than Redis does, and shares the same 2 cores). Latency is
+per request, measured by the generator. Without a C compiler (or with
+--generator python) the older single-process Python `selectors` generator is
+used instead and says so. Each peer's server CPU time per request (user +
+system, all its processes) is printed too: it does not depend on the load
+of the machine the way wall-clock figures do.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,16 +232,99 @@ def run_load(port: int, requests: list[bytes], expect: list[int] | None, clients
             "requests": done}
 
 
+# ---- the compiled load generator --------------------------------------------------------------
+
+def build_loadgen(work: Path) -> str | None:
+    """Compile bench/loadgen.c into ``work``; None if there is no C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    exe = work / "loadgen"
+    r = subprocess.run([cc, "-O2", "-o", str(exe), str(REPO / "bench" / "loadgen.c")], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"loadgen.c did not compile, using the Python generator: {r.stderr.strip()[:300]}", flush=True)
+        return None
+    return str(exe)
+
+
+def http_answer_lengths(port: int, requests: list[bytes]) -> list[int]:
+    """Ask every request once on one keep-alive connection; the byte length of each whole answer."""
+    lengths = []
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        buf = b""
+        for req in requests:
+            s.sendall(req)
+            while b"\r\n\r\n" not in buf:
+                buf += s.recv(1 << 16)
+            head_end = buf.index(b"\r\n\r\n") + 4
+            head = buf[:head_end].lower()
+            if not head.startswith(b"http/1.1 200"):
+                raise SystemExit(f"cube answered: {buf[:200]!r}")
+            at = head.index(b"content-length:") + 15
+            total = head_end + int(head[at:head.index(b"\r\n", at)])
+            while len(buf) < total:
+                buf += s.recv(1 << 16)
+            lengths.append(total)
+            buf = buf[total:]
+    return lengths
+
+
+def write_request_file(path: Path, requests: list[bytes], answers: list[int]) -> Path:
+    parts = [np.uint32(len(requests)).tobytes()]
+    for req, ans in zip(requests, answers):
+        parts += [np.array([len(req), ans], "<u4").tobytes(), req]
+    path.write_bytes(b"".join(parts))
+    return path
+
+
+def run_loadgen(exe: str, port: int, request_file: Path, clients: int, seconds: float, batch: int) -> dict:
+    lat_file = request_file.with_suffix(".lat")
+    r = subprocess.run([exe, "127.0.0.1", str(port), str(clients), str(seconds), str(request_file), str(lat_file)],
+                       capture_output=True, text=True, timeout=seconds + 60)
+    if r.returncode != 0:
+        raise SystemExit(f"loadgen failed: {r.stderr.strip()}")
+    done, elapsed = r.stdout.split()
+    done, elapsed = int(done), float(elapsed)
+    lat = np.fromfile(lat_file, "<u4").astype(np.float64) / 1e9
+    return {"keys_per_s": done * batch / elapsed, "requests_per_s": done / elapsed,
+            "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
+            "requests": done}
+
+
+def cpu_seconds(proc: subprocess.Popen) -> float:
+    """User + system CPU of a server and all its worker processes so far."""
+    total = 0.0
+    try:
+        root = psutil.Process(proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            t = p.cpu_times()
+            total += t.user + t.system
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+def measured(run, proc: subprocess.Popen) -> dict:
+    """Run one load, adding the server's CPU microseconds per request."""
+    c0 = cpu_seconds(proc)
+    res = run()
+    res["server_cpu_us"] = (cpu_seconds(proc) - c0) / max(res["requests"], 1) * 1e6
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1M keys and shorter runs")
     ap.add_argument("--keys", type=int, default=None, help="number of keys (default 10M, --quick 1M)")
     ap.add_argument("--seconds", type=float, default=None, help="seconds per measurement (default 6, --quick 3)")
     ap.add_argument("--workers", type=int, default=2, help="cube-server worker processes")
+    ap.add_argument("--generator", choices=("c", "python"), default="c",
+                    help="load generator: the compiled bench/loadgen.c (default) or the Python selectors loop")
     args = ap.parse_args()
     n = args.keys or (1_000_000 if args.quick else 10_000_000)
     seconds = args.seconds or (3.0 if args.quick else 6.0)
     work = Path(tempfile.mkdtemp(prefix="bench-cube-"))
+    load_at_start = os.getloadavg()[0]
     procs = []
     try:
         t = time.time()
@@ -266,26 +356,41 @@ def main() -> None:
         pos = np.searchsorted(keys, q[present])
         assert np.array_equal(cube_vals[present], values[pos]) and not cube_vals[~present].any()
 
+        exe = build_loadgen(work) if args.generator == "c" else None
+        generator = ("bench/loadgen.c (compiled, epoll, one thread)" if exe else
+                     "the Python selectors loop in the benchmark process")
+        print(f"load generator: {generator}", flush=True)
         rows = []
+        redis_proc = procs[1]
         for batch in (26, 1000):
             queries = make_queries(keys, batch, 4000 if batch == 26 else 800, seed=batch)
             cube_reqs = [cube_request(cube_port, q) for q in queries]
             redis_reqs = [redis_request(q) for q in queries]
             expect = [redis_answer_length(q, is_present(keys, q)) for q in queries]
+            if exe:
+                cube_file = write_request_file(work / f"cube-{batch}.req", cube_reqs,
+                                               http_answer_lengths(cube_port, cube_reqs))
+                redis_file = write_request_file(work / f"redis-{batch}.req", redis_reqs, expect)
             for clients in (1, 16):
-                res_c = run_load(cube_port, cube_reqs, None, clients, seconds, batch)
-                res_r = run_load(redis_port, redis_reqs, expect, clients, seconds, batch)
+                if exe:
+                    res_c = measured(lambda: run_loadgen(exe, cube_port, cube_file, clients, seconds, batch), cube_proc)
+                    res_r = measured(lambda: run_loadgen(exe, redis_port, redis_file, clients, seconds, batch),
+                                     redis_proc)
+                else:
+                    res_c = measured(lambda: run_load(cube_port, cube_reqs, None, clients, seconds, batch), cube_proc)
+                    res_r = measured(lambda: run_load(redis_port, redis_reqs, expect, clients, seconds, batch),
+                                     redis_proc)
                 rows.append((batch, clients, res_c, res_r))
                 print(f"batch {batch:5d}  clients {clients:2d} | cube {res_c['keys_per_s'] / 1e6:6.2f} Mkeys/s "
-                      f"p50 {res_c['p50_ms']:6.2f} ms p99 {res_c['p99_ms']:6.2f} ms | redis "
-                      f"{res_r['keys_per_s'] / 1e6:6.2f} Mkeys/s p50 {res_r['p50_ms']:6.2f} ms p99 "
-                      f"{res_r['p99_ms']:6.2f} ms | cube/redis {res_c['keys_per_s'] / res_r['keys_per_s']:5.2f}x",
-                      flush=True)
+                      f"p50 {res_c['p50_ms']:6.2f} ms p99 {res_c['p99_ms']:6.2f} ms cpu {res_c['server_cpu_us']:5.0f} us/req"
+                      f" | redis {res_r['keys_per_s'] / 1e6:6.2f} Mkeys/s p50 {res_r['p50_ms']:6.2f} ms p99 "
+                      f"{res_r['p99_ms']:6.2f} ms cpu {res_r['server_cpu_us']:5.0f} us/req"
+                      f" | cube/redis {res_c['keys_per_s'] / res_r['keys_per_s']:5.2f}x", flush=True)
         print("\nsummary (keys/s ratio cube/Redis):")
         for batch, clients, c, r in rows:
             print(f"  batch {batch:4d}, {clients:2d} clients: {c['keys_per_s'] / r['keys_per_s']:.2f}x")
-        print(f"load generator: one selectors loop in the benchmark process, on the same {os.cpu_count()} cores; "
-              f"load average now {os.getloadavg()[0]:.1f}")
+        print(f"load generator: {generator}, on the same {os.cpu_count()} cores as both servers; "
+              f"load average now {os.getloadavg()[0]:.1f} (at start {load_at_start:.1f})")
     finally:
         for p in procs:
             p.terminate()

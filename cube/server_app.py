@@ -256,7 +256,7 @@ class CubeWorker:
         single = len(items) == 1
         keys = np.frombuffer(items[0][1] if single else b"".join([it[1] for it in items]), dtype="<u8")
         rows, found = index.lookup_rows(keys)
-        rows = memoryview(rows)
+        rows = memoryview(rows.reshape(-1))  # flat bytes: slices below are byte ranges, not rows
         rb = index.row_bytes
         total = len(keys)
         prefixes = self._head_prefixes.get(index.version)
