@@ -19,6 +19,8 @@ EXPERIMENT = "elastic-ctr"
 REGISTERED_MODEL = "elastic-ctr"
 LOCAL_STORE = "mlflow.db"
 LOCAL_ARTIFACTS = "mlartifacts"
+# Run artifact folder of the registered passes: passes/PASS/{dense/, meta.json, golden.jsonl}.
+PASS_ARTIFACTS = "passes"
 
 
 def tracking_uri(model_path: str | os.PathLike) -> str:
@@ -64,18 +66,38 @@ class Tracker:
             self.client.log_batch(self.run_id, metrics=items)
 
     def register_pass(self, pass_dir: str | os.PathLike, *, pass_name: str, window: dict, metrics: dict) -> str | None:
-        """A new version of the registered model pointing at the pass folder; returns the version."""
-        tags = {"pass": pass_name, "window_start": window["start"], "window_end": window["end"]}
+        """Log the pass's small files as run artifacts and register them as a new model version.
+
+        An MLflow *server* only accepts a version source inside the run's
+        artifact directory (a bare local path is refused with "local path has
+        to be contained within the artifact directory of the run"), so the
+        source is ``<run artifact URI>/passes/PASS``, holding ``dense/``,
+        ``meta.json`` and ``golden.jsonl``. The sparse table stays in the pass
+        folder only (it grows with the vocabulary: gigabytes per hour on real
+        logs); the version's ``pass_dir`` tag says where that folder is.
+        Returns the version, or None when MLflow refused (training goes on).
+        """
+        from elastic_control import pass_format
+
+        folder = Path(pass_dir).resolve()
+        tags = {"pass": pass_name, "window_start": window["start"], "window_end": window["end"],
+                "pass_dir": str(folder)}
         tags.update({k: f"{v:.6f}" if isinstance(v, float) else str(v) for k, v in metrics.items()})
+        artifact_path = f"{PASS_ARTIFACTS}/{pass_name}"
         try:
+            for name in (pass_format.META_FILE, pass_format.GOLDEN_FILE):
+                if (folder / name).exists():
+                    self.client.log_artifact(self.run_id, str(folder / name), artifact_path)
+            self.client.log_artifacts(self.run_id, str(folder / pass_format.DENSE_DIR),
+                                      f"{artifact_path}/{pass_format.DENSE_DIR}")
             try:
                 self.client.get_registered_model(REGISTERED_MODEL)
             except mlflow.exceptions.MlflowException:
                 self.client.create_registered_model(REGISTERED_MODEL)
-            version = self.client.create_model_version(REGISTERED_MODEL, source=str(Path(pass_dir).resolve()),
-                                                       run_id=self.run_id, tags=tags)
+            source = f"{self.client.get_run(self.run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
+            version = self.client.create_model_version(REGISTERED_MODEL, source=source, run_id=self.run_id, tags=tags)
             return str(version.version)
-        except mlflow.exceptions.MlflowException as e:
+        except (mlflow.exceptions.MlflowException, OSError) as e:
             # Registration is bookkeeping: a registry that refuses it must not stop training.
             self._warn(f"MLflow: could not register {pass_name}: {e}")
             return None

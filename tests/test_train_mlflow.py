@@ -1,0 +1,129 @@
+"""Registering passes in MLflow: against the default SQLite store and a real `mlflow server` process."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from elastic_control import pass_format
+
+
+def _fake_pass(root: Path, name: str) -> Path:
+    """A pass folder with the files registration logs (content is arbitrary bytes; nothing loads it)."""
+    folder = root / name
+    (folder / pass_format.DENSE_DIR).mkdir(parents=True)
+    (folder / pass_format.DENSE_DIR / "inference.pdmodel").write_bytes(b"model-" + name.encode())
+    (folder / pass_format.DENSE_DIR / "inference.pdiparams").write_bytes(os.urandom(4096))
+    (folder / pass_format.SPARSE_DIR / "000").mkdir(parents=True)
+    (folder / pass_format.SPARSE_DIR / "000" / "part-000-00000.gz").write_bytes(b"big table")
+    (folder / pass_format.META_FILE).write_text(json.dumps({"pass": name}))
+    (folder / pass_format.GOLDEN_FILE).write_text('{"line": "1 0 5:1", "prob": 0.25}\n')
+    return folder
+
+
+def _register_two_passes(models: Path) -> tuple[str, list]:
+    from mlflow.tracking import MlflowClient
+
+    from elastic_control.training.tracking import REGISTERED_MODEL, Tracker
+
+    errors = []
+    tracker = Tracker(models, run_name="test", warn=errors.append)
+    got = []
+    for hour in ("00", "01"):
+        name = f"pass-20191221-{hour}"
+        folder = _fake_pass(models, name)
+        got.append(tracker.register_pass(folder, pass_name=name, window={"start": f"20191221/{hour}",
+                                                                         "end": f"20191221/{hour}"},
+                                         metrics={"auc": 0.75, "examples": 10}))
+    tracker.finish()
+    assert errors == [] and got == ["1", "2"]
+    client = MlflowClient(tracking_uri=tracker.uri, registry_uri=tracker.uri)
+    return tracker.run_id, sorted(client.search_model_versions(f"name='{REGISTERED_MODEL}'"),
+                                  key=lambda v: int(v.version))
+
+
+def _check_versions(models: Path, tmp_path: Path, run_id: str, versions: list) -> None:
+    import mlflow.artifacts
+
+    assert [v.tags["pass"] for v in versions] == ["pass-20191221-00", "pass-20191221-01"]
+    for v in versions:
+        name = v.tags["pass"]
+        assert v.run_id == run_id and v.tags["auc"] == "0.750000" and v.tags["window_end"].endswith(name[-2:])
+        assert v.tags["pass_dir"] == str((models / name).resolve())
+        assert v.source.endswith(f"/passes/{name}")
+        # The version's files come back from the registry, byte for byte; the sparse table is not logged.
+        out = Path(mlflow.artifacts.download_artifacts(artifact_uri=v.source, dst_path=str(tmp_path / name)))
+        for rel in ("dense/inference.pdmodel", "dense/inference.pdiparams", "meta.json", "golden.jsonl"):
+            assert (out / rel).read_bytes() == (models / name / rel).read_bytes(), rel
+        assert not (out / "sparse").exists()
+
+
+def test_register_pass_in_default_sqlite_store(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    models = tmp_path / "models"
+    models.mkdir()
+    run_id, versions = _register_two_passes(models)
+    _check_versions(models, tmp_path / "download", run_id, versions)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` (SQLite store, proxied artifacts) on a free loopback port."""
+    port = _free_port()
+    root = tmp_path / "mlflow-server"
+    root.mkdir()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    log = open(root / "server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+         "--serve-artifacts"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"mlflow server exited with {proc.returncode}: {(root / 'server.log').read_text()[-2000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("mlflow server did not answer /health within 120 s")
+            time.sleep(0.5)
+        yield url, root
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.mark.e2e
+def test_register_pass_against_a_real_mlflow_server(tmp_path, monkeypatch, mlflow_server):
+    url, root = mlflow_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    models = tmp_path / "models"
+    models.mkdir()
+    run_id, versions = _register_two_passes(models)
+    _check_versions(models, tmp_path / "download", run_id, versions)
+    # The artifacts went through the server into its own artifact store.
+    assert list((root / "artifacts").rglob("inference.pdiparams"))
