@@ -146,7 +146,8 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
         argv=console_script("cube-transfer", "cube.transfer") + ["--host", LOOPBACK, "--poll-interval", "1"],
         env={ev.MODEL_PATH.name: model_path, ev.CUBE_ROOT.name: str(layout.cube_root), ev.CUBE_SHARDS.name: shards,
              ev.CUBE_AGENTS.name: cube_agents, ev.CUBE_SERVERS.name: cube_servers,
-             ev.FILESERVER_URL.name: fileserver_url, ev.CUBE_TRANSFER_PORT.name: str(transfer_port), **config_env},
+             ev.FILESERVER_URL.name: fileserver_url, ev.CUBE_TRANSFER_PORT.name: str(transfer_port),
+             ev.MLFLOW_TRACKING_URI.name: mlflow_url, **config_env},
     ))
     comps.append(ComponentSpec(
         name=SERVING, kind="serving", port=serving_port, ready="http:/healthz",
