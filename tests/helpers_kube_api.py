@@ -14,6 +14,9 @@ log streams) so the real `kubernetes` client parses them. Scenarios:
   stream ends with the job Completed.
 - ``node_ports``: Service name -> nodePort to allocate (point it at a local
   test server to make a NodePort service reachable).
+- ``on_volcano_job``: called as ``fn(api, namespace, job)`` after a Volcano
+  Job and its pods were created (under the API's lock: start a thread to act
+  like Volcano's controller, e.g. tests/helpers_kube_eval.py).
 
 Use ``with FakeKubeAPI() as api: api.write_kubeconfig(path)``.
 """
@@ -52,11 +55,12 @@ def now() -> str:
 class FakeKubeAPI:
     def __init__(self, *, crd_installed: bool = True, queue_state: str = "Open", namespaces=("default",),
                  unschedulable: bool = False, recreate_trainer: bool = False, node_ports: dict | None = None,
-                 job_delete_delay: float = 0.3, log_line_delay: float = 0.02):
+                 job_delete_delay: float = 0.3, log_line_delay: float = 0.02, on_volcano_job=None):
         self.crd_installed, self.queue_state = crd_installed, queue_state
         self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
         self.node_ports = dict(node_ports or {})
         self.job_delete_delay, self.log_line_delay = job_delete_delay, log_line_delay
+        self.on_volcano_job = on_volcano_job
         self.lock = threading.RLock()
         self.store: dict[tuple, dict] = {}  # (gv, plural, namespace, name) -> object
         self.requests: list[tuple[str, str, dict]] = []
@@ -184,6 +188,8 @@ class FakeKubeAPI:
             obj["status"] = {"state": {"phase": "Pending" if self.unschedulable else "Running"},
                              "running": 0 if self.unschedulable else total, "pending": total if self.unschedulable else 0,
                              "minAvailable": obj["spec"]["minAvailable"]}
+            if self.on_volcano_job:
+                self.on_volcano_job(self, ns, obj)
 
     def _volcano_pod(self, ns, job, task, index, log=None):
         labels = {"volcano.sh/job-name": job, "volcano.sh/job-namespace": ns,

@@ -83,6 +83,31 @@ class KubeBackend(Backend):
         why = "a pod cannot start" if any(fatal_reason(p) for p in count.stuck) else f"not running after {timeout:g}s"
         raise ApplyError(f"{count.started}/{expected} pods running, {why}: {reasons[0] if reasons else 'unknown'}")
 
+    def submit_evaluation(self, plan: Plan, request, *, timeout: float, poll: float = 2.0) -> dict:
+        """`eval submit`: render the evaluation's Volcano jobs into STATE/eval/RUN/, run them, return the metrics."""
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from elastic_control.kube.eval_job import render_eval_job
+        from elastic_control.kube.eval_run import submit_eval_job
+        from elastic_control.kube.render import RenderInputs
+
+        inputs = RenderInputs(token=plan.token(), data_config=plan.data_config(), service_type=plan.service_type)
+        files = render_eval_job(plan, inputs, request, plan.state_path)
+        done(f"rendered {files.workers_path} and {files.merge_path}")
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} shares"), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            task = bar.add_task("evaluation workers", total=request.workers)
+            metrics = submit_eval_job(
+                files, namespace=plan.namespace, queue=plan.queue, deployment=plan.job_name, timeout=timeout,
+                poll=poll, progress=lambda message: bar.console.print(f"[green]✓[/green] {message}"),
+                warning=lambda message: bar.console.print(f"[yellow]![/yellow] {message}"),
+                on_workers=lambda p: bar.update(task, completed=p.succeeded,
+                                                description=f"evaluation workers ({p.phase}, {p.running} running)"))
+        done(f"merged: metrics.json, scored.parquet and plots are in {files.output} on the claim "
+             f"{plan.job_name}-shared; the merge logged the run to MLflow ({plan.job_name}-mlflow)")
+        return metrics
+
     def logs(self, plan: Plan, *, follow: bool = False, components: list[str] | None = None) -> None:
         from elastic_control.kube.logs import LogPrinter, follow_logs, log_sources, print_logs
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from elastic_control.cli_options import state_dir_option
 from elastic_control.console import console, done, info, out
 
 
@@ -74,6 +75,13 @@ def eval_command(ctx, model, baseline, datafile, output, group_slot, ndcg_k, wor
     spec = EvalSpec.create(model=model, data_config=datafile, shares=shares, baseline=baseline, start=start, end=end,
                            group_slot=group_slot, ndcg_k=ndcg_k, keep_scored=bool(output or partial_out))
     if shard:
+        from elastic_control.evaluation.shares import read_share
+
+        # A restarted cluster worker (Volcano restarts the whole worker task) keeps a share already done.
+        previous = read_share(partial_out, index, shares)
+        if previous and previous["spec"]["fingerprint"] == spec.fingerprint():
+            done(f"share {index}/{shares} is already complete in {partial_out}; kept")
+            return
         result = run_share(spec, index, partial_out)
         done(f"share {index}/{shares}: {result['examples']} examples scored in {result['seconds']}s "
              f"-> {partial_out}")
@@ -93,6 +101,46 @@ def merge_command(partials, output, mlflow, as_json):
     from elastic_control.evaluation.parallel import merge_partials
 
     _finish(merge_partials(partials), output, mlflow, as_json)
+
+
+@eval_command.command("submit")
+@click.option("--model", required=True, help="Pass to evaluate: its name under the pods' MODEL_PATH, or an absolute "
+                                             "path inside the pods.")
+@click.option("--baseline", help="Pass to compare with (name or absolute path in the pods).")
+@click.option("--workers", type=click.IntRange(1, 512), help="Worker pods (default: the plan's trainer count).")
+@click.option("--group-slot", type=int, help="Slot whose feasign names the group: grouped AUC, NDCG@k.")
+@click.option("--ndcg-k", type=click.IntRange(1, 10000), default=10, show_default=True)
+@click.option("--start", help="First hour YYYYMMDD/HH (default: START_DATE_HR of the deployment's data.config).")
+@click.option("--end", help="Last hour YYYYMMDD/HH (default: END_DATE_HR).")
+@click.option("--run", "run", help="Name of this evaluation (default: a hash of the flags, so a resubmission "
+                                   "reuses the complete shares).")
+@click.option("--timeout", type=click.FloatRange(1), default=86400, show_default=True,
+              help="Seconds to wait for each of the two jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged metrics as JSON on stdout.")
+@click.option("--poll-interval", type=click.FloatRange(0.05), default=2.0, hidden=True)
+@state_dir_option
+def submit_command(model, baseline, workers, group_slot, ndcg_k, start, end, run, timeout, as_json, poll_interval,
+                   state_dir):
+    """Run the evaluation on the Kubernetes cluster of the plan: a Volcano job of W workers, then the merge."""
+    import json
+
+    from elastic_control.backends.kube_backend import KubeBackend
+    from elastic_control.errors import UsageError
+    from elastic_control.evaluation.report import metrics_table
+    from elastic_control.kube.eval_job import EvalJobRequest
+    from elastic_control.plan import load_plan
+
+    plan = load_plan(state_dir)
+    if plan.backend != "k8s":
+        raise UsageError(f"the plan in {state_dir}/ uses the {plan.backend} backend; evaluate with local processes "
+                         "instead: `elastic-control eval --model PASS_DIR --workers W -f data.config`")
+    request = EvalJobRequest(model=model, baseline=baseline, workers=workers or plan.resources.trainers,
+                             group_slot=group_slot, ndcg_k=ndcg_k, start=start, end=end, run=run)
+    metrics = KubeBackend().submit_evaluation(plan, request, timeout=timeout, poll=poll_interval)
+    if as_json:
+        out(json.dumps(metrics, sort_keys=True))
+    else:
+        console.print(metrics_table(metrics))
 
 
 @eval_command.command("shadow-report")
