@@ -38,7 +38,8 @@ def _finish(result, output: str | None, mlflow: bool, as_json: bool) -> None:
 
 
 @click.group("eval", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="Cluster job: each worker runs `eval ... --shard I/W --partial-out DIR`, then one "
+             epilog="On Kubernetes: `eval submit --model PASS --workers W` runs W workers "
+                    "(`eval ... --shard I/W --partial-out DIR`) as a Volcano job, then one "
                     "`eval merge --partial-out DIR`; see docs/contracts.md.")
 @click.option("--model", "model", type=click.Path(file_okay=False), help="Pass folder to evaluate.")
 @click.option("--baseline", type=click.Path(file_okay=False), help="Pass folder to compare with (e.g. the active one).")
@@ -109,7 +110,7 @@ def merge_command(partials, output, mlflow, as_json):
 @click.option("--baseline", help="Pass to compare with (name or absolute path in the pods).")
 @click.option("--workers", type=click.IntRange(1, 512), help="Worker pods (default: the plan's trainer count).")
 @click.option("--group-slot", type=int, help="Slot whose feasign names the group: grouped AUC, NDCG@k.")
-@click.option("--ndcg-k", type=click.IntRange(1, 10000), default=10, show_default=True)
+@click.option("--ndcg-k", type=click.IntRange(1, 10000), default=10, show_default=True, help="k of NDCG@k.")
 @click.option("--start", help="First hour YYYYMMDD/HH (default: START_DATE_HR of the deployment's data.config).")
 @click.option("--end", help="Last hour YYYYMMDD/HH (default: END_DATE_HR).")
 @click.option("--run", "run", help="Name of this evaluation (default: a hash of the flags, so a resubmission "
