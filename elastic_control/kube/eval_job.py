@@ -113,7 +113,8 @@ def worker_entry(request: EvalJobRequest, *, model_path: str, partials: str) -> 
 
 def merge_entry(*, partials: str, output: str) -> str:
     # --json: the CLI reads the metrics back from this pod's log and shows them.
-    return f"exec elastic-control eval merge --partial-out {shlex.quote(partials)} --output {shlex.quote(output)} --json"
+    return (f"exec elastic-control eval merge --partial-out {shlex.quote(partials)} "
+            f"--output {shlex.quote(output)} --json")
 
 
 def eval_context(plan, inputs: RenderInputs, request: EvalJobRequest) -> dict:
