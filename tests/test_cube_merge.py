@@ -76,15 +76,18 @@ def _metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-@pytest.fixture
-def two_version_server(tmp_path):
-    """One server: OLD active (every value 1.0 + key index), NEW prepared (2.0 + key index)."""
+@pytest.fixture(params=["auto", "asyncio"])
+def two_version_server(tmp_path, request):
+    """One server: OLD active (every value 1.0 + key index), NEW previous (2.0 + key index).
+
+    Run on both event loops: uvloop (the default when installed) and asyncio's own.
+    """
     keys = np.unique(np.random.default_rng(11).integers(1, 2**64 - 1, 3000, dtype=np.uint64))
     for base, name in ((1.0, OLD), (2.0, NEW)):
         values = base + np.arange(len(keys), dtype=np.float32)[:, None] * 10 + np.arange(DIM, dtype=np.float32)
         p = write_synthetic_pass(tmp_path / "passes" / name, keys, values.astype(np.float32))
         build_version(pass_dir=p, shards=1, output=tmp_path / "cube")
-    with cube_server(tmp_path / "cube", 0, tmp_path) as (url, proc):
+    with cube_server(tmp_path / "cube", 0, tmp_path, extra=["--event-loop", request.param]) as (url, proc):
         r = requests.post(f"{url}/v1/load", json={"version": OLD}, headers={"Authorization": f"Bearer {TOKEN}"},
                           timeout=30)
         assert r.status_code == 200, r.text
