@@ -110,7 +110,7 @@ def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
     return float(np.max(np.abs(served - np.array([r["prob"] for r in rows])))), len(rows)
 
 
-def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 2, lines_per_hour: int = 20_000, trainers: int = 2,
+def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 4, lines_per_hour: int = 25_000, trainers: int = 2,
              pservers: int = 1, shards: int = 2, criteo: str | None = None, keep: bool = False, seed: int = 7,
              timeout: float = 900.0, show: bool = True, on_pass=None) -> DemoReport:
     """Run the main job; returns the report (also printed). Stops everything at the end unless ``keep``.
@@ -247,8 +247,8 @@ def print_report(report: DemoReport, data) -> None:
 @click.command("demo", help="The whole pipeline on this machine: data, training, cube, serving, predictions and AUC.")
 @click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True, type=click.Path(file_okay=False),
               help="Folder for the data, models and state of this run (cleared at the start).")
-@click.option("--hours", type=click.IntRange(2, 48), default=2, show_default=True, help="Hourly passes to train.")
-@click.option("--lines-per-hour", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True)
+@click.option("--hours", type=click.IntRange(2, 48), default=4, show_default=True, help="Hourly passes to train.")
+@click.option("--lines-per-hour", type=click.IntRange(100, 10_000_000), default=25_000, show_default=True)
 @click.option("--trainers", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--pservers", type=click.IntRange(1, 16), default=1, show_default=True)
 @click.option("--shards", type=click.IntRange(1, 16), default=2, show_default=True, help="Cube shards.")

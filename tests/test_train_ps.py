@@ -145,6 +145,25 @@ def test_coordinator_barrier_collects_every_rank(tmp_path):
         coord.close()
 
 
+@pytest.mark.e2e
+def test_quick_training_clearly_beats_the_positive_rate_constant(tmp_path):
+    """Fast quality guard: 1 trainer, 2 small hours; the next (unseen) hour is scored from the saved pass."""
+    from elastic_control.data.hourly_writer import hour_dir
+    from elastic_control.data.synth import generate, read_truth
+    from elastic_control.training.metrics import auc, log_loss
+
+    job = write_job(tmp_path, slots=SLOTS, hours=2)
+    generate(job.data, slots=SLOTS, hours=3, lines_per_hour=12_000, seed=5, start=START)
+    result = run_training(job, trainers=1, timeout=400)
+    lines, truth = read_truth(hour_dir(job.data, START + dt.timedelta(hours=2)))
+    labels = labels_of(lines)
+    probs = score_pass(job.models / result.passes[-1], lines)
+    constant = np.full(len(labels), labels.mean())
+    print(f"held-out AUC {auc(labels, probs):.4f} (Bayes-optimal {auc(labels, truth):.4f})")
+    assert auc(labels, probs) > 0.70
+    assert log_loss(labels, probs) < log_loss(labels, constant) - 0.01
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_synthetic_heldout_auc_close_to_bayes_optimal(tmp_path):
