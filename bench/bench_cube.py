@@ -20,8 +20,10 @@ CPU per request than Redis does, and shares the same 2 cores). Latency is
 per request, measured by the generator. Without a C compiler (or with
 --generator python) the older single-process Python `selectors` generator is
 used instead and says so. Each peer's server CPU time per request (user +
-system, all its processes) is printed too: it does not depend on the load
-of the machine the way wall-clock figures do.
+system, all its processes) is printed too: it is less sensitive than
+wall-clock figures to what else runs on the machine (though not immune:
+contention for caches inflates it too). Redis runs with default settings
+(no io-threads), as Debian ships it; cube uses both cores (--workers 2).
 """
 from __future__ import annotations
 
