@@ -73,7 +73,21 @@ class LookupProtocol(HttpProtocol):
         super().__init__(worker.handle, max_body)
         self.worker = worker
 
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self.worker.connections += 1
+
+    def connection_lost(self, exc):
+        super().connection_lost(exc)
+        self.worker.connections -= 1
+
     def data_received(self, data: bytes) -> None:
+        try:
+            self._receive(data)
+        finally:  # even after an early return: what was queued must be answered
+            self.worker.end_of_chunk()
+
+    def _receive(self, data: bytes) -> None:
         if self.closing:
             return
         if self.buffer:  # the tail of an earlier chunk: continue from it (the rare, split case)

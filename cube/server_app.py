@@ -47,6 +47,7 @@ class CubeWorker:
         self._head_prefixes: dict[str, tuple[bytes, bytes]] = {}
         self._max_body_bytes = max_batch * 8
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.connections = 0          # open connections of this worker (LookupProtocol counts them)
         self._control_lock = asyncio.Lock()
         self._stamp: tuple = ()
         self._last_error: str | None = None
@@ -229,9 +230,16 @@ class CubeWorker:
     def _queue(self, index, body: bytes, slot: Slot, deliver) -> None:
         """Queue a checked lookup; every lookup queued before the loop gets back to it shares one pass."""
         self._pending.append((index, body, slot, deliver, perf_counter()))
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and self.connections > 1:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    def end_of_chunk(self) -> None:
+        """A connection has parsed all it received. With one connection there is nothing to wait
+        for (no other connection can add keys this turn): answer its requests, pipelined ones merged,
+        at once instead of a loop turn later."""
+        if self._pending and not self._flush_scheduled:
+            self._flush()
 
     def _flush(self) -> None:
         pending, self._pending, self._flush_scheduled = self._pending, [], False

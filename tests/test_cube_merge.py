@@ -188,3 +188,16 @@ def test_concurrent_connections_with_mixed_versions_never_cross(two_version_serv
         for s in socks:
             s.close()
     assert _metric(url, "cube_requests_total") > 0
+
+
+def test_lookups_pipelined_before_a_broken_request_are_still_answered(two_version_server):
+    url, keys = two_version_server
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    queries = [keys[i:i + 26] for i in (0, 100, 200)]
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"".join(_lookup(q) for q in queries) + b"GARBAGE\r\n\r\n")
+        answers = _read_answers(s, 4)
+        assert s.recv(100) == b""  # closed after the 400: the stream is out of sync
+    for q, answer in zip(queries, answers):
+        _check_binary(answer, keys, q, OLD)
+    assert answers[3][0] == 400
