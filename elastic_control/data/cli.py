@@ -61,19 +61,19 @@ def criteo_command(input_path, output, hours, start, parts):
 @click.option("-s", "--slot_conf", default=None, type=click.Path(dir_okay=False),
               help="Slots to generate (default: slots 1-39 as in examples/slot.conf).")
 @click.option("--start", callback=_hour, default=DEFAULT_START, show_default=True, help="First hour, YYYYMMDD/HH.")
-@click.option("--vocab", type=click.IntRange(2, 10_000_000), default=500, show_default=True,
-              help="Distinct feasigns per slot.")
+@click.option("--vocab", type=click.IntRange(2, 10_000_000), default=None, show_default="50",
+              help="Distinct feasigns per slot (larger vocabularies need more lines to learn).")
 @click.option("--parts", type=click.IntRange(1, 1024), default=2, show_default=True, help="Part files per hour.")
 @click.option("--gz", is_flag=True, help="Gzip the part files.")
 def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, parts, gz):
     from elastic_control.config.slot_conf import load_slot_conf
     from elastic_control.console import done, out
-    from elastic_control.data.synth import generate
+    from elastic_control.data.synth import DEFAULT_VOCAB, generate
 
     slots = load_slot_conf(slot_conf).slots if slot_conf else tuple(range(1, 40))
     with _progress(f"generating {hours} hour(s)", hours) as advance:
         summary = generate(output, slots=slots, hours=hours, lines_per_hour=lines_per_hour, seed=seed, start=start,
-                           parts=parts, compress=gz, vocab=vocab, progress=advance)
+                           parts=parts, compress=gz, vocab=vocab or DEFAULT_VOCAB, progress=advance)
     done(f"{summary['lines']} lines in {hours} hour(s) under {output} (CTR {summary['ctr']:.4f}, "
          f"Bayes-optimal AUC {summary['bayes_auc']:.4f})")
     out(json.dumps(summary))

@@ -56,7 +56,10 @@ class PlantedModel:
     bias: float
 
 
-def build_planted_model(slots: Sequence[int], seed: int, *, vocab: int = 50, zipf: float = 1.1,
+DEFAULT_VOCAB = 50  # feasigns per slot; see the module docstring for why not more
+
+
+def build_planted_model(slots: Sequence[int], seed: int, *, vocab: int = DEFAULT_VOCAB, zipf: float = 1.1,
                         weight_scale: float = 0.7, interactions: int = 3, rank: int = 2,
                         interaction_scale: float = 0.4, base_ctr: float = 0.2) -> PlantedModel:
     """The ground truth for ``slots``; deterministic in ``seed``."""
