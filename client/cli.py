@@ -1,13 +1,13 @@
 """``ctr-client`` / ``python -m client``: predict, upload, health. Only click code lives here."""
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
 from client.api import ServingClient, check_health, load_client_config, upload_configs
-from elastic_control.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
+from elastic_control.cli_runner import run_cli
+from elastic_control.errors import ElasticControlError
 from elastic_control.env_vars import STATE_DIR
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -90,23 +90,4 @@ cli.add_command(health_command)
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: one-line errors, exit 2 for usage errors and 1 for failures."""
-    debug = os.environ.get("ELASTIC_CTR_DEBUG", "").lower() in ("1", "true", "yes")
-    try:
-        cli.main(args=argv, prog_name="ctr-client", standalone_mode=False)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(EXIT_USAGE if isinstance(e, click.UsageError) else e.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except ElasticControlError as e:
-        if debug:
-            raise
-        click.echo(f"ctr-client: error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except BrokenPipeError:
-        sys.exit(EXIT_FAILURE)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    sys.exit(0)
+    run_cli(cli, "ctr-client", argv)

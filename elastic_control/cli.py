@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 
 import click
 
 from elastic_control import __version__
 from elastic_control.cli_options import state_dir_option
+from elastic_control.cli_runner import run_cli
 from elastic_control.config.resources import RANGES, Resources
-from elastic_control.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
+from elastic_control.errors import ElasticControlError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -125,27 +125,4 @@ def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pserver
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the CLI and turn errors into one-line messages and exit codes."""
-    debug = os.environ.get("ELASTIC_CTR_DEBUG", "").lower() in ("1", "true", "yes")
-    try:
-        cli.main(args=argv, prog_name="elastic-control", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.UsageError as e:
-        # One line, like every other error, instead of click's usage block.
-        hint = f"; see `{e.ctx.command_path} -h`" if e.ctx is not None else ""
-        click.echo(f"elastic-control: error: {e.format_message().rstrip('.')}{hint}", err=True)
-        sys.exit(EXIT_USAGE)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except ElasticControlError as e:
-        if debug:
-            raise
-        click.echo(f"elastic-control: error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    sys.exit(0)
+    run_cli(cli, "elastic-control", argv)
