@@ -10,7 +10,6 @@ workers follow the shared state file (see cube/version_store.py).
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import os
 import signal

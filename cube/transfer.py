@@ -37,7 +37,7 @@ from elastic_control import env_vars
 from elastic_control.atomic import atomic_write_json
 from elastic_control.errors import ComponentError, DataError, ElasticControlError, UsageError
 from elastic_control.fileserver.client import FileServerClient, FileServerError
-from elastic_control.pass_format import load_pass, read_donefile
+from elastic_control.pass_format import read_donefile
 
 DEFAULT_PORT = 8099
 JOURNAL_FILE = "transfer-state.json"
