@@ -44,7 +44,7 @@ class CubeWorker:
         self.versions = VersionSet(ControlState(shard=shard, workers=workers), {})
         self._pending: list = []      # (index, body, slot, deliver, t0) waiting for the next merged pass
         self._flush_scheduled = False
-        self._head_prefixes: dict[str, tuple[bytes, bytes]] = {}
+        self._head_prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         self._max_body_bytes = max_batch * 8
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connections = 0          # open connections of this worker (LookupProtocol counts them)
@@ -267,7 +267,7 @@ class CubeWorker:
         rows = memoryview(rows.reshape(-1))  # flat bytes: slices below are byte ranges, not rows
         rb = index.row_bytes
         total = len(keys)
-        prefixes = self._head_prefixes.get(index.version)
+        prefixes = self._head_prefixes.get((index.version, index.dim))
         if prefixes is None:
             prefixes = self._head_prefixes_for(index)
         if single:
@@ -302,7 +302,7 @@ class CubeWorker:
                   f"X-Cube-Dim: {index.dim}\r\nContent-Length: ").encode("latin-1")
         prefixes = (b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + common,
                     b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n" + common)
-        self._head_prefixes[index.version] = prefixes
+        self._head_prefixes[(index.version, index.dim)] = prefixes
         return prefixes
 
     def _lookup_json(self, req: Request, index) -> Response:

@@ -39,7 +39,8 @@ class ServerMetrics:
         self.latency_sum += seconds
 
     def observe_lookups(self, requests: int, keys: int, misses: int, seconds) -> None:
-        """Count ``requests`` binary lookups answered 200 together (one merged pass), with their latencies."""
+        """Count one merged pass that answered ``requests`` binary lookups (200), with their latencies."""
+        self.batches += 1
         self.requests["lookup|200"] += requests
         self.keys += keys
         self.misses += misses
