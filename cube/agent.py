@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 import requests
 
-from cube.cli_common import run_cli
+from elastic_control.cli_runner import run_cli
 from cube.control_client import ControlCallError, call_json
 from cube.json_service import Route, make_json_server, require_str
 from cube.shard_format import MANIFEST, CorruptShardError, open_shard, sha256_file, shard_file_name

@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from cube.cli_common import run_cli
+from elastic_control.cli_runner import run_cli
 from cube.shard_format import MANIFEST, sha256_file, shard_file_name, write_shard
 from cube.sparse_table_reader import iter_sparse_table_fast
 from elastic_control.atomic import atomic_write_json, staged_directory

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from cube.cli_common import run_cli
+from elastic_control.cli_runner import run_cli
 from cube.server_app import CubeWorker
 from cube.shard_format import CorruptShardError, complete_versions, shard_file_name, verify_version_dir
 from cube.version_store import ControlState, StateFile, load_index

@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 
 from cube.builder import build_version
-from cube.cli_common import run_cli
+from elastic_control.cli_runner import run_cli
 from cube.json_service import Route, make_json_server
 from cube.rollout import FILESERVER_PREFIX, RetryPolicy, ShardFleet, publish_version, roll_out
 from cube.rollout_journal import FINAL, RolloutJournal
