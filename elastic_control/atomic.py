@@ -60,6 +60,22 @@ def append_line_durably(path: str | os.PathLike, line: str) -> None:
         os.close(fd)
 
 
+def replace_path(new: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Rename ``new`` to ``final``; an existing folder ``final`` is moved aside first, then removed.
+
+    (``os.replace`` alone cannot put a folder over a non-empty folder.)
+    """
+    new, final = Path(new), Path(final)
+    if new.is_dir() and final.is_dir():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, final)
+
+
 @contextlib.contextmanager
 def staged_directory(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp directory beside ``final``; rename it to ``final`` on success.
@@ -71,14 +87,7 @@ def staged_directory(final: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
-        if final.exists():
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_path(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from elastic_control.atomic import replace_path
 from elastic_control.backends import get_backend
 from elastic_control.config import Resources, load_data_config, load_slot_conf
 from elastic_control.console import done
@@ -90,15 +91,7 @@ def _swap_in(staging: Path, state: Path) -> None:
     """Move each rendered entry over its old copy; plan.json last, so a plan implies its files."""
     entries = sorted(staging.iterdir(), key=lambda p: p.name == PLAN_FILE)
     for entry in entries:
-        target = state / entry.name
-        if entry.is_dir() and target.exists():
-            old = state / f".{entry.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            os.replace(entry, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(entry, target)
+        replace_path(entry, state / entry.name)
 
 
 def apply(*, state_dir: str = ".elastic-ctr", dry_run: str | None = None) -> Plan:
