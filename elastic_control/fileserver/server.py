@@ -80,6 +80,14 @@ class FileRequestHandler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):  # route through logging instead of raw stderr
         log.info("%s %s", self.address_string(), fmt % args)
 
+    def log_request(self, code="-", size="-"):
+        # Serving and the agents poll reads (cube/current.json twice a second):
+        # keep routine reads out of the log; writes, deletes and errors stay.
+        if self.command in ("GET", "HEAD") and str(getattr(code, "value", code)) in ("200", "304", "404"):
+            log.debug("%s \"%s\" %s %s", self.address_string(), self.requestline, code, size)
+            return
+        super().log_request(code, size)
+
     def _send_json(self, status: int, obj: dict, *, close: bool = False) -> None:
         body = (json.dumps(obj) + "\n").encode()
         self.send_response(status)
