@@ -91,6 +91,9 @@ def _range_help(name: str) -> str:
               help="Name of the training job; prefixes every Kubernetes object (app.kubernetes.io/instance).")
 @click.option("--service-type", type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"]), default="ClusterIP",
               show_default=True, help="How serving and the file server are exposed outside the cluster.")
+@click.option("--promotion-gate", "promotion_gate", default=None, metavar="RULE",
+              help="With -r: cube-transfer rolls a pass out only if it passes RULE against the active one on the "
+                   "fresh hold-out hour, e.g. 'auc_drop<=0.002,calibration=0.9..1.1'.")
 @click.option("--dry-run", "dry_run", is_flag=False, flag_value="client", default=None,
               type=click.Choice(["client", "server"]), help="With -a: show what would be applied (server: ask the API server).")
 @click.option("--follow", is_flag=True, help="With -l: keep streaming.")
@@ -98,7 +101,7 @@ def _range_help(name: str) -> str:
 @click.version_option(__version__, "--version")
 @click.pass_context
 def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pservers, cube_shards, datafile, slot_conf,
-        hdfs_address, verbose, backend, namespace, image, queue, job_name, service_type, dry_run, follow, state_dir):
+        hdfs_address, verbose, backend, namespace, image, queue, job_name, service_type, promotion_gate, dry_run, follow, state_dir):
     """ElasticCTR: train a CTR model on Paddle's parameter server, roll it out to cube, serve it."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"state_dir": state_dir, "verbose": verbose}
@@ -114,7 +117,8 @@ def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pserver
         control.configure_resource(resources=resources, slot_conf=slot_conf, data_config=datafile,
                                    hdfs_address=hdfs_address, backend=backend, namespace=namespace, image=image,
                                    state_dir=state_dir, verbose=verbose, queue=queue,
-                                   job_name=job_name, service_type=service_type)
+                                   job_name=job_name, service_type=service_type,
+                                   promotion_gate=promotion_gate)
     if do_apply:
         control.apply(state_dir=state_dir, dry_run=dry_run)
     if do_client:

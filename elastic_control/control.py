@@ -40,13 +40,18 @@ def configure_resource(*, resources: Resources, slot_conf: str, data_config: str
                        backend: str = "auto", namespace: str = "default", image: str | None = None,
                        state_dir: str = ".elastic-ctr", verbose: bool = False, queue: str = "default",
                        job_name: str = "elastic-ctr", service_type: str = "ClusterIP",
-                       extra: dict | None = None) -> Plan:
+                       promotion_gate: str | None = None, extra: dict | None = None) -> Plan:
     """``-r``: validate everything, then render the plan and manifests into ``state_dir``.
 
     Nothing in ``state_dir`` changes unless every step succeeds.
     """
     slots = load_slot_conf(slot_conf)
     data_cfg = load_data_config(data_config)
+    extra = dict(extra or {})
+    if promotion_gate is not None:
+        from elastic_control.evaluation.gate import GateRule
+
+        extra["promotion_gate"] = GateRule.parse(promotion_gate).text  # a bad rule fails here, not in a pod
     chosen, reason = choose_backend(backend)
     state = Path(state_dir)
     from elastic_control.plan import DEFAULT_IMAGE
@@ -54,7 +59,7 @@ def configure_resource(*, resources: Resources, slot_conf: str, data_config: str
     plan = Plan(backend=chosen, backend_reason=reason, resources=resources, slot_conf_text=slots.to_text(),
                 data_config_path=str(Path(data_config).resolve()), hdfs_address=hdfs_address or data_cfg.hdfs_address,
                 namespace=namespace, image=image or DEFAULT_IMAGE, job_name=job_name, queue=queue,
-                service_type=service_type, verbose=verbose, state_dir=str(state), extra=dict(extra or {}))
+                service_type=service_type, verbose=verbose, state_dir=str(state), extra=extra)
 
     created_state = not state.exists()
     state.mkdir(parents=True, exist_ok=True)

@@ -133,6 +133,7 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "mlflow_url": f"http://{job}-mlflow:{k.MLFLOW_PORT}",
         "fileserver_url": f"http://{job}-fileserver:{k.FILESERVER_PORT}",
         "cube_servers": urls(k.CUBE_SERVER_PORT), "cube_agents": urls(k.CUBE_AGENT_PORT),
+        "promotion_gate": plan.extra.get("promotion_gate", ""),
         **SIZES,
     }
 

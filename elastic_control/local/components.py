@@ -139,6 +139,9 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
                  ev.FILESERVER_URL.name: fileserver_url},
             make_dirs=[data_dir],
         ))
+    # Same variable as the manifest sets, only when -r was given a rule.
+    gate = plan.extra.get("promotion_gate")
+    gate_env = {ev.PROMOTION_GATE.name: gate} if gate else {}
     comps.append(ComponentSpec(
         name=TRANSFER, kind="cube-transfer", port=transfer_port, ready="http:/healthz",
         after=[FILESERVER] + [cube_agent_name(i) for i in range(res.cube_shards)],
@@ -147,7 +150,7 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
         env={ev.MODEL_PATH.name: model_path, ev.CUBE_ROOT.name: str(layout.cube_root), ev.CUBE_SHARDS.name: shards,
              ev.CUBE_AGENTS.name: cube_agents, ev.CUBE_SERVERS.name: cube_servers,
              ev.FILESERVER_URL.name: fileserver_url, ev.CUBE_TRANSFER_PORT.name: str(transfer_port),
-             ev.MLFLOW_TRACKING_URI.name: mlflow_url, **config_env},
+             ev.MLFLOW_TRACKING_URI.name: mlflow_url, **config_env, **gate_env},
     ))
     comps.append(ComponentSpec(
         name=SERVING, kind="serving", port=serving_port, ready="http:/healthz",
