@@ -150,18 +150,11 @@ def cube_agent(data: Path, shard: int, server_url: str, log_dir: Path, name: str
     return cube_process("agent", agent_args(data, shard, server_url), log_dir, name or f"agent-{shard}")
 
 
-@contextlib.contextmanager
 def fileserver(root: Path):
-    """The project's real file server, in a thread, on a free loopback port."""
-    from elastic_control.fileserver.server import make_fileserver, serve_in_thread
+    """The project's real file server, in a thread, on a free loopback port, with the cube tests' token."""
+    from helpers_serving import fileserver_in_thread
 
-    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=TOKEN)
-    serve_in_thread(server)
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return fileserver_in_thread(root, token=TOKEN)
 
 
 def real_pass_dir(tmp_path_factory) -> Path:
