@@ -25,6 +25,7 @@ wall-clock figures to what else runs on the machine (though not immune:
 contention for caches inflates it too). Redis runs with default settings
 (no io-threads), as Debian ships it; cube uses both cores (--workers 2).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow  # noqa: F401
+
 import numpy as np
 import psutil
-import pyarrow  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -82,12 +84,33 @@ def is_present(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 # ---- servers ----------------------------------------------------------------------------------
 
+
 def start_cube(data_dir: Path, workers: int) -> tuple[subprocess.Popen, int]:
     ready = data_dir / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "cube.server", "--port", "0", "--host", "127.0.0.1", "--shard", "0",
-                             "--data", str(data_dir / "v1"), "--workers", str(workers), "--ready-file", str(ready),
-                             "--state-dir", str(data_dir / "state")],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cube.server",
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--shard",
+            "0",
+            "--data",
+            str(data_dir / "v1"),
+            "--workers",
+            str(workers),
+            "--ready-file",
+            str(ready),
+            "--state-dir",
+            str(data_dir / "state"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     while not ready.exists():
         if proc.poll() is not None:
             raise SystemExit("cube-server failed to start")
@@ -99,9 +122,25 @@ def start_redis(port: int, workdir: Path) -> subprocess.Popen:
     exe = shutil.which("redis-server")
     if not exe:
         raise SystemExit("redis-server is not installed (apt-get install redis-server); it is the benchmark's peer")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(workdir), "--protected-mode", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--protected-mode",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -116,7 +155,7 @@ def load_redis(port: int, keys: np.ndarray, values: np.ndarray, chunk: int = 50_
     rec = np.dtype([("a", "S4"), ("k", "S8"), ("b", "S7"), ("v", f"V{4 * DIM}"), ("c", "S2")])
     with socket.create_connection(("127.0.0.1", port)) as s:
         for start in range(0, len(keys), chunk):
-            k, v = keys[start:start + chunk], values[start:start + chunk]
+            k, v = keys[start : start + chunk], values[start : start + chunk]
             arr = np.empty(len(k), dtype=rec)
             arr["a"] = b"$8\r\n"
             arr["k"] = k.view("S8") if False else np.frombuffer(k.astype("<u8").tobytes(), "V8").view("S8")
@@ -134,17 +173,20 @@ def load_redis(port: int, keys: np.ndarray, values: np.ndarray, chunk: int = 50_
 
 # ---- request encodings ------------------------------------------------------------------------
 
+
 def cube_request(port: int, q: np.ndarray) -> bytes:
     body = q.astype("<u8").tobytes()
-    return (f"POST /v1/lookup HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST /v1/lookup HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def redis_request(q: np.ndarray) -> bytes:
     parts = [f"*{len(q) + 1}\r\n$4\r\nMGET\r\n".encode()]
     raw = q.astype("<u8").tobytes()
     for i in range(len(q)):
-        parts.append(b"$8\r\n" + raw[8 * i:8 * i + 8] + b"\r\n")
+        parts.append(b"$8\r\n" + raw[8 * i : 8 * i + 8] + b"\r\n")
     return b"".join(parts)
 
 
@@ -155,6 +197,7 @@ def redis_answer_length(q: np.ndarray, present: np.ndarray) -> int:
 
 # ---- the load generator -----------------------------------------------------------------------
 
+
 class Conn:
     __slots__ = ("sock", "buf", "want", "t0", "i")
 
@@ -162,8 +205,9 @@ class Conn:
         self.sock, self.buf, self.want, self.t0, self.i = sock, bytearray(), None, 0.0, 0
 
 
-def run_load(port: int, requests: list[bytes], expect: list[int] | None, clients: int, seconds: float,
-             batch: int) -> dict:
+def run_load(
+    port: int, requests: list[bytes], expect: list[int] | None, clients: int, seconds: float, batch: int
+) -> dict:
     """Closed loop: each of ``clients`` connections sends the next request when its answer is complete."""
     sel = selectors.DefaultSelector()
     conns = []
@@ -194,8 +238,9 @@ def run_load(port: int, requests: list[bytes], expect: list[int] | None, clients
     while True:
         events = sel.select(timeout=10.0)
         if not events:
-            raise SystemExit(f"no answer for 10 s (port {port}); "
-                             f"partial buffers: {[(len(c.buf), c.want) for c in conns][:4]}")
+            raise SystemExit(
+                f"no answer for 10 s (port {port}); partial buffers: {[(len(c.buf), c.want) for c in conns][:4]}"
+            )
         for key, _ in events:
             conn = key.data
             chunk = conn.sock.recv(1 << 20)
@@ -210,7 +255,7 @@ def run_load(port: int, requests: list[bytes], expect: list[int] | None, clients
                 if not head.startswith(b"http/1.1 200"):
                     raise SystemExit(f"cube answered: {bytes(conn.buf[:200])!r}")
                 cl = head.index(b"content-length:") + 15
-                conn.want = head_end + 4 + int(head[cl:head.index(b"\r\n", cl) if b"\r\n" in head[cl:] else None])
+                conn.want = head_end + 4 + int(head[cl : head.index(b"\r\n", cl) if b"\r\n" in head[cl:] else None])
             if len(conn.buf) >= conn.want:
                 now = time.perf_counter()
                 lat.append(now - conn.t0)
@@ -229,12 +274,17 @@ def run_load(port: int, requests: list[bytes], expect: list[int] | None, clients
             break
     elapsed = time.perf_counter() - start
     lat = np.array(lat)
-    return {"keys_per_s": done * batch / elapsed, "requests_per_s": done / elapsed,
-            "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
-            "requests": done}
+    return {
+        "keys_per_s": done * batch / elapsed,
+        "requests_per_s": done / elapsed,
+        "p50_ms": float(np.percentile(lat, 50) * 1e3),
+        "p99_ms": float(np.percentile(lat, 99) * 1e3),
+        "requests": done,
+    }
 
 
 # ---- the compiled load generator --------------------------------------------------------------
+
 
 def build_loadgen(work: Path) -> str | None:
     """Compile bench/loadgen.c into ``work``; None if there is no C compiler."""
@@ -263,7 +313,7 @@ def http_answer_lengths(port: int, requests: list[bytes]) -> list[int]:
             if not head.startswith(b"http/1.1 200"):
                 raise SystemExit(f"cube answered: {buf[:200]!r}")
             at = head.index(b"content-length:") + 15
-            total = head_end + int(head[at:head.index(b"\r\n", at)])
+            total = head_end + int(head[at : head.index(b"\r\n", at)])
             while len(buf) < total:
                 buf += s.recv(1 << 16)
             lengths.append(total)
@@ -273,7 +323,7 @@ def http_answer_lengths(port: int, requests: list[bytes]) -> list[int]:
 
 def write_request_file(path: Path, requests: list[bytes], answers: list[int]) -> Path:
     parts = [np.uint32(len(requests)).tobytes()]
-    for req, ans in zip(requests, answers):
+    for req, ans in zip(requests, answers, strict=True):
         parts += [np.array([len(req), ans], "<u4").tobytes(), req]
     path.write_bytes(b"".join(parts))
     return path
@@ -281,16 +331,24 @@ def write_request_file(path: Path, requests: list[bytes], answers: list[int]) ->
 
 def run_loadgen(exe: str, port: int, request_file: Path, clients: int, seconds: float, batch: int) -> dict:
     lat_file = request_file.with_suffix(".lat")
-    r = subprocess.run([exe, "127.0.0.1", str(port), str(clients), str(seconds), str(request_file), str(lat_file)],
-                       capture_output=True, text=True, timeout=seconds + 60)
+    r = subprocess.run(
+        [exe, "127.0.0.1", str(port), str(clients), str(seconds), str(request_file), str(lat_file)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
     if r.returncode != 0:
         raise SystemExit(f"loadgen failed: {r.stderr.strip()}")
     done, elapsed = r.stdout.split()
     done, elapsed = int(done), float(elapsed)
     lat = np.fromfile(lat_file, "<u4").astype(np.float64) / 1e9
-    return {"keys_per_s": done * batch / elapsed, "requests_per_s": done / elapsed,
-            "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
-            "requests": done}
+    return {
+        "keys_per_s": done * batch / elapsed,
+        "requests_per_s": done / elapsed,
+        "p50_ms": float(np.percentile(lat, 50) * 1e3),
+        "p99_ms": float(np.percentile(lat, 99) * 1e3),
+        "requests": done,
+    }
 
 
 def cpu_seconds(proc: subprocess.Popen) -> float:
@@ -320,8 +378,12 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=None, help="number of keys (default 10M, --quick 1M)")
     ap.add_argument("--seconds", type=float, default=None, help="seconds per measurement (default 6, --quick 3)")
     ap.add_argument("--workers", type=int, default=2, help="cube-server worker processes")
-    ap.add_argument("--generator", choices=("c", "python"), default="c",
-                    help="load generator: the compiled bench/loadgen.c (default) or the Python selectors loop")
+    ap.add_argument(
+        "--generator",
+        choices=("c", "python"),
+        default="c",
+        help="load generator: the compiled bench/loadgen.c (default) or the Python selectors loop",
+    )
     args = ap.parse_args()
     n = args.keys or (1_000_000 if args.quick else 10_000_000)
     seconds = args.seconds or (3.0 if args.quick else 6.0)
@@ -334,33 +396,58 @@ def main() -> None:
         (work / "v1").mkdir()
         write_shard(work / "v1" / "shard-0.arrow", keys, values, version="bench", shard=0, shards=1)
         from cube.shard_format import sha256_file
+
         f = work / "v1" / "shard-0.arrow"
-        (work / "v1" / "manifest.json").write_text(json.dumps({
-            "version": "bench", "shards": 1, "dim": DIM, "rows": len(keys),
-            "files": {"shard-0.arrow": {"shard": 0, "rows": len(keys), "size": f.stat().st_size,
-                                        "sha256": sha256_file(f)}}}))
-        print(f"data: {len(keys):,} keys x {DIM} float32, {MISS_FRACTION:.0%} misses per batch "
-              f"(built in {time.time() - t:.1f}s)", flush=True)
+        (work / "v1" / "manifest.json").write_text(
+            json.dumps(
+                {
+                    "version": "bench",
+                    "shards": 1,
+                    "dim": DIM,
+                    "rows": len(keys),
+                    "files": {
+                        "shard-0.arrow": {
+                            "shard": 0,
+                            "rows": len(keys),
+                            "size": f.stat().st_size,
+                            "sha256": sha256_file(f),
+                        }
+                    },
+                }
+            )
+        )
+        print(
+            f"data: {len(keys):,} keys x {DIM} float32, {MISS_FRACTION:.0%} misses per batch "
+            f"(built in {time.time() - t:.1f}s)",
+            flush=True,
+        )
         cube_proc, cube_port = start_cube(work, args.workers)
         procs.append(cube_proc)
         redis_port = free_port()
         procs.append(start_redis(redis_port, work))
         t = time.time()
         load_redis(redis_port, keys, values)
-        print(f"servers: cube-server --workers {args.workers} on :{cube_port}; redis-server on :{redis_port} "
-              f"(loaded in {time.time() - t:.1f}s)", flush=True)
+        print(
+            f"servers: cube-server --workers {args.workers} on :{cube_port}; redis-server on :{redis_port} "
+            f"(loaded in {time.time() - t:.1f}s)",
+            flush=True,
+        )
         # Spot-check both answer the same vectors.
         q = make_queries(keys, 50, 1, seed=99)[0]
         import requests as rq
+
         r = rq.post(f"http://127.0.0.1:{cube_port}/v1/lookup", data=q.astype("<u8").tobytes(), timeout=10)
-        cube_vals = np.frombuffer(r.content[:50 * DIM * 4], "<f4").reshape(50, DIM)
+        cube_vals = np.frombuffer(r.content[: 50 * DIM * 4], "<f4").reshape(50, DIM)
         present = is_present(keys, q)
         pos = np.searchsorted(keys, q[present])
         assert np.array_equal(cube_vals[present], values[pos]) and not cube_vals[~present].any()
 
         exe = build_loadgen(work) if args.generator == "c" else None
-        generator = ("bench/loadgen.c (compiled, epoll, one thread)" if exe else
-                     "the Python selectors loop in the benchmark process")
+        generator = (
+            "bench/loadgen.c (compiled, epoll, one thread)"
+            if exe
+            else "the Python selectors loop in the benchmark process"
+        )
         print(f"load generator: {generator}", flush=True)
         rows = []
         redis_proc = procs[1]
@@ -370,29 +457,44 @@ def main() -> None:
             redis_reqs = [redis_request(q) for q in queries]
             expect = [redis_answer_length(q, is_present(keys, q)) for q in queries]
             if exe:
-                cube_file = write_request_file(work / f"cube-{batch}.req", cube_reqs,
-                                               http_answer_lengths(cube_port, cube_reqs))
+                cube_file = write_request_file(
+                    work / f"cube-{batch}.req", cube_reqs, http_answer_lengths(cube_port, cube_reqs)
+                )
                 redis_file = write_request_file(work / f"redis-{batch}.req", redis_reqs, expect)
             for clients in (1, 16):
                 if exe:
-                    res_c = measured(lambda: run_loadgen(exe, cube_port, cube_file, clients, seconds, batch), cube_proc)
-                    res_r = measured(lambda: run_loadgen(exe, redis_port, redis_file, clients, seconds, batch),
-                                     redis_proc)
+                    res_c = measured(
+                        lambda f=cube_file, c=clients, b=batch: run_loadgen(exe, cube_port, f, c, seconds, b), cube_proc
+                    )
+                    res_r = measured(
+                        lambda f=redis_file, c=clients, b=batch: run_loadgen(exe, redis_port, f, c, seconds, b),
+                        redis_proc,
+                    )
                 else:
-                    res_c = measured(lambda: run_load(cube_port, cube_reqs, None, clients, seconds, batch), cube_proc)
-                    res_r = measured(lambda: run_load(redis_port, redis_reqs, expect, clients, seconds, batch),
-                                     redis_proc)
+                    res_c = measured(
+                        lambda r=cube_reqs, c=clients, b=batch: run_load(cube_port, r, None, c, seconds, b), cube_proc
+                    )
+                    res_r = measured(
+                        lambda r=redis_reqs, e=expect, c=clients, b=batch: run_load(redis_port, r, e, c, seconds, b),
+                        redis_proc,
+                    )
                 rows.append((batch, clients, res_c, res_r))
-                print(f"batch {batch:5d}  clients {clients:2d} | cube {res_c['keys_per_s'] / 1e6:6.2f} Mkeys/s "
-                      f"p50 {res_c['p50_ms']:6.2f} ms p99 {res_c['p99_ms']:6.2f} ms cpu {res_c['server_cpu_us']:5.0f} us/req"
-                      f" | redis {res_r['keys_per_s'] / 1e6:6.2f} Mkeys/s p50 {res_r['p50_ms']:6.2f} ms p99 "
-                      f"{res_r['p99_ms']:6.2f} ms cpu {res_r['server_cpu_us']:5.0f} us/req"
-                      f" | cube/redis {res_c['keys_per_s'] / res_r['keys_per_s']:5.2f}x", flush=True)
+                print(
+                    f"batch {batch:5d}  clients {clients:2d} | cube {res_c['keys_per_s'] / 1e6:6.2f} Mkeys/s "
+                    f"p50 {res_c['p50_ms']:6.2f} ms p99 {res_c['p99_ms']:6.2f} ms"
+                    f" cpu {res_c['server_cpu_us']:5.0f} us/req"
+                    f" | redis {res_r['keys_per_s'] / 1e6:6.2f} Mkeys/s p50 {res_r['p50_ms']:6.2f} ms p99 "
+                    f"{res_r['p99_ms']:6.2f} ms cpu {res_r['server_cpu_us']:5.0f} us/req"
+                    f" | cube/redis {res_c['keys_per_s'] / res_r['keys_per_s']:5.2f}x",
+                    flush=True,
+                )
         print("\nsummary (keys/s ratio cube/Redis):")
         for batch, clients, c, r in rows:
             print(f"  batch {batch:4d}, {clients:2d} clients: {c['keys_per_s'] / r['keys_per_s']:.2f}x")
-        print(f"load generator: {generator}, on the same {os.cpu_count()} cores as both servers; "
-              f"load average now {os.getloadavg()[0]:.1f} (at start {load_at_start:.1f})")
+        print(
+            f"load generator: {generator}, on the same {os.cpu_count()} cores as both servers; "
+            f"load average now {os.getloadavg()[0]:.1f} (at start {load_at_start:.1f})"
+        )
     finally:
         for p in procs:
             p.terminate()

@@ -21,10 +21,10 @@ embedding 9, 4 slots) scores M slot-format lines in the hourly layout with
 vs all cores; the peer is the shared per-line path (scoring.batch_from_lines
 + score_batch, as serving's reference) on a slice, extrapolated.
 """
+
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import multiprocessing as mp
 import os
 import sys
@@ -32,8 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow  # noqa: F401  (before paddle)
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -68,7 +69,7 @@ def ours_slice(args):
     y, s, g = (np.asarray(a) for a in _load(paths, lo, hi))
     b = CountsBuilder()
     for i in range(0, len(y), CHUNK):
-        b.add(y[i:i + CHUNK], s[i:i + CHUNK])
+        b.add(y[i : i + CHUNK], s[i : i + CHUNK])
     if out is None:
         return b.result(), [(g, y, s)]
     bucket = group_bucket(g, buckets)
@@ -100,8 +101,9 @@ def ours_single(paths, n):
 
 def ours_parallel(pool, paths, n, workers, tmp):
     bounds = np.linspace(0, n, workers + 1).astype(int)
-    results = pool.map(ours_slice, [(paths, bounds[i], bounds[i + 1], workers, f"{tmp}/part{i}")
-                                    for i in range(workers)])
+    results = pool.map(
+        ours_slice, [(paths, bounds[i], bounds[i + 1], workers, f"{tmp}/part{i}") for i in range(workers)]
+    )
     m = summarize(merge_counts([r[0] for r in results]))
     totals = pool.map(bucket_totals, [[r[1][j] for r in results] for j in range(workers)])
     t = GroupTotals()
@@ -129,7 +131,7 @@ def sklearn_metrics(paths, n, group_budget_s: float):
     t_sort = time.perf_counter() - t0
     done_examples, weighted, weight, ndcgs = 0, 0.0, 0, []
     t0 = time.perf_counter()
-    for a, b in zip(starts, ends):
+    for a, b in zip(starts, ends, strict=True):
         yy, sc = ys[a:b], ss[a:b]
         if 0 < yy.sum() < len(yy):
             weighted += len(yy) * roc_auc_score(yy, sc)
@@ -141,9 +143,16 @@ def sklearn_metrics(paths, n, group_budget_s: float):
             break
     t_loop = time.perf_counter() - t0
     t_group = t_sort + t_loop * (n / done_examples)
-    return {"auc": auc, "logloss": ll, "calibration": cal, "t_flat": t_flat, "t_group_extrapolated": t_group,
-            "group_fraction_measured": done_examples / n, "gauc_prefix": weighted / weight if weight else None,
-            "prefix_groups": (starts, ends, done_examples)}
+    return {
+        "auc": auc,
+        "logloss": ll,
+        "calibration": cal,
+        "t_flat": t_flat,
+        "t_group_extrapolated": t_group,
+        "group_fraction_measured": done_examples / n,
+        "gauc_prefix": weighted / weight if weight else None,
+        "prefix_groups": (starts, ends, done_examples),
+    }
 
 
 def check_prefix_equal(paths, sk: dict) -> bool:
@@ -170,27 +179,36 @@ def bench_metrics(n: int, workers: int) -> None:
             par = ours_parallel(pool, paths, n, workers, tmp)
             t_par = time.perf_counter() - t0
         sk = sklearn_metrics(paths, n, group_budget_s=20 if n >= 5_000_000 else 8)
-        same = (single["auc"] == par["auc"] and single["logloss"] == par["logloss"]
-                and abs(single["gauc"] - par["gauc"]) < 1e-12)
+        same = (
+            single["auc"] == par["auc"]
+            and single["logloss"] == par["logloss"]
+            and abs(single["gauc"] - par["gauc"]) < 1e-12
+        )
         assert abs(single["auc"] - sk["auc"]) < 1e-9, (single["auc"], sk["auc"])
         assert abs(single["logloss"] - sk["logloss"]) / sk["logloss"] < 1e-6
         prefix_ok = check_prefix_equal(paths, sk)
         t_sk_total = sk["t_flat"] + sk["t_group_extrapolated"]
-        print(f"AUC {single['auc']:.6f} (sklearn {sk['auc']:.6f}), logloss {single['logloss']:.6f} "
-              f"(sklearn {sk['logloss']:.6f}), GAUC {single['gauc']:.6f}, NDCG@{K} {single[f'ndcg@{K}']:.6f}")
+        print(
+            f"AUC {single['auc']:.6f} (sklearn {sk['auc']:.6f}), logloss {single['logloss']:.6f} "
+            f"(sklearn {sk['logloss']:.6f}), GAUC {single['gauc']:.6f}, NDCG@{K} {single[f'ndcg@{K}']:.6f}"
+        )
         print(f"parallel == single: {same}; grouped AUC equals sklearn's on the measured groups: {prefix_ok}")
         print(f"{'':38s}{'seconds':>10s}{'examples/s':>14s}")
-        rows = [("ours, 1 process (all metrics)", t_single), (f"ours, {workers} processes (all metrics)", t_par),
-                ("sklearn auc+logloss+calibration", sk["t_flat"]),
-                (f"sklearn grouped (extrapolated from {sk['group_fraction_measured']:.1%})",
-                 sk["t_group_extrapolated"]),
-                ("sklearn all metrics (sum)", t_sk_total)]
+        rows = [
+            ("ours, 1 process (all metrics)", t_single),
+            (f"ours, {workers} processes (all metrics)", t_par),
+            ("sklearn auc+logloss+calibration", sk["t_flat"]),
+            (f"sklearn grouped (extrapolated from {sk['group_fraction_measured']:.1%})", sk["t_group_extrapolated"]),
+            ("sklearn all metrics (sum)", t_sk_total),
+        ]
         for name, t in rows:
             print(f"{name:38s}{t:10.2f}{n / t:14,.0f}")
         print(f"ratio ours 1 process vs sklearn (all metrics): {t_sk_total / t_single:.1f}x")
         print(f"ratio ours {workers} processes vs sklearn (all metrics): {t_sk_total / t_par:.1f}x")
-        print(f"ratio ours 1 process vs sklearn (AUC+logloss+calibration only; ours {single['t_flat']:.2f}s "
-              f"incl. reliability table): {sk['t_flat'] / single['t_flat']:.2f}x")
+        print(
+            f"ratio ours 1 process vs sklearn (AUC+logloss+calibration only; ours {single['t_flat']:.2f}s "
+            f"incl. reliability table): {sk['t_flat'] / single['t_flat']:.2f}x"
+        )
         print(f"parallel speed-up: {t_single / t_par:.2f}x")
 
 
@@ -205,8 +223,14 @@ def bench_scoring(lines: int, workers: int) -> None:
         tmp = Path(tmp)
         model = h.PlantedModel()
         t0 = time.perf_counter()
-        pass_dir = h.train_pass(tmp / "models" / "pass-20200101-00", model.lines(4000, 1), model.lines(100, 2),
-                                epochs=1, hidden="400,400,400", timeout=600)
+        pass_dir = h.train_pass(
+            tmp / "models" / "pass-20200101-00",
+            model.lines(4000, 1),
+            model.lines(100, 2),
+            epochs=1,
+            hidden="400,400,400",
+            timeout=600,
+        )
         print(f"(fixture pass trained in {time.perf_counter() - t0:.0f}s)")
         block = model.lines(min(lines, 50_000), 3)
         files, per_file = 4, lines // 4
@@ -236,15 +260,17 @@ def bench_scoring(lines: int, workers: int) -> None:
         peer_n = min(20_000, lines)
         t0 = time.perf_counter()
         for i in range(0, peer_n, 2048):
-            score_lines(block[i:i + 2048], scorer.info, scorer.table.lookup, scorer.model)
+            score_lines(block[i : i + 2048], scorer.info, scorer.table.lookup, scorer.model)
         t_peer = (time.perf_counter() - t0) * lines / peer_n
         n = results[1][1]["examples"]
         print(f"{'':44s}{'seconds':>10s}{'predictions/s':>16s}")
         print(f"{'evaluate, 1 worker (read+parse+score+metrics)':44s}{results[1][0]:10.2f}{n / results[1][0]:16,.0f}")
         print(f"{f'evaluate, {workers} workers':44s}{results[workers][0]:10.2f}{n / results[workers][0]:16,.0f}")
         print(f"{'per-line scoring.score_lines (extrapolated)':44s}{t_peer:10.2f}{lines / t_peer:16,.0f}")
-        print(f"ratio evaluate 1 worker vs per-line path: {t_peer / results[1][0]:.2f}x; "
-              f"{workers} workers vs 1: {results[1][0] / results[workers][0]:.2f}x")
+        print(
+            f"ratio evaluate 1 worker vs per-line path: {t_peer / results[1][0]:.2f}x; "
+            f"{workers} workers vs 1: {results[1][0] / results[workers][0]:.2f}x"
+        )
 
 
 def main() -> None:
@@ -257,8 +283,10 @@ def main() -> None:
     args = ap.parse_args()
     n = args.examples or (1_000_000 if args.quick else 10_000_000)
     lines = args.lines or (100_000 if args.quick else 1_000_000)
-    print(f"cores available: {len(os.sched_getaffinity(0))}; load average {os.getloadavg()[0]:.1f} "
-          f"(other work on the machine slows every figure alike)")
+    print(
+        f"cores available: {len(os.sched_getaffinity(0))}; load average {os.getloadavg()[0]:.1f} "
+        f"(other work on the machine slows every figure alike)"
+    )
     bench_metrics(n, args.workers)
     if not args.skip_scoring:
         bench_scoring(lines, args.workers)

@@ -11,6 +11,7 @@ ratio says what the HTTP/cube path costs.
     .venv/bin/python bench/bench_pipeline.py            # 3 hours x 20000 lines, 2 trainers, 1 pserver, 2 shards
     .venv/bin/python bench/bench_pipeline.py --quick    # 2 hours x 3000 lines, 1 trainer
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,11 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="where to run (default: a temporary folder)")
     ap.add_argument("--criteo", default=None, help="raw Criteo file instead of synthetic data")
     args = ap.parse_args()
-    size = (dict(hours=2, lines_per_hour=3000, trainers=1, pservers=1, shards=2) if args.quick else
-            dict(hours=3, lines_per_hour=20000, trainers=2, pservers=1, shards=2))
+    size = (
+        dict(hours=2, lines_per_hour=3000, trainers=1, pservers=1, shards=2)
+        if args.quick
+        else dict(hours=3, lines_per_hour=20000, trainers=2, pservers=1, shards=2)
+    )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pipeline-"))
 
     from elastic_control import control
@@ -59,7 +63,7 @@ def main() -> None:
 
         heldout = workdir / "data"
         hour_dirs = sorted(p for p in heldout.glob("*/*") if p.is_dir())
-        lines = [l for p in sorted(hour_dirs[-1].glob("part-*")) for l in p.read_text().splitlines() if l.strip()]
+        lines = [ln for p in sorted(hour_dirs[-1].glob("part-*")) for ln in p.read_text().splitlines() if ln.strip()]
         n = min(len(lines), 5000)
         lines = lines[:n]
 
@@ -83,7 +87,7 @@ def main() -> None:
         table, model = InMemoryTable.from_pass(info), DenseModel.from_pass(info)
         t0 = time.perf_counter()
         for i in range(0, n, 256):
-            score_lines(lines[i:i + 256], info, table.lookup, model)
+            score_lines(lines[i : i + 256], info, table.lookup, model)
         secs_offline = time.perf_counter() - t0
     finally:
         control.delete(state_dir=str(state))
@@ -94,15 +98,19 @@ def main() -> None:
     print(f"  data                               {t.get('data', 0):8.1f}")
     print(f"  -r render                          {t.get('render', 0):8.1f}")
     print(f"  -a start every component           {t.get('startup', 0):8.1f}")
-    print(f"  training, all passes               {t.get('training', 0):8.1f}   (job restarts: {job.get('restarts', 0)})")
+    print(
+        f"  training, all passes               {t.get('training', 0):8.1f}   (job restarts: {job.get('restarts', 0)})"
+    )
     for name, secs in rows:
         r = rollouts.get(name, {})
 
         def fmt(v):
             return f"{v:8.1f}" if isinstance(v, (int, float)) else "       -"
 
-        print(f"  {name}: train {fmt(secs)}  cube build {fmt(r.get('build_s'))}  rollout {fmt(r.get('total_s'))}"
-              f"  freshness {fmt(r.get('freshness_s'))}")
+        print(
+            f"  {name}: train {fmt(secs)}  cube build {fmt(r.get('build_s'))}  rollout {fmt(r.get('total_s'))}"
+            f"  freshness {fmt(r.get('freshness_s'))}"
+        )
     print(f"  predictions ({n} lines, batches of 256) {secs_batched:8.2f}")
     print(f"  total (demo)                       {t.get('total', 0):8.1f}")
     print()
@@ -112,10 +120,16 @@ def main() -> None:
     print(f"predictions/s offline scoring, same pass (peer): {offline_rate:7.0f}")
     print(f"ratio client/offline: {client_rate / offline_rate:.2f}x")
     lat_ms = sorted(x * 1000 for x in lat)
-    print(f"one-line requests: p50 {statistics.median(lat_ms):.2f} ms, p99 {lat_ms[int(0.99 * (len(lat_ms) - 1))]:.2f} ms, "
-          f"{len(lat_ms) / (sum(lat_ms) / 1000):.0f} req/s")
-    print(f"AUC {report.auc:.4f}" + (f" (Bayes-optimal {report.bayes_auc:.4f})" if report.bayes_auc else "")
-          + f"; train/serve max |diff| {report.golden_max_diff:.1e}")
+    print(
+        f"one-line requests: p50 {statistics.median(lat_ms):.2f} ms, "
+        f"p99 {lat_ms[int(0.99 * (len(lat_ms) - 1))]:.2f} ms, "
+        f"{len(lat_ms) / (sum(lat_ms) / 1000):.0f} req/s"
+    )
+    print(
+        f"AUC {report.auc:.4f}"
+        + (f" (Bayes-optimal {report.bayes_auc:.4f})" if report.bayes_auc else "")
+        + f"; train/serve max |diff| {report.golden_max_diff:.1e}"
+    )
 
 
 if __name__ == "__main__":

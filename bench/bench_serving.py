@@ -15,6 +15,7 @@ Without --pass it first trains a pass with the product pipeline
 (`elastic-control data criteo` + `elastic-control train`, the 400-400-400
 model) on 20k real Criteo lines (5k with --quick), which takes about a minute.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,19 +34,27 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
-import pyarrow  # noqa: E402,F401  (before paddle)
 import mlflow  # noqa: E402,F401
+import pyarrow  # noqa: E402,F401  (before paddle)
 
-from helpers_serving import (PYTHON, cube_servers, fileserver_in_thread, free_port, golden, process,  # noqa: E402
-                             publish_version, wait_healthy)
+from helpers_serving import (  # noqa: E402  (bench still borrows test helpers; issue 10 removes this)
+    PYTHON,
+    cube_servers,
+    fileserver_in_thread,
+    free_port,
+    golden,
+    process,  # noqa: E402
+    publish_version,
+    wait_healthy,
+)
 
 
 def serving_body(lines):
-    return json.dumps({"instances": [{"line": l} for l in lines]}).encode()
+    return json.dumps({"instances": [{"line": ln} for ln in lines]}).encode()
 
 
 def mlflow_body(lines):
-    return json.dumps({"dataframe_split": {"columns": ["line"], "data": [[l] for l in lines]}}).encode()
+    return json.dumps({"dataframe_split": {"columns": ["line"], "data": [[ln] for ln in lines]}}).encode()
 
 
 def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> dict:
@@ -86,9 +95,13 @@ def load(port: int, path: str, bodies: list[bytes], concurrency: int, seconds: f
     elapsed = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"{len(errors)} client errors, first: {errors[0]}")
-    lat = np.concatenate([np.array(l) for l in latencies]) * 1000
-    return {"rps": len(lat) / elapsed, "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
-            "n": len(lat)}
+    lat = np.concatenate([np.array(ln) for ln in latencies]) * 1000
+    return {
+        "rps": len(lat) / elapsed,
+        "p50": float(np.percentile(lat, 50)),
+        "p99": float(np.percentile(lat, 99)),
+        "n": len(lat),
+    }
 
 
 def train_product_pass(work: Path, lines: int) -> Path:
@@ -105,12 +118,25 @@ def train_product_pass(work: Path, lines: int) -> Path:
             out.write(next(f))
     (work / "slot.conf").write_text("\n".join(map(str, CRITEO_SLOTS)) + "\n")
     (work / "data.config").write_text(
-        f'export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n'
-        f'export DATASET_PATH="{work / "data"}"\nexport MODEL_PATH="{work / "models"}"\n')
+        f"export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n"
+        f'export DATASET_PATH="{work / "data"}"\nexport MODEL_PATH="{work / "models"}"\n'
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
-    for cmd in (["data", "criteo", "--input", str(work / "raw.txt"), "--output", str(work / "data"), "--hours", "1",
-                 "--start", "20200101/00"],
-                ["train", "-f", str(work / "data.config"), "-s", str(work / "slot.conf"), "-t", "1", "-p", "1"]):
+    for cmd in (
+        [
+            "data",
+            "criteo",
+            "--input",
+            str(work / "raw.txt"),
+            "--output",
+            str(work / "data"),
+            "--hours",
+            "1",
+            "--start",
+            "20200101/00",
+        ],
+        ["train", "-f", str(work / "data.config"), "-s", str(work / "slot.conf"), "-t", "1", "-p", "1"],
+    ):
         subprocess.run([PYTHON, "-m", "elastic_control", *cmd], check=True, env=env, stdout=subprocess.DEVNULL)
     return work / "models" / "pass-20200101-00"
 
@@ -136,19 +162,58 @@ def main():
 
     model_path = save(str(pass_dir), str(work / "mlflow-model"))
     # mlflow starts uvicorn by name: the venv's bin folder must be on PATH.
-    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "bench")]), "OMP_NUM_THREADS": "1",
-           "PATH": os.pathsep.join([str(Path(PYTHON).parent), os.environ.get("PATH", "")])}
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "bench")]),
+        "OMP_NUM_THREADS": "1",
+        "PATH": os.pathsep.join([str(Path(PYTHON).parent), os.environ.get("PATH", "")]),
+    }
     s_port, m_port = free_port(), free_port()
     with contextlib.ExitStack() as stack:
         urls = stack.enter_context(cube_servers(fs_root / "cube", args.shards, work))
         fs_url = stack.enter_context(fileserver_in_thread(fs_root))
-        serving = stack.enter_context(process(
-            [PYTHON, "-m", "elastic_control", "serve", "--host", "127.0.0.1", "--port", str(s_port),
-             "--fileserver", fs_url, "--cube-servers", ",".join(urls), "--cache-dir", str(work / "cache")],
-            env_extra=env, log_path=work / "serving.log"))
-        peer = stack.enter_context(process(
-            [str(Path(PYTHON).parent / "mlflow"), "models", "serve", "-m", model_path, "--env-manager", "local",
-             "-h", "127.0.0.1", "-p", str(m_port), "-w", "1"], env_extra=env, log_path=work / "mlflow.log"))
+        serving = stack.enter_context(
+            process(
+                [
+                    PYTHON,
+                    "-m",
+                    "elastic_control",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(s_port),
+                    "--fileserver",
+                    fs_url,
+                    "--cube-servers",
+                    ",".join(urls),
+                    "--cache-dir",
+                    str(work / "cache"),
+                ],
+                env_extra=env,
+                log_path=work / "serving.log",
+            )
+        )
+        peer = stack.enter_context(
+            process(
+                [
+                    str(Path(PYTHON).parent / "mlflow"),
+                    "models",
+                    "serve",
+                    "-m",
+                    model_path,
+                    "--env-manager",
+                    "local",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(m_port),
+                    "-w",
+                    "1",
+                ],
+                env_extra=env,
+                log_path=work / "mlflow.log",
+            )
+        )
         wait_healthy(f"http://127.0.0.1:{s_port}", serving, timeout=120)
         deadline = time.monotonic() + 120
         while True:  # MLflow's scoring server answers /ping once the model is loaded
@@ -174,26 +239,35 @@ def main():
         print(f"max |prediction - golden| over 32 lines: ElasticCTR {diff_s:.2e}, MLflow {diff_m:.2e}")
         assert diff_s < 1e-5 and diff_m < 1e-5
 
-        print(f"\n{'instances':>9} {'conc':>4} | {'ElasticCTR req/s':>16} {'p50 ms':>7} {'p99 ms':>7} | "
-              f"{'MLflow req/s':>12} {'p50 ms':>7} {'p99 ms':>7} | {'req/s x':>7} {'p50 x':>6} {'p99 x':>6}")
+        print(
+            f"\n{'instances':>9} {'conc':>4} | {'ElasticCTR req/s':>16} {'p50 ms':>7} {'p99 ms':>7} | "
+            f"{'MLflow req/s':>12} {'p50 ms':>7} {'p99 ms':>7} | {'req/s x':>7} {'p50 x':>6} {'p99 x':>6}"
+        )
         for size in (1, 32):
-            groups = [lines[i:i + size] for i in range(0, len(lines) - size + 1, max(size, 1))]
+            groups = [lines[i : i + size] for i in range(0, len(lines) - size + 1, max(size, 1))]
             sb = [serving_body(g) for g in groups]
             mb = [mlflow_body(g) for g in groups]
             for conc in (1, 8, 32):
                 s = load(s_port, "/v1/predict", sb, conc, seconds)
                 m = load(m_port, "/invocations", mb, conc, seconds)
-                print(f"{size:>9} {conc:>4} | {s['rps']:>16.0f} {s['p50']:>7.2f} {s['p99']:>7.2f} | "
-                      f"{m['rps']:>12.0f} {m['p50']:>7.2f} {m['p99']:>7.2f} | {s['rps'] / m['rps']:>6.1f}x "
-                      f"{m['p50'] / s['p50']:>5.1f}x {m['p99'] / s['p99']:>5.1f}x", flush=True)
-        print("\nratios: req/s = ElasticCTR / MLflow (higher is better for ElasticCTR); "
-              "p50/p99 = MLflow latency / ElasticCTR latency")
+                print(
+                    f"{size:>9} {conc:>4} | {s['rps']:>16.0f} {s['p50']:>7.2f} {s['p99']:>7.2f} | "
+                    f"{m['rps']:>12.0f} {m['p50']:>7.2f} {m['p99']:>7.2f} | {s['rps'] / m['rps']:>6.1f}x "
+                    f"{m['p50'] / s['p50']:>5.1f}x {m['p99'] / s['p99']:>5.1f}x",
+                    flush=True,
+                )
+        print(
+            "\nratios: req/s = ElasticCTR / MLflow (higher is better for ElasticCTR); "
+            "p50/p99 = MLflow latency / ElasticCTR latency"
+        )
         conn_s.request("GET", "/v1/status")
         stats = json.loads(conn_s.getresponse().read())["metrics"]
         ok = stats["requests"].get("200", 0)
-        print(f"ElasticCTR merged {ok} requests into {stats['batches']} batches "
-              f"({ok / max(stats['batches'], 1):.1f} requests, "
-              f"{stats['batch_instances'] / max(stats['batches'], 1):.1f} instances per batch on average)")
+        print(
+            f"ElasticCTR merged {ok} requests into {stats['batches']} batches "
+            f"({ok / max(stats['batches'], 1):.1f} requests, "
+            f"{stats['batch_instances'] / max(stats['batches'], 1):.1f} instances per batch on average)"
+        )
 
 
 if __name__ == "__main__":

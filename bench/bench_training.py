@@ -8,6 +8,7 @@ Prints:
 - held-out AUC vs the Bayes-optimal AUC on synthetic data;
 - held-out AUC on real Criteo lines vs a scikit-learn logistic regression on hashed features, same split.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,9 @@ import pyarrow  # noqa: F401  (before paddle, imported by the scoring helpers)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import helpers_train as H  # noqa: E402
 import numpy as np  # noqa: E402
 
-import helpers_train as H  # noqa: E402
 from elastic_control.data.hourly_writer import hour_dir  # noqa: E402
 from elastic_control.data.synth import generate, read_truth  # noqa: E402
 from elastic_control.training.cli import hyperparameter_args  # noqa: E402
@@ -39,8 +40,9 @@ def throughput(root: Path, hours: int, lines: int, trainers: int) -> tuple[float
     from elastic_control.pass_format import read_donefile
 
     job = H.write_job(root / f"t{trainers}", slots=SLOTS, hours=hours, data=root / "data")
-    result = H.run_training(job, trainers=trainers, args=hyperparameter_args(Hyperparameters(log_every=1000)),
-                            timeout=3600)
+    result = H.run_training(
+        job, trainers=trainers, args=hyperparameter_args(Hyperparameters(log_every=1000)), timeout=3600
+    )
     rates = [e["metrics"]["examples_per_sec"] for e in read_donefile(job.models)]
     return float(np.mean(rates)), (job, result)
 
@@ -55,8 +57,11 @@ def parse_rate(path: Path) -> tuple[float, float]:
     n = sum(1 for _ in open(path))
     folder = path.parent
     hour = dt.datetime.strptime(f"{folder.parent.name}/{folder.name}", "%Y%m%d/%H")
-    cfg = parse_data_config(f"export START_DATE_HR={hour:%Y%m%d/%H}\nexport END_DATE_HR={hour:%Y%m%d/%H}\n"
-                            f'export DATASET_PATH="{folder.parent.parent}"\n', env={})
+    cfg = parse_data_config(
+        f"export START_DATE_HR={hour:%Y%m%d/%H}\nexport END_DATE_HR={hour:%Y%m%d/%H}\n"
+        f'export DATASET_PATH="{folder.parent.parent}"\n',
+        env={},
+    )
     data = HourlyData(cfg)
     (part,) = list(data.partitions())
     part = type(part)(part.hour, part.location, (path.name,))
@@ -67,9 +72,12 @@ def parse_rate(path: Path) -> tuple[float, float]:
     # The limit: pyarrow's multithreaded CSV reader splitting the same bytes into lines (one string
     # column: no tokenising, no integer conversion, no validation).
     t = time.perf_counter()
-    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=["line"]),
-                           parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
-                           convert_options=pacsv.ConvertOptions(column_types={"line": pyarrow.string()}))
+    table = pacsv.read_csv(
+        path,
+        read_options=pacsv.ReadOptions(column_names=["line"]),
+        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
+        convert_options=pacsv.ConvertOptions(column_types={"line": pyarrow.string()}),
+    )
     bare = time.perf_counter() - t
     return n / ours, table.num_rows / bare
 
@@ -82,7 +90,7 @@ def logistic_regression_auc(train_lines: list[str], test_lines: list[str]) -> fl
     def feats(lines):
         return [[f"{tok.split(':')[1]}_{tok.split(':')[0]}" for tok in ln.split()[2:]] for ln in lines]
 
-    hasher = FeatureHasher(n_features=2 ** 20, input_type="string", alternate_sign=False)
+    hasher = FeatureHasher(n_features=2**20, input_type="string", alternate_sign=False)
     x_train, x_test = hasher.transform(feats(train_lines)), hasher.transform(feats(test_lines))
     model = LogisticRegression(C=0.1, max_iter=300, solver="liblinear")
     model.fit(x_train, H.labels_of(train_lines))
@@ -100,27 +108,36 @@ def main() -> None:
     hours, lines = (2, 5000) if args.quick else (4, 25_000)
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         root = Path(tmp)
-        summary = generate(root / "data", slots=SLOTS, hours=hours + 1, lines_per_hour=lines, seed=1,
-                           start=H.START, vocab=50)
-        print(f"synthetic data: {hours} training hours x {lines} lines, {len(SLOTS)} slots "
-              f"(+1 held-out hour); CTR {summary['ctr']:.3f}")
+        summary = generate(
+            root / "data", slots=SLOTS, hours=hours + 1, lines_per_hour=lines, seed=1, start=H.START, vocab=50
+        )
+        print(
+            f"synthetic data: {hours} training hours x {lines} lines, {len(SLOTS)} slots "
+            f"(+1 held-out hour); CTR {summary['ctr']:.3f}"
+        )
 
         reader, bare = parse_rate(hour_dir(root / "data", H.START) / "part-00000")
-        print(f"reader parse rate: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
-              f"(reader = {reader / bare:.2f}x of the limit)")
+        print(
+            f"reader parse rate: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
+            f"(reader = {reader / bare:.2f}x of the limit)"
+        )
 
         one, _ = throughput(root, hours, lines, 1)
         two, (job2, res2) = throughput(root, hours, lines, 2)
-        print(f"training throughput: 1 trainer {one:,.0f} examples/s; 2 trainers + 1 pserver {two:,.0f} examples/s "
-              f"({two / one:.2f}x) on 2 shared cores")
+        print(
+            f"training throughput: 1 trainer {one:,.0f} examples/s; 2 trainers + 1 pserver {two:,.0f} examples/s "
+            f"({two / one:.2f}x) on 2 shared cores"
+        )
 
         held = hour_dir(root / "data", H.START + dt.timedelta(hours=hours))
         test_lines, truth = read_truth(held)
         labels = H.labels_of(test_lines)
         model_auc = auc(labels, H.score_pass(job2.models / res2.passes[-1], test_lines))
         bayes = auc(labels, truth)
-        print(f"synthetic held-out AUC {model_auc:.4f} vs Bayes-optimal {bayes:.4f} (gap {bayes - model_auc:.4f}, "
-              f"ratio {model_auc / bayes:.3f})")
+        print(
+            f"synthetic held-out AUC {model_auc:.4f} vs Bayes-optimal {bayes:.4f} (gap {bayes - model_auc:.4f}, "
+            f"ratio {model_auc / bayes:.3f})"
+        )
 
         if not H.CRITEO_FILE.exists():
             print(f"Criteo comparison skipped: {H.CRITEO_FILE} not found")
@@ -131,19 +148,23 @@ def main() -> None:
         convert_file(H.CRITEO_FILE, root / "criteo", hours=c_hours, start=H.START)
         train_hours = 1 if args.quick else c_hours - 1
         cjob = H.write_job(root / "criteo-job", slots=range(1, 40), hours=train_hours, data=root / "criteo")
-        cres = H.run_training(cjob, trainers=2, args=hyperparameter_args(Hyperparameters(log_every=1000)),
-                              timeout=3600)
+        cres = H.run_training(cjob, trainers=2, args=hyperparameter_args(Hyperparameters(log_every=1000)), timeout=3600)
         test_lines = read_hour_lines(hour_dir(root / "criteo", H.START + dt.timedelta(hours=c_hours - 1)))
-        train_lines = [ln for h in range(train_hours)
-                       for ln in read_hour_lines(hour_dir(root / "criteo", H.START + dt.timedelta(hours=h)))]
+        train_lines = [
+            ln
+            for h in range(train_hours)
+            for ln in read_hour_lines(hour_dir(root / "criteo", H.START + dt.timedelta(hours=h)))
+        ]
         labels = H.labels_of(test_lines)
         probs = H.score_pass(cjob.models / cres.passes[-1], test_lines)
         ours = auc(labels, probs)
         lr = logistic_regression_auc(train_lines, test_lines)
         const = log_loss(labels, np.full(len(labels), H.labels_of(train_lines).mean()))
-        print(f"Criteo ({len(train_lines)} train / {len(test_lines)} test lines): AUC {ours:.4f}, log loss "
-              f"{log_loss(labels, probs):.4f} (positive-rate constant {const:.4f}); scikit-learn logistic "
-              f"regression on hashed features AUC {lr:.4f} (ours = {ours / lr:.3f}x)")
+        print(
+            f"Criteo ({len(train_lines)} train / {len(test_lines)} test lines): AUC {ours:.4f}, log loss "
+            f"{log_loss(labels, probs):.4f} (positive-rate constant {const:.4f}); scikit-learn logistic "
+            f"regression on hashed features AUC {lr:.4f} (ours = {ours / lr:.3f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ the pass's sparse table (looked up in-process, no cube) in a PythonModel and
 run ``mlflow models serve --env-manager local``. Input: a DataFrame with a
 ``line`` column of slot-format lines; output: click probabilities.
 """
+
 from __future__ import annotations
 
 import mlflow.pyfunc
@@ -29,6 +30,5 @@ class CtrPassModel(mlflow.pyfunc.PythonModel):
 
 def save(pass_dir: str, out_dir: str) -> str:
     """Save the pyfunc model for ``pass_dir`` under ``out_dir``; returns the model path."""
-    mlflow.pyfunc.save_model(out_dir, python_model=CtrPassModel(), artifacts={"pass": pass_dir},
-                             code_paths=[__file__])
+    mlflow.pyfunc.save_model(out_dir, python_model=CtrPassModel(), artifacts={"pass": pass_dir}, code_paths=[__file__])
     return out_dir

@@ -1,4 +1,5 @@
 """``python -m client``."""
+
 from client.cli import main
 
 main()

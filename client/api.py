@@ -7,18 +7,19 @@ and on 502/503/504 (serving restarting, cube briefly unreachable) until
 duplicate a result, and a batch is yielded only once serving answered it, so
 no line is reported done without its prediction.
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import requests
 
-from elastic_control.errors import ComponentError, ConfigError, UsageError
 from elastic_control.env_vars import FILESERVER_URL, SERVING_URL, TOKEN
+from elastic_control.errors import ComponentError, ConfigError, UsageError
 
 CLIENT_CONFIG_FILE = "client.json"
 TOKEN_FILE = "token"  # the state folder's write token (written by `elastic-control -r`)
@@ -41,8 +42,9 @@ class ClientConfig:
     token: str | None = None
 
 
-def load_client_config(*, state_dir: str | Path | None = None, serving_url: str | None = None,
-                       fileserver_url: str | None = None) -> ClientConfig:
+def load_client_config(
+    *, state_dir: str | Path | None = None, serving_url: str | None = None, fileserver_url: str | None = None
+) -> ClientConfig:
     """Flags first, then environment variables, then ``STATE_DIR/client.json`` (written by ``-c``)."""
     data: dict = {}
     token = TOKEN.get()
@@ -93,13 +95,19 @@ class ServingClient:
         while True:
             reason = None
             try:
-                r = self._session.post(self.url + "/v1/predict", data=body, timeout=self.timeout,
-                                       headers={"Content-Type": "application/json"})
+                r = self._session.post(
+                    self.url + "/v1/predict",
+                    data=body,
+                    timeout=self.timeout,
+                    headers={"Content-Type": "application/json"},
+                )
                 if r.status_code == 200:
                     answer = r.json()
                     if len(answer.get("predictions", ())) != len(instances):
-                        raise PredictionError(f"serving answered {len(answer.get('predictions', ()))} "
-                                              f"predictions for {len(instances)} instances")
+                        raise PredictionError(
+                            f"serving answered {len(answer.get('predictions', ()))} "
+                            f"predictions for {len(instances)} instances"
+                        )
                     return answer
                 if r.status_code not in RETRYABLE_STATUS:
                     raise PredictionError(f"serving refused the batch (HTTP {r.status_code}): {_reason(r)}")
@@ -114,8 +122,9 @@ class ServingClient:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def predict_lines(self, lines: Iterable[str], *, batch_size: int = 64,
-                      first_line_number: int = 1) -> Iterator[float]:
+    def predict_lines(
+        self, lines: Iterable[str], *, batch_size: int = 64, first_line_number: int = 1
+    ) -> Iterator[float]:
         """One probability per non-blank line, in order; blank lines are skipped."""
         if batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
@@ -138,7 +147,7 @@ class ServingClient:
 
     def _predict_batch(self, batch: list[str], start: int) -> list[float]:
         try:
-            answer = self.predict_instances([{"line": l} for l in batch])
+            answer = self.predict_instances([{"line": ln} for ln in batch])
         except PredictionError as e:
             raise PredictionError(f"batch starting at input line {start}: {e}") from e
         return [float(p) for p in answer["predictions"]]
@@ -170,8 +179,7 @@ def _get_json(url: str, what: str) -> dict:
         raise ComponentError(f"{what} at {url} answered non-JSON") from e
 
 
-def upload_configs(config: ClientConfig, *, slot_conf: str | None = None,
-                   data_config: str | None = None) -> list[dict]:
+def upload_configs(config: ClientConfig, *, slot_conf: str | None = None, data_config: str | None = None) -> list[dict]:
     """Validate then upload slot.conf and/or data.config to the file server (``config/...``)."""
     from elastic_control.config import load_data_config, load_slot_conf
     from elastic_control.fileserver.client import FileServerClient
@@ -194,8 +202,10 @@ def check_health(config: ClientConfig) -> dict[str, dict | str]:
     from elastic_control.fileserver.client import FileServerClient
 
     out: dict[str, dict | str] = {}
-    for name, url, probe in (("serving", config.serving_url, lambda u: ServingClient(u).status()),
-                             ("fileserver", config.fileserver_url, lambda u: FileServerClient(u).health())):
+    for name, url, probe in (
+        ("serving", config.serving_url, lambda u: ServingClient(u).status()),
+        ("fileserver", config.fileserver_url, lambda u: FileServerClient(u).health()),
+    ):
         if not url:
             out[name] = "not configured"
             continue

@@ -1,4 +1,5 @@
 """``ctr-client`` / ``python -m client``: predict, upload, health. Only click code lives here."""
+
 from __future__ import annotations
 
 import sys
@@ -7,8 +8,8 @@ import click
 
 from client.api import ServingClient, check_health, load_client_config, upload_configs
 from elastic_control.cli_runner import run_cli
-from elastic_control.errors import ElasticControlError
 from elastic_control.env_vars import STATE_DIR
+from elastic_control.errors import ElasticControlError
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -22,19 +23,28 @@ def _state_dir(ctx: click.Context, given: str | None) -> str:
     return STATE_DIR.get()
 
 
-_state_option = click.option("--state-dir", default=None, type=click.Path(file_okay=False),
-                             help="State folder holding client.json (default: $ELASTIC_CTR_STATE_DIR or .elastic-ctr).")
+_state_option = click.option(
+    "--state-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="State folder holding client.json (default: $ELASTIC_CTR_STATE_DIR or .elastic-ctr).",
+)
 _serving_option = click.option("--serving", "serving_url", default=None, help="Serving URL (overrides client.json).")
-_fileserver_option = click.option("--fileserver", "fileserver_url", default=None,
-                                  help="File server URL (overrides client.json).")
+_fileserver_option = click.option(
+    "--fileserver", "fileserver_url", default=None, help="File server URL (overrides client.json)."
+)
 
 
 @click.command("predict", context_settings=CONTEXT)
 @click.argument("input_file", type=click.File("r", encoding="utf-8"))
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 10000),
-              help="Lines per request.")
-@click.option("--retry-for", default=60.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds to keep retrying a batch while serving is unavailable.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 10000), help="Lines per request.")
+@click.option(
+    "--retry-for",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds to keep retrying a batch while serving is unavailable.",
+)
 @_serving_option
 @_state_option
 @click.pass_context
@@ -70,8 +80,9 @@ def health_command(ctx, serving_url, fileserver_url, state_dir):
     """Check serving and the file server; exit 1 if either is down."""
     import json
 
-    config = load_client_config(state_dir=_state_dir(ctx, state_dir), serving_url=serving_url,
-                                fileserver_url=fileserver_url)
+    config = load_client_config(
+        state_dir=_state_dir(ctx, state_dir), serving_url=serving_url, fileserver_url=fileserver_url
+    )
     report = check_health(config)
     click.echo(json.dumps(report, indent=2, sort_keys=True))
     if any(isinstance(v, str) and v.startswith("error") for v in report.values()):

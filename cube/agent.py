@@ -7,6 +7,7 @@ server load it WITHOUT activating it; ``POST /v1/activate {version}`` switches
 the server. A download that is corrupt or truncated is deleted and refused,
 and the server keeps serving what it served. Both calls need the token.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,12 +21,12 @@ from pathlib import Path
 import click
 import requests
 
-from elastic_control.cli_runner import run_cli
 from cube.control_client import ControlCallError, call_json
 from cube.json_service import Route, make_json_server, require_str
 from cube.shard_format import MANIFEST, CorruptShardError, open_shard, sha256_file, shard_file_name
 from elastic_control import env_vars
 from elastic_control.atomic import atomic_write_json
+from elastic_control.cli_runner import run_cli
 from elastic_control.errors import ComponentError, UsageError
 
 DEFAULT_PORT = 8001
@@ -34,8 +35,16 @@ log = logging.getLogger("cube.agent")
 
 
 class Agent:
-    def __init__(self, *, shard: int, data_dir: str | os.PathLike, server_url: str, token: str | None,
-                 keep: int = 3, timeout: float = 120.0):
+    def __init__(
+        self,
+        *,
+        shard: int,
+        data_dir: str | os.PathLike,
+        server_url: str,
+        token: str | None,
+        keep: int = 3,
+        timeout: float = 120.0,
+    ):
         self.shard, self.data_dir = shard, Path(data_dir)
         self.server_url = server_url.rstrip("/")
         self.token, self.keep, self.timeout = token, keep, timeout
@@ -67,8 +76,9 @@ class Agent:
             if size is not None and got != size:
                 raise CorruptShardError(f"download {url}: {got} bytes, expected {size} (truncated?)")
             if h.hexdigest() != sha256:
-                raise CorruptShardError(f"download {url}: sha256 {h.hexdigest()[:16]}... does not match "
-                                        f"the expected {sha256[:16]}...")
+                raise CorruptShardError(
+                    f"download {url}: sha256 {h.hexdigest()[:16]}... does not match the expected {sha256[:16]}..."
+                )
             os.replace(part, dest)
         except requests.RequestException as e:
             raise ComponentError(f"download {url} failed: {type(e).__name__}: {e}") from e
@@ -89,35 +99,61 @@ class Agent:
                     self.download(url, dest, sha, size)
                 mapped = open_shard(dest)  # structure, version and shard checks before the server sees it
                 if mapped.version != version or mapped.shard != self.shard:
-                    raise CorruptShardError(f"{url} holds version {mapped.version!r} shard {mapped.shard}, "
-                                            f"expected {version!r} shard {self.shard}")
+                    raise CorruptShardError(
+                        f"{url} holds version {mapped.version!r} shard {mapped.shard}, "
+                        f"expected {version!r} shard {self.shard}"
+                    )
             except CorruptShardError as e:
                 dest.unlink(missing_ok=True)
                 return 422, {"error": str(e), "refused": True}
-            atomic_write_json(dest.parent / MANIFEST, {
-                "version": version, "shards": mapped.shards, "dim": mapped.dim, "rows": mapped.rows,
-                "files": {dest.name: {"shard": self.shard, "rows": mapped.rows, "size": dest.stat().st_size,
-                                      "sha256": sha}}, "local_copy_of": url})
+            atomic_write_json(
+                dest.parent / MANIFEST,
+                {
+                    "version": version,
+                    "shards": mapped.shards,
+                    "dim": mapped.dim,
+                    "rows": mapped.rows,
+                    "files": {
+                        dest.name: {
+                            "shard": self.shard,
+                            "rows": mapped.rows,
+                            "size": dest.stat().st_size,
+                            "sha256": sha,
+                        }
+                    },
+                    "local_copy_of": url,
+                },
+            )
             del mapped
-            server = call_json("POST", f"{self.server_url}/v1/load",
-                               {"version": version, "path": f"{version}/{dest.name}"},
-                               token=self.token, timeout=self.timeout)
+            server = call_json(
+                "POST",
+                f"{self.server_url}/v1/load",
+                {"version": version, "path": f"{version}/{dest.name}"},
+                token=self.token,
+                timeout=self.timeout,
+            )
         self.last = {"prepared": version, "seconds": round(time.time() - t0, 3), "downloaded": not cached}
-        return 200, {"version": version, "shard": self.shard, "status": "prepared", "downloaded": not cached,
-                     "server": server}
+        return 200, {
+            "version": version,
+            "shard": self.shard,
+            "status": "prepared",
+            "downloaded": not cached,
+            "server": server,
+        }
 
     def activate(self, body: dict) -> tuple[int, dict]:
         version = require_str(body, "version")
         with self._lock:
-            server = call_json("POST", f"{self.server_url}/v1/activate", {"version": version},
-                               token=self.token, timeout=self.timeout)
+            server = call_json(
+                "POST", f"{self.server_url}/v1/activate", {"version": version}, token=self.token, timeout=self.timeout
+            )
             self._gc(held={server.get("active"), server.get("prepared"), server.get("previous")})
         return 200, {"version": version, "shard": self.shard, "status": "active", "server": server}
 
     def _gc(self, held: set) -> None:
         """Keep the newest ``keep`` local versions plus whatever the server holds."""
         versions = sorted(p.name for p in self.data_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-        for name in versions[:-self.keep] if self.keep else versions:
+        for name in versions[: -self.keep] if self.keep else versions:
             if name not in held:
                 shutil.rmtree(self.data_dir / name, ignore_errors=True)
 
@@ -127,27 +163,51 @@ class Agent:
         except ControlCallError as e:
             server = {"error": str(e)}
         local = sorted(p.name for p in self.data_dir.iterdir() if (p / shard_file_name(self.shard)).exists())
-        return 200, {"shard": self.shard, "server_url": self.server_url, "data": str(self.data_dir),
-                     "local_versions": local, "last": self.last, "server": server}
+        return 200, {
+            "shard": self.shard,
+            "server_url": self.server_url,
+            "data": str(self.data_dir),
+            "local_versions": local,
+            "last": self.last,
+            "server": server,
+        }
 
     def routes(self) -> dict:
-        return {("POST", "/v1/prepare"): Route(self.prepare, write=True),
-                ("POST", "/v1/activate"): Route(self.activate, write=True),
-                ("GET", "/v1/status"): Route(self.status),
-                ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok", "shard": self.shard}))}
+        return {
+            ("POST", "/v1/prepare"): Route(self.prepare, write=True),
+            ("POST", "/v1/activate"): Route(self.activate, write=True),
+            ("GET", "/v1/status"): Route(self.status),
+            ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok", "shard": self.shard})),
+        }
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--port", type=int, default=lambda: env_vars.CUBE_AGENT_PORT.get(), show_default=str(DEFAULT_PORT),
-              help="TCP port, 0: any free port [env ELASTIC_CTR_CUBE_AGENT_PORT].")
+@click.option(
+    "--port",
+    type=int,
+    default=lambda: env_vars.CUBE_AGENT_PORT.get(),
+    show_default=str(DEFAULT_PORT),
+    help="TCP port, 0: any free port [env ELASTIC_CTR_CUBE_AGENT_PORT].",
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
-@click.option("--shard", type=int, default=lambda: env_vars.CUBE_SHARD.get(),
-              help="The shard index of the server beside this agent [env ELASTIC_CTR_CUBE_SHARD].")
-@click.option("--data", default=lambda: env_vars.CUBE_ROOT.get(),
-              help="Local folder for shard files, the server's --data [env ELASTIC_CTR_CUBE_ROOT].")
-@click.option("--server", "server_url", default=lambda: env_vars.CUBE_SERVER_URL.get() or "http://127.0.0.1:8027",
-              show_default="http://127.0.0.1:8027",
-              help="URL of the cube-server beside this agent [env ELASTIC_CTR_CUBE_SERVER_URL].")
+@click.option(
+    "--shard",
+    type=int,
+    default=lambda: env_vars.CUBE_SHARD.get(),
+    help="The shard index of the server beside this agent [env ELASTIC_CTR_CUBE_SHARD].",
+)
+@click.option(
+    "--data",
+    default=lambda: env_vars.CUBE_ROOT.get(),
+    help="Local folder for shard files, the server's --data [env ELASTIC_CTR_CUBE_ROOT].",
+)
+@click.option(
+    "--server",
+    "server_url",
+    default=lambda: env_vars.CUBE_SERVER_URL.get() or "http://127.0.0.1:8027",
+    show_default="http://127.0.0.1:8027",
+    help="URL of the cube-server beside this agent [env ELASTIC_CTR_CUBE_SERVER_URL].",
+)
 @click.option("--keep", type=int, default=3, show_default=True, help="Local versions to keep.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds for a download or server call.")
 @click.option("--ready-file", default=None, help="Write {port, pid} here (JSON) once listening.")
@@ -158,8 +218,9 @@ def agent_command(port, host, shard, data, server_url, keep, timeout, ready_file
         raise UsageError("--shard and --data are required (or ELASTIC_CTR_CUBE_SHARD and ELASTIC_CTR_CUBE_ROOT)")
     if keep < 1:
         raise UsageError(f"--keep {keep} must be >= 1")
-    agent = Agent(shard=shard, data_dir=data, server_url=server_url, token=env_vars.TOKEN.get(), keep=keep,
-                  timeout=timeout)
+    agent = Agent(
+        shard=shard, data_dir=data, server_url=server_url, token=env_vars.TOKEN.get(), keep=keep, timeout=timeout
+    )
     try:
         server = make_json_server(host=host, port=port, routes=agent.routes(), token=agent.token, name="cube-agent")
     except OSError as e:

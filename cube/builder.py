@@ -12,6 +12,7 @@ save): ``key slot unseen_days delta_score show click embed_w [embed state]
 embedx_w(d-1) [embedx state]``; the served vector is embed_w + embedx_w
 (``elastic_control.pass_format.SparseLayout``).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,10 +22,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from elastic_control.cli_runner import run_cli
 from cube.shard_format import MANIFEST, sha256_file, shard_file_name, write_shard
 from cube.sparse_table_reader import iter_sparse_table_fast
 from elastic_control.atomic import atomic_write_json, staged_directory
+from elastic_control.cli_runner import run_cli
 from elastic_control.data.sample import transform_keys
 from elastic_control.errors import DataError, UsageError
 from elastic_control.pass_format import load_pass
@@ -45,8 +46,14 @@ def _dedupe_sorted_last(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarra
     return keys, values
 
 
-def build_version(*, pass_dir: str | os.PathLike, shards: int, output: str | os.PathLike,
-                  version: str | None = None, overwrite: bool = False) -> dict:
+def build_version(
+    *,
+    pass_dir: str | os.PathLike,
+    shards: int,
+    output: str | os.PathLike,
+    version: str | None = None,
+    overwrite: bool = False,
+) -> dict:
     """Build ``output/VERSION/`` (shard files + manifest.json) from a pass; return the manifest."""
     if not 1 <= shards <= MAX_SHARDS:
         raise UsageError(f"--shards {shards} is out of range (1-{MAX_SHARDS})")
@@ -86,34 +93,57 @@ def build_version(*, pass_dir: str | os.PathLike, shards: int, output: str | os.
             write_shard(stage / name, keys, values, version=version, shard=i, shards=shards)
             (spill / f"{i}.keys").unlink()
             (spill / f"{i}.values").unlink()
-            files[name] = {"shard": i, "rows": int(len(keys)), "size": (stage / name).stat().st_size,
-                           "sha256": sha256_file(stage / name)}
+            files[name] = {
+                "shard": i,
+                "rows": int(len(keys)),
+                "size": (stage / name).stat().st_size,
+                "sha256": sha256_file(stage / name),
+            }
             total += len(keys)
         shutil.rmtree(spill)
         if total == 0:
             raise DataError(f"{info.path}: the sparse table is empty; nothing to build")
-        manifest = {"version": version, "shards": shards, "dim": dim, "rows": int(total),
-                    "input_rows": int(input_rows), "files": files,
-                    "source_pass": {"name": info.name, "path": str(Path(info.path).resolve())},
-                    "slots": info.slots, "sparse_dim": sparse_dim,
-                    "sparse_layout": layout.to_json(), "format": "elastic-ctr-cube-shard/1"}
+        manifest = {
+            "version": version,
+            "shards": shards,
+            "dim": dim,
+            "rows": int(total),
+            "input_rows": int(input_rows),
+            "files": files,
+            "source_pass": {"name": info.name, "path": str(Path(info.path).resolve())},
+            "slots": info.slots,
+            "sparse_dim": sparse_dim,
+            "sparse_layout": layout.to_json(),
+            "format": "elastic-ctr-cube-shard/1",
+        }
         atomic_write_json(stage / MANIFEST, manifest)
     return manifest
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--model", "pass_dir", required=True, type=click.Path(file_okay=False),
-              help="The pass folder (holds meta.json and sparse/).")
+@click.option(
+    "--model",
+    "pass_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The pass folder (holds meta.json and sparse/).",
+)
 @click.option("--shards", required=True, type=int, help="Number of shards N (shard = key % N).")
-@click.option("--output", required=True, type=click.Path(file_okay=False),
-              help="Cube root; the version is written to OUTPUT/VERSION/.")
+@click.option(
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Cube root; the version is written to OUTPUT/VERSION/.",
+)
 @click.option("--version", "version", default=None, help="Version name (default: the pass name).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT/VERSION/.")
 def builder_command(pass_dir, shards, output, version, overwrite):
     """Build cube shard files and manifest.json from one pass's sparse table."""
     manifest = build_version(pass_dir=pass_dir, shards=shards, output=output, version=version, overwrite=overwrite)
-    click.echo(f"built {Path(output) / manifest['version']}: {manifest['rows']} keys, dim {manifest['dim']}, "
-               f"{manifest['shards']} shards")
+    click.echo(
+        f"built {Path(output) / manifest['version']}: {manifest['rows']} keys, dim {manifest['dim']}, "
+        f"{manifest['shards']} shards"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ versions (a rollout switching right now) is repeated pinned to the newest of
 those versions, which every shard still holds (servers keep the prepared,
 active and previous versions); so one call never mixes versions.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -117,19 +118,24 @@ class CubeClient:
     def _lookup_shard(self, i: int, keys: np.ndarray, version: str | None):
         path = "/v1/lookup" + (f"?version={quote(version)}" if version else "")
         status, headers, body = self.shards[i].request(
-            "POST", path, np.ascontiguousarray(keys, dtype="<u8").tobytes(),
-            {"Content-Type": "application/octet-stream"})
+            "POST",
+            path,
+            np.ascontiguousarray(keys, dtype="<u8").tobytes(),
+            {"Content-Type": "application/octet-stream"},
+        )
         if status == 404 and version:
             raise CubeVersionError(f"cube shard {self.shards[i].url}: {_error_text(body)}")
         if status != 200:
             raise CubeUnavailableError(f"cube shard {self.shards[i].url} answered {status}: {_error_text(body)}")
         n, dim = len(keys), int(headers["X-Cube-Dim"])
         if len(body) != n * dim * 4 + (n + 7) // 8:
-            raise CubeUnavailableError(f"cube shard {self.shards[i].url}: answer of {len(body)} bytes "
-                                       f"does not fit {n} keys of dim {dim}")
+            raise CubeUnavailableError(
+                f"cube shard {self.shards[i].url}: answer of {len(body)} bytes does not fit {n} keys of dim {dim}"
+            )
         values = np.frombuffer(body, dtype="<f4", count=n * dim).reshape(n, dim)
-        found = np.unpackbits(np.frombuffer(body, np.uint8, offset=n * dim * 4), count=n,
-                              bitorder="little").astype(bool)
+        found = np.unpackbits(np.frombuffer(body, np.uint8, offset=n * dim * 4), count=n, bitorder="little").astype(
+            bool
+        )
         return values, found, headers["X-Cube-Version"]
 
     def _lookup_once(self, keys: np.ndarray, version: str | None):

@@ -1,4 +1,5 @@
 """JSON control calls between cube services (transfer -> agent -> server), with the token."""
+
 from __future__ import annotations
 
 import requests
@@ -14,8 +15,9 @@ class ControlCallError(ComponentError):
         self.status = status
 
 
-def call_json(method: str, url: str, body: dict | None = None, *, token: str | None = None,
-              timeout: float = 30.0) -> dict:
+def call_json(
+    method: str, url: str, body: dict | None = None, *, token: str | None = None, timeout: float = 30.0
+) -> dict:
     """Send a JSON call and return the answer's JSON; raise ControlCallError naming the URL otherwise."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:

@@ -6,22 +6,39 @@ is what matters at 26 keys per request. It parses only what cube needs:
 a request line, headers, a Content-Length body (no chunked uploads), and
 answers in request order even when a handler answers later (merged lookups).
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 MAX_HEADER_BYTES = 16 * 1024
 
-REASONS = {100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
-           400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-           405: "Method Not Allowed", 409: "Conflict", 411: "Length Required", 413: "Payload Too Large",
-           415: "Unsupported Media Type", 431: "Request Header Fields Too Large", 422: "Unprocessable Entity", 500: "Internal Server Error",
-           503: "Service Unavailable", 504: "Gateway Timeout"}
+REASONS = {
+    100: "Continue",
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    411: "Length Required",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    431: "Request Header Fields Too Large",
+    422: "Unprocessable Entity",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 @dataclass
@@ -41,19 +58,22 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def json(cls, obj, status: int = 200, headers: dict | None = None) -> "Response":
+    def json(cls, obj, status: int = 200, headers: dict | None = None) -> Response:
         return cls(status, (json.dumps(obj) + "\n").encode(), "application/json", headers or {})
 
     @classmethod
-    def error(cls, status: int, message: str) -> "Response":
+    def error(cls, status: int, message: str) -> Response:
         return cls.json({"error": message}, status)
 
     def encode(self, keep_alive: bool) -> list:
         parts = self.body if isinstance(self.body, list) else [self.body]
         length = sum(len(p) for p in parts)
-        head = [f"HTTP/1.1 {self.status} {REASONS.get(self.status, 'Unknown')}",
-                f"Content-Type: {self.content_type}", f"Content-Length: {length}",
-                "Connection: keep-alive" if keep_alive else "Connection: close"]
+        head = [
+            f"HTTP/1.1 {self.status} {REASONS.get(self.status, 'Unknown')}",
+            f"Content-Type: {self.content_type}",
+            f"Content-Length: {length}",
+            "Connection: keep-alive" if keep_alive else "Connection: close",
+        ]
         head += [f"{k}: {v}" for k, v in self.headers.items()]
         return ["\r\n".join(head).encode("latin-1") + b"\r\n\r\n", *parts]
 
@@ -107,7 +127,7 @@ class HttpProtocol(asyncio.Protocol):
                 except ValueError as e:
                     self._fail(400, str(e))
                     return
-                del self.buffer[:end + 4]
+                del self.buffer[: end + 4]
                 length = self._head[4]
                 if length > self.max_body:
                     self._fail(413, f"body of {length} bytes exceeds the limit of {self.max_body}")
@@ -156,7 +176,7 @@ class HttpProtocol(asyncio.Protocol):
         self.pending.append(slot)
         try:
             response = self.handler(request, slot, self._deliver)
-        except Exception as e:  # a handler bug must not kill the connection loop silently
+        except Exception as e:  # noqa: BLE001 - a handler bug must not kill the connection loop silently
             response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
         if response is not None:
             self._deliver(slot, response)

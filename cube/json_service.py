@@ -5,15 +5,16 @@ ThreadingHTTPServer is enough (the hot path, lookups, is cube-server's own
 asyncio protocol). Routes map ``(METHOD, PATH)`` to ``fn(body) -> (status, obj)``;
 calls marked ``write`` need ``Authorization: Bearer $ELASTIC_CTR_TOKEN``.
 """
+
 from __future__ import annotations
 
 import hmac
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import urlsplit
 
 from elastic_control.errors import ElasticControlError, UsageError
@@ -27,8 +28,9 @@ class Route:
     write: bool = False
 
 
-def make_json_server(*, host: str, port: int, routes: dict[tuple[str, str], Route], token: str | None,
-                     name: str) -> ThreadingHTTPServer:
+def make_json_server(
+    *, host: str, port: int, routes: dict[tuple[str, str], Route], token: str | None, name: str
+) -> ThreadingHTTPServer:
     """A ThreadingHTTPServer answering JSON on ``routes``; bind errors surface as OSError."""
 
     class Handler(BaseHTTPRequestHandler):

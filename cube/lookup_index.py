@@ -9,14 +9,15 @@ and a branch-free, vectorised binary search of fixed depth finishes it.
 Everything is numpy over the whole batch: the per-batch cost is a handful of
 array passes, which is why the server merges waiting requests into one batch.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from cube.shard_format import MappedShard
 
-WINDOW_MAX_WIDTH = 32     # widest bucket for which small batches use the window gather
-WINDOW_MAX_KEYS = 128     # above this many keys the fixed-depth search is cheaper per key
+WINDOW_MAX_WIDTH = 32  # widest bucket for which small batches use the window gather
+WINDOW_MAX_KEYS = 128  # above this many keys the fixed-depth search is cheaper per key
 
 
 class ShardIndex:
@@ -33,7 +34,7 @@ class ShardIndex:
         self._shift = np.uint64(top - bits)
         # start[b] = first row whose key >> shift >= b; start[2**bits] = n.
         buckets = (keys >> self._shift).astype(np.int64) if n else np.zeros(0, np.int64)
-        self._start = np.searchsorted(buckets, np.arange(2 ** bits + 1, dtype=np.int64)).astype(np.int64)
+        self._start = np.searchsorted(buckets, np.arange(2**bits + 1, dtype=np.int64)).astype(np.int64)
         widest = int(np.diff(self._start).max()) if n else 0
         self._steps = max(1, widest.bit_length())  # 2**steps > widest bucket
         self._keys = keys

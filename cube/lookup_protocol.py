@@ -11,6 +11,7 @@ bytes object. Anything unusual (JSON body, Expect, chunked, odd spacing,
 an escaped query, another method or path) goes through the generic parser,
 which also answers every error, so both paths behave the same.
 """
+
 from __future__ import annotations
 
 from cube.http_protocol import MAX_HEADER_BYTES, HttpProtocol, Slot
@@ -30,9 +31,9 @@ def parse_lookup_head(data: bytes, start: int, end: int) -> tuple | None:
     line_end = data.find(b"\r\n", start, end)
     if line_end < 0:
         line_end = end
-    if data[line_end - 9:line_end] != b" HTTP/1.1":
+    if data[line_end - 9 : line_end] != b" HTTP/1.1":
         return None
-    target = data[start + 5:line_end - 9]
+    target = data[start + 5 : line_end - 9]
     if target == b"/v1/lookup":
         version = None
     elif target.startswith(_VERSION_QUERY) and len(target) > 19 and _PLAIN_VERSION.issuperset(target[19:]):
@@ -46,18 +47,18 @@ def parse_lookup_head(data: bytes, start: int, end: int) -> tuple | None:
     if at < 0:
         return None
     eol = head.find(b"\r\n", at + 17)
-    raw = head[at + 17:] if eol < 0 else head[at + 17:eol]
+    raw = head[at + 17 :] if eol < 0 else head[at + 17 : eol]
     if not raw.strip().isdigit():
         return None
     length = int(raw)
     at = head.rfind(b"\r\ncontent-type:")
-    if at >= 0 and head[at + 15:at + 48].lstrip().startswith(b"application/json"):
+    if at >= 0 and head[at + 15 : at + 48].lstrip().startswith(b"application/json"):
         return None
     keep_alive = True
     at = head.rfind(b"\r\nconnection:")
     if at >= 0:
         eol = head.find(b"\r\n", at + 13)
-        keep_alive = (head[at + 13:] if eol < 0 else head[at + 13:eol]).strip() != b"close"
+        keep_alive = (head[at + 13 :] if eol < 0 else head[at + 13 : eol]).strip() != b"close"
     return version, length, keep_alive
 
 
@@ -125,7 +126,7 @@ class LookupProtocol(HttpProtocol):
             length = head[4]
             if n - pos < length:
                 break
-            body = data[pos:pos + length] if length else b""
+            body = data[pos : pos + length] if length else b""
             pos += length
             self._head = None
             if head[0] is _FAST:

@@ -7,6 +7,7 @@ active everywhere. If activation itself fails part-way (a shard died after
 preparing), the shards are switched back to the previous version, which
 every server still holds; with no previous version there is nothing to mix.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,8 @@ CRASH_ENV = "ELASTIC_CTR_CUBE_TEST_CRASH"
 @dataclass
 class RetryPolicy:
     attempts: int = 3
-    backoff: float = 0.5      # seconds before the 2nd attempt; doubles each time
-    timeout: float = 60.0     # seconds per call
+    backoff: float = 0.5  # seconds before the 2nd attempt; doubles each time
+    timeout: float = 60.0  # seconds per call
 
     def run(self, fn, what: str):
         """Call ``fn`` up to ``attempts`` times with exponential backoff; re-raise the last error."""
@@ -53,13 +54,16 @@ def publish_version(fs: FileServerClient, version_dir: Path, pass_dir: Path, ret
     uploads = [(f"{prefix}/{p.name}", p) for p in sorted(version_dir.glob("shard-*.arrow"))]
     dense = Path(pass_dir) / DENSE_DIR
     if dense.is_dir():
-        uploads += [(f"{prefix}/{DENSE_DIR}/{p.relative_to(dense).as_posix()}", p)
-                    for p in sorted(dense.rglob("*")) if p.is_file()]
+        uploads += [
+            (f"{prefix}/{DENSE_DIR}/{p.relative_to(dense).as_posix()}", p)
+            for p in sorted(dense.rglob("*"))
+            if p.is_file()
+        ]
     if (Path(pass_dir) / META_FILE).exists():
         uploads.append((f"{prefix}/{META_FILE}", Path(pass_dir) / META_FILE))
     uploads.append((f"{prefix}/{MANIFEST}", version_dir / MANIFEST))  # last: its presence means complete
     for remote, local in uploads:
-        retry.run(lambda: fs.put_file(remote, local), f"upload {remote}")
+        retry.run(lambda r=remote, p=local: fs.put_file(r, p), f"upload {remote}")
     return {Path(r).name: r for r, _ in uploads}
 
 
@@ -89,22 +93,40 @@ class ShardFleet:
         def one(i):
             name = shard_file_name(i)
             entry = manifest["files"][name]
-            body = {"version": version, "url": fs.url(f"{FILESERVER_PREFIX}/{version}/{name}"),
-                    "sha256": entry["sha256"], "size": entry["size"]}
-            self.retry.run(lambda: call_json("POST", f"{self.agents[i]}/v1/prepare", body, token=self.token,
-                                             timeout=self.retry.timeout), f"prepare shard {i}")
+            body = {
+                "version": version,
+                "url": fs.url(f"{FILESERVER_PREFIX}/{version}/{name}"),
+                "sha256": entry["sha256"],
+                "size": entry["size"],
+            }
+            self.retry.run(
+                lambda: call_json(
+                    "POST", f"{self.agents[i]}/v1/prepare", body, token=self.token, timeout=self.retry.timeout
+                ),
+                f"prepare shard {i}",
+            )
+
         return self._each(one)
 
     def activate(self, version: str, shards=None) -> dict[int, str]:
         crash = os.environ.get(CRASH_ENV) == "after-first-activate"
 
         def one(i):
-            self.retry.run(lambda: call_json("POST", f"{self.agents[i]}/v1/activate", {"version": version},
-                                             token=self.token, timeout=self.retry.timeout), f"activate shard {i}")
+            self.retry.run(
+                lambda: call_json(
+                    "POST",
+                    f"{self.agents[i]}/v1/activate",
+                    {"version": version},
+                    token=self.token,
+                    timeout=self.retry.timeout,
+                ),
+                f"activate shard {i}",
+            )
 
         def crash_now(_i):
             if crash:
                 os._exit(86)
+
         return self._each(one, shards, on_result=crash_now)
 
     def statuses(self) -> list[dict]:
@@ -117,8 +139,15 @@ class ShardFleet:
         return out
 
 
-def roll_out(*, version: str, manifest: dict, journal: RolloutJournal, fleet: ShardFleet,
-             fs: FileServerClient, resume: bool = False) -> tuple[bool, dict]:
+def roll_out(
+    *,
+    version: str,
+    manifest: dict,
+    journal: RolloutJournal,
+    fleet: ShardFleet,
+    fs: FileServerClient,
+    resume: bool = False,
+) -> tuple[bool, dict]:
     """Prepare every shard, then activate every shard; (succeeded, timings and errors)."""
     info: dict = {}
     if not resume:
@@ -128,7 +157,8 @@ def roll_out(*, version: str, manifest: dict, journal: RolloutJournal, fleet: Sh
     info["prepare_s"] = round(time.time() - t0, 3)
     if errors:
         info["error"] = "prepare failed, old version kept everywhere: " + "; ".join(
-            f"shard {i}: {e}" for i, e in sorted(errors.items()))
+            f"shard {i}: {e}" for i, e in sorted(errors.items())
+        )
         return False, info
     journal.set_phase("activating")
     t1 = time.time()

@@ -9,6 +9,7 @@ whether a rollout was in flight and in which phase:
      "passes": {VERSION: {"status": "active"|"retired"|"failed"|"rejected"|"superseded", ...}},
      "history": [ {version, result, timings...}, ... ]   (newest last, bounded)}
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,10 @@ class RolloutJournal:
             try:
                 self.data.update(json.loads(self.path.read_text(encoding="utf-8")))
             except json.JSONDecodeError as e:
-                raise DataError(f"{self.path}: the rollout journal is not valid JSON ({e}); "
-                                "fix or move it before restarting cube-transfer") from e
+                raise DataError(
+                    f"{self.path}: the rollout journal is not valid JSON ({e}); "
+                    "fix or move it before restarting cube-transfer"
+                ) from e
 
     def save(self) -> None:
         with self._lock:
@@ -60,8 +63,12 @@ class RolloutJournal:
 
     def begin(self, version: str, phase: str) -> None:
         with self._lock:
-            self.data["in_flight"] = {"version": version, "previous": self.active_version, "phase": phase,
-                                      "started_at": time.time()}
+            self.data["in_flight"] = {
+                "version": version,
+                "previous": self.active_version,
+                "phase": phase,
+                "started_at": time.time(),
+            }
             self.save()
 
     def set_phase(self, phase: str) -> None:

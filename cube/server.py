@@ -7,6 +7,7 @@ loads). With N > 1 workers, N processes accept on the same port
 (SO_REUSEPORT) under a small supervisor that restarts a crashed worker; all
 workers follow the shared state file (see cube/version_store.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,12 +21,12 @@ from pathlib import Path
 
 import click
 
-from elastic_control.cli_runner import run_cli
 from cube.server_app import CubeWorker
 from cube.shard_format import CorruptShardError, complete_versions, shard_file_name, verify_version_dir
 from cube.version_store import ControlState, StateFile, load_index
 from elastic_control import env_vars
 from elastic_control.atomic import atomic_write_json
+from elastic_control.cli_runner import run_cli
 from elastic_control.errors import ComponentError, UsageError
 
 DEFAULT_PORT = 8027
@@ -104,12 +105,31 @@ def event_loop_factory(kind: str):
     return asyncio.new_event_loop
 
 
-def run_worker(*, host: str, port: int, shard: int, data_dir: str, state_dir: str, worker: int, workers: int,
-               token: str | None, max_batch: int, ready_file: str | None = None, event_loop: str = "auto") -> None:
+def run_worker(
+    *,
+    host: str,
+    port: int,
+    shard: int,
+    data_dir: str,
+    state_dir: str,
+    worker: int,
+    workers: int,
+    token: str | None,
+    max_batch: int,
+    ready_file: str | None = None,
+    event_loop: str = "auto",
+) -> None:
     """Body of one worker process (also the whole server when --workers 1)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    app = CubeWorker(data_dir=Path(data_dir), state_dir=Path(state_dir), shard=shard, worker=worker,
-                     workers=workers, token=token, max_batch=max_batch)
+    app = CubeWorker(
+        data_dir=Path(data_dir),
+        state_dir=Path(state_dir),
+        shard=shard,
+        worker=worker,
+        workers=workers,
+        token=token,
+        max_batch=max_batch,
+    )
     app.apply_state_file()
     sock = make_listen_socket(host, port, reuse_port=workers > 1)
     if ready_file:
@@ -132,8 +152,9 @@ class Supervisor:
         self.stopping = False
 
     def start(self, k: int) -> None:
-        p = self.ctx.Process(target=run_worker, kwargs={**self.kwargs, "worker": k}, name=f"cube-server-worker-{k}",
-                             daemon=True)
+        p = self.ctx.Process(
+            target=run_worker, kwargs={**self.kwargs, "worker": k}, name=f"cube-server-worker-{k}", daemon=True
+        )
         p.start()
         self.procs[k] = p
 
@@ -145,14 +166,20 @@ class Supervisor:
         self._wait_ready(store, generation)
         if ready_file:
             atomic_write_json(ready_file, {"port": port, "pid": os.getpid(), "workers": self.n})
-        print(f"cube-server: shard {self.kwargs['shard']} ready on http://{self.kwargs['host']}:{port} "
-              f"with {self.n} workers", flush=True)
+        print(
+            f"cube-server: shard {self.kwargs['shard']} ready on http://{self.kwargs['host']}:{port} "
+            f"with {self.n} workers",
+            flush=True,
+        )
         while not self.stopping:
             time.sleep(0.2)
             for k, p in list(self.procs.items()):
                 if not p.is_alive() and not self.stopping:
-                    print(f"cube-server: worker {k} (pid {p.pid}) exited with {p.exitcode}; restarting",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"cube-server: worker {k} (pid {p.pid}) exited with {p.exitcode}; restarting",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     time.sleep(0.5)
                     self.start(k)
         for p in self.procs.values():
@@ -175,7 +202,9 @@ class Supervisor:
             dead = [k for k, p in self.procs.items() if not p.is_alive()]
             if dead:
                 self._stop()
-                raise ComponentError(f"worker {dead[0]} exited during start-up (exit code {self.procs[dead[0]].exitcode})")
+                raise ComponentError(
+                    f"worker {dead[0]} exited during start-up (exit code {self.procs[dead[0]].exitcode})"
+                )
             time.sleep(0.05)
 
     def _stop(self, *_):
@@ -185,9 +214,19 @@ class Supervisor:
                 p.terminate()
 
 
-def serve(*, port: int, shard: int, data: str, workers: int = 1, host: str = "0.0.0.0",
-          state_dir: str | None = None, token: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-          ready_file: str | None = None, event_loop: str = "auto") -> None:
+def serve(
+    *,
+    port: int,
+    shard: int,
+    data: str,
+    workers: int = 1,
+    host: str = "0.0.0.0",
+    state_dir: str | None = None,
+    token: str | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    ready_file: str | None = None,
+    event_loop: str = "auto",
+) -> None:
     """Run a cube-server until SIGTERM (keyword-only API behind the console script)."""
     event_loop_factory(event_loop)  # an unknown or missing loop is a usage error now, not in every worker
     data_dir = Path(data)
@@ -205,8 +244,16 @@ def serve(*, port: int, shard: int, data: str, workers: int = 1, host: str = "0.
         store.write(state)
         for f in store.dir.glob("worker-*.json"):
             f.unlink()
-    kwargs = dict(host=host, shard=shard, data_dir=str(data_dir), state_dir=str(store.dir), workers=workers,
-                  token=token, max_batch=max_batch, event_loop=event_loop)
+    kwargs = dict(
+        host=host,
+        shard=shard,
+        data_dir=str(data_dir),
+        state_dir=str(store.dir),
+        workers=workers,
+        token=token,
+        max_batch=max_batch,
+        event_loop=event_loop,
+    )
     if workers == 1:
         print(f"cube-server: shard {shard} serving {state.active or 'nothing yet'} from {data_dir}", flush=True)
         run_worker(port=port, worker=0, ready_file=ready_file, **kwargs)
@@ -219,26 +266,58 @@ def serve(*, port: int, shard: int, data: str, workers: int = 1, host: str = "0.
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--port", type=int, default=lambda: env_vars.CUBE_SERVER_PORT.get(), show_default=str(DEFAULT_PORT),
-              help="TCP port, 0: any free port [env ELASTIC_CTR_CUBE_SERVER_PORT].")
-@click.option("--shard", type=int, default=lambda: env_vars.CUBE_SHARD.get(),
-              help="The shard index I this server serves [env ELASTIC_CTR_CUBE_SHARD].")
-@click.option("--data", default=lambda: env_vars.CUBE_ROOT.get(),
-              help="A version folder (with manifest.json) or a cube root [env ELASTIC_CTR_CUBE_ROOT].")
-@click.option("--workers", type=int, default=lambda: env_vars.CUBE_SERVER_WORKERS.get(), show_default="1",
-              help="Worker processes sharing the port [env ELASTIC_CTR_CUBE_SERVER_WORKERS].")
+@click.option(
+    "--port",
+    type=int,
+    default=lambda: env_vars.CUBE_SERVER_PORT.get(),
+    show_default=str(DEFAULT_PORT),
+    help="TCP port, 0: any free port [env ELASTIC_CTR_CUBE_SERVER_PORT].",
+)
+@click.option(
+    "--shard",
+    type=int,
+    default=lambda: env_vars.CUBE_SHARD.get(),
+    help="The shard index I this server serves [env ELASTIC_CTR_CUBE_SHARD].",
+)
+@click.option(
+    "--data",
+    default=lambda: env_vars.CUBE_ROOT.get(),
+    help="A version folder (with manifest.json) or a cube root [env ELASTIC_CTR_CUBE_ROOT].",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=lambda: env_vars.CUBE_SERVER_WORKERS.get(),
+    show_default="1",
+    help="Worker processes sharing the port [env ELASTIC_CTR_CUBE_SERVER_WORKERS].",
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--state-dir", default=None, help="Where the version state lives (default DATA/.cube-server-shard-I).")
 @click.option("--max-batch", type=int, default=DEFAULT_MAX_BATCH, show_default=True, help="Most keys per request.")
 @click.option("--ready-file", default=None, help="Write {port, pid} here (JSON) once serving.")
-@click.option("--event-loop", default="auto", show_default=True, type=click.Choice(EVENT_LOOPS),
-              help="auto: uvloop when installed, else asyncio's own loop.")
+@click.option(
+    "--event-loop",
+    default="auto",
+    show_default=True,
+    type=click.Choice(EVENT_LOOPS),
+    help="auto: uvloop when installed, else asyncio's own loop.",
+)
 def server_command(port, shard, data, workers, host, state_dir, max_batch, ready_file, event_loop):
     """Serve one cube shard: batched lookups, versioned, switched atomically."""
     if shard is None or data is None:
         raise UsageError("--shard and --data are required (or ELASTIC_CTR_CUBE_SHARD and ELASTIC_CTR_CUBE_ROOT)")
-    serve(port=port, shard=shard, data=data, workers=workers, host=host, state_dir=state_dir,
-          token=env_vars.TOKEN.get(), max_batch=max_batch, ready_file=ready_file, event_loop=event_loop)
+    serve(
+        port=port,
+        shard=shard,
+        data=data,
+        workers=workers,
+        host=host,
+        state_dir=state_dir,
+        token=env_vars.TOKEN.get(),
+        max_batch=max_batch,
+        ready_file=ready_file,
+        event_loop=event_loop,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,7 @@ version, then split back. At 26 keys per request this turns ~100 us of
 per-request Python into a shared cost; it never mixes versions, because every
 request is bound to one ShardIndex object when it is parsed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,15 +27,24 @@ from cube.server_metrics import ServerMetrics
 from cube.version_store import ControlState, StateFile, VersionSet, load_index
 from elastic_control.errors import ElasticControlError, UsageError
 
-WATCH_INTERVAL = 0.02      # seconds between state-file checks
+WATCH_INTERVAL = 0.02  # seconds between state-file checks
 METRICS_INTERVAL = 1.0
 ACK_TIMEOUT = 60.0
 VERSION_HEADER = "X-Cube-Version"
 
 
 class CubeWorker:
-    def __init__(self, *, data_dir: Path, state_dir: Path, shard: int, worker: int, workers: int,
-                 token: str | None, max_batch: int):
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        state_dir: Path,
+        shard: int,
+        worker: int,
+        workers: int,
+        token: str | None,
+        max_batch: int,
+    ):
         self.data_dir = Path(data_dir)
         self.store = StateFile(state_dir)
         self.shard, self.worker, self.workers = shard, worker, workers
@@ -42,12 +52,12 @@ class CubeWorker:
         self.max_batch = max_batch
         self.metrics = ServerMetrics()
         self.versions = VersionSet(ControlState(shard=shard, workers=workers), {})
-        self._pending: list = []      # (index, body, slot, deliver, t0) waiting for the next merged pass
+        self._pending: list = []  # (index, body, slot, deliver, t0) waiting for the next merged pass
         self._flush_scheduled = False
         self._head_prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         self._max_body_bytes = max_batch * 8
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.connections = 0          # open connections of this worker (LookupProtocol counts them)
+        self.connections = 0  # open connections of this worker (LookupProtocol counts them)
         self._control_lock = asyncio.Lock()
         self._stamp: tuple = ()
         self._last_error: str | None = None
@@ -72,9 +82,16 @@ class CubeWorker:
         except ElasticControlError as e:
             self._last_error = str(e)
         self._stamp = stamp
-        self.store.write_ack(self.worker, {"generation": state.generation if self._last_error is None else -1,
-                                           "seen": state.generation, "pid": os.getpid(),
-                                           "active": self.versions.state.active, "error": self._last_error})
+        self.store.write_ack(
+            self.worker,
+            {
+                "generation": state.generation if self._last_error is None else -1,
+                "seen": state.generation,
+                "pid": os.getpid(),
+                "active": self.versions.state.active,
+                "error": self._last_error,
+            },
+        )
 
     async def watch_state(self) -> None:
         loop = asyncio.get_running_loop()
@@ -93,19 +110,24 @@ class CubeWorker:
         """Apply ``change(current) -> next`` to the state file and wait until every worker has it."""
         loop = asyncio.get_running_loop()
         async with self._control_lock:
+
             def write():
                 with self.store.locked():
                     current = self.store.read() or ControlState(shard=self.shard, workers=self.workers)
                     nxt = change(current)
                     self.store.write(nxt)
                     return nxt
+
             nxt = await loop.run_in_executor(None, write)
             await loop.run_in_executor(None, self.apply_state_file)
             deadline = time.monotonic() + ACK_TIMEOUT
             while True:
                 acks = self.store.read_acks(self.workers)
-                errors = [f"worker {k}: {a['error']}" for k, a in acks.items()
-                          if a.get("seen", 0) >= nxt.generation and a.get("error")]
+                errors = [
+                    f"worker {k}: {a['error']}"
+                    for k, a in acks.items()
+                    if a.get("seen", 0) >= nxt.generation and a.get("error")
+                ]
                 if errors:
                     raise UsageError("; ".join(errors))
                 if len(acks) == self.workers and all(a.get("generation", 0) >= nxt.generation for a in acks.values()):
@@ -126,8 +148,9 @@ class CubeWorker:
             if path == "/v1/status":
                 return self._count("status", Response.json(self.status()))
             if path == "/metrics":
-                text = self.metrics.render(self.store.dir, self.worker, self.workers, shard=self.shard,
-                                           active=self.versions.state.active)
+                text = self.metrics.render(
+                    self.store.dir, self.worker, self.workers, shard=self.shard, active=self.versions.state.active
+                )
                 return self._count("metrics", Response(200, text.encode(), "text/plain; version=0.0.4"))
         if req.method == "POST" and path in ("/v1/load", "/v1/activate"):
             denied = self._check_token(req)
@@ -154,12 +177,19 @@ class CubeWorker:
 
     def status(self) -> dict:
         vs = self.versions
-        return {"shard": self.shard, "worker": self.worker, "workers": self.workers, "pid": os.getpid(),
-                **{r: getattr(vs.state, r) for r in ("active", "prepared", "previous")},
-                "generation": vs.state.generation, "error": self._last_error,
-                "versions": {v: {"rows": i.rows, "dim": i.dim, "path": vs.state.paths.get(v)}
-                             for v, i in vs.indexes.items()},
-                "uptime_seconds": round(time.time() - self.started, 3)}
+        return {
+            "shard": self.shard,
+            "worker": self.worker,
+            "workers": self.workers,
+            "pid": os.getpid(),
+            **{r: getattr(vs.state, r) for r in ("active", "prepared", "previous")},
+            "generation": vs.state.generation,
+            "error": self._last_error,
+            "versions": {
+                v: {"rows": i.rows, "dim": i.dim, "path": vs.state.paths.get(v)} for v, i in vs.indexes.items()
+            },
+            "uptime_seconds": round(time.time() - self.started, 3),
+        }
 
     async def _control(self, req: Request, slot: Slot, deliver) -> None:
         endpoint = req.path.rsplit("/", 1)[1]
@@ -172,7 +202,8 @@ class CubeWorker:
                 rel = body.get("path") or f"{version}/shard-{self.shard}.arrow"
                 # Validate here first, so a corrupt file is refused before any worker is told about it.
                 await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: load_index(self.data_dir, rel, version=version, shard=self.shard))
+                    None, lambda: load_index(self.data_dir, rel, version=version, shard=self.shard)
+                )
                 await self._commit(lambda cur: cur.with_prepared(version, rel))
             else:
                 await self._commit(lambda cur: cur.with_active(version))
@@ -221,8 +252,9 @@ class CubeWorker:
 
     def _check_body(self, body: bytes) -> Response | None:
         if len(body) % 8:
-            return Response.error(400, f"body length {len(body)} is not a multiple of 8 "
-                                       "(expected little-endian uint64 keys)")
+            return Response.error(
+                400, f"body length {len(body)} is not a multiple of 8 (expected little-endian uint64 keys)"
+            )
         if len(body) > self._max_body_bytes:
             return Response.error(413, f"{len(body) // 8} keys exceed the batch limit {self.max_batch}")
         return None
@@ -253,7 +285,7 @@ class CubeWorker:
         for items in groups:
             try:
                 self._answer_group(items)
-            except Exception as e:  # never leave a request unanswered
+            except Exception as e:  # noqa: BLE001 - never leave a request unanswered
                 for _, _, slot, deliver, _ in items:
                     if slot.response is None:
                         deliver(slot, self._count("lookup", Response.error(500, f"lookup failed: {e}")))
@@ -275,7 +307,9 @@ class CubeWorker:
             _, body, slot, deliver, t0 = items[0]
             bitmap = np.packbits(found, bitorder="little").tobytes()
             head = prefixes[slot.keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (
-                total * rb + len(bitmap), total - hits)
+                total * rb + len(bitmap),
+                total - hits,
+            )
             deliver(slot, b"".join((head, rows, bitmap)))
             self.metrics.observe_lookups(1, total, total - hits, (perf_counter() - t0,))
             return
@@ -283,13 +317,13 @@ class CubeWorker:
         hits_upto = np.cumsum(found).tolist()
         start = 0
         all_hits = 0
-        for (_, body, slot, deliver, _), bitmap in zip(items, bitmaps):
+        for (_, body, slot, deliver, _), bitmap in zip(items, bitmaps, strict=True):
             n = len(body) >> 3
             end = start + n
             hits = (hits_upto[end - 1] if end else 0) - (hits_upto[start - 1] if start else 0)
             all_hits += hits
             head = prefixes[slot.keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (n * rb + len(bitmap), n - hits)
-            deliver(slot, b"".join((head, rows[start * rb:end * rb], bitmap)))
+            deliver(slot, b"".join((head, rows[start * rb : end * rb], bitmap)))
             start = end
         now = perf_counter()
         self.metrics.observe_lookups(len(items), total, total - all_hits, [now - it[4] for it in items])
@@ -298,10 +332,14 @@ class CubeWorker:
         """Response head up to the Content-Length value, for (close, keep-alive), cached per version."""
         if len(self._head_prefixes) > 16:
             self._head_prefixes.clear()
-        common = (f"Content-Type: application/octet-stream\r\n{VERSION_HEADER}: {index.version}\r\n"
-                  f"X-Cube-Dim: {index.dim}\r\nContent-Length: ").encode("latin-1")
-        prefixes = (b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + common,
-                    b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n" + common)
+        common = (
+            f"Content-Type: application/octet-stream\r\n{VERSION_HEADER}: {index.version}\r\n"
+            f"X-Cube-Dim: {index.dim}\r\nContent-Length: "
+        ).encode("latin-1")
+        prefixes = (
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + common,
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n" + common,
+        )
         self._head_prefixes[(index.version, index.dim)] = prefixes
         return prefixes
 
@@ -315,9 +353,16 @@ class CubeWorker:
             return Response.error(413, f"{len(keys)} keys exceed the batch limit {self.max_batch}")
         values, found = index.lookup(keys)
         self.metrics.observe_lookup(len(keys), int(len(keys) - found.sum()), None)
-        return Response.json({"version": index.version, "dim": index.dim,
-                              "keys": [str(int(k)) for k in keys], "found": found.tolist(),
-                              "values": values.tolist()}, headers={VERSION_HEADER: index.version})
+        return Response.json(
+            {
+                "version": index.version,
+                "dim": index.dim,
+                "keys": [str(int(k)) for k in keys],
+                "found": found.tolist(),
+                "values": values.tolist(),
+            },
+            headers={VERSION_HEADER: index.version},
+        )
 
     # ---- serving -------------------------------------------------------------------------
 
@@ -342,7 +387,7 @@ def _split_bitmaps(found: np.ndarray, sizes: list[int]) -> list[bytes]:
     if len(sizes) <= 3:
         out, start = [], 0
         for n in sizes:
-            out.append(np.packbits(found[start:start + n], bitorder="little").tobytes())
+            out.append(np.packbits(found[start : start + n], bitorder="little").tobytes())
             start += n
         return out
     padded = [(n + 7) & ~7 for n in sizes]
@@ -355,7 +400,7 @@ def _split_bitmaps(found: np.ndarray, sizes: list[int]) -> list[bytes]:
         spread[np.arange(len(found)) + np.repeat(pad_starts - starts, sizes)] = found
         packed = np.packbits(spread, bitorder="little").tobytes()
     out, at = [], 0
-    for n, p in zip(sizes, padded):
-        out.append(packed[at:at + ((n + 7) >> 3)])
+    for n, p in zip(sizes, padded, strict=True):
+        out.append(packed[at : at + ((n + 7) >> 3)])
         at += p >> 3
     return out

@@ -9,6 +9,7 @@ buffers as contiguous arrays without copying:
     values  FixedSizeList<float32>[dim]
     schema metadata: version, shard, shards, dim (all strings)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,8 +18,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
+
+import numpy as np
 
 from elastic_control.errors import DataError
 
@@ -36,21 +38,29 @@ def shard_file_name(shard: int) -> str:
 
 
 def shard_schema(*, version: str, shard: int, shards: int, dim: int) -> pa.Schema:
-    meta = {"version": version, "shard": str(shard), "shards": str(shards), "dim": str(dim),
-            "format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}
+    meta = {
+        "version": version,
+        "shard": str(shard),
+        "shards": str(shards),
+        "dim": str(dim),
+        "format": FORMAT_NAME,
+        "format_version": str(FORMAT_VERSION),
+    }
     return pa.schema([("keys", pa.uint64()), ("values", pa.list_(pa.float32(), dim))], metadata=meta)
 
 
-def write_shard(path: str | os.PathLike, keys: np.ndarray, values: np.ndarray, *,
-                version: str, shard: int, shards: int) -> None:
+def write_shard(
+    path: str | os.PathLike, keys: np.ndarray, values: np.ndarray, *, version: str, shard: int, shards: int
+) -> None:
     """Write one shard file (keys must already be sorted and unique)."""
     keys = np.ascontiguousarray(keys, dtype=np.uint64)
     values = np.ascontiguousarray(values, dtype=np.float32)
     dim = values.shape[1]
     schema = shard_schema(version=version, shard=shard, shards=shards, dim=dim)
     flat = pa.array(values.reshape(-1), type=pa.float32())
-    batch = pa.record_batch([pa.array(keys, type=pa.uint64()),
-                             pa.FixedSizeListArray.from_arrays(flat, dim)], schema=schema)
+    batch = pa.record_batch(
+        [pa.array(keys, type=pa.uint64()), pa.FixedSizeListArray.from_arrays(flat, dim)], schema=schema
+    )
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
 
@@ -64,8 +74,8 @@ class MappedShard:
     shard: int
     shards: int
     dim: int
-    keys: np.ndarray      # uint64 [n], zero-copy view of the map
-    values: np.ndarray    # float32 [n, dim], zero-copy view of the map
+    keys: np.ndarray  # uint64 [n], zero-copy view of the map
+    values: np.ndarray  # float32 [n, dim], zero-copy view of the map
     _source: object = None  # keeps the memory map alive as long as the arrays
 
     @property
@@ -92,7 +102,7 @@ def open_shard(path: str | os.PathLike, *, verify_order: bool = True) -> MappedS
             raise CorruptShardError(f"{path}: null keys or values")
         keys = key_col.to_numpy(zero_copy_only=True)
         flat = val_col.values
-        values = flat.to_numpy(zero_copy_only=True)[val_col.offset * dim:(val_col.offset + len(val_col)) * dim]
+        values = flat.to_numpy(zero_copy_only=True)[val_col.offset * dim : (val_col.offset + len(val_col)) * dim]
         values = values.reshape(len(keys), dim)
     except CorruptShardError:
         raise
@@ -150,5 +160,6 @@ def complete_versions(cube_root: str | os.PathLike) -> list[str]:
     root = Path(cube_root)
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).exists())
+    return sorted(
+        p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).exists()
+    )

@@ -6,16 +6,18 @@ multi-threaded CSV parser with the SAME column logic (``SparseLayout``), and
 converts only the key and embedding columns. Both must agree
 (tests/test_cube_builder.py checks that).
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+
+import numpy as np
 
 from elastic_control.errors import DataError
 from elastic_control.pass_format import SparseLayout, sparse_part_files
@@ -51,10 +53,11 @@ def iter_part_file(part: Path, layout: SparseLayout) -> Iterator[tuple[np.ndarra
         stream = pa.input_stream(str(part), compression=compression)
         try:
             reader = pacsv.open_csv(
-            stream,
+                stream,
                 read_options=pacsv.ReadOptions(column_names=names, block_size=BLOCK_SIZE),
                 parse_options=pacsv.ParseOptions(delimiter=" ", quote_char=False),
-                convert_options=pacsv.ConvertOptions(include_columns=["c0", *emb_cols], column_types=types))
+                convert_options=pacsv.ConvertOptions(include_columns=["c0", *emb_cols], column_types=types),
+            )
         except pa.ArrowInvalid as e:
             if "Empty CSV file" in str(e):  # pservers write a (gzipped) empty part per idle shard
                 return
@@ -71,12 +74,14 @@ def iter_part_file(part: Path, layout: SparseLayout) -> Iterator[tuple[np.ndarra
                 values[:, j] = col.to_numpy()
             yield keys, values
     except pa.ArrowInvalid as e:
-        raise DataError(f"{part}: {e} (expected {ncols} columns for {layout.to_json()}; "
-                        "is meta.json's sparse_layout right?)") from e
+        raise DataError(
+            f"{part}: {e} (expected {ncols} columns for {layout.to_json()}; is meta.json's sparse_layout right?)"
+        ) from e
 
 
-def iter_sparse_table_fast(pass_dir: str | os.PathLike,
-                           layout: SparseLayout) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_sparse_table_fast(
+    pass_dir: str | os.PathLike, layout: SparseLayout
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream (keys, embeddings) blocks from every part file of a pass's sparse table."""
     for part in sparse_part_files(pass_dir):
         yield from iter_part_file(part, layout)

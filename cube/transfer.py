@@ -13,6 +13,7 @@ never rebuilds a finished version, and a restart in the middle of activating
 finishes the switch on every shard (or switches every shard back), never
 leaving shards on different versions.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -28,13 +29,13 @@ from pathlib import Path
 import click
 
 from cube.builder import build_version
-from elastic_control.cli_runner import run_cli
 from cube.json_service import Route, make_json_server
 from cube.rollout import FILESERVER_PREFIX, RetryPolicy, ShardFleet, publish_version, roll_out
 from cube.rollout_journal import FINAL, RolloutJournal
 from cube.shard_format import CorruptShardError, complete_versions, read_manifest, verify_version_dir
 from elastic_control import env_vars
 from elastic_control.atomic import atomic_write_json
+from elastic_control.cli_runner import run_cli
 from elastic_control.errors import ComponentError, DataError, ElasticControlError, UsageError
 from elastic_control.fileserver.client import FileServerClient, FileServerError
 from elastic_control.pass_format import read_donefile
@@ -58,7 +59,7 @@ class TransferConfig:
     force: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     poll_interval: float = 5.0
-    retry_backoff: float = 5.0    # first wait before retrying a failed pass; doubles up to MAX_BACKOFF
+    retry_backoff: float = 5.0  # first wait before retrying a failed pass; doubles up to MAX_BACKOFF
 
     @property
     def shards(self) -> int:
@@ -84,8 +85,9 @@ def run_gate(candidate: Path, active: Path | None, rule: str):
     try:
         from elastic_control.evaluation.gate import evaluate_candidate
     except ImportError as e:
-        raise ComponentError(f"a promotion gate is configured ({rule!r}) but elastic_control.evaluation.gate "
-                             f"is unavailable: {e}") from e
+        raise ComponentError(
+            f"a promotion gate is configured ({rule!r}) but elastic_control.evaluation.gate is unavailable: {e}"
+        ) from e
     return evaluate_candidate(candidate, active, rule)
 
 
@@ -160,8 +162,9 @@ class Transfer:
             gate = {"passed": bool(result.passed), "reason": str(result.reason), "metrics": dict(result.metrics)}
             if not result.passed:
                 self.journal.set_pass(version, status="rejected", gate=gate)
-                self.journal.finish({"version": version, "result": "rejected", "reason": gate["reason"],
-                                     "at": time.time()})
+                self.journal.finish(
+                    {"version": version, "result": "rejected", "reason": gate["reason"], "at": time.time()}
+                )
                 log.warning("pass %s rejected by the promotion gate: %s", version, gate["reason"])
                 return
             self.journal.set_pass(version, status="gated", gate=gate)
@@ -188,16 +191,18 @@ class Transfer:
                     return manifest, False
             except (CorruptShardError, DataError) as e:
                 log.warning("rebuilding %s: %s", version, e)
-        manifest = build_version(pass_dir=pass_dir, shards=self.cfg.shards, output=self.cfg.cube_root,
-                                 version=version, overwrite=True)
+        manifest = build_version(
+            pass_dir=pass_dir, shards=self.cfg.shards, output=self.cfg.cube_root, version=version, overwrite=True
+        )
         return manifest, True
 
     def _failed(self, version: str, reason: str, timings: dict) -> None:
         prev = self.journal.data["passes"].get(version, {})
         attempts = prev.get("attempts", 0) + 1
         wait = min(MAX_BACKOFF, self.cfg.retry_backoff * 2 ** (attempts - 1))
-        self.journal.set_pass(version, status="failed", reason=reason, attempts=attempts,
-                              next_retry_at=time.time() + wait)
+        self.journal.set_pass(
+            version, status="failed", reason=reason, attempts=attempts, next_retry_at=time.time() + wait
+        )
         self.journal.finish({"version": version, "result": "failed", "reason": reason, "at": time.time(), **timings})
         self.last_error = reason
         log.error("rollout of %s failed (attempt %d, retry in %.0fs): %s", version, attempts, wait, reason)
@@ -215,9 +220,17 @@ class Transfer:
         done_at = donefile_time(entry)
         if done_at is not None:
             info["freshness_s"] = round(now - done_at, 3)
-        active = {"version": version, "pass": version, "pass_path": str(pass_dir), "activated_at": now,
-                  "donefile_time": entry.get("time"), "shards": manifest["shards"], "dim": manifest["dim"],
-                  "rows": manifest["rows"], "timings": info}
+        active = {
+            "version": version,
+            "pass": version,
+            "pass_path": str(pass_dir),
+            "activated_at": now,
+            "donefile_time": entry.get("time"),
+            "shards": manifest["shards"],
+            "dim": manifest["dim"],
+            "rows": manifest["rows"],
+            "timings": info,
+        }
         self._publish_current(version, manifest, entry, now)
         self.journal.set_pass(version, status="active", timings=info, activated_at=now)
         self.journal.finish({"version": version, "result": "active", "at": now, **info}, active=active)
@@ -225,15 +238,25 @@ class Transfer:
         self.gc()
 
     def _publish_current(self, version: str, manifest: dict, entry: dict, now: float) -> None:
-        current = {"version": version, "pass": version, "shards": manifest["shards"], "dim": manifest["dim"],
-                   "slots": manifest.get("slots"), "sparse_dim": manifest.get("sparse_dim"),
-                   "dense": f"{FILESERVER_PREFIX}/{version}/dense/", "activated_at": now,
-                   "donefile_time": entry.get("time")}
+        current = {
+            "version": version,
+            "pass": version,
+            "shards": manifest["shards"],
+            "dim": manifest["dim"],
+            "slots": manifest.get("slots"),
+            "sparse_dim": manifest.get("sparse_dim"),
+            "dense": f"{FILESERVER_PREFIX}/{version}/dense/",
+            "activated_at": now,
+            "donefile_time": entry.get("time"),
+        }
         atomic_write_json(self.cfg.cube_root / CURRENT_FILE, current)
         try:
-            self.cfg.retry.run(lambda: self.fs.put_bytes(f"{FILESERVER_PREFIX}/{CURRENT_FILE}",
-                                                         __import__("json").dumps(current, indent=1).encode()),
-                               "publish cube/current.json")
+            self.cfg.retry.run(
+                lambda: self.fs.put_bytes(
+                    f"{FILESERVER_PREFIX}/{CURRENT_FILE}", __import__("json").dumps(current, indent=1).encode()
+                ),
+                "publish cube/current.json",
+            )
         except ComponentError as e:
             self.last_error = f"{e} (the shards are switched; current.json will be re-published next time)"
 
@@ -250,8 +273,9 @@ class Transfer:
         pass_dir = Path(self.cfg.model_path) / version
         t0 = time.time()
         manifest = read_manifest(self.cfg.cube_root / version)
-        ok, info = roll_out(version=version, manifest=manifest, journal=self.journal, fleet=self.fleet,
-                            fs=self.fs, resume=True)
+        ok, info = roll_out(
+            version=version, manifest=manifest, journal=self.journal, fleet=self.fleet, fs=self.fs, resume=True
+        )
         info["recovered"] = True
         self._conclude(version, entry, pass_dir, manifest, ok, info, t0)
         return version
@@ -266,7 +290,7 @@ class Transfer:
                 protect.add(rec["version"])  # the previous active version: servers still hold it
                 break
         versions = complete_versions(self.cfg.cube_root)
-        doomed = [v for v in versions[:-self.cfg.keep] if v not in protect]
+        doomed = [v for v in versions[: -self.cfg.keep] if v not in protect]
         for v in doomed:
             shutil.rmtree(self.cfg.cube_root / v, ignore_errors=True)
             try:
@@ -279,21 +303,34 @@ class Transfer:
 
     def status(self, _body=None) -> tuple[int, dict]:
         snap = self.journal.snapshot()
-        return 200, {"active": snap["active"], "in_flight": snap["in_flight"], "passes": snap["passes"],
-                     "history": snap["history"][-20:], "last_error": self.last_error,
-                     "config": {"model_path": str(self.cfg.model_path), "cube_root": str(self.cfg.cube_root),
-                                "fileserver": self.cfg.fileserver_url, "agents": self.cfg.agents,
-                                "keep": self.cfg.keep, "gate": self.cfg.gate_rule, "force": self.cfg.force}}
+        return 200, {
+            "active": snap["active"],
+            "in_flight": snap["in_flight"],
+            "passes": snap["passes"],
+            "history": snap["history"][-20:],
+            "last_error": self.last_error,
+            "config": {
+                "model_path": str(self.cfg.model_path),
+                "cube_root": str(self.cfg.cube_root),
+                "fileserver": self.cfg.fileserver_url,
+                "agents": self.cfg.agents,
+                "keep": self.cfg.keep,
+                "gate": self.cfg.gate_rule,
+                "force": self.cfg.force,
+            },
+        }
 
     def routes(self) -> dict:
         def poll(_body):
             self.wake.set()
             return 202, {"status": "poll requested"}
-        return {("GET", "/v1/status"): Route(self.status),
-                ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok",
-                                                             "active": self.journal.active_version})),
-                ("POST", "/v1/poll"): Route(poll, write=True),
-                ("GET", "/v1/shards"): Route(lambda _b: (200, {"shards": self.fleet.statuses()}))}
+
+        return {
+            ("GET", "/v1/status"): Route(self.status),
+            ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok", "active": self.journal.active_version})),
+            ("POST", "/v1/poll"): Route(poll, write=True),
+            ("GET", "/v1/shards"): Route(lambda _b: (200, {"shards": self.fleet.statuses()})),
+        }
 
 
 def _split(csv: str | None) -> list[str]:
@@ -302,25 +339,50 @@ def _split(csv: str | None) -> list[str]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model-path", default=None, help="Where training writes passes and the donefile [env MODEL_PATH].")
-@click.option("--cube-root", default=None, help="Local folder for built versions and the journal "
-                                                 "[env ELASTIC_CTR_CUBE_ROOT].")
+@click.option(
+    "--cube-root", default=None, help="Local folder for built versions and the journal [env ELASTIC_CTR_CUBE_ROOT]."
+)
 @click.option("--fileserver", default=None, help="File server base URL [env ELASTIC_CTR_FILESERVER_URL].")
-@click.option("--agents", default=None, help="Comma-separated cube-agent URLs in shard order "
-                                             "[env ELASTIC_CTR_CUBE_AGENTS].")
+@click.option(
+    "--agents", default=None, help="Comma-separated cube-agent URLs in shard order [env ELASTIC_CTR_CUBE_AGENTS]."
+)
 @click.option("--keep", type=int, default=None, help="Built versions to keep [env ELASTIC_CTR_CUBE_KEEP, default 3].")
-@click.option("--gate", "gate_rule", default=None, help="Promotion gate rule for evaluate_candidate "
-                                                        "[env ELASTIC_CTR_PROMOTION_GATE]; unset: no gate.")
+@click.option(
+    "--gate",
+    "gate_rule",
+    default=None,
+    help="Promotion gate rule for evaluate_candidate [env ELASTIC_CTR_PROMOTION_GATE]; unset: no gate.",
+)
 @click.option("--force", is_flag=True, help="Skip the promotion gate.")
 @click.option("--poll-interval", type=float, default=5.0, show_default=True, help="Seconds between donefile checks.")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per agent or file-server call.")
 @click.option("--retries", type=int, default=3, show_default=True, help="Attempts per call (exponential backoff).")
 @click.option("--once", is_flag=True, help="Handle what is there now (including an interrupted rollout), then exit.")
-@click.option("--port", type=int, default=lambda: env_vars.CUBE_TRANSFER_PORT.get(), show_default=str(DEFAULT_PORT),
-              help="Status port, 0: any free port [env ELASTIC_CTR_CUBE_TRANSFER_PORT].")
+@click.option(
+    "--port",
+    type=int,
+    default=lambda: env_vars.CUBE_TRANSFER_PORT.get(),
+    show_default=str(DEFAULT_PORT),
+    help="Status port, 0: any free port [env ELASTIC_CTR_CUBE_TRANSFER_PORT].",
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
 @click.option("--ready-file", default=None, help="Write {port, pid} here (JSON) once listening.")
-def transfer_command(model_path, cube_root, fileserver, agents, keep, gate_rule, force, poll_interval, timeout,
-                     retries, once, port, host, ready_file):
+def transfer_command(
+    model_path,
+    cube_root,
+    fileserver,
+    agents,
+    keep,
+    gate_rule,
+    force,
+    poll_interval,
+    timeout,
+    retries,
+    once,
+    port,
+    host,
+    ready_file,
+):
     """Watch the donefile; build, publish and roll out each new pass to every cube shard."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s cube-transfer %(levelname)s %(message)s")
     model_path = model_path or env_vars.MODEL_PATH.require()
@@ -334,7 +396,8 @@ def transfer_command(model_path, cube_root, fileserver, agents, keep, gate_rule,
         gate_rule=gate_rule or env_vars.PROMOTION_GATE.get(),
         force=force,
         retry=RetryPolicy(attempts=retries, timeout=timeout),
-        poll_interval=poll_interval)
+        poll_interval=poll_interval,
+    )
     expected = env_vars.CUBE_SHARDS.get()
     if expected is not None and expected != cfg.shards:
         raise UsageError(f"ELASTIC_CTR_CUBE_SHARDS={expected} but {cfg.shards} agent URLs were given")
@@ -350,8 +413,7 @@ def transfer_command(model_path, cube_root, fileserver, agents, keep, gate_rule,
             raise ComponentError(transfer.last_error)
         return
     try:
-        server = make_json_server(host=host, port=port, routes=transfer.routes(), token=cfg.token,
-                                  name="cube-transfer")
+        server = make_json_server(host=host, port=port, routes=transfer.routes(), token=cfg.token, name="cube-transfer")
     except OSError as e:
         raise ComponentError(f"cube-transfer cannot listen on {host}:{port}: {e.strerror}") from e
     from cube.json_service import serve_in_thread
@@ -359,12 +421,16 @@ def transfer_command(model_path, cube_root, fileserver, agents, keep, gate_rule,
     serve_in_thread(server)
     if ready_file:
         atomic_write_json(ready_file, {"port": server.server_address[1], "pid": os.getpid()})
-    print(f"cube-transfer: watching {cfg.model_path}/donefile, {cfg.shards} shards, "
-          f"status on http://{host}:{server.server_address[1]}", flush=True)
+    print(
+        f"cube-transfer: watching {cfg.model_path}/donefile, {cfg.shards} shards, "
+        f"status on http://{host}:{server.server_address[1]}",
+        flush=True,
+    )
 
     def stop(*_):
         transfer.stopping = True
         transfer.wake.set()
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     transfer.run_forever()

@@ -14,6 +14,7 @@ worker has applied it, which each worker reports in ``STATE_DIR/worker-K.json``.
 Workers watch the file; a restarted worker (or a restarted server) comes back
 with exactly the versions recorded there, never a different mix.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,16 +47,26 @@ class ControlState:
         return {v for v in (self.active, self.prepared, self.previous) if v}
 
     def to_json(self) -> dict:
-        return {"generation": self.generation, "workers": self.workers, "shard": self.shard,
-                "active": self.active, "prepared": self.prepared, "previous": self.previous,
-                "paths": {v: p for v, p in self.paths.items() if v in self.held()}}
+        return {
+            "generation": self.generation,
+            "workers": self.workers,
+            "shard": self.shard,
+            "active": self.active,
+            "prepared": self.prepared,
+            "previous": self.previous,
+            "paths": {v: p for v, p in self.paths.items() if v in self.held()},
+        }
 
     @classmethod
-    def from_json(cls, obj: dict) -> "ControlState":
-        return cls(**{k: obj.get(k, getattr(cls(), k)) for k in
-                      ("generation", "workers", "shard", "active", "prepared", "previous", "paths")})
+    def from_json(cls, obj: dict) -> ControlState:
+        return cls(
+            **{
+                k: obj.get(k, getattr(cls(), k))
+                for k in ("generation", "workers", "shard", "active", "prepared", "previous", "paths")
+            }
+        )
 
-    def with_prepared(self, version: str, path: str) -> "ControlState":
+    def with_prepared(self, version: str, path: str) -> ControlState:
         """Next state after loading ``version`` (a reload of a held version just refreshes its path)."""
         nxt = ControlState.from_json(self.to_json())
         nxt.generation += 1
@@ -64,9 +75,11 @@ class ControlState:
         nxt.paths[version] = path
         return nxt
 
-    def with_active(self, version: str) -> "ControlState":
+    def with_active(self, version: str) -> ControlState:
         if version not in self.held():
-            raise UsageError(f"version {version!r} is not loaded (held: {sorted(self.held()) or 'none'}); load it first")
+            raise UsageError(
+                f"version {version!r} is not loaded (held: {sorted(self.held()) or 'none'}); load it first"
+            )
         nxt = ControlState.from_json(self.to_json())
         nxt.generation += 1
         if version != self.active:
@@ -162,7 +175,7 @@ class VersionSet:
             return self.active
         return self.indexes.get(version)
 
-    def materialise(self, state: ControlState, data_dir: Path) -> "VersionSet":
+    def materialise(self, state: ControlState, data_dir: Path) -> VersionSet:
         """The VersionSet for ``state``, reusing indexes already mapped (loads the rest)."""
         indexes = {}
         for version in state.held():

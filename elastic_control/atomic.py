@@ -1,4 +1,5 @@
 """Write files so that readers never see half of them: temp file, fsync, rename."""
+
 from __future__ import annotations
 
 import contextlib
@@ -6,8 +7,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 Only click code lives here; the work is done by keyword-only functions in
 ``elastic_control.control`` and the subsystems' own command modules.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -66,42 +67,118 @@ def _range_help(name: str) -> str:
     return f"{what[0].upper()}{what[1:]} ({lo}-{hi})."
 
 
-@click.group(cls=LazyGroup, invoke_without_command=True, context_settings=CONTEXT,
-             epilog="Example: elastic-control -r -u 4 -m 20 -t 2 -p 2 -b 5 -s examples/slot.conf "
-                    "-f examples/data.config; then -a, -l, -c.")
-@click.option("-r", "--config_resource", "do_render", is_flag=True, help="Validate the flags and config files and render the plan and manifests.")
-@click.option("-a", "--apply", "do_apply", is_flag=True, help="Start everything -r rendered (training, cube, serving, file server, MLflow).")
-@click.option("-l", "--log", "do_log", is_flag=True, help="Show trainer 0's, the file server's and cube-transfer's logs.")
-@click.option("-c", "--config_client", "do_client", is_flag=True, help="Configure the client: find serving and the file server, fetch slot.conf.")
+@click.group(
+    cls=LazyGroup,
+    invoke_without_command=True,
+    context_settings=CONTEXT,
+    epilog="Example: elastic-control -r -u 4 -m 20 -t 2 -p 2 -b 5 -s examples/slot.conf "
+    "-f examples/data.config; then -a, -l, -c.",
+)
+@click.option(
+    "-r",
+    "--config_resource",
+    "do_render",
+    is_flag=True,
+    help="Validate the flags and config files and render the plan and manifests.",
+)
+@click.option(
+    "-a",
+    "--apply",
+    "do_apply",
+    is_flag=True,
+    help="Start everything -r rendered (training, cube, serving, file server, MLflow).",
+)
+@click.option(
+    "-l", "--log", "do_log", is_flag=True, help="Show trainer 0's, the file server's and cube-transfer's logs."
+)
+@click.option(
+    "-c",
+    "--config_client",
+    "do_client",
+    is_flag=True,
+    help="Configure the client: find serving and the file server, fetch slot.conf.",
+)
 @click.option("-u", "--cpu", type=int, default=2, show_default=True, help=_range_help("cpu"))
 @click.option("-m", "--mem", type=int, default=4, show_default=True, help=_range_help("mem"))
 @click.option("-t", "--trainer", "trainers", type=int, default=2, show_default=True, help=_range_help("trainers"))
 @click.option("-p", "--pserver", "pservers", type=int, default=2, show_default=True, help=_range_help("pservers"))
 @click.option("-b", "--cube", "cube_shards", type=int, default=2, show_default=True, help=_range_help("cube_shards"))
-@click.option("-f", "--datafile", default="data.config", show_default=True, help="data.config: data location and window.")
+@click.option(
+    "-f", "--datafile", default="data.config", show_default=True, help="data.config: data location and window."
+)
 @click.option("-s", "--slot_conf", default="slot.conf", show_default=True, help="slot.conf: the slots to train on.")
 @click.option("-hd", "--hdfs_address", default="", help="Overrides HDFS_ADDRESS of data.config.")
 @click.option("-v", "--verbose", is_flag=True, help="More output.")
-@click.option("--backend", type=click.Choice(["auto", "local", "k8s"]), default="auto", show_default=True,
-              help="Where to run: Kubernetes when a cluster answers (auto), or local processes.")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "local", "k8s"]),
+    default="auto",
+    show_default=True,
+    help="Where to run: Kubernetes when a cluster answers (auto), or local processes.",
+)
 @click.option("--namespace", default="default", show_default=True, help="Kubernetes namespace.")
 @click.option("--image", default=None, help="Container image all pods run (default: elastic-ctr:VERSION).")
 @click.option("--queue", default="default", show_default=True, help="Volcano queue.")
-@click.option("--job-name", default="elastic-ctr", show_default=True,
-              help="Name of the training job; prefixes every Kubernetes object (app.kubernetes.io/instance).")
-@click.option("--service-type", type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"]), default="ClusterIP",
-              show_default=True, help="How serving and the file server are exposed outside the cluster.")
-@click.option("--promotion-gate", "promotion_gate", default=None, metavar="RULE",
-              help="With -r: cube-transfer rolls a pass out only if it passes RULE against the active one on the "
-                   "fresh hold-out hour, e.g. 'auc_drop<=0.002,calibration=0.9..1.1'.")
-@click.option("--dry-run", "dry_run", is_flag=False, flag_value="client", default=None,
-              type=click.Choice(["client", "server"]), help="With -a: show what would be applied (server: ask the API server).")
+@click.option(
+    "--job-name",
+    default="elastic-ctr",
+    show_default=True,
+    help="Name of the training job; prefixes every Kubernetes object (app.kubernetes.io/instance).",
+)
+@click.option(
+    "--service-type",
+    type=click.Choice(["ClusterIP", "NodePort", "LoadBalancer"]),
+    default="ClusterIP",
+    show_default=True,
+    help="How serving and the file server are exposed outside the cluster.",
+)
+@click.option(
+    "--promotion-gate",
+    "promotion_gate",
+    default=None,
+    metavar="RULE",
+    help="With -r: cube-transfer rolls a pass out only if it passes RULE against the active one on the "
+    "fresh hold-out hour, e.g. 'auc_drop<=0.002,calibration=0.9..1.1'.",
+)
+@click.option(
+    "--dry-run",
+    "dry_run",
+    is_flag=False,
+    flag_value="client",
+    default=None,
+    type=click.Choice(["client", "server"]),
+    help="With -a: show what would be applied (server: ask the API server).",
+)
 @click.option("--follow", is_flag=True, help="With -l: keep streaming.")
 @state_dir_option
 @click.version_option(__version__, "--version")
 @click.pass_context
-def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pservers, cube_shards, datafile, slot_conf,
-        hdfs_address, verbose, backend, namespace, image, queue, job_name, service_type, promotion_gate, dry_run, follow, state_dir):
+def cli(
+    ctx,
+    do_render,
+    do_apply,
+    do_log,
+    do_client,
+    cpu,
+    mem,
+    trainers,
+    pservers,
+    cube_shards,
+    datafile,
+    slot_conf,
+    hdfs_address,
+    verbose,
+    backend,
+    namespace,
+    image,
+    queue,
+    job_name,
+    service_type,
+    promotion_gate,
+    dry_run,
+    follow,
+    state_dir,
+):
     """ElasticCTR: train a CTR model on Paddle's parameter server, roll it out to cube, serve it."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"state_dir": state_dir, "verbose": verbose}
@@ -114,11 +191,21 @@ def cli(ctx, do_render, do_apply, do_log, do_client, cpu, mem, trainers, pserver
         return
     if do_render:
         resources = Resources(cpu=cpu, mem=mem, trainers=trainers, pservers=pservers, cube_shards=cube_shards)
-        control.configure_resource(resources=resources, slot_conf=slot_conf, data_config=datafile,
-                                   hdfs_address=hdfs_address, backend=backend, namespace=namespace, image=image,
-                                   state_dir=state_dir, verbose=verbose, queue=queue,
-                                   job_name=job_name, service_type=service_type,
-                                   promotion_gate=promotion_gate)
+        control.configure_resource(
+            resources=resources,
+            slot_conf=slot_conf,
+            data_config=datafile,
+            hdfs_address=hdfs_address,
+            backend=backend,
+            namespace=namespace,
+            image=image,
+            state_dir=state_dir,
+            verbose=verbose,
+            queue=queue,
+            job_name=job_name,
+            service_type=service_type,
+            promotion_gate=promotion_gate,
+        )
     if do_apply:
         control.apply(state_dir=state_dir, dry_run=dry_run)
     if do_client:

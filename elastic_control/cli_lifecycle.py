@@ -1,4 +1,5 @@
 """`status` and `delete`: act on whatever -r planned and -a started."""
+
 from __future__ import annotations
 
 import click

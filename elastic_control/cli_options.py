@@ -1,10 +1,10 @@
 """Options shared by several commands, declared once."""
+
 from __future__ import annotations
 
 import click
 
 from elastic_control.env_vars import STATE_DIR
-
 
 
 def _state_dir_fallback(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
@@ -16,8 +16,13 @@ def _state_dir_fallback(ctx: click.Context, param: click.Parameter, value: str |
 
 
 state_dir_option = click.option(
-    "--state-dir", default=None, show_default=".elastic-ctr or $ELASTIC_CTR_STATE_DIR", callback=_state_dir_fallback,
-    type=click.Path(file_okay=False), help="State folder: rendered plan and manifests, local runtime, logs.")
+    "--state-dir",
+    default=None,
+    show_default=".elastic-ctr or $ELASTIC_CTR_STATE_DIR",
+    callback=_state_dir_fallback,
+    type=click.Path(file_okay=False),
+    help="State folder: rendered plan and manifests, local runtime, logs.",
+)
 
 
 def positive_int(lo: int, hi: int) -> click.IntRange:

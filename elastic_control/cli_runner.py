@@ -4,6 +4,7 @@ Every entry point (elastic-control, ctr-client, cube-*) runs its click command
 through ``run_cli`` so that all of them fail the same way. Set
 ELASTIC_CTR_DEBUG=1 to see tracebacks of ElasticControlError.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """One rich console for people (stderr) and plain stdout for data."""
+
 from __future__ import annotations
 
 import sys

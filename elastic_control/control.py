@@ -3,6 +3,7 @@
 The CLI (cli.py) only parses flags and calls these; a Python user can call
 them directly.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,7 @@ from elastic_control.backends import get_backend
 from elastic_control.config import Resources, load_data_config, load_slot_conf
 from elastic_control.console import done
 from elastic_control.errors import UsageError
-from elastic_control.plan import (DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE, Plan, load_plan,
-                                  new_token)
+from elastic_control.plan import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE, Plan, load_plan, new_token
 
 BACKENDS = ("auto", "local", "k8s")
 
@@ -36,11 +36,23 @@ def choose_backend(requested: str) -> tuple[str, str]:
     return ("k8s", why) if ok else ("local", why)
 
 
-def configure_resource(*, resources: Resources, slot_conf: str, data_config: str, hdfs_address: str = "",
-                       backend: str = "auto", namespace: str = "default", image: str | None = None,
-                       state_dir: str = ".elastic-ctr", verbose: bool = False, queue: str = "default",
-                       job_name: str = "elastic-ctr", service_type: str = "ClusterIP",
-                       promotion_gate: str | None = None, extra: dict | None = None) -> Plan:
+def configure_resource(
+    *,
+    resources: Resources,
+    slot_conf: str,
+    data_config: str,
+    hdfs_address: str = "",
+    backend: str = "auto",
+    namespace: str = "default",
+    image: str | None = None,
+    state_dir: str = ".elastic-ctr",
+    verbose: bool = False,
+    queue: str = "default",
+    job_name: str = "elastic-ctr",
+    service_type: str = "ClusterIP",
+    promotion_gate: str | None = None,
+    extra: dict | None = None,
+) -> Plan:
     """``-r``: validate everything, then render the plan and manifests into ``state_dir``.
 
     Nothing in ``state_dir`` changes unless every step succeeds.
@@ -56,10 +68,22 @@ def configure_resource(*, resources: Resources, slot_conf: str, data_config: str
     state = Path(state_dir)
     from elastic_control.plan import DEFAULT_IMAGE
 
-    plan = Plan(backend=chosen, backend_reason=reason, resources=resources, slot_conf_text=slots.to_text(),
-                data_config_path=str(Path(data_config).resolve()), hdfs_address=hdfs_address or data_cfg.hdfs_address,
-                namespace=namespace, image=image or DEFAULT_IMAGE, job_name=job_name, queue=queue,
-                service_type=service_type, verbose=verbose, state_dir=str(state), extra=extra)
+    plan = Plan(
+        backend=chosen,
+        backend_reason=reason,
+        resources=resources,
+        slot_conf_text=slots.to_text(),
+        data_config_path=str(Path(data_config).resolve()),
+        hdfs_address=hdfs_address or data_cfg.hdfs_address,
+        namespace=namespace,
+        image=image or DEFAULT_IMAGE,
+        job_name=job_name,
+        queue=queue,
+        service_type=service_type,
+        verbose=verbose,
+        state_dir=str(state),
+        extra=extra,
+    )
 
     created_state = not state.exists()
     state.mkdir(parents=True, exist_ok=True)

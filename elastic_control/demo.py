@@ -8,6 +8,7 @@ through it, then prints the AUC (beside the Bayes-optimal one on synthetic
 data), a few predictions, the freshness of every rollout and where the MLflow
 UI is. Everything it started is stopped at the end unless --keep.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -28,8 +29,8 @@ DEFAULT_WORKDIR = "elastic-ctr-demo"
 class DemoReport:
     workdir: str
     state_dir: str
-    timings: dict = field(default_factory=dict)      # stage -> seconds
-    passes: list = field(default_factory=list)       # [{"pass", "auc", "seconds"}]
+    timings: dict = field(default_factory=dict)  # stage -> seconds
+    passes: list = field(default_factory=list)  # [{"pass", "auc", "seconds"}]
     rollouts: list = field(default_factory=list)
     served_version: str | None = None
     auc: float | None = None
@@ -39,8 +40,8 @@ class DemoReport:
     golden_max_diff: float | None = None
     golden_lines: int = 0
     mlflow_url: str | None = None
-    examples: list = field(default_factory=list)     # a few (label, prediction, truth) rows
-    job: dict | None = None                          # the training job's record: attempts, restarts
+    examples: list = field(default_factory=list)  # a few (label, prediction, truth) rows
+    job: dict | None = None  # the training job's record: attempts, restarts
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -66,8 +67,10 @@ def _reset_workdir(workdir: Path) -> None:
     state = LocalLayout.of(workdir / "state")
     if rt.read_runtime(state) is not None:
         if rt.supervisor_info(state).alive:
-            raise UsageError(f"a pipeline is still running in {state.state}/ (a demo run with --keep?); stop it with "
-                             f"`elastic-control delete --state-dir {state.state}` or use another --workdir")
+            raise UsageError(
+                f"a pipeline is still running in {state.state}/ (a demo run with --keep?); stop it with "
+                f"`elastic-control delete --state-dir {state.state}` or use another --workdir"
+            )
         lifecycle.delete(state)  # stops anything an earlier, killed run left behind
     for name in ("data", "models", "state", "criteo-prefix.txt"):
         path = workdir / name
@@ -77,7 +80,9 @@ def _reset_workdir(workdir: Path) -> None:
             path.unlink()
 
 
-def predict_through_client(state_dir: Path, lines: list[str], *, batch_size: int = 256) -> tuple[np.ndarray, set, float]:
+def predict_through_client(
+    state_dir: Path, lines: list[str], *, batch_size: int = 256
+) -> tuple[np.ndarray, set, float]:
     """Predictions for ``lines`` from serving via the client library; (probabilities, versions seen, seconds)."""
     from client.api import ServingClient, load_client_config
 
@@ -87,7 +92,7 @@ def predict_through_client(state_dir: Path, lines: list[str], *, batch_size: int
     versions: set = set()
     t0 = time.monotonic()
     for i in range(0, len(lines), batch_size):
-        batch = lines[i:i + batch_size]
+        batch = lines[i : i + batch_size]
         answer = client.predict_instances([{"line": line} for line in batch])
         probs.extend(float(p) for p in answer["predictions"])
         versions.add((answer.get("model_version"), answer.get("cube_version")))
@@ -103,27 +108,39 @@ def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
     path = pass_dir / GOLDEN_FILE
     if not path.exists():
         return None, 0
-    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
     if not rows:
         return None, 0
     served, _, _ = predict_through_client(state_dir, [r["line"] for r in rows])
     return float(np.max(np.abs(served - np.array([r["prob"] for r in rows])))), len(rows)
 
 
-def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 4, lines_per_hour: int = 25_000, trainers: int = 2,
-             pservers: int = 1, shards: int = 2, criteo: str | None = None, keep: bool = False, seed: int = 7,
-             timeout: float = 900.0, show: bool = True, on_pass=None) -> DemoReport:
+def run_demo(
+    *,
+    workdir: str = DEFAULT_WORKDIR,
+    hours: int = 4,
+    lines_per_hour: int = 25_000,
+    trainers: int = 2,
+    pservers: int = 1,
+    shards: int = 2,
+    criteo: str | None = None,
+    keep: bool = False,
+    seed: int = 7,
+    timeout: float = 900.0,
+    show: bool = True,
+    on_pass=None,
+) -> DemoReport:
     """Run the main job; returns the report (also printed). Stops everything at the end unless ``keep``.
 
     ``on_pass(event, layout)`` is called as each training pass completes (tests use it to inject failures).
     """
     from elastic_control import control
     from elastic_control.config import Resources
+    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
     from elastic_control.local.demo_data import prepare_criteo, prepare_synthetic
     from elastic_control.local.layout import LocalLayout
     from elastic_control.local.pipeline_watch import wait_for_training, wait_until_served
     from elastic_control.local.spec import load_local_plan
-    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
 
     if hours < 2:
         raise UsageError(f"--hours {hours}: the demo trains at least 2 hourly passes")
@@ -143,8 +160,10 @@ def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 4, lines_per_hour: 
             info(f"converting real Criteo lines from {criteo} into {hours} training hours + 1 held-out hour")
             data = prepare_criteo(root, criteo, train_hours=hours, lines_per_hour=lines_per_hour)
         else:
-            info(f"generating {hours} training hours + 1 held-out hour of synthetic planted-model data "
-                 f"({lines_per_hour} lines per hour)")
+            info(
+                f"generating {hours} training hours + 1 held-out hour of synthetic planted-model data "
+                f"({lines_per_hour} lines per hour)"
+            )
             data = prepare_synthetic(root, train_hours=hours, lines_per_hour=lines_per_hour, seed=seed)
     done(f"data: {data.lines_total} lines ({data.source}) in {report.timings['data']:.1f}s under {data.dataset}")
     report.bayes_auc = data.bayes_auc
@@ -152,8 +171,13 @@ def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 4, lines_per_hour: 
     started = False
     try:
         with _timed(report, "render"):
-            control.configure_resource(resources=resources, slot_conf=str(data.slot_conf),
-                                       data_config=str(data.data_config), backend="local", state_dir=str(state_dir))
+            control.configure_resource(
+                resources=resources,
+                slot_conf=str(data.slot_conf),
+                data_config=str(data.data_config),
+                backend="local",
+                state_dir=str(state_dir),
+            )
         with _timed(report, "startup"):
             started = True
             control.apply(state_dir=str(state_dir))
@@ -163,15 +187,22 @@ def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 4, lines_per_hour: 
 
         t_train = time.monotonic()
         remaining = lambda: max(30.0, timeout - (time.monotonic() - t_start))  # noqa: E731
-        passes = wait_for_training(layout, expected_passes=hours, timeout=remaining(), show=show,
-                                   on_pass=(lambda event: on_pass(event, layout)) if on_pass else None)
+        passes = wait_for_training(
+            layout,
+            expected_passes=hours,
+            timeout=remaining(),
+            show=show,
+            on_pass=(lambda event: on_pass(event, layout)) if on_pass else None,
+        )
         report.timings["training"] = round(time.monotonic() - t_train, 2)
         from elastic_control.local import runtime as rt
 
         report.job = (rt.read_runtime(layout) or {}).get("job")
         if report.job and report.job.get("restarts"):
-            warn(f"the training job was restarted {report.job['restarts']} time(s) from its last complete pass "
-                 f"(last failure: {report.job.get('reason')})")
+            warn(
+                f"the training job was restarted {report.job['restarts']} time(s) from its last complete pass "
+                f"(last failure: {report.job.get('reason')})"
+            )
         previous = None
         for p in passes:
             seconds = None if p.done_at is None or previous is None else round(p.done_at - previous, 2)
@@ -195,9 +226,14 @@ def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 4, lines_per_hour: 
         report.auc, _ = auc_from_counts(counts_from_arrays(data.heldout_labels, probs))
         report.golden_max_diff, report.golden_lines = golden_check(state_dir, data.model_path / last)
         for i in range(min(5, len(probs))):
-            report.examples.append({"label": int(data.heldout_labels[i]), "prediction": float(probs[i]),
-                                    "truth": None if data.heldout_truth is None else float(data.heldout_truth[i]),
-                                    "line": data.heldout_lines[i][:60]})
+            report.examples.append(
+                {
+                    "label": int(data.heldout_labels[i]),
+                    "prediction": float(probs[i]),
+                    "truth": None if data.heldout_truth is None else float(data.heldout_truth[i]),
+                    "line": data.heldout_lines[i][:60],
+                }
+            )
         from elastic_control.local.rollouts import read_rollouts
 
         report.rollouts = read_rollouts(layout)
@@ -211,8 +247,10 @@ def run_demo(*, workdir: str = DEFAULT_WORKDIR, hours: int = 4, lines_per_hour: 
             except Exception as e:  # noqa: BLE001 - never hide the demo's own error behind a cleanup error
                 warn(f"cleanup failed: {e}; run `elastic-control delete --state-dir {state_dir}`")
         elif started:
-            info(f"the pipeline keeps running (--keep): `elastic-control status --state-dir {state_dir}`, "
-                 f"`elastic-control delete --state-dir {state_dir}` to stop it")
+            info(
+                f"the pipeline keeps running (--keep): `elastic-control status --state-dir {state_dir}`, "
+                f"`elastic-control delete --state-dir {state_dir}` to stop it"
+            )
 
 
 def print_report(report: DemoReport, data) -> None:
@@ -226,38 +264,75 @@ def print_report(report: DemoReport, data) -> None:
         line += f" (Bayes-optimal {report.bayes_auc:.4f}, gap {report.bayes_auc - report.auc:+.4f})"
     info(line)
     if report.golden_max_diff is not None:
-        info(f"train/serve consistency: max |serving − training program| = {report.golden_max_diff:.2e} over "
-             f"{report.golden_lines} golden lines of {report.served_version}")
-    info("a few predictions (label, predicted probability" + (", true probability)" if data.heldout_truth is not None
-                                                              else ")") + ":")
+        info(
+            f"train/serve consistency: max |serving − training program| = {report.golden_max_diff:.2e} over "
+            f"{report.golden_lines} golden lines of {report.served_version}"
+        )
+    info(
+        "a few predictions (label, predicted probability"
+        + (", true probability)" if data.heldout_truth is not None else ")")
+        + ":"
+    )
     for e in report.examples:
         truth = f"  true {e['truth']:.4f}" if e["truth"] is not None else ""
         info(f"  click={e['label']}  p={e['prediction']:.4f}{truth}   {e['line']}…")
     for r in report.rollouts:
         if r.get("freshness_s") is not None:
-            info(f"freshness of {r['version']}: {r['freshness_s']:.1f}s from its donefile line to serving answering with it")
+            info(
+                f"freshness of {r['version']}: {r['freshness_s']:.1f}s"
+                " from its donefile line to serving answering with it"
+            )
     t = report.timings
-    info("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
-         + (f"; {report.predictions_per_s:.0f} predictions/s through the client" if report.predictions_per_s else ""))
-    info(f"MLflow UI: {report.mlflow_url} while the pipeline runs (demo --keep keeps it); afterwards: "
-         f".venv/bin/mlflow ui --backend-store-uri sqlite:///{report.state_dir}/mlflow/mlflow.db")
+    info(
+        "timings: "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in t.items())
+        + (f"; {report.predictions_per_s:.0f} predictions/s through the client" if report.predictions_per_s else "")
+    )
+    info(
+        f"MLflow UI: {report.mlflow_url} while the pipeline runs (demo --keep keeps it); afterwards: "
+        f".venv/bin/mlflow ui --backend-store-uri sqlite:///{report.state_dir}/mlflow/mlflow.db"
+    )
     out(f"AUC {report.auc:.4f}" + (f" (Bayes-optimal {report.bayes_auc:.4f})" if report.bayes_auc is not None else ""))
 
 
 @click.command("demo", help="The whole pipeline on this machine: data, training, cube, serving, predictions and AUC.")
-@click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True, type=click.Path(file_okay=False),
-              help="Folder for the data, models and state of this run (cleared at the start).")
+@click.option(
+    "--workdir",
+    default=DEFAULT_WORKDIR,
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for the data, models and state of this run (cleared at the start).",
+)
 @click.option("--hours", type=click.IntRange(2, 48), default=4, show_default=True, help="Hourly passes to train.")
 @click.option("--lines-per-hour", type=click.IntRange(100, 10_000_000), default=25_000, show_default=True)
 @click.option("--trainers", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--pservers", type=click.IntRange(1, 16), default=1, show_default=True)
 @click.option("--shards", type=click.IntRange(1, 16), default=2, show_default=True, help="Cube shards.")
-@click.option("--criteo", type=click.Path(dir_okay=False), default=None,
-              help="Use real Criteo lines (raw TSV) instead of synthetic data.")
+@click.option(
+    "--criteo",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Use real Criteo lines (raw TSV) instead of synthetic data.",
+)
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic data.")
-@click.option("--timeout", type=click.FloatRange(60), default=900.0, show_default=True,
-              help="Give up (and clean up) after this many seconds.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(60),
+    default=900.0,
+    show_default=True,
+    help="Give up (and clean up) after this many seconds.",
+)
 @click.option("--keep", is_flag=True, help="Leave the pipeline running at the end (stop it with `delete`).")
 def demo_command(workdir, hours, lines_per_hour, trainers, pservers, shards, criteo, seed, timeout, keep):
-    run_demo(workdir=workdir, hours=hours, lines_per_hour=lines_per_hour, trainers=trainers, pservers=pservers,
-             shards=shards, criteo=criteo, keep=keep, seed=seed, timeout=timeout)
+    run_demo(
+        workdir=workdir,
+        hours=hours,
+        lines_per_hour=lines_per_hour,
+        trainers=trainers,
+        pservers=pservers,
+        shards=shards,
+        criteo=criteo,
+        keep=keep,
+        seed=seed,
+        timeout=timeout,
+    )

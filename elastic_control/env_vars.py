@@ -4,11 +4,13 @@ The Kubernetes manifests and the local backend set the SAME variables, so a
 component behaves the same in a pod and on a laptop. Add new variables here,
 never read ``os.environ`` for an ElasticCTR setting anywhere else.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -91,7 +93,10 @@ CUBE_SHARDS = _var("ELASTIC_CTR_CUBE_SHARDS", int, None, "number of cube shards"
 CUBE_SERVER_URL = _var("ELASTIC_CTR_CUBE_SERVER_URL", str, None, "cube-agent: URL of the cube-server it feeds")
 APPLY_TIMEOUT = _var("ELASTIC_CTR_APPLY_TIMEOUT", float, 600.0, "-a: seconds to wait for pods to run")
 CUBE_KEEP_VERSIONS = _var("ELASTIC_CTR_CUBE_KEEP", int, 3, "cube versions cube-transfer keeps (the rest are deleted)")
-PROMOTION_GATE = _var("ELASTIC_CTR_PROMOTION_GATE", str, None, "promotion gate rule cube-transfer applies before a rollout")
+PROMOTION_GATE = _var(
+    "ELASTIC_CTR_PROMOTION_GATE", str, None, "promotion gate rule cube-transfer applies before a rollout"
+)
 CUBE_SERVER_WORKERS = _var("ELASTIC_CTR_CUBE_SERVER_WORKERS", int, 1, "cube-server worker processes sharing its port")
-TEMPLATE_DIR = _var("ELASTIC_CTR_TEMPLATE_DIR", str, None, "folder of the Jinja2 manifest templates (default: the "
-                    "project's templates/)")
+TEMPLATE_DIR = _var(
+    "ELASTIC_CTR_TEMPLATE_DIR", str, None, "folder of the Jinja2 manifest templates (default: the project's templates/)"
+)

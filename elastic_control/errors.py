@@ -4,6 +4,7 @@ Library code raises these (always ``raise ... from e`` when wrapping); only the
 CLI turns them into one-line messages and exit codes. Set ELASTIC_CTR_DEBUG=1
 to see tracebacks.
 """
+
 from __future__ import annotations
 
 EXIT_OK = 0

@@ -13,15 +13,16 @@ Layout written by trainer 0 (see docs/contracts.md)::
 
 A pass folder without its donefile line is incomplete, whatever it contains.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import gzip
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -86,8 +87,12 @@ class SparseLayout:
         return np.array([embed_w] + list(range(embedx, embedx + self.embedding_dim - 1)))
 
     def to_json(self) -> dict:
-        return {"accessor": "SparseAccessor", "optimizer": self.optimizer,
-                "embedding_dim": self.embedding_dim, "value_columns": self.value_columns}
+        return {
+            "accessor": "SparseAccessor",
+            "optimizer": self.optimizer,
+            "embedding_dim": self.embedding_dim,
+            "value_columns": self.value_columns,
+        }
 
 
 @dataclass(frozen=True)
@@ -174,8 +179,9 @@ def _parse_key(tok: str) -> int:
     return v + (1 << 64) if v < 0 else v
 
 
-def iter_sparse_table(pass_dir: str | os.PathLike, layout: SparseLayout,
-                      chunk_rows: int = 200_000) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_sparse_table(
+    pass_dir: str | os.PathLike, layout: SparseLayout, chunk_rows: int = 200_000
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream (keys uint64[n], embeddings float32[n, d]) chunks from a saved table.
 
     Raises DataError naming the file and line if a line has the wrong number of columns.
@@ -192,8 +198,10 @@ def iter_sparse_table(pass_dir: str | os.PathLike, layout: SparseLayout,
                 if not toks:
                     continue
                 if len(toks) != want:
-                    raise DataError(f"{part}:{lineno}: {len(toks)} columns, expected {want} for "
-                                    f"{layout.to_json()} (is meta.json's sparse_layout right?)")
+                    raise DataError(
+                        f"{part}:{lineno}: {len(toks)} columns, expected {want} for "
+                        f"{layout.to_json()} (is meta.json's sparse_layout right?)"
+                    )
                 keys.append(_parse_key(toks[0]))
                 rows.append([toks[i] for i in cols])
                 if len(keys) >= chunk_rows:

@@ -3,6 +3,7 @@
 ``-a``, ``-l``, ``-c``, ``status`` and ``delete`` read it back, so they act on
 exactly what was rendered.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,11 +64,13 @@ class Plan:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "Plan":
+    def from_json(cls, d: dict) -> Plan:
         d = dict(d)
         if d.get("format") != PLAN_FORMAT:
-            raise UsageError(f"the state folder was written by an incompatible version (plan format "
-                             f"{d.get('format')!r}, this version reads {PLAN_FORMAT}); run -r again")
+            raise UsageError(
+                f"the state folder was written by an incompatible version (plan format "
+                f"{d.get('format')!r}, this version reads {PLAN_FORMAT}); run -r again"
+            )
         d["resources"] = Resources(**d["resources"])
         return cls(**d)
 

@@ -4,12 +4,13 @@ Serving (embeddings from cube) and offline evaluation (embeddings from the
 pass's sparse table in memory) both go through here, so that they compute
 exactly what the training program computed (golden.jsonl, within 1e-5).
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -21,8 +22,8 @@ from elastic_control.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo, read_
 class KeyBatch:
     """The keys of n instances, flattened: key j belongs to row rows[j], slot position slot_pos[j]."""
 
-    keys: np.ndarray      # uint64 [m]
-    rows: np.ndarray      # int64 [m]
+    keys: np.ndarray  # uint64 [m]
+    rows: np.ndarray  # int64 [m]
     slot_pos: np.ndarray  # int64 [m]
     n: int
     num_slots: int
@@ -39,8 +40,9 @@ def batch_from_slot_keys(per_instance: Sequence[list[np.ndarray]], num_slots: in
     if not keys:
         z = np.zeros(0, np.int64)
         return KeyBatch(np.zeros(0, np.uint64), z, z, 0, num_slots)
-    return KeyBatch(np.concatenate(keys).astype(np.uint64), np.concatenate(rows), np.concatenate(pos),
-                    len(per_instance), num_slots)
+    return KeyBatch(
+        np.concatenate(keys).astype(np.uint64), np.concatenate(rows), np.concatenate(pos), len(per_instance), num_slots
+    )
 
 
 def batch_from_samples(samples: Iterable[Sample], slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
@@ -49,7 +51,7 @@ def batch_from_samples(samples: Iterable[Sample], slots: Sequence[int], sparse_d
 
 
 def batch_from_lines(lines: Iterable[str], slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
-    return batch_from_samples((parse_sample_line(l) for l in lines), slots, sparse_dim)
+    return batch_from_samples((parse_sample_line(ln) for ln in lines), slots, sparse_dim)
 
 
 def pool(batch: KeyBatch, vectors: np.ndarray) -> np.ndarray:
@@ -71,7 +73,7 @@ class InMemoryTable:
         self.dim = self.values.shape[1]
 
     @classmethod
-    def from_pass(cls, info: PassInfo) -> "InMemoryTable":
+    def from_pass(cls, info: PassInfo) -> InMemoryTable:
         return cls(*read_sparse_table(info.path, info.layout))
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -94,6 +96,7 @@ class DenseModel:
 
     def __init__(self, model_prefix: str | Path, threads: int = 1):
         import pyarrow  # noqa: F401  (must be imported before paddle)
+
         from paddle import inference
 
         prefix = str(model_prefix)
@@ -108,10 +111,10 @@ class DenseModel:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pass(cls, info: PassInfo, threads: int = 1) -> "DenseModel":
+    def from_pass(cls, info: PassInfo, threads: int = 1) -> DenseModel:
         return cls(info.path / DENSE_DIR / DENSE_PREFIX, threads)
 
-    def clone(self) -> "DenseModel":
+    def clone(self) -> DenseModel:
         twin = object.__new__(DenseModel)
         twin.prefix = self.prefix
         twin._predictor = self._predictor.clone()

@@ -1,4 +1,5 @@
 """Helpers for the evaluation tests: planted synthetic data and real passes from a short PS run."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -52,8 +53,9 @@ class PlantedModel:
         return out
 
 
-def write_hours(root: Path, first_hour: dt.datetime, hours: list[list[str]], files_per_hour: int = 2,
-                gz_hour: int | None = None) -> None:
+def write_hours(
+    root: Path, first_hour: dt.datetime, hours: list[list[str]], files_per_hour: int = 2, gz_hour: int | None = None
+) -> None:
     """Write slot lines in the hourly layout (part files + donefile); hour ``gz_hour`` gzipped."""
     import gzip
 
@@ -63,7 +65,7 @@ def write_hours(root: Path, first_hour: dt.datetime, hours: list[list[str]], fil
         d.mkdir(parents=True, exist_ok=True)
         for i in range(files_per_hour):
             part = lines[i::files_per_hour]
-            text = "".join(l + "\n" for l in part)
+            text = "".join(ln + "\n" for ln in part)
             if gz_hour == h:
                 with gzip.open(d / f"part-{i:05d}.gz", "wt") as f:
                     f.write(text)
@@ -72,8 +74,9 @@ def write_hours(root: Path, first_hour: dt.datetime, hours: list[list[str]], fil
         (d / "donefile").write_text("")
 
 
-def write_data_config(path: Path, dataset: Path, start: str, end: str, model_path: Path | None = None,
-                      sparse_dim: int | None = None) -> Path:
+def write_data_config(
+    path: Path, dataset: Path, start: str, end: str, model_path: Path | None = None, sparse_dim: int | None = None
+) -> Path:
     text = f'export START_DATE_HR="{start}"\nexport END_DATE_HR="{end}"\nexport DATASET_PATH="{dataset}"\n'
     if sparse_dim:
         text += f'export SPARSE_DIM="{sparse_dim}"\n'
@@ -83,9 +86,20 @@ def write_data_config(path: Path, dataset: Path, start: str, end: str, model_pat
     return path
 
 
-def train_pass(pass_dir: Path, train_lines: list[str], golden_lines: list[str], *, shuffle_labels: bool = False,
-               epochs: int = 2, hidden: str = "32,32", emb: int = 9, seed: int = 0, sparse_dim: int | None = None,
-               window: tuple[str, str] = ("20200101/00", "20200101/00"), timeout: float = 240) -> Path:
+def train_pass(
+    pass_dir: Path,
+    train_lines: list[str],
+    golden_lines: list[str],
+    *,
+    shuffle_labels: bool = False,
+    epochs: int = 2,
+    hidden: str = "32,32",
+    emb: int = 9,
+    seed: int = 0,
+    sparse_dim: int | None = None,
+    window: tuple[str, str] = ("20200101/00", "20200101/00"),
+    timeout: float = 240,
+) -> Path:
     """Run one pserver and one trainer (real processes on loopback) and return the pass folder."""
     work = pass_dir.parent / f".{pass_dir.name}.work"
     work.mkdir(parents=True, exist_ok=True)
@@ -93,12 +107,40 @@ def train_pass(pass_dir: Path, train_lines: list[str], golden_lines: list[str], 
     data.write_text("\n".join(train_lines) + "\n")
     golden.write_text("\n".join(golden_lines) + "\n")
     ps_port, tr_port = free_port(), free_port()
-    env = dict(os.environ, PADDLE_PSERVERS_IP_PORT_LIST=f"127.0.0.1:{ps_port}", PADDLE_TRAINERS_NUM="1",
-               PADDLE_TRAINER_ENDPOINTS=f"127.0.0.1:{tr_port}", POD_IP="127.0.0.1", PADDLE_PORT=str(ps_port),
-               PYTHONPATH=str(REPO), GLOG_v="0", GLOG_minloglevel="2", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(PS_TRAIN_SCRIPT), "--data", str(data), "--golden", str(golden), "--out", str(pass_dir),
-           "--slots", ",".join(map(str, SLOTS)), "--emb", str(emb), "--hidden", hidden, "--epochs", str(epochs),
-           "--seed", str(seed), "--window", ",".join(window)]
+    env = dict(
+        os.environ,
+        PADDLE_PSERVERS_IP_PORT_LIST=f"127.0.0.1:{ps_port}",
+        PADDLE_TRAINERS_NUM="1",
+        PADDLE_TRAINER_ENDPOINTS=f"127.0.0.1:{tr_port}",
+        POD_IP="127.0.0.1",
+        PADDLE_PORT=str(ps_port),
+        PYTHONPATH=str(REPO),
+        GLOG_v="0",
+        GLOG_minloglevel="2",
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [
+        sys.executable,
+        str(PS_TRAIN_SCRIPT),
+        "--data",
+        str(data),
+        "--golden",
+        str(golden),
+        "--out",
+        str(pass_dir),
+        "--slots",
+        ",".join(map(str, SLOTS)),
+        "--emb",
+        str(emb),
+        "--hidden",
+        hidden,
+        "--epochs",
+        str(epochs),
+        "--seed",
+        str(seed),
+        "--window",
+        ",".join(window),
+    ]
     if shuffle_labels:
         cmd.append("--shuffle-labels")
     if sparse_dim:
@@ -106,8 +148,13 @@ def train_pass(pass_dir: Path, train_lines: list[str], golden_lines: list[str], 
     with open(work / "pserver.log", "wb") as pslog, open(work / "trainer.log", "wb") as trlog:
         ps = subprocess.Popen(cmd, env=dict(env, TRAINING_ROLE="PSERVER"), stdout=pslog, stderr=subprocess.STDOUT)
         try:
-            tr = subprocess.run(cmd, env=dict(env, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="0"), stdout=trlog,
-                                stderr=subprocess.STDOUT, timeout=timeout)
+            tr = subprocess.run(
+                cmd,
+                env=dict(env, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="0"),
+                stdout=trlog,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+            )
         finally:
             ps.kill()  # the pserver never exits by itself
             ps.wait()

@@ -11,6 +11,7 @@ program, ``sparse/`` through ``fleet.save_persistables``, ``meta.json`` and
 It exists so evaluation can be tested on a real pass before the training
 engineer's ``elastic-control train`` lands; it is not product code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ import os
 import shutil
 import time
 
-import numpy as np
 import pyarrow  # noqa: F401  (import before paddle, or paddle breaks pyarrow's zlib)
+
+import numpy as np
 import paddle
 import paddle.distributed.fleet as fleet
 
@@ -55,17 +57,29 @@ fleet.init(is_collective=False)
 def dense(x):
     h = x
     for i, width in enumerate(HIDDEN):
-        h = paddle.static.nn.fc(h, width, activation="relu", weight_attr=paddle.ParamAttr(name=f"fc{i}.w"),
-                                bias_attr=paddle.ParamAttr(name=f"fc{i}.b"))
-    return paddle.static.nn.fc(h, 1, weight_attr=paddle.ParamAttr(name="out.w"),
-                               bias_attr=paddle.ParamAttr(name="out.b"))
+        h = paddle.static.nn.fc(
+            h,
+            width,
+            activation="relu",
+            weight_attr=paddle.ParamAttr(name=f"fc{i}.w"),
+            bias_attr=paddle.ParamAttr(name=f"fc{i}.b"),
+        )
+    return paddle.static.nn.fc(
+        h, 1, weight_attr=paddle.ParamAttr(name="out.w"), bias_attr=paddle.ParamAttr(name="out.b")
+    )
 
 
 ids = [paddle.static.data(name=f"slot{s}", shape=[-1, 1], dtype="int64", lod_level=1) for s in SLOTS]
 label = paddle.static.data(name="label", shape=[-1, 1], dtype="float32")
-pooled = [paddle.static.nn.sequence_lod.sequence_pool(
-    paddle.static.nn.sparse_embedding(input=x, size=[1024, EMB], param_attr=paddle.ParamAttr(name="SparseFeatFactors")),
-    pool_type="sum") for x in ids]
+pooled = [
+    paddle.static.nn.sequence_lod.sequence_pool(
+        paddle.static.nn.sparse_embedding(
+            input=x, size=[1024, EMB], param_attr=paddle.ParamAttr(name="SparseFeatFactors")
+        ),
+        pool_type="sum",
+    )
+    for x in ids
+]
 logit = dense(paddle.concat(pooled, axis=1))
 prob_train = paddle.nn.functional.sigmoid(logit)
 loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
@@ -80,14 +94,15 @@ with paddle.static.program_guard(infer, infer_start):
 
 
 def feed_for(lines, labels=None):
-    samples = [parse_sample_line(l) for l in lines]
+    samples = [parse_sample_line(ln) for ln in lines]
     per = [slot_keys(s, SLOTS, SPARSE_DIM) for s in samples]
     feed = {}
     for j, s in enumerate(SLOTS):
         flat = np.concatenate([p[j] for p in per])
         lens = [len(p[j]) for p in per]
         feed[f"slot{s}"] = paddle.base.create_lod_tensor(
-            keys_to_paddle_ids(flat).reshape(-1, 1), [lens], paddle.CPUPlace())
+            keys_to_paddle_ids(flat).reshape(-1, 1), [lens], paddle.CPUPlace()
+        )
     y = np.array([s.click for s in samples] if labels is None else labels, dtype="float32").reshape(-1, 1)
     feed["label"] = y
     return feed
@@ -101,16 +116,16 @@ else:
     exe.run(paddle.static.default_startup_program())
     fleet.init_worker()
     with open(args.data) as f:
-        lines = [l.rstrip("\n") for l in f if l.strip()]
-    labels = np.array([parse_sample_line(l).click for l in lines])
+        lines = [ln.rstrip("\n") for ln in f if ln.strip()]
+    labels = np.array([parse_sample_line(ln).click for ln in lines])
     rng = np.random.default_rng(args.seed)
     if args.shuffle_labels:
         labels = rng.permutation(labels)
     main = paddle.static.default_main_program()
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         order = rng.permutation(len(lines))
         for b in range(0, len(order), args.batch):
-            idx = order[b:b + args.batch]
+            idx = order[b : b + args.batch]
             exe.run(main, feed=feed_for([lines[i] for i in idx], labels[idx]), fetch_list=[loss])
     # Let the asynchronous communicator push the last gradients before the export.
     time.sleep(3)
@@ -118,22 +133,32 @@ else:
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     fleet.save_persistables(exe, os.path.join(out, "sparse"))
-    paddle.static.save_inference_model(os.path.join(out, "dense", "inference"), [emb_concat], [prob], exe,
-                                       program=infer)
+    paddle.static.save_inference_model(
+        os.path.join(out, "dense", "inference"), [emb_concat], [prob], exe, program=infer
+    )
     # Golden: the training program's own probabilities right after the export, one batch.
     with open(args.golden) as f:
-        golden_lines = [l.rstrip("\n") for l in f if l.strip()]
+        golden_lines = [ln.rstrip("\n") for ln in f if ln.strip()]
     (probs,) = exe.run(main, feed=feed_for(golden_lines), fetch_list=[prob_train])
     with open(os.path.join(out, "golden.jsonl"), "w") as f:
-        for line, p in zip(golden_lines, np.asarray(probs).reshape(-1)):
+        for line, p in zip(golden_lines, np.asarray(probs).reshape(-1), strict=True):
             f.write(json.dumps({"line": line, "prob": float(p)}) + "\n")
     start, end = args.window.split(",")
-    meta = {"pass": os.path.basename(out.rstrip("/")), "slots": SLOTS, "embedding_dim": EMB,
-            "sparse_dim": SPARSE_DIM,
-            "sparse_layout": {"accessor": "SparseAccessor", "optimizer": "adam", "embedding_dim": EMB},
-            "window": {"start": start, "end": end}, "dense_input": "emb_concat", "metrics": {},
-            "trainers": 1, "pservers": 1, "created_at": time.time(), "fixture": True,
-            "shuffled_labels": bool(args.shuffle_labels)}
+    meta = {
+        "pass": os.path.basename(out.rstrip("/")),
+        "slots": SLOTS,
+        "embedding_dim": EMB,
+        "sparse_dim": SPARSE_DIM,
+        "sparse_layout": {"accessor": "SparseAccessor", "optimizer": "adam", "embedding_dim": EMB},
+        "window": {"start": start, "end": end},
+        "dense_input": "emb_concat",
+        "metrics": {},
+        "trainers": 1,
+        "pservers": 1,
+        "created_at": time.time(),
+        "fixture": True,
+        "shuffled_labels": bool(args.shuffle_labels),
+    }
     with open(os.path.join(out, "meta.json"), "w") as f:
         json.dump(meta, f)
     fleet.stop_worker()

@@ -1,4 +1,5 @@
 """Rendering a plan into a temporary state folder for the Kubernetes tests."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,14 +14,18 @@ EXAMPLE_DATA_CONFIG = REPO / "examples" / "data.config"
 FIXED_TOKEN = "golden-token-not-a-secret"
 
 
-def render_plan(state_dir: Path, *, token: str = FIXED_TOKEN, cpu=4, mem=20, trainers=2, pservers=2, cube_shards=5,
-                **kwargs):
+def render_plan(
+    state_dir: Path, *, token: str = FIXED_TOKEN, cpu=4, mem=20, trainers=2, pservers=2, cube_shards=5, **kwargs
+):
     """`-r` as a library call with a fixed token (kept across re-renders, so pre-seeding it fixes it)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / TOKEN_FILE).write_text(token + "\n")
     kwargs.setdefault("slot_conf", str(EXAMPLE_SLOT_CONF))
     kwargs.setdefault("data_config", str(EXAMPLE_DATA_CONFIG))
     kwargs.setdefault("backend", "k8s")
-    plan = control.configure_resource(resources=Resources(cpu=cpu, mem=mem, trainers=trainers, pservers=pservers,
-                                                          cube_shards=cube_shards), state_dir=str(state_dir), **kwargs)
+    plan = control.configure_resource(
+        resources=Resources(cpu=cpu, mem=mem, trainers=trainers, pservers=pservers, cube_shards=cube_shards),
+        state_dir=str(state_dir),
+        **kwargs,
+    )
     return plan, state_dir / MANIFEST_DIR

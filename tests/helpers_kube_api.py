@@ -20,6 +20,7 @@ log streams) so the real `kubernetes` client parses them. Scenarios:
 
 Use ``with FakeKubeAPI() as api: api.write_kubeconfig(path)``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,15 +38,23 @@ import yaml
 
 VOLCANO = "batch.volcano.sh/v1alpha1"
 KINDS = {  # (group/version, plural) -> kind
-    ("v1", "pods"): "Pod", ("v1", "services"): "Service", ("v1", "configmaps"): "ConfigMap",
-    ("v1", "secrets"): "Secret", ("v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
-    ("v1", "events"): "Event", ("v1", "namespaces"): "Namespace", ("v1", "nodes"): "Node",
-    ("apps/v1", "deployments"): "Deployment", (VOLCANO, "jobs"): "Job",
+    ("v1", "pods"): "Pod",
+    ("v1", "services"): "Service",
+    ("v1", "configmaps"): "ConfigMap",
+    ("v1", "secrets"): "Secret",
+    ("v1", "persistentvolumeclaims"): "PersistentVolumeClaim",
+    ("v1", "events"): "Event",
+    ("v1", "namespaces"): "Namespace",
+    ("v1", "nodes"): "Node",
+    ("apps/v1", "deployments"): "Deployment",
+    (VOLCANO, "jobs"): "Job",
     ("scheduling.volcano.sh/v1beta1", "queues"): "Queue",
     ("apiextensions.k8s.io/v1", "customresourcedefinitions"): "CustomResourceDefinition",
 }
-_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))"
-                   r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?/?$")
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?/?$"
+)
 
 
 def now() -> str:
@@ -53,9 +62,19 @@ def now() -> str:
 
 
 class FakeKubeAPI:
-    def __init__(self, *, crd_installed: bool = True, queue_state: str = "Open", namespaces=("default",),
-                 unschedulable: bool = False, recreate_trainer: bool = False, node_ports: dict | None = None,
-                 job_delete_delay: float = 0.3, log_line_delay: float = 0.02, on_volcano_job=None):
+    def __init__(
+        self,
+        *,
+        crd_installed: bool = True,
+        queue_state: str = "Open",
+        namespaces=("default",),
+        unschedulable: bool = False,
+        recreate_trainer: bool = False,
+        node_ports: dict | None = None,
+        job_delete_delay: float = 0.3,
+        log_line_delay: float = 0.02,
+        on_volcano_job=None,
+    ):
         self.crd_installed, self.queue_state = crd_installed, queue_state
         self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
         self.node_ports = dict(node_ports or {})
@@ -70,23 +89,64 @@ class FakeKubeAPI:
         self.trainer_generations = 0
         self.recreated = False
         for ns in namespaces:
-            self._put("v1", "namespaces", None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
-                                                  "status": {"phase": "Active"}})
-        self._put("v1", "nodes", None, {
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
-            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                                     {"type": "Hostname", "address": "node-1"}]}})
-        self._put("scheduling.volcano.sh/v1beta1", "queues", None, {
-            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": "default"},
-            "spec": {"weight": 1, "reclaimable": True}, "status": {"state": queue_state}})
+            self._put(
+                "v1",
+                "namespaces",
+                None,
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}, "status": {"phase": "Active"}},
+            )
+        self._put(
+            "v1",
+            "nodes",
+            None,
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": "node-1"},
+                "status": {
+                    "addresses": [
+                        {"type": "InternalIP", "address": "127.0.0.1"},
+                        {"type": "Hostname", "address": "node-1"},
+                    ]
+                },
+            },
+        )
+        self._put(
+            "scheduling.volcano.sh/v1beta1",
+            "queues",
+            None,
+            {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "Queue",
+                "metadata": {"name": "default"},
+                "spec": {"weight": 1, "reclaimable": True},
+                "status": {"state": queue_state},
+            },
+        )
         if crd_installed:
-            self._put("apiextensions.k8s.io/v1", "customresourcedefinitions", None, {
-                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                "metadata": {"name": "jobs.batch.volcano.sh"},
-                "spec": {"group": "batch.volcano.sh", "scope": "Namespaced",
-                         "names": {"kind": "Job", "plural": "jobs", "singular": "job", "shortNames": ["vcjob", "vj"]},
-                         "versions": [{"name": "v1alpha1", "served": True, "storage": True,
-                                       "schema": {"openAPIV3Schema": {"type": "object"}}}]}})
+            self._put(
+                "apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                None,
+                {
+                    "apiVersion": "apiextensions.k8s.io/v1",
+                    "kind": "CustomResourceDefinition",
+                    "metadata": {"name": "jobs.batch.volcano.sh"},
+                    "spec": {
+                        "group": "batch.volcano.sh",
+                        "scope": "Namespaced",
+                        "names": {"kind": "Job", "plural": "jobs", "singular": "job", "shortNames": ["vcjob", "vj"]},
+                        "versions": [
+                            {
+                                "name": "v1alpha1",
+                                "served": True,
+                                "storage": True,
+                                "schema": {"openAPIV3Schema": {"type": "object"}},
+                            }
+                        ],
+                    },
+                },
+            )
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self):
@@ -108,11 +168,20 @@ class FakeKubeAPI:
 
     def write_kubeconfig(self, path: Path) -> Path:
         path = Path(path)
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}]}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}
+                    ],
+                    "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                }
+            )
+        )
         return path
 
     # ---- store -----------------------------------------------------------------------------------------
@@ -130,38 +199,80 @@ class FakeKubeAPI:
         return self.store.get((gv, plural, ns, name))
 
     def items(self, gv, plural, ns=None):
-        return [o for (g, p, n, _), o in sorted(self.store.items(), key=lambda kv: kv[0][3])
-                if g == gv and p == plural and (ns is None or n == ns)]
+        return [
+            o
+            for (g, p, n, _), o in sorted(self.store.items(), key=lambda kv: kv[0][3])
+            if g == gv and p == plural and (ns is None or n == ns)
+        ]
 
     def pods(self, ns="default", **labels):
-        return [p for p in self.items("v1", "pods", ns)
-                if all(p["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())]
+        return [
+            p
+            for p in self.items("v1", "pods", ns)
+            if all(p["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())
+        ]
 
     def event(self, ns, pod_name, reason, message, type_="Warning"):
         name = f"{pod_name}.{uuid.uuid4().hex[:12]}"
-        self._put("v1", "events", ns, {
-            "apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
-            "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": ns},
-            "reason": reason, "message": message, "type": type_, "count": 1,
-            "firstTimestamp": now(), "lastTimestamp": now(), "source": {"component": "volcano"}})
+        self._put(
+            "v1",
+            "events",
+            ns,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": name},
+                "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": ns},
+                "reason": reason,
+                "message": message,
+                "type": type_,
+                "count": 1,
+                "firstTimestamp": now(),
+                "lastTimestamp": now(),
+                "source": {"component": "volcano"},
+            },
+        )
 
     # ---- controllers -----------------------------------------------------------------------------------
     def _make_pod(self, ns, name, template, labels, *, pending=False, log=None):
         spec = copy.deepcopy(template["spec"])
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "labels": {**template["metadata"].get("labels", {}), **labels}},
-               "spec": spec}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {**template["metadata"].get("labels", {}), **labels}},
+            "spec": spec,
+        }
         if pending:
-            pod["status"] = {"phase": "Pending", "conditions": [{
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": "0/3 nodes are available: 3 Insufficient cpu.", "lastTransitionTime": now()}]}
+            pod["status"] = {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                        "lastTransitionTime": now(),
+                    }
+                ],
+            }
         else:
-            pod["status"] = {"phase": "Running", "podIP": "10.0.0.7", "startTime": now(),
-                             "conditions": [{"type": "Ready", "status": "True"}],
-                             "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0,
-                                                    "image": c["image"], "imageID": "", "state": {
-                                                        "running": {"startedAt": now()}}}
-                                                   for c in spec["containers"]]}
+            pod["status"] = {
+                "phase": "Running",
+                "podIP": "10.0.0.7",
+                "startTime": now(),
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": c["image"],
+                        "imageID": "",
+                        "state": {"running": {"startedAt": now()}},
+                    }
+                    for c in spec["containers"]
+                ],
+            }
         self._put("v1", "pods", ns, pod)
         self.logs[pod["metadata"]["uid"]] = log if log is not None else [f"{name} started", f"{name} working"]
         if pending:
@@ -185,20 +296,28 @@ class FakeKubeAPI:
                 for i in range(task.get("replicas", 1)):
                     total += 1
                     self._volcano_pod(ns, job, task, i)
-            obj["status"] = {"state": {"phase": "Pending" if self.unschedulable else "Running"},
-                             "running": 0 if self.unschedulable else total, "pending": total if self.unschedulable else 0,
-                             "minAvailable": obj["spec"]["minAvailable"]}
+            obj["status"] = {
+                "state": {"phase": "Pending" if self.unschedulable else "Running"},
+                "running": 0 if self.unschedulable else total,
+                "pending": total if self.unschedulable else 0,
+                "minAvailable": obj["spec"]["minAvailable"],
+            }
             if self.on_volcano_job:
                 self.on_volcano_job(self, ns, obj)
 
     def _volcano_pod(self, ns, job, task, index, log=None):
-        labels = {"volcano.sh/job-name": job, "volcano.sh/job-namespace": ns,
-                  "volcano.sh/task-spec": task["name"], "volcano.sh/task-index": str(index)}
+        labels = {
+            "volcano.sh/job-name": job,
+            "volcano.sh/job-namespace": ns,
+            "volcano.sh/task-spec": task["name"],
+            "volcano.sh/task-index": str(index),
+        }
         if task["name"] == "trainer" and index == 0 and log is None:
             self.trainer_generations += 1
             log = ["pass-20191221-00 step 10 loss 0.52", "pass-20191221-00 step 20 loss 0.49"]
-        return self._make_pod(ns, f"{job}-{task['name']}-{index}", task["template"], labels,
-                              pending=self.unschedulable, log=log)
+        return self._make_pod(
+            ns, f"{job}-{task['name']}-{index}", task["template"], labels, pending=self.unschedulable, log=log
+        )
 
     def _on_delete(self, gv, plural, ns, obj):
         if (gv, plural) == (VOLCANO, "jobs"):
@@ -220,8 +339,17 @@ class FakeKubeAPI:
         job = self.get(VOLCANO, "jobs", ns, job_name)
         task = next(t for t in job["spec"]["tasks"] if t["name"] == "trainer")
         self.trainer_generations += 1
-        self._volcano_pod(ns, job_name, task, 0, log=["restarted by RestartJob, resuming from the last pass",
-                                                        "pass-20191221-01 step 10 loss 0.47", "training finished"])
+        self._volcano_pod(
+            ns,
+            job_name,
+            task,
+            0,
+            log=[
+                "restarted by RestartJob, resuming from the last pass",
+                "pass-20191221-01 step 10 loss 0.47",
+                "training finished",
+            ],
+        )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -241,8 +369,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _status(self, code, reason, message):
-        self._send(code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                          "message": message, "reason": reason, "code": code})
+        self._send(
+            code,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": message,
+                "reason": reason,
+                "code": code,
+            },
+        )
 
     def _body(self):
         length = int(self.headers.get("Content-Length") or 0)
@@ -255,10 +393,20 @@ class _Handler(BaseHTTPRequestHandler):
         with fake.lock:
             fake.requests.append((method, url.path, query))
         if url.path in ("/version", "/version/"):
-            return self._send(200, {
-                "major": "1", "minor": "33", "gitVersion": "v1.33.1", "gitCommit": "8adc0f041b8e7ad1d30e29cc59c6ae7a15e19828",
-                "gitTreeState": "clean", "buildDate": "2025-05-15T08:19:08Z", "goVersion": "go1.24.2",
-                "compiler": "gc", "platform": "linux/amd64"})
+            return self._send(
+                200,
+                {
+                    "major": "1",
+                    "minor": "33",
+                    "gitVersion": "v1.33.1",
+                    "gitCommit": "8adc0f041b8e7ad1d30e29cc59c6ae7a15e19828",
+                    "gitTreeState": "clean",
+                    "buildDate": "2025-05-15T08:19:08Z",
+                    "goVersion": "go1.24.2",
+                    "compiler": "gc",
+                    "platform": "linux/amd64",
+                },
+            )
         m = _PATH.match(url.path)
         if not m:
             return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
@@ -275,8 +423,15 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and name is None:
                 items = fake.items(gv, plural, ns)
                 items = [o for o in items if _matches(o, query.get("labelSelector"), query.get("fieldSelector"))]
-                return self._send(200, {"apiVersion": gv, "kind": f"{kind}List",
-                                        "metadata": {"resourceVersion": str(next(fake._rv))}, "items": items})
+                return self._send(
+                    200,
+                    {
+                        "apiVersion": gv,
+                        "kind": f"{kind}List",
+                        "metadata": {"resourceVersion": str(next(fake._rv))},
+                        "items": items,
+                    },
+                )
             obj = fake.get(gv, plural, ns, name) if name else None
             if method == "GET":
                 if obj is None:
@@ -309,8 +464,16 @@ class _Handler(BaseHTTPRequestHandler):
                 fake._on_delete(gv, plural, ns, obj)
                 if (gv, plural) == ("v1", "services"):  # the API answers a Service delete with the object
                     return self._send(200, obj)
-                return self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                        "details": {"name": name, "kind": plural, "uid": obj["metadata"]["uid"]}})
+                return self._send(
+                    200,
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "details": {"name": name, "kind": plural, "uid": obj["metadata"]["uid"]},
+                    },
+                )
         return self._status(405, "MethodNotAllowed", method)
 
     def _log(self, ns, name, query):
@@ -323,7 +486,7 @@ class _Handler(BaseHTTPRequestHandler):
         if pod["status"]["phase"] == "Pending":
             return self._status(400, "BadRequest", f'container in pod "{name}" is waiting to start: PodInitializing')
         if query.get("tailLines"):
-            lines = lines[-int(query["tailLines"]):]
+            lines = lines[-int(query["tailLines"]) :]
         if query.get("follow") != "true":
             body = "".join(line + "\n" for line in lines).encode()
             self.send_response(200)

@@ -14,6 +14,7 @@ ENTRY``) as a local process: the pod's mount points are mapped to local
 folders, VC_TASK_INDEX comes from the pod's task index (as Volcano's env
 plugin sets it), and the container's plain env values are passed on.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -39,8 +40,16 @@ class VolcanoEvalController:
 
     def __call__(self, api, ns, job):
         # What the other jobs' phases were when this one was created (ordering checks).
-        self.created.append((job["metadata"]["name"], {j["metadata"]["name"]: j["status"]["state"]["phase"]
-                                                        for j in api.items(VOLCANO, "jobs", ns) if j is not job}))
+        self.created.append(
+            (
+                job["metadata"]["name"],
+                {
+                    j["metadata"]["name"]: j["status"]["state"]["phase"]
+                    for j in api.items(VOLCANO, "jobs", ns)
+                    if j is not job
+                },
+            )
+        )
         thread = threading.Thread(target=self._drive, args=(api, ns, job["metadata"]["name"]), daemon=True)
         self.threads.append(thread)
         thread.start()
@@ -49,7 +58,7 @@ class VolcanoEvalController:
         try:
             while not self._round(api, ns, name):
                 pass
-        except BaseException as e:  # surfaced by the test
+        except BaseException as e:  # noqa: BLE001 - surfaced by the test
             self.errors.append(e)
 
     def _round(self, api, ns, name) -> bool:
@@ -66,13 +75,19 @@ class VolcanoEvalController:
             job = api.get(VOLCANO, "jobs", ns, name)
             if job is None:
                 return True
-            for pod, (code, lines) in zip(pods, results):
+            for pod, (code, lines) in zip(pods, results, strict=True):
                 api.logs[pod["metadata"]["uid"]] = lines
                 pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
                 for status in pod["status"].get("containerStatuses", []):
                     status["ready"] = False
-                    status["state"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                                      "startedAt": now(), "finishedAt": now()}}
+                    status["state"] = {
+                        "terminated": {
+                            "exitCode": code,
+                            "reason": "Completed" if code == 0 else "Error",
+                            "startedAt": now(),
+                            "finishedAt": now(),
+                        }
+                    }
                 if code != 0:
                     failed_tasks.add(pod["metadata"]["labels"]["volcano.sh/task-spec"])
             status = job["status"]
@@ -81,8 +96,13 @@ class VolcanoEvalController:
                 return True
             retry = int(status.get("retryCount", 0))
             tasks = {t["name"]: t for t in job["spec"]["tasks"]}
-            restartable = all(any(p.get("event") == "PodFailed" and p.get("action") == "RestartTask"
-                                  for p in tasks[t].get("policies", [])) for t in failed_tasks)
+            restartable = all(
+                any(
+                    p.get("event") == "PodFailed" and p.get("action") == "RestartTask"
+                    for p in tasks[t].get("policies", [])
+                )
+                for t in failed_tasks
+            )
             if not restartable or retry >= job["spec"].get("maxRetry", 3):
                 status.update(state={"phase": "Failed"}, running=0, failed=len(failed_tasks))
                 return True
@@ -127,8 +147,9 @@ def local_pod_runner(mounts: dict[str, Path], *, env_overrides: dict[str, str] |
         env.update(env_overrides or {})
         env["VC_TASK_INDEX"] = pod["metadata"]["labels"]["volcano.sh/task-index"]  # the env plugin's variable
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        proc = subprocess.Popen(["/bin/sh", "-c", entry], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", entry], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         if kill_after is not None:  # a worker lost mid-share (OOM kill, node gone)
             time.sleep(kill_after)
             proc.kill()

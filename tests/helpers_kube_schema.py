@@ -4,6 +4,7 @@ Built-in kinds: kubernetes_validate (strict). The Volcano Job: jsonschema agains
 the CRD's openAPIV3Schema, made strict (additionalProperties: false wherever
 properties are declared) so a misspelt field fails instead of being ignored.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,11 @@ def make_strict(schema):
 
     def walk(node):
         if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node \
-                    and not node.get("x-kubernetes-preserve-unknown-fields"):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for value in node.values():
                 walk(value)

@@ -4,6 +4,7 @@
 whose training job is a few Python processes that sleep and exit, so the
 supervisor's policies can be exercised in seconds.
 """
+
 from __future__ import annotations
 
 import signal
@@ -54,9 +55,18 @@ print("trainer finished", flush=True)
 """
 
 
-def simple_plan(layout: LocalLayout, *, services: int = 2, trainers: int = 2, pservers: int = 1, steps: int = 20,
-                max_job_restarts: int = 2, service_env: dict | None = None, member_env: dict | None = None,
-                ready_timeout: float = 20.0) -> LocalPlan:
+def simple_plan(
+    layout: LocalLayout,
+    *,
+    services: int = 2,
+    trainers: int = 2,
+    pservers: int = 1,
+    steps: int = 20,
+    max_job_restarts: int = 2,
+    service_env: dict | None = None,
+    member_env: dict | None = None,
+    ready_timeout: float = 20.0,
+) -> LocalPlan:
     scripts = layout.state / "scripts"
     scripts.mkdir(parents=True, exist_ok=True)
     (scripts / "service.py").write_text(SERVICE_SCRIPT)
@@ -64,18 +74,33 @@ def simple_plan(layout: LocalLayout, *, services: int = 2, trainers: int = 2, ps
     ports = free_ports(services + trainers + pservers)
     comps = []
     for i in range(services):
-        comps.append(ComponentSpec(name=f"svc-{i}", kind="service", group=SERVICE, port=ports[i],
-                                   argv=[sys.executable, str(scripts / "service.py"), str(ports[i])],
-                                   ready="http:/healthz", after=[f"svc-{i - 1}"] if i else [],
-                                   env=dict(service_env or {}) if i == services - 1 else {},
-                                   ready_timeout=ready_timeout))
+        comps.append(
+            ComponentSpec(
+                name=f"svc-{i}",
+                kind="service",
+                group=SERVICE,
+                port=ports[i],
+                argv=[sys.executable, str(scripts / "service.py"), str(ports[i])],
+                ready="http:/healthz",
+                after=[f"svc-{i - 1}"] if i else [],
+                env=dict(service_env or {}) if i == services - 1 else {},
+                ready_timeout=ready_timeout,
+            )
+        )
     env = {"PROGRESS_FILE": str(layout.state / "progress"), "STEPS": str(steps), **(member_env or {})}
     for role, count in (("PSERVER", pservers), ("TRAINER", trainers)):
         for i in range(count):
-            comps.append(ComponentSpec(name=f"{role.lower()}-{i}", kind=role.lower(), group=JOB, ready="none",
-                                       argv=[sys.executable, str(scripts / "member.py")],
-                                       after=[f"svc-{services - 1}"] if services else [],
-                                       env={**env, "TRAINING_ROLE": role, "PADDLE_TRAINER_ID": str(i)}))
+            comps.append(
+                ComponentSpec(
+                    name=f"{role.lower()}-{i}",
+                    kind=role.lower(),
+                    group=JOB,
+                    ready="none",
+                    argv=[sys.executable, str(scripts / "member.py")],
+                    after=[f"svc-{services - 1}"] if services else [],
+                    env={**env, "TRAINING_ROLE": role, "PADDLE_TRAINER_ID": str(i)},
+                )
+            )
     plan = LocalPlan(components=comps, max_job_restarts=max_job_restarts, stop_grace=3.0, pserver_exit_grace=0.5)
     save_local_plan(plan, layout.components_file)
     (layout.state / "token").write_text("test-token\n")
@@ -131,4 +156,3 @@ def kill_everything_under(state: Path) -> None:
 
 def component(record: dict, name: str) -> dict:
     return record["components"][name]
-

@@ -1,4 +1,5 @@
 """Helpers for the file-server, client and serving tests: real servers on free loopback ports."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,7 @@ def fileserver_in_thread(root, token: str | None = "t0ken", max_bytes: int | Non
     """A real file server bound to 127.0.0.1:0 in this process; yields its base URL."""
     from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, make_fileserver, serve_in_thread
 
-    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token,
-                             max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
     serve_in_thread(server)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -110,8 +110,16 @@ def criteo_slot_lines(start: int, count: int) -> list[str]:
         return [conv.convert_line(raw) for raw in itertools.islice(f, start, start + count)]
 
 
-def train_criteo_pass(model_path: Path, name: str, *, seed: int, sparse_dim: int | None = None,
-                      train_lines: int = 3000, golden_lines: int = 300, offset: int = 0) -> Path:
+def train_criteo_pass(
+    model_path: Path,
+    name: str,
+    *,
+    seed: int,
+    sparse_dim: int | None = None,
+    train_lines: int = 3000,
+    golden_lines: int = 300,
+    offset: int = 0,
+) -> Path:
     """A real pass from a short PS run (one pserver, one trainer) on real Criteo lines, recorded in the donefile.
 
     Uses the evaluation engineer's fixture trainer (tests/helpers_eval.py) until
@@ -120,32 +128,46 @@ def train_criteo_pass(model_path: Path, name: str, *, seed: int, sparse_dim: int
     import json as _json
 
     import helpers_eval
+
     from elastic_control.atomic import append_line_durably
 
     lines = criteo_slot_lines(offset, train_lines + golden_lines)
     saved = helpers_eval.SLOTS
     helpers_eval.SLOTS = CRITEO_SLOTS  # train_pass reads the module's slot list
     try:
-        pass_dir = helpers_eval.train_pass(model_path / name, lines[:train_lines], lines[train_lines:],
-                                           epochs=1, seed=seed, sparse_dim=sparse_dim)
+        pass_dir = helpers_eval.train_pass(
+            model_path / name, lines[:train_lines], lines[train_lines:], epochs=1, seed=seed, sparse_dim=sparse_dim
+        )
     finally:
         helpers_eval.SLOTS = saved
-    append_line_durably(model_path / "donefile", _json.dumps(
-        {"pass": name, "path": str(pass_dir), "window": {"start": "20200101/00", "end": "20200101/00"},
-         "time": time.time(), "metrics": {}}))
+    append_line_durably(
+        model_path / "donefile",
+        _json.dumps(
+            {
+                "pass": name,
+                "path": str(pass_dir),
+                "window": {"start": "20200101/00", "end": "20200101/00"},
+                "time": time.time(),
+                "metrics": {},
+            }
+        ),
+    )
     return pass_dir
 
 
 def golden(pass_dir: Path) -> tuple[list[str], list[float]]:
     import json as _json
 
-    rows = [_json.loads(l) for l in (pass_dir / "golden.jsonl").read_text().splitlines() if l.strip()]
+    rows = [_json.loads(ln) for ln in (pass_dir / "golden.jsonl").read_text().splitlines() if ln.strip()]
     return [r["line"] for r in rows], [r["prob"] for r in rows]
 
 
 @contextlib.contextmanager
 def serving_in_thread(source, wait_ready: bool = True, **kwargs):
-    """A real serving HTTP server on 127.0.0.1:0 in this process, ready (first version loaded) unless told not to wait."""
+    """A real serving HTTP server on 127.0.0.1:0 in this process.
+
+    Ready (first version loaded) unless told not to wait.
+    """
     from elastic_control.serving.app import ServingApp
     from elastic_control.serving.http_server import ServingServer
 
@@ -162,11 +184,9 @@ def serving_in_thread(source, wait_ready: bool = True, **kwargs):
 
 def publish_version(fs_root: Path, pass_dir: Path, shards: int, *, make_current: bool = True) -> str:
     """What cube-transfer does, done directly: build shards, copy dense + meta, record current.json."""
-    import json as _json
     import shutil as _shutil
 
     from cube.builder import build_version
-    from elastic_control.atomic import atomic_write_json
 
     cube_root = fs_root / "cube"
     manifest = build_version(pass_dir=pass_dir, shards=shards, output=cube_root)
@@ -184,10 +204,20 @@ def set_current(fs_root: Path, pass_dir: Path, version: str, shards: int) -> Non
     from elastic_control.atomic import atomic_write_json
 
     meta = _json.loads((pass_dir / "meta.json").read_text())
-    atomic_write_json(fs_root / "cube" / "current.json", {
-        "version": version, "pass": version, "shards": shards, "dim": meta["embedding_dim"],
-        "slots": meta["slots"], "sparse_dim": meta["sparse_dim"], "dense": f"cube/{version}/dense/",
-        "activated_at": time.time(), "donefile_time": time.time()})
+    atomic_write_json(
+        fs_root / "cube" / "current.json",
+        {
+            "version": version,
+            "pass": version,
+            "shards": shards,
+            "dim": meta["embedding_dim"],
+            "slots": meta["slots"],
+            "sparse_dim": meta["sparse_dim"],
+            "dense": f"cube/{version}/dense/",
+            "activated_at": time.time(),
+            "donefile_time": time.time(),
+        },
+    )
 
 
 @contextlib.contextmanager
@@ -197,10 +227,25 @@ def cube_servers(cube_root: Path, shards: int, log_dir: Path, token: str = "t0ke
         urls = []
         for i in range(shards):
             port = free_port()
-            proc = stack.enter_context(process(
-                [PYTHON, "-c", "from cube.server import main; main()", "--port", str(port), "--shard", str(i),
-                 "--data", str(cube_root), "--host", "127.0.0.1"],
-                env_extra={"ELASTIC_CTR_TOKEN": token}, log_path=log_dir / f"cube-{i}.log"))
+            proc = stack.enter_context(
+                process(
+                    [
+                        PYTHON,
+                        "-c",
+                        "from cube.server import main; main()",
+                        "--port",
+                        str(port),
+                        "--shard",
+                        str(i),
+                        "--data",
+                        str(cube_root),
+                        "--host",
+                        "127.0.0.1",
+                    ],
+                    env_extra={"ELASTIC_CTR_TOKEN": token},
+                    log_path=log_dir / f"cube-{i}.log",
+                )
+            )
             urls.append((f"http://127.0.0.1:{port}", proc))
         for url, proc in urls:
             wait_healthy(url, proc)

@@ -1,4 +1,5 @@
 """Helpers for training tests and the training benchmark: small jobs on synthetic or Criteo data."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -22,8 +23,9 @@ class Job:
     slot_conf: Path
 
 
-def write_job(root: Path, *, slots, hours: int, start: dt.datetime = START, extra: str = "",
-              data: Path | None = None) -> Job:
+def write_job(
+    root: Path, *, slots, hours: int, start: dt.datetime = START, extra: str = "", data: Path | None = None
+) -> Job:
     """data.config + slot.conf for hours START..START+hours-1 over ``data`` (default root/data)."""
     root.mkdir(parents=True, exist_ok=True)
     data = data or root / "data"
@@ -31,15 +33,23 @@ def write_job(root: Path, *, slots, hours: int, start: dt.datetime = START, extr
     end = start + dt.timedelta(hours=hours - 1)
     data_config = root / "data.config"
     data_config.write_text(
-        f'export START_DATE_HR={start:%Y%m%d/%H}\nexport END_DATE_HR={end:%Y%m%d/%H}\n'
-        f'export DATASET_PATH="{data}"\nexport MODEL_PATH="{models}"\n{extra}')
+        f"export START_DATE_HR={start:%Y%m%d/%H}\nexport END_DATE_HR={end:%Y%m%d/%H}\n"
+        f'export DATASET_PATH="{data}"\nexport MODEL_PATH="{models}"\n{extra}'
+    )
     slot_conf = root / "slot.conf"
     slot_conf.write_text("".join(f"{s}\n" for s in slots))
     return Job(root, data, models, data_config, slot_conf)
 
 
-def run_training(job: Job, *, trainers: int = 2, pservers: int = 1, args: list[str] | None = None,
-                 timeout: float = 600, env: dict | None = None):
+def run_training(
+    job: Job,
+    *,
+    trainers: int = 2,
+    pservers: int = 1,
+    args: list[str] | None = None,
+    timeout: float = 600,
+    env: dict | None = None,
+):
     """Run `elastic-control train` in-process through the launcher; returns the TrainResult."""
     import os
 
@@ -49,9 +59,16 @@ def run_training(job: Job, *, trainers: int = 2, pservers: int = 1, args: list[s
 
     role_args = args if args is not None else hyperparameter_args(Hyperparameters(log_every=20))
     base_env = dict(os.environ, **(env or {}))
-    return run_local_job(trainers=trainers, pservers=pservers, data_config=str(job.data_config),
-                         slot_conf=str(job.slot_conf), model_path=str(job.models), role_args=role_args,
-                         base_env=base_env, timeout=timeout)
+    return run_local_job(
+        trainers=trainers,
+        pservers=pservers,
+        data_config=str(job.data_config),
+        slot_conf=str(job.slot_conf),
+        model_path=str(job.models),
+        role_args=role_args,
+        base_env=base_env,
+        timeout=timeout,
+    )
 
 
 def score_pass(pass_dir: Path, lines: list[str]) -> np.ndarray:
@@ -64,7 +81,7 @@ def score_pass(pass_dir: Path, lines: list[str]) -> np.ndarray:
     model = scoring.DenseModel.from_pass(info)
     out = []
     for i in range(0, len(lines), 4096):
-        out.append(scoring.score_lines(lines[i:i + 4096], info, table.lookup, model))
+        out.append(scoring.score_lines(lines[i : i + 4096], info, table.lookup, model))
     return np.concatenate(out) if out else np.zeros(0)
 
 

@@ -1,15 +1,14 @@
 """The four documented invocations (-r, -a, -l, -c) as subprocesses, through the console script and
 through `bash elastic-control.sh`, against the fake Kubernetes API; plus what users see when it fails."""
+
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 from helpers_kube_api import VOLCANO, FakeKubeAPI
 
 pytestmark = pytest.mark.e2e
@@ -32,8 +31,11 @@ def kube_env(tmp_path):
         api = FakeKubeAPI(**scenario).__enter__()
         made.append(api)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ELASTIC_CTR_", "KUBERNETES_"))}
-        env.update(KUBECONFIG=str(api.write_kubeconfig(tmp_path / f"kubeconfig-{len(made)}")),
-                   ELASTIC_CTR_STATE_DIR=str(tmp_path / f"state-{len(made)}"), ELASTIC_CTR_APPLY_TIMEOUT="60")
+        env.update(
+            KUBECONFIG=str(api.write_kubeconfig(tmp_path / f"kubeconfig-{len(made)}")),
+            ELASTIC_CTR_STATE_DIR=str(tmp_path / f"state-{len(made)}"),
+            ELASTIC_CTR_APPLY_TIMEOUT="60",
+        )
         return api, env
 
     made: list[FakeKubeAPI] = []
@@ -53,7 +55,12 @@ def test_the_four_documented_invocations(kube_env, entry):
     assert r.returncode == 0, r.stderr
     assert "rendered plan for the k8s backend" in r.stderr
     assert json.loads((state / "plan.json").read_text())["resources"] == {
-        "cpu": 4, "mem": 20, "trainers": 2, "pservers": 2, "cube_shards": 5}
+        "cpu": 4,
+        "mem": 20,
+        "trainers": 2,
+        "pservers": 2,
+        "cube_shards": 5,
+    }
     assert len(list((state / "manifests").glob("*.yaml"))) == 7
 
     r = run(entry, ["-a"], env)
@@ -100,12 +107,16 @@ def test_missing_volcano_through_the_cli(kube_env):
         "elastic-control: error: Volcano is not installed: the CRD jobs.batch.volcano.sh does not exist; install "
         "Volcano from a pinned release, e.g. `kubectl apply -f https://raw.githubusercontent.com/volcano-sh/volcano/"
         "v1.11.0/installer/volcano-development.yaml` or `helm install volcano volcano-sh/volcano --version 1.11.0 "
-        "-n volcano-system --create-namespace`"]
+        "-n volcano-system --create-namespace`"
+    ]
     assert not [c for c in api.requests if c[0] == "POST"]
 
 
 def test_status_and_delete_subcommands_honour_the_group_state_dir(tmp_path, monkeypatch, capfd):
-    """In-process through cli.main (subprocesses are covered above): `--state-dir X status` and `delete --state-dir X`."""
+    """In-process through cli.main (subprocesses are covered above).
+
+    `--state-dir X status` and `delete --state-dir X`.
+    """
     from elastic_control.cli import main
     from elastic_control.kube import adaptor
 

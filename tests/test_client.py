@@ -1,4 +1,5 @@
 """The client library and ctr-client command line (the model-backed paths are in test_serving.py)."""
+
 from __future__ import annotations
 
 import json
@@ -6,11 +7,11 @@ import subprocess
 
 import pytest
 import requests
+from helpers_serving import PYTHON, REPO, fileserver_in_thread, free_port
 
 from client.api import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, ServingClient, load_client_config, upload_configs
 from client.cli import main
 from elastic_control.errors import ConfigError, UsageError
-from helpers_serving import PYTHON, REPO, fileserver_in_thread, free_port
 
 
 @pytest.fixture
@@ -24,8 +25,16 @@ def state(tmp_path, monkeypatch):
 
 
 def test_config_from_client_json_flags_win(state):
-    (state / "client.json").write_text(json.dumps({"serving_url": "http://a:8010", "fileserver_url": "http://b:8080",
-                                                   "slot_conf": "/x/slot.conf", "slots": [1, 2]}))
+    (state / "client.json").write_text(
+        json.dumps(
+            {
+                "serving_url": "http://a:8010",
+                "fileserver_url": "http://b:8080",
+                "slot_conf": "/x/slot.conf",
+                "slots": [1, 2],
+            }
+        )
+    )
     c = load_client_config(state_dir=state)
     assert (c.serving_url, c.fileserver_url, c.slots, c.token) == ("http://a:8010", "http://b:8080", (1, 2), "t0ken")
     assert load_client_config(state_dir=state, serving_url="http://c:1").serving_url == "http://c:1"
@@ -62,8 +71,10 @@ def test_cli_errors_are_one_line_with_exit_codes(state, capsys):
     with pytest.raises(SystemExit) as e:
         main(["predict", "-", "--state-dir", str(state)])
     assert e.value.code == 2
-    assert capsys.readouterr().err.strip() == \
-        "ctr-client: error: no serving address: run `elastic-control -c` first, or pass --serving URL"
+    assert (
+        capsys.readouterr().err.strip()
+        == "ctr-client: error: no serving address: run `elastic-control -c` first, or pass --serving URL"
+    )
     with pytest.raises(SystemExit) as e:
         main(["predict", "/no/such/file", "--serving", "http://127.0.0.1:1"])
     assert e.value.code == 2
@@ -77,14 +88,24 @@ def test_health_reports_each_component(state, tmp_path, capsys):
         report = json.loads(capsys.readouterr().out)
         assert report == {"fileserver": {"status": "ok"}, "serving": "not configured"}
         with pytest.raises(SystemExit) as e:
-            main(["health", "--state-dir", str(state), "--fileserver", url,
-                  "--serving", f"http://127.0.0.1:{free_port()}"])
+            main(
+                [
+                    "health",
+                    "--state-dir",
+                    str(state),
+                    "--fileserver",
+                    url,
+                    "--serving",
+                    f"http://127.0.0.1:{free_port()}",
+                ]
+            )
         assert e.value.code == 1
 
 
 def test_entry_points_python_m_client_and_elastic_control_predict():
     out = subprocess.run([PYTHON, "-m", "client", "--help"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and "predict" in out.stdout and "upload" in out.stdout
-    out = subprocess.run([PYTHON, "-m", "elastic_control", "predict", "--help"], capture_output=True, text=True,
-                         cwd=REPO)
+    out = subprocess.run(
+        [PYTHON, "-m", "elastic_control", "predict", "--help"], capture_output=True, text=True, cwd=REPO
+    )
     assert out.returncode == 0 and "--batch-size" in out.stdout

@@ -1,4 +1,5 @@
 """slot.conf, data.config and resource-flag parsing: the values and the error messages."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -27,13 +28,16 @@ def test_slot_conf_ignores_comments_and_blank_lines():
     assert conf.to_text() == "1\n2\n3\n"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("1\nx\n", r"slot.conf:2: slot id 'x' is not an integer"),
-    ("1\n2\n1\n", r"slot.conf:3: slot 1 is listed twice \(first on line 1\)"),
-    ("-4\n", r"slot.conf:1: slot id -4 is negative"),
-    ("# only comments\n\n", r"slot.conf: no slots listed"),
-    ("", r"no slots listed"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("1\nx\n", r"slot.conf:2: slot id 'x' is not an integer"),
+        ("1\n2\n1\n", r"slot.conf:3: slot 1 is listed twice \(first on line 1\)"),
+        ("-4\n", r"slot.conf:1: slot id -4 is negative"),
+        ("# only comments\n\n", r"slot.conf: no slots listed"),
+        ("", r"no slots listed"),
+    ],
+)
 def test_slot_conf_errors_name_file_line_and_value(text, message):
     with pytest.raises(ConfigError, match=message):
         parse_slot_conf(text)
@@ -64,8 +68,10 @@ def test_data_config_values_expansion_and_quotes():
 
 
 def test_data_config_default_expansion_and_earlier_keys():
-    text = ('export START_DATE_HR=20200101/05\nexport END_DATE_HR=20200101/05\n'
-            'export ROOTX="${MISSING:-/fallback}"\nexport DATASET_PATH="${START_DATE_HR}"\n')
+    text = (
+        "export START_DATE_HR=20200101/05\nexport END_DATE_HR=20200101/05\n"
+        'export ROOTX="${MISSING:-/fallback}"\nexport DATASET_PATH="${START_DATE_HR}"\n'
+    )
     cfg = parse_data_config(text, env={})
     assert cfg.dataset_path == "20200101/05"
     assert cfg.values["ROOTX"] == "/fallback"
@@ -78,28 +84,37 @@ def test_the_example_data_config_parses(monkeypatch):
     assert cfg.sparse_dim == 1000001
 
 
-@pytest.mark.parametrize("line, message", [
-    ("export START_DATE_HR=2019-12-21", r"data.config:1: START_DATE_HR='2019-12-21' is not a date and hour in the "
-                                        r"format YYYYMMDD/HH"),
-    ("export START_DATE_HR=20191321/00", r"START_DATE_HR='20191321/00' is not a date and hour"),
-    ("export START_DATE_HR 20191221/00", r"data.config:1: cannot parse .* \(expected: export KEY=\"VALUE\"\)"),
-    ('export START_DATE_HR="20191221/00', r"data.config:1: unterminated double quote"),
-    ("export START_DATE_HR=$(date)", r"shell syntax"),
-    ("export START_DATE_HRR=20191221/00", r"unknown key 'START_DATE_HRR'; did you mean 'START_DATE_HR'\?"),
-    ("export START_DATE_HR=${UNDEFINED_THING}", r"\$\{UNDEFINED_THING\} is not defined"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "export START_DATE_HR=2019-12-21",
+            r"data.config:1: START_DATE_HR='2019-12-21' is not a date and hour in the "
+            r"format YYYYMMDD/HH",
+        ),
+        ("export START_DATE_HR=20191321/00", r"START_DATE_HR='20191321/00' is not a date and hour"),
+        ("export START_DATE_HR 20191221/00", r"data.config:1: cannot parse .* \(expected: export KEY=\"VALUE\"\)"),
+        ('export START_DATE_HR="20191221/00', r"data.config:1: unterminated double quote"),
+        ("export START_DATE_HR=$(date)", r"shell syntax"),
+        ("export START_DATE_HRR=20191221/00", r"unknown key 'START_DATE_HRR'; did you mean 'START_DATE_HR'\?"),
+        ("export START_DATE_HR=${UNDEFINED_THING}", r"\$\{UNDEFINED_THING\} is not defined"),
+    ],
+)
 def test_data_config_errors_name_file_line_and_value(line, message):
     rest = "export END_DATE_HR=20191221/01\nexport DATASET_PATH=/d\n"
     with pytest.raises(ConfigError, match=message):
         parse_data_config(line + "\n" + rest, env={})
 
 
-@pytest.mark.parametrize("extra, message", [
-    ("export SPARSE_DIM=0", r"SPARSE_DIM='0' must be a positive integer"),
-    ("export DATA_FORMAT=csv", r"DATA_FORMAT='csv' must be 'text' or 'parquet'"),
-    ("export ONLINE=maybe", r"ONLINE='maybe' must be 0 or 1"),
-    ("export END_DATE_HR=20191220/00", r"END_DATE_HR 20191220/00 is before START_DATE_HR"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("export SPARSE_DIM=0", r"SPARSE_DIM='0' must be a positive integer"),
+        ("export DATA_FORMAT=csv", r"DATA_FORMAT='csv' must be 'text' or 'parquet'"),
+        ("export ONLINE=maybe", r"ONLINE='maybe' must be 0 or 1"),
+        ("export END_DATE_HR=20191220/00", r"END_DATE_HR 20191220/00 is before START_DATE_HR"),
+    ],
+)
 def test_data_config_value_checks(extra, message):
     text = "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\nexport DATASET_PATH=/d\n" + extra + "\n"
     with pytest.raises(ConfigError, match=message):
@@ -107,8 +122,11 @@ def test_data_config_value_checks(extra, message):
 
 
 def test_data_config_required_keys():
-    with pytest.raises(ConfigError, match=r"DATASET_PATH is missing \(required keys: START_DATE_HR, END_DATE_HR, "
-                                          r"DATASET_PATH\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"DATASET_PATH is missing \(required keys: START_DATE_HR, END_DATE_HR, "
+        r"DATASET_PATH\)",
+    ):
         parse_data_config("export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n", env={})
 
 
@@ -122,13 +140,16 @@ def test_resources_accept_the_documented_example():
     assert (r.cpu, r.mem, r.cube_shards) == (4, 20, 5)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("cpu", 0, r"-u/--cpu 0 is out of range: CPU cores per trainer/pserver pod must be between 1 and 256"),
-    ("mem", 2000, r"-m/--mem 2000 is out of range"),
-    ("trainers", 0, r"-t/--trainer 0 is out of range"),
-    ("pservers", "2", r"-p/--pserver must be an integer"),
-    ("cube_shards", True, r"-b/--cube must be an integer"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cpu", 0, r"-u/--cpu 0 is out of range: CPU cores per trainer/pserver pod must be between 1 and 256"),
+        ("mem", 2000, r"-m/--mem 2000 is out of range"),
+        ("trainers", 0, r"-t/--trainer 0 is out of range"),
+        ("pservers", "2", r"-p/--pserver must be an integer"),
+        ("cube_shards", True, r"-b/--cube must be an integer"),
+    ],
+)
 def test_resources_reject_out_of_range(field, value, message):
     with pytest.raises(UsageError, match=message):
         Resources(**{field: value})

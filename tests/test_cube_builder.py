@@ -1,7 +1,7 @@
 """cube-builder, the shard file format, the fast table reader and the lookup index (no servers)."""
+
 from __future__ import annotations
 
-import json
 import subprocess
 
 import numpy as np
@@ -46,6 +46,7 @@ def test_fast_reader_agrees_on_synthetic_layouts_and_signed_key_text(tmp_path, o
     p = write_synthetic_pass(tmp_path / "pass-20240101-00", keys, values, optimizer=optimizer)
     # One part written with int64 (signed) key text: both readers must keep the bits.
     import gzip
+
     part = p / "sparse" / "000" / "part-000.gz"
     lines = gzip.open(part, "rt").read().splitlines()
     signed = [" ".join([str(np.uint64(int(ln.split()[0])).view(np.int64)), *ln.split()[1:]]) for ln in lines]
@@ -91,7 +92,9 @@ def test_build_is_deterministic_applies_sparse_dim_and_keeps_the_last_duplicate(
     m1 = build_version(pass_dir=p, shards=2, output=tmp_path / "a")
     m2 = build_version(pass_dir=p, shards=2, output=tmp_path / "b")
     for name in m1["files"]:
-        assert (tmp_path / "a" / m1["version"] / name).read_bytes() == (tmp_path / "b" / m2["version"] / name).read_bytes()
+        assert (tmp_path / "a" / m1["version"] / name).read_bytes() == (
+            tmp_path / "b" / m2["version"] / name
+        ).read_bytes()
     assert m1["rows"] == 3 and m1["input_rows"] == 5
     s1 = open_shard(tmp_path / "a" / "pass-20240101-05" / "shard-1.arrow")
     np.testing.assert_array_equal(s1.keys, [5, 7])
@@ -123,21 +126,31 @@ def test_truncated_or_corrupt_shard_files_are_refused(tmp_path):
         open_shard(bad)
 
 
-@pytest.mark.parametrize("keys", [
-    np.random.default_rng(0).integers(0, 2**64 - 1, 50_000, dtype=np.uint64, endpoint=True),
-    np.arange(0, 300_000, 7, dtype=np.uint64),              # small keys (feasign % SPARSE_DIM)
-    np.array([0, 1, 2**64 - 1], dtype=np.uint64),           # extremes
-    np.array([42], dtype=np.uint64),
-])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        np.random.default_rng(0).integers(0, 2**64 - 1, 50_000, dtype=np.uint64, endpoint=True),
+        np.arange(0, 300_000, 7, dtype=np.uint64),  # small keys (feasign % SPARSE_DIM)
+        np.array([0, 1, 2**64 - 1], dtype=np.uint64),  # extremes
+        np.array([42], dtype=np.uint64),
+    ],
+)
 def test_lookup_index_matches_a_plain_set_lookup(tmp_path, keys):
     keys = np.unique(keys)
     values = np.random.default_rng(1).standard_normal((len(keys), 3)).astype(np.float32)
     write_shard(tmp_path / "s.arrow", keys, values, version="v", shard=0, shards=1)
     index = ShardIndex(open_shard(tmp_path / "s.arrow"))
     rng = np.random.default_rng(2)
-    query = np.concatenate([keys[rng.integers(0, len(keys), 5000)], keys[:3], keys[-3:],
-                            rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64, endpoint=True),
-                            keys[:100] + np.uint64(1), np.array([0, 2**64 - 1], np.uint64)])
+    query = np.concatenate(
+        [
+            keys[rng.integers(0, len(keys), 5000)],
+            keys[:3],
+            keys[-3:],
+            rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64, endpoint=True),
+            keys[:100] + np.uint64(1),
+            np.array([0, 2**64 - 1], np.uint64),
+        ]
+    )
     got, found = index.lookup(query)
     expect_found = np.isin(query, keys)
     np.testing.assert_array_equal(found, expect_found)
@@ -147,20 +160,38 @@ def test_lookup_index_matches_a_plain_set_lookup(tmp_path, keys):
     # Small batches take the sliding-window path (below WINDOW_MAX_KEYS): same answers.
     for size in (1, 26, WINDOW_MAX_KEYS, WINDOW_MAX_KEYS + 1):
         for at in range(0, len(query), 997):
-            part = query[at:at + size]
+            part = query[at : at + size]
             got_part, found_part = index.lookup(part)
-            np.testing.assert_array_equal(found_part, expect_found[at:at + size])
-            np.testing.assert_array_equal(got_part, got[at:at + size])
+            np.testing.assert_array_equal(found_part, expect_found[at : at + size])
+            np.testing.assert_array_equal(got_part, got[at : at + size])
     rows, found_rows = index.lookup_rows(query[:26])
     assert rows.dtype == np.uint8 and rows.shape == (min(26, len(query)), 4 * 3)
     np.testing.assert_array_equal(rows.view(np.float32), got[:26])
 
 
 def test_builder_cli_reports_errors_in_one_line(tmp_path):
-    r = subprocess.run([PYTHON, "-m", "cube.builder", "--model", str(tmp_path / "nope"), "--shards", "2",
-                        "--output", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "cube.builder",
+            "--model",
+            str(tmp_path / "nope"),
+            "--shards",
+            "2",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "meta.json is missing" in r.stderr
-    r = subprocess.run([PYTHON, "-m", "cube.builder", "--model", str(tmp_path), "--shards", "0",
-                        "--output", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [PYTHON, "-m", "cube.builder", "--model", str(tmp_path), "--shards", "0", "--output", str(tmp_path / "out")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "--shards 0" in r.stderr and "Traceback" not in r.stderr

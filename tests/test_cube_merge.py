@@ -1,4 +1,5 @@
 """cube-server's fast lookup path: merged lookups answer every request with its own keys and version."""
+
 from __future__ import annotations
 
 import socket
@@ -23,21 +24,28 @@ def _head(raw: bytes):
 
 def test_fast_head_parser_takes_plain_lookups_and_passes_the_rest_on():
     assert _head(b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n\r\n") == (None, 16, True)
-    assert _head(b"POST /v1/lookup?version=pass-1 HTTP/1.1\r\ncontent-length: 8\r\nCONNECTION: Close\r\n\r\n") \
-        == ("pass-1", 8, False)
-    assert _head(b"POST /v1/lookup HTTP/1.1\r\nContent-Type: application/octet-stream\r\n"
-                 b"Connection: keep-alive\r\nContent-Length: 0\r\n\r\n") == (None, 0, True)
+    assert _head(b"POST /v1/lookup?version=pass-1 HTTP/1.1\r\ncontent-length: 8\r\nCONNECTION: Close\r\n\r\n") == (
+        "pass-1",
+        8,
+        False,
+    )
+    assert _head(
+        b"POST /v1/lookup HTTP/1.1\r\nContent-Type: application/octet-stream\r\n"
+        b"Connection: keep-alive\r\nContent-Length: 0\r\n\r\n"
+    ) == (None, 0, True)
     # Everything unusual goes to the generic parser (None), which answers or refuses it.
-    for raw in (b"POST /v1/lookup HTTP/1.0\r\nContent-Length: 8\r\n\r\n",
-                b"POST /v1/lookup?version=a%2Fb HTTP/1.1\r\nContent-Length: 8\r\n\r\n",
-                b"POST /v1/lookup?version=a&x=1 HTTP/1.1\r\nContent-Length: 8\r\n\r\n",
-                b"POST /v1/lookupx HTTP/1.1\r\nContent-Length: 8\r\n\r\n",
-                b"POST /v1/lookup HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n",
-                b"POST /v1/lookup HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-                b"POST /v1/lookup HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 8\r\n\r\n",
-                b"POST /v1/lookup HTTP/1.1\r\nContent-Length : 8\r\n\r\n",
-                b"POST /v1/lookup HTTP/1.1\r\nContent-Length: -8\r\n\r\n",
-                b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\n\r\n"):
+    for raw in (
+        b"POST /v1/lookup HTTP/1.0\r\nContent-Length: 8\r\n\r\n",
+        b"POST /v1/lookup?version=a%2Fb HTTP/1.1\r\nContent-Length: 8\r\n\r\n",
+        b"POST /v1/lookup?version=a&x=1 HTTP/1.1\r\nContent-Length: 8\r\n\r\n",
+        b"POST /v1/lookupx HTTP/1.1\r\nContent-Length: 8\r\n\r\n",
+        b"POST /v1/lookup HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n",
+        b"POST /v1/lookup HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST /v1/lookup HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 8\r\n\r\n",
+        b"POST /v1/lookup HTTP/1.1\r\nContent-Length : 8\r\n\r\n",
+        b"POST /v1/lookup HTTP/1.1\r\nContent-Length: -8\r\n\r\n",
+        b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\n\r\n",
+    ):
         assert _head(raw) is None, raw
 
 
@@ -58,7 +66,7 @@ def _read_answers(sock: socket.socket, count: int, timeout: float = 10.0) -> lis
             chunk = sock.recv(1 << 16)
             assert chunk, "connection closed mid-answer"
             buf += chunk
-        out.append((int(lines[0].split(" ")[1]), headers, buf[end + 4:total]))
+        out.append((int(lines[0].split(" ")[1]), headers, buf[end + 4 : total]))
         buf = buf[total:]
     return out
 
@@ -88,11 +96,13 @@ def two_version_server(tmp_path, request):
         p = write_synthetic_pass(tmp_path / "passes" / name, keys, values.astype(np.float32))
         build_version(pass_dir=p, shards=1, output=tmp_path / "cube")
     with cube_server(tmp_path / "cube", 0, tmp_path, extra=["--event-loop", request.param]) as (url, proc):
-        r = requests.post(f"{url}/v1/load", json={"version": OLD}, headers={"Authorization": f"Bearer {TOKEN}"},
-                          timeout=30)
+        r = requests.post(
+            f"{url}/v1/load", json={"version": OLD}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+        )
         assert r.status_code == 200, r.text
-        r = requests.post(f"{url}/v1/activate", json={"version": OLD},
-                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        r = requests.post(
+            f"{url}/v1/activate", json={"version": OLD}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+        )
         assert r.status_code == 200 and r.json()["previous"] == NEW, r.text  # NEW stays held
         yield url, keys
 
@@ -111,9 +121,9 @@ def _check_binary(answer, keys_all, query, version):
     assert headers["x-cube-version"] == version
     want, found = _expected(keys_all, query, 1.0 if version == OLD else 2.0)
     n = len(query)
-    got = np.frombuffer(body[:n * DIM * 4], "<f4").reshape(n, DIM)
+    got = np.frombuffer(body[: n * DIM * 4], "<f4").reshape(n, DIM)
     np.testing.assert_array_equal(got, want)
-    bits = np.unpackbits(np.frombuffer(body[n * DIM * 4:], np.uint8), bitorder="little")[:n].astype(bool)
+    bits = np.unpackbits(np.frombuffer(body[n * DIM * 4 :], np.uint8), bitorder="little")[:n].astype(bool)
     np.testing.assert_array_equal(bits, found)
     assert len(body) == n * DIM * 4 + (n + 7) // 8
     assert int(headers["x-cube-misses"]) == int((~found).sum())
@@ -129,15 +139,25 @@ def test_pipelined_requests_are_merged_and_each_gets_its_own_keys_and_version(tw
         query = keys[rng.integers(0, len(keys), n)]
         query[rng.random(n) < 0.2] = np.uint64(12345)  # some misses
         version = [None, NEW, OLD][i % 3]
-        extra = "Connection: keep-alive\r\n" if i % 5 == 0 else ("CONTENT-TYPE: application/octet-stream\r\n"
-                                                                 if i % 7 == 0 else "")
+        extra = (
+            "Connection: keep-alive\r\n"
+            if i % 5 == 0
+            else ("CONTENT-TYPE: application/octet-stream\r\n" if i % 7 == 0 else "")
+        )
         plan.append((_lookup(query, version, extra), "binary", query, version or OLD))
         if i == 10:
             plan.append((_lookup(keys[:0]), "empty", None, OLD))
         if i == 20:  # the generic path in the middle of merged fast-path requests
             body = b'{"keys": ["%d", "12345"]}' % int(keys[5])
-            plan.append((b"POST /v1/lookup?version=%s HTTP/1.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n" % (NEW.encode(), len(body)) + body, "json", None, NEW))
+            plan.append(
+                (
+                    b"POST /v1/lookup?version=%s HTTP/1.1\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (NEW.encode(), len(body)) + body,
+                    "json",
+                    None,
+                    NEW,
+                )
+            )
         if i == 25:
             plan.append((b"POST /v1/lookup HTTP/1.1\r\nContent-Length: 5\r\n\r\n12345", "status", 400, None))
             plan.append((_lookup(keys[:3], "pass-20990101-00"), "status", 404, None))
@@ -148,11 +168,11 @@ def test_pipelined_requests_are_merged_and_each_gets_its_own_keys_and_version(tw
         cut = len(stream) // 3 + 5  # one send holding most requests, then the rest split mid-request
         s.sendall(stream[:cut])
         time.sleep(0.05)
-        s.sendall(stream[cut:cut + 7])
+        s.sendall(stream[cut : cut + 7])
         time.sleep(0.05)
-        s.sendall(stream[cut + 7:])
+        s.sendall(stream[cut + 7 :])
         answers = _read_answers(s, len(plan))
-    for (_, kind, query, version), answer in zip(plan, answers):
+    for (_, kind, query, version), answer in zip(plan, answers, strict=True):
         if kind == "binary":
             _check_binary(answer, keys, query, version)
         elif kind == "empty":
@@ -184,7 +204,7 @@ def test_concurrent_connections_with_mixed_versions_never_cross(two_version_serv
                 version = NEW if (i + round_) % 4 == 0 else (OLD if i % 2 else None)
                 s.sendall(_lookup(query, version))
                 sent.append((query, version or OLD))
-            for s, (query, version) in zip(socks, sent):
+            for s, (query, version) in zip(socks, sent, strict=True):
                 _check_binary(_read_answers(s, 1)[0], keys, query, version)
     finally:
         for s in socks:
@@ -195,11 +215,11 @@ def test_concurrent_connections_with_mixed_versions_never_cross(two_version_serv
 def test_lookups_pipelined_before_a_broken_request_are_still_answered(two_version_server):
     url, keys = two_version_server
     host, port = url.rsplit("/", 1)[-1].split(":")
-    queries = [keys[i:i + 26] for i in (0, 100, 200)]
+    queries = [keys[i : i + 26] for i in (0, 100, 200)]
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(b"".join(_lookup(q) for q in queries) + b"GARBAGE\r\n\r\n")
         answers = _read_answers(s, 4)
         assert s.recv(100) == b""  # closed after the 400: the stream is out of sync
-    for q, answer in zip(queries, answers):
+    for q, answer in zip(queries, answers, strict=True):
         _check_binary(answer, keys, q, OLD)
     assert answers[3][0] == 400

@@ -1,4 +1,5 @@
 """cube-agent + cube-transfer against real servers and the real file server: versioned, consistent rollouts."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from helpers_cube import (PYTHON, REPO, TOKEN, add_done, agent_args, cube_processes, fileserver, free_port,
-                          server_args, write_synthetic_pass)
+from helpers_cube import (
+    PYTHON,
+    REPO,
+    TOKEN,
+    add_done,
+    agent_args,
+    cube_processes,
+    fileserver,
+    free_port,
+    server_args,
+    write_synthetic_pass,
+)
 
 from cube import transfer as transfer_mod
 from cube.client import CubeClient
@@ -39,9 +50,15 @@ class Cluster:
         return name
 
     def transfer(self, **kw) -> Transfer:
-        cfg = TransferConfig(model_path=self.root / "models", cube_root=self.root / "built", fileserver_url=self.fs_url,
-                             agents=kw.pop("agents", self.agents), token=TOKEN,
-                             retry=RetryPolicy(attempts=2, backoff=0.1, timeout=10), **kw)
+        cfg = TransferConfig(
+            model_path=self.root / "models",
+            cube_root=self.root / "built",
+            fileserver_url=self.fs_url,
+            agents=kw.pop("agents", self.agents),
+            token=TOKEN,
+            retry=RetryPolicy(attempts=2, backoff=0.1, timeout=10),
+            **kw,
+        )
         return Transfer(cfg)
 
     def actives(self) -> list[str | None]:
@@ -75,8 +92,10 @@ def test_passes_roll_out_to_every_shard_and_restart_rebuilds_nothing(cluster):
     assert timings["built"] is True and timings["freshness_s"] >= 5 and timings["prepare_s"] >= 0
     current = requests.get(f"{cluster.fs_url}/files/cube/current.json", timeout=5).json()
     assert current["version"] == first and current["shards"] == 2 and current["dense"] == f"cube/{first}/dense/"
-    assert requests.get(f"{cluster.fs_url}/files/cube/{first}/dense/inference.pdmodel", timeout=5).content \
+    assert (
+        requests.get(f"{cluster.fs_url}/files/cube/{first}/dense/inference.pdmodel", timeout=5).content
         == b"model-" + first.encode()
+    )
     with CubeClient(cluster.servers) as c:
         v, f, version = c.lookup(KEYS)
         assert version == first and f.all() and np.all(v == 1.0)
@@ -107,11 +126,13 @@ def test_corrupt_or_truncated_downloads_are_refused_and_the_old_version_keeps_se
     second = "pass-20240101-01"
     write_synthetic_pass(cluster.root / "models" / second, KEYS, np.full((len(KEYS), 4), 2.0, np.float32))
     from cube.builder import build_version
+
     manifest = build_version(pass_dir=cluster.root / "models" / second, shards=2, output=cluster.root / "built")
     entry = manifest["files"]["shard-0.arrow"]
     local = cluster.root / "built" / second / "shard-0.arrow"
-    requests.put(f"{cluster.fs_url}/files/cube/{second}/shard-0.arrow", data=local.read_bytes(), headers=AUTH,
-                 timeout=10).raise_for_status()
+    requests.put(
+        f"{cluster.fs_url}/files/cube/{second}/shard-0.arrow", data=local.read_bytes(), headers=AUTH, timeout=10
+    ).raise_for_status()
     url = f"{cluster.fs_url}/files/cube/{second}/shard-0.arrow"
     bad_sha = {"version": second, "url": url, "sha256": "0" * 64, "size": entry["size"]}
     r = requests.post(f"{cluster.agents[0]}/v1/prepare", json=bad_sha, headers=AUTH, timeout=30)
@@ -123,8 +144,12 @@ def test_corrupt_or_truncated_downloads_are_refused_and_the_old_version_keeps_se
     data = local.read_bytes()[:-100]
     requests.put(f"{cluster.fs_url}/files/cube/{second}/cut.arrow", data=data, headers=AUTH, timeout=10)
     import hashlib
-    cut = {"version": second, "url": f"{cluster.fs_url}/files/cube/{second}/cut.arrow",
-           "sha256": hashlib.sha256(data).hexdigest()}
+
+    cut = {
+        "version": second,
+        "url": f"{cluster.fs_url}/files/cube/{second}/cut.arrow",
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     r = requests.post(f"{cluster.agents[0]}/v1/prepare", json=cut, headers=AUTH, timeout=30)
     assert r.status_code == 422, r.text
     assert not (cluster.root / "shard-0" / second / "shard-0.arrow").exists()
@@ -161,10 +186,30 @@ def test_a_shard_down_during_prepare_aborts_the_rollout_everywhere(cluster):
 def _transfer_cli(cluster, env_extra=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "ELASTIC_CTR_TOKEN": TOKEN, **(env_extra or {})}
     return subprocess.run(
-        [PYTHON, "-m", "cube.transfer", "--once", "--model-path", str(cluster.root / "models"),
-         "--cube-root", str(cluster.root / "built"), "--fileserver", cluster.fs_url,
-         "--agents", ",".join(cluster.agents), "--timeout", "10", "--retries", "2"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        [
+            PYTHON,
+            "-m",
+            "cube.transfer",
+            "--once",
+            "--model-path",
+            str(cluster.root / "models"),
+            "--cube-root",
+            str(cluster.root / "built"),
+            "--fileserver",
+            cluster.fs_url,
+            "--agents",
+            ",".join(cluster.agents),
+            "--timeout",
+            "10",
+            "--retries",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_transfer_killed_mid_activation_ends_consistent_after_restart(cluster):
@@ -198,6 +243,7 @@ def test_promotion_gate_rejects_and_force_skips_it(cluster, monkeypatch):
     def fake_gate(candidate, active, rule):
         calls.append((Path(candidate).name, active and Path(active).name, rule))
         return Verdict(len(calls) == 1)
+
     monkeypatch.setattr(transfer_mod, "run_gate", fake_gate)
     t = cluster.transfer(gate_rule="auc>=baseline")
     assert t.poll_once() == first
@@ -214,11 +260,17 @@ def test_promotion_gate_rejects_and_force_skips_it(cluster, monkeypatch):
 
 
 def test_transfer_status_endpoint_and_cli_errors(cluster, tmp_path):
-    r = subprocess.run([PYTHON, "-m", "cube.transfer", "--once", "--model-path", str(tmp_path)], cwd=REPO,
-                       env={k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_CTR")},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-m", "cube.transfer", "--once", "--model-path", str(tmp_path)],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_CTR")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "ELASTIC_CTR_FILESERVER_URL" in r.stderr and "Traceback" not in r.stderr
     from cube.json_service import make_json_server, serve_in_thread
+
     t = cluster.transfer()
     server = make_json_server(host="127.0.0.1", port=0, routes=t.routes(), token=TOKEN, name="cube-transfer")
     serve_in_thread(server)

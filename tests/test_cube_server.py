@@ -1,4 +1,5 @@
 """Real cube-server processes: round trip of a real Paddle table, bad requests, version switches."""
+
 from __future__ import annotations
 
 import socket
@@ -110,16 +111,23 @@ def test_lookups_during_switches_never_mix_versions(tmp_path):
     root = tmp_path / "cube"
     # Start each server on version 00 only: a root holding just that version.
     import shutil
+
     for i in range(2):
         (tmp_path / f"d{i}").mkdir()
         shutil.copytree(root / "pass-20240101-00", tmp_path / f"d{i}" / "pass-20240101-00")
         shutil.copytree(root / "pass-20240101-01", tmp_path / f"d{i}" / ".staged-01")
-    with cube_server(tmp_path / "d0", 0, tmp_path, workers=2) as (u0, _), \
-            cube_server(tmp_path / "d1", 1, tmp_path) as (u1, _):
+    with (
+        cube_server(tmp_path / "d0", 0, tmp_path, workers=2) as (u0, _),
+        cube_server(tmp_path / "d1", 1, tmp_path) as (u1, _),
+    ):
         urls = [u0, u1]
         for i, u in enumerate(urls):
-            r = requests.post(f"{u}/v1/load", json={"version": "pass-20240101-01",
-                                                    "path": f".staged-01/shard-{i}.arrow"}, headers=AUTH, timeout=30)
+            r = requests.post(
+                f"{u}/v1/load",
+                json={"version": "pass-20240101-01", "path": f".staged-01/shard-{i}.arrow"},
+                headers=AUTH,
+                timeout=30,
+            )
             assert r.status_code == 200, r.text
             assert r.json()["prepared"] == "pass-20240101-01"
         # pinned lookups reach the prepared version before it is active
@@ -131,7 +139,7 @@ def test_lookups_during_switches_never_mix_versions(tmp_path):
             s = requests.Session()
             while not stop.is_set():
                 r = s.post(f"{u0}/v1/lookup", data=keys[keys % np.uint64(2) == 0][:500].tobytes(), timeout=5)
-                v = np.frombuffer(r.content[:500 * 16], np.float32)
+                v = np.frombuffer(r.content[: 500 * 16], np.float32)
                 want = {"pass-20240101-00": 1.0, "pass-20240101-01": 2.0}[r.headers["X-Cube-Version"]]
                 if not np.all(v == want):
                     problems.append(f"server answer mixes versions: {np.unique(v)} under {want}")

@@ -1,4 +1,5 @@
 """Readers, the batch parser, the Criteo converter and the synthetic generator (no Paddle)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -6,21 +7,24 @@ import gzip
 
 import numpy as np
 import pytest
+from helpers_train import CRITEO_FILE, START
 
 from elastic_control.config.data_config import parse_data_config
 from elastic_control.data.line_batch import batch_slot_keys, concat_batches, parse_lines, slice_batch, take_rows
 from elastic_control.data.readers import BadLineCounter, HourlyData
 from elastic_control.data.sample import parse_sample_line, slot_keys
 from elastic_control.errors import DataError
-from helpers_train import CRITEO_FILE, START
 
 BIG = (1 << 64) - 5  # a feasign above 2**63
 
 
 def _config(root, *, hours=2, extra=""):
     end = START + dt.timedelta(hours=hours - 1)
-    return parse_data_config(f'export START_DATE_HR={START:%Y%m%d/%H}\nexport END_DATE_HR={end:%Y%m%d/%H}\n'
-                             f'export DATASET_PATH="{root}"\n{extra}', env={})
+    return parse_data_config(
+        f"export START_DATE_HR={START:%Y%m%d/%H}\nexport END_DATE_HR={end:%Y%m%d/%H}\n"
+        f'export DATASET_PATH="{root}"\n{extra}',
+        env={},
+    )
 
 
 def _write_hour(root, hour, files: dict[str, bytes], done=True):
@@ -46,8 +50,12 @@ def _read_all(data: HourlyData, **kw):
 
 
 def test_vectorised_parse_matches_the_reference_parser():
-    lines = ["1 0 17241709254077376921:0 132683728328325035:1", "1 1", "3 1 5:2 5:2 18446744073709551615:7",
-             f"1 0 {BIG}:4"]
+    lines = [
+        "1 0 17241709254077376921:0 132683728328325035:1",
+        "1 1",
+        "3 1 5:2 5:2 18446744073709551615:7",
+        f"1 0 {BIG}:4",
+    ]
     batch, bad = parse_lines(lines)
     assert not bad and len(batch) == 4
     for i, ln in enumerate(lines):
@@ -74,7 +82,7 @@ def test_batch_slot_keys_follow_the_padding_rule_of_slot_keys():
             ref = slot_keys(parse_sample_line(ln), slots, sparse_dim)
             for j, (keys, lengths) in enumerate(per_slot):
                 start = int(lengths[:i].sum())
-                assert keys[start:start + lengths[i]].tolist() == ref[j].tolist()
+                assert keys[start : start + lengths[i]].tolist() == ref[j].tolist()
 
 
 def test_sparse_dim_modulo_on_full_uint64_keys():
@@ -94,8 +102,14 @@ def test_slice_concat_take_keep_lines_and_features_together():
 
 def test_plain_and_gz_text_hours_and_trainer_split(tmp_path):
     lines = _lines(40)
-    _write_hour(tmp_path, START, {"part-00000": ("\n".join(lines[:20]) + "\n").encode(),
-                                  "part-00001.gz": gzip.compress(("\n".join(lines[20:]) + "\n").encode())})
+    _write_hour(
+        tmp_path,
+        START,
+        {
+            "part-00000": ("\n".join(lines[:20]) + "\n").encode(),
+            "part-00001.gz": gzip.compress(("\n".join(lines[20:]) + "\n").encode()),
+        },
+    )
     _write_hour(tmp_path, START + dt.timedelta(hours=1), {"part-00000": ("\n".join(lines[:3]) + "\n").encode()})
     data = HourlyData(_config(tmp_path))
     assert sorted(_read_all(data)) == sorted(lines + lines[:3])
@@ -110,12 +124,18 @@ def test_parquet_hours(tmp_path):
     import pyarrow.parquet as pq
 
     folder = _write_hour(tmp_path, START, {}, done=False)
-    table = pa.table({"click": pa.array([1, 0, 5], pa.int8()),
-                      "feasigns": pa.array([[BIG, 3], [4], [1]], pa.list_(pa.uint64())),
-                      "slots": pa.array([[1, 2], [1], [1]], pa.list_(pa.int32()))})
+    table = pa.table(
+        {
+            "click": pa.array([1, 0, 5], pa.int8()),
+            "feasigns": pa.array([[BIG, 3], [4], [1]], pa.list_(pa.uint64())),
+            "slots": pa.array([[1, 2], [1], [1]], pa.list_(pa.int32())),
+        }
+    )
     pq.write_table(table, folder / "part-00000.parquet")
     (folder / "donefile").write_text("")
-    data = HourlyData(_config(tmp_path, hours=1, extra='export DATA_FORMAT="parquet"\nexport MAX_BAD_LINE_FRACTION=0.5\n'))
+    data = HourlyData(
+        _config(tmp_path, hours=1, extra='export DATA_FORMAT="parquet"\nexport MAX_BAD_LINE_FRACTION=0.5\n')
+    )
     counter = BadLineCounter(0.5)
     (part,) = list(data.partitions())
     batches = list(data.iter_batches(part, counter=counter))
@@ -168,8 +188,10 @@ def test_malformed_lines_under_and_over_the_threshold(tmp_path):
 
 
 def test_unsupported_filesystem_is_a_clear_error(tmp_path):
-    cfg = parse_data_config('export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/00\n'
-                            'export DATASET_PATH="s3://bucket/logs"\n', env={})
+    cfg = parse_data_config(
+        'export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/00\nexport DATASET_PATH="s3://bucket/logs"\n',
+        env={},
+    )
     with pytest.raises(DataError, match=r"cannot open s3://bucket/logs.*s3fs"):
         HourlyData(cfg)
 

@@ -2,6 +2,7 @@
 
 The whole main job on real components is tests/test_local_pipeline.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ def test_synthetic_data_holds_out_the_hour_after_the_training_window(tmp_path):
     assert (tmp_path / "data" / "20191221" / "02" / "donefile").exists()  # the held-out hour exists ...
     assert len(data.heldout_lines) == 400 == len(data.heldout_labels) == len(data.heldout_truth)
     assert 0.5 < data.bayes_auc <= 1.0
-    assert set(load_slot_conf(data.slot_conf).slots) >= {int(tok.split(":")[1])
-                                                        for tok in data.heldout_lines[0].split()[2:]}
+    assert set(load_slot_conf(data.slot_conf).slots) >= {
+        int(tok.split(":")[1]) for tok in data.heldout_lines[0].split()[2:]
+    }
 
 
 @pytest.mark.skipif(not CRITEO.exists(), reason=f"the real Criteo lines are not at {CRITEO}")
@@ -53,8 +55,13 @@ def test_demo_refuses_bad_arguments(tmp_path):
     with pytest.raises(UsageError, match="-t/--trainer"):
         run_demo(workdir=str(tmp_path), trainers=0)
     env = {**os.environ}
-    res = subprocess.run([sys.executable, "-m", "elastic_control", "demo", "--hours", "1", "--workdir", str(tmp_path)],
-                         capture_output=True, text=True, env=env, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "elastic_control", "demo", "--hours", "1", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
 
 
@@ -62,15 +69,21 @@ def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
     """A --keep run still going in the workdir is never wiped by the next demo."""
     from elastic_control.demo import _reset_workdir
     from elastic_control.local.layout import LocalLayout
-    from elastic_control.local.runtime import SupervisorLock, write_runtime
     from elastic_control.local.process import process_identity
+    from elastic_control.local.runtime import SupervisorLock, write_runtime
 
     layout = LocalLayout.of(tmp_path / "state")
     lock = SupervisorLock(layout)
     assert lock.acquire()
     try:
-        write_runtime(layout, {"state": "running", "components": {},
-                               "supervisor": {"pid": os.getpid(), "started": process_identity(os.getpid())}})
+        write_runtime(
+            layout,
+            {
+                "state": "running",
+                "components": {},
+                "supervisor": {"pid": os.getpid(), "started": process_identity(os.getpid())},
+            },
+        )
         (tmp_path / "models").mkdir()
         with pytest.raises(UsageError, match="still running"):
             _reset_workdir(tmp_path)
@@ -86,11 +99,21 @@ def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
 @pytest.mark.skipif(not CRITEO.exists(), reason=f"the real Criteo lines are not at {CRITEO}")
 def test_demo_on_real_criteo_lines(tmp_path):
     """The main job on converted real Criteo lines, cleaned up at the end (no --keep)."""
-    from elastic_control.demo import run_demo
     from helpers_local import processes_under
 
-    report = run_demo(workdir=str(tmp_path / "demo"), criteo=str(CRITEO), hours=2, lines_per_hour=4000,
-                      trainers=1, pservers=1, shards=2, show=False, timeout=780)
+    from elastic_control.demo import run_demo
+
+    report = run_demo(
+        workdir=str(tmp_path / "demo"),
+        criteo=str(CRITEO),
+        hours=2,
+        lines_per_hour=4000,
+        trainers=1,
+        pservers=1,
+        shards=2,
+        show=False,
+        timeout=780,
+    )
     assert report.served_version == "pass-20191221-01" and report.predictions == 4000
     assert report.golden_max_diff is not None and report.golden_max_diff < 1e-5
     assert report.bayes_auc is None and 0.0 <= report.auc <= 1.0

@@ -1,4 +1,5 @@
 """Gate rules: parsing, errors that say how to fix them, and decisions on given metrics."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,22 +11,26 @@ from elastic_control.evaluation.gate import GateRule, apply_rule, holdout_window
 
 
 def test_parse_full_rule():
-    r = GateRule.parse("auc_drop<=0.002, calibration=0.9..1.1,logloss_rise<=0.01,auc>=0.6,min_examples>=100,"
-                       "holdout_hours=2")
+    r = GateRule.parse(
+        "auc_drop<=0.002, calibration=0.9..1.1,logloss_rise<=0.01,auc>=0.6,min_examples>=100,holdout_hours=2"
+    )
     assert r.auc_drop == 0.002 and r.calibration == (0.9, 1.1) and r.logloss_rise == 0.01
     assert r.auc == 0.6 and r.min_examples == 100 and r.holdout_hours == 2
 
 
-@pytest.mark.parametrize("text,match", [
-    ("", "empty"),
-    ("auc_dorp<=0.1", "did you mean 'auc_drop'"),
-    ("auc_drop>=0.1", "takes '<='"),
-    ("calibration=1.1", "range"),
-    ("calibration=1.2..1.1", "0 < A <= B"),
-    ("auc_drop<=0.1..0.2", "only calibration"),
-    ("holdout_hours=1.5", "positive integer"),
-    ("auc_drop", "NAME<=X"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("", "empty"),
+        ("auc_dorp<=0.1", "did you mean 'auc_drop'"),
+        ("auc_drop>=0.1", "takes '<='"),
+        ("calibration=1.1", "range"),
+        ("calibration=1.2..1.1", "0 < A <= B"),
+        ("auc_drop<=0.1..0.2", "only calibration"),
+        ("holdout_hours=1.5", "positive integer"),
+        ("auc_drop", "NAME<=X"),
+    ],
+)
 def test_bad_rules_are_config_errors(text, match):
     with pytest.raises(ConfigError, match=match):
         GateRule.parse(text)

@@ -1,4 +1,5 @@
 """Evaluation metrics against scikit-learn on the same inputs (ties, single-class groups, merges)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,11 @@ from sklearn.metrics import log_loss, ndcg_score, roc_auc_score
 from elastic_control.errors import DataError
 from elastic_control.evaluation.grouped import GroupTotals, group_bucket, group_totals
 from elastic_control.evaluation.metrics import (
-    CountsBuilder, auc_from_counts, counts_from_arrays, merge_counts, summarize,
+    CountsBuilder,
+    auc_from_counts,
+    counts_from_arrays,
+    merge_counts,
+    summarize,
 )
 
 
@@ -70,7 +75,7 @@ def test_merged_chunks_are_bit_identical_to_one_table():
     assert merged == whole  # exact equality, not approximate
     builder = CountsBuilder(buffer_size=3000)
     for i in range(0, len(y), 1234):
-        builder.add(y[i:i + 1234], s[i:i + 1234])
+        builder.add(y[i : i + 1234], s[i : i + 1234])
     assert summarize(builder.result()) == whole
 
 

@@ -1,4 +1,5 @@
 """Offline evaluation and the promotion gate on real passes from a short parameter-server run."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -7,10 +8,9 @@ import os
 import subprocess
 import sys
 
+import helpers_eval as h
 import numpy as np
 import pytest
-
-import helpers_eval as h
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,7 @@ def _mlflow_store(world, monkeypatch):
 
 
 def _golden(pass_dir):
-    rows = [json.loads(l) for l in (pass_dir / "golden.jsonl").read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (pass_dir / "golden.jsonl").read_text().splitlines()]
     return [r["line"] for r in rows], np.array([r["prob"] for r in rows])
 
 
@@ -68,8 +68,14 @@ def test_golden_lines_score_to_training_probabilities(world, which):
 def _spec(world, shares, **kw):
     from elastic_control.evaluation.shares import EvalSpec
 
-    return EvalSpec.create(model=world["good"], baseline=world["bad"], data_config=world["config"], shares=shares,
-                           group_slot=h.GROUP_SLOT, **kw)
+    return EvalSpec.create(
+        model=world["good"],
+        baseline=world["bad"],
+        data_config=world["config"],
+        shares=shares,
+        group_slot=h.GROUP_SLOT,
+        **kw,
+    )
 
 
 def test_parallel_equals_single_process_and_sklearn(world, tmp_path):
@@ -84,8 +90,8 @@ def test_parallel_equals_single_process_and_sklearn(world, tmp_path):
     assert single.metrics["model"]["examples"] == 7500
     assert single.metrics["data"]["bad_lines"] == 1
     assert sum(par.metrics["data"]["share_examples"]) == 7500 and min(par.metrics["data"]["share_examples"]) > 0
-    import pyarrow.parquet as pq
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     t = pa.concat_tables([pq.read_table(f) for f in single.scored_files])
     y, s = t.column("label").to_numpy(), t.column("score").to_numpy()
@@ -113,15 +119,36 @@ def test_lost_share_is_redone_alone(world, tmp_path):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "elastic_control", *map(str, args)], capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})), timeout=300, cwd=h.REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_control", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+        timeout=300,
+        cwd=h.REPO,
+    )
 
 
 def test_cli_writes_metrics_parquet_plots_and_mlflow(world, tmp_path):
     out = tmp_path / "out"
     # One worker here (parallel runs are covered above); the module's MLflow store (already migrated).
-    r = _cli("eval", "--model", world["good"], "--baseline", world["bad"], "-f", world["config"], "--output", out,
-             "--group-slot", h.GROUP_SLOT, "--workers", 1, "--ndcg-k", 5)
+    r = _cli(
+        "eval",
+        "--model",
+        world["good"],
+        "--baseline",
+        world["bad"],
+        "-f",
+        world["config"],
+        "--output",
+        out,
+        "--group-slot",
+        h.GROUP_SLOT,
+        "--workers",
+        1,
+        "--ndcg-k",
+        5,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ndcg@5" in r.stderr and "auc" in r.stderr
     metrics = json.loads((out / "metrics.json").read_text())
@@ -135,8 +162,9 @@ def test_cli_writes_metrics_parquet_plots_and_mlflow(world, tmp_path):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs([client.get_experiment_by_name("elastic-ctr").experiment_id],
-                              filter_string="params.ndcg_k = '5'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("elastic-ctr").experiment_id], filter_string="params.ndcg_k = '5'"
+    )
     run = [x for x in runs if x.info.run_name.startswith("eval-")][0]
     assert run.data.metrics["auc"] == pytest.approx(metrics["model"]["auc"])
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -181,8 +209,9 @@ def test_gate_rejects_worse_pass_and_promotes_better(world):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs([client.get_experiment_by_name("elastic-ctr").experiment_id],
-                              filter_string="tags.`gate.decision` = 'rejected'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("elastic-ctr").experiment_id], filter_string="tags.`gate.decision` = 'rejected'"
+    )
     assert any(r.data.tags["gate.pass"] == "pass-bad" for r in runs)
 
 
@@ -197,12 +226,12 @@ def test_gate_without_holdout_data_fails_closed(world, tmp_path):
 def test_shadow_scoring_beside_live_serving(world, tmp_path):
     """Real serving (active = good pass) with the candidate (bad pass) shadow-scored on the same requests."""
     import requests
+    from helpers_serving import serving_in_thread
 
     from elastic_control.atomic import append_line_durably
     from elastic_control.evaluation.pass_scorer import PassScorer
     from elastic_control.evaluation.shadow import ShadowScorer, shadow_report
     from elastic_control.serving.versions import ModelDirSource
-    from helpers_serving import serving_in_thread
 
     models = world["good"].parent
     donefile = models / "donefile"
@@ -215,13 +244,14 @@ def test_shadow_scoring_beside_live_serving(world, tmp_path):
         srv.app.add_after_response_hook(shadow)
         served = []
         for i in range(0, 200, 50):
-            r = requests.post(f"{srv.url}/v1/predict", json={"instances": [{"line": l} for l in lines[i:i + 50]]},
-                              timeout=30)
+            r = requests.post(
+                f"{srv.url}/v1/predict", json={"instances": [{"line": ln} for ln in lines[i : i + 50]]}, timeout=30
+            )
             assert r.status_code == 200, r.text
             served += r.json()["predictions"]
         shadow.flush()
     shadow.close()
-    records = [json.loads(l) for l in log.read_text().splitlines()]
+    records = [json.loads(ln) for ln in log.read_text().splitlines()]
     active = np.concatenate([r["active"] for r in records])
     candidate = np.concatenate([r["candidate"] for r in records])
     assert shadow.counters["instances"] == 200 and shadow.counters["errors"] == 0
@@ -253,16 +283,39 @@ def test_serve_shadow_flag_logs_candidate_scores(world, tmp_path):
     (models / world["good"].name).symlink_to(world["good"])
     log = tmp_path / "shadow.jsonl"
     port = h.free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "elastic_control", "serve", "--host", "127.0.0.1", "--port",
-                             str(port), "--model-dir", models, "--workers", "1", "--shadow", world["bad"],
-                             "--shadow-log", log], cwd=h.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "elastic_control",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model-dir",
+            models,
+            "--workers",
+            "1",
+            "--shadow",
+            world["bad"],
+            "--shadow-log",
+            log,
+        ],
+        cwd=h.REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         lines, _ = _golden(world["good"])
         deadline = time.monotonic() + 120
         while True:
             try:
-                r = requests.post(f"http://127.0.0.1:{port}/v1/predict",
-                                  json={"instances": [{"line": l} for l in lines[:20]]}, timeout=10)
+                r = requests.post(
+                    f"http://127.0.0.1:{port}/v1/predict",
+                    json={"instances": [{"line": ln} for ln in lines[:20]]},
+                    timeout=10,
+                )
                 if r.status_code == 200:
                     break
             except requests.ConnectionError:
@@ -301,13 +354,25 @@ def test_rejected_pass_never_reaches_cube(world, tmp_path, monkeypatch):
         port = h.free_port()
         data = tmp_path / "shard-0"
         data.mkdir()
-        started = stack.enter_context(cube_processes(
-            [("server", server_args(data, 0, port=port), "server-0"),
-             ("agent", agent_args(data, 0, f"http://127.0.0.1:{port}"), "agent-0")], tmp_path))
+        started = stack.enter_context(
+            cube_processes(
+                [
+                    ("server", server_args(data, 0, port=port), "server-0"),
+                    ("agent", agent_args(data, 0, f"http://127.0.0.1:{port}"), "agent-0"),
+                ],
+                tmp_path,
+            )
+        )
         server_url, agent_url = started[0][0], started[1][0]
-        cfg = TransferConfig(model_path=models, cube_root=tmp_path / "built", fileserver_url=fs_url,
-                             agents=[agent_url], token=TOKEN, gate_rule="auc_drop<=0.002,calibration=0.5..2",
-                             retry=RetryPolicy(attempts=2, backoff=0.1, timeout=30))
+        cfg = TransferConfig(
+            model_path=models,
+            cube_root=tmp_path / "built",
+            fileserver_url=fs_url,
+            agents=[agent_url],
+            token=TOKEN,
+            gate_rule="auc_drop<=0.002,calibration=0.5..2",
+            retry=RetryPolicy(attempts=2, backoff=0.1, timeout=30),
+        )
         t = Transfer(cfg)
         add_done(models, good)
         assert t.poll_once() == good

@@ -1,4 +1,5 @@
 """The coordinator re-runs only a failed share, reuses complete partials, and refuses mixed partials."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,10 +29,24 @@ def fake_run_share(spec, index, partials, calls, fail_once=()):
     with staged_directory(share_dir(partials, index, spec.shares)) as tmp:
         with open(tmp / "model.npz", "wb") as f:
             np.savez(f, **counts_from_arrays(y, s).to_arrays())
-        atomic_write_json(tmp / SHARE_JSON, {"spec": spec.to_json(), "index": index, "shares": spec.shares,
-                                             "buckets": 0, "model_pass": "pass-a", "baseline_pass": None,
-                                             "examples": len(y), "grouped_examples": 0, "lines": len(y),
-                                             "bad_lines": 0, "bad_examples": [], "hours": [], "seconds": 0})
+        atomic_write_json(
+            tmp / SHARE_JSON,
+            {
+                "spec": spec.to_json(),
+                "index": index,
+                "shares": spec.shares,
+                "buckets": 0,
+                "model_pass": "pass-a",
+                "baseline_pass": None,
+                "examples": len(y),
+                "grouped_examples": 0,
+                "lines": len(y),
+                "bad_lines": 0,
+                "bad_examples": [],
+                "hours": [],
+                "seconds": 0,
+            },
+        )
     return {"examples": len(y), "seconds": 0}
 
 
@@ -40,7 +55,7 @@ def test_failed_share_is_retried_alone_and_result_is_exact(tmp_path, monkeypatch
     monkeypatch.setattr(parallel, "run_share", lambda spec, i, p: fake_run_share(spec, i, p, calls, fail_once={1}))
     result = parallel.evaluate(SPEC, workers=1, partials=tmp_path)
     assert calls == [0, 1, 1, 2]
-    ys, ss = zip(*(_data(i) for i in range(3)))
+    ys, ss = zip(*(_data(i) for i in range(3)), strict=True)
     whole = summarize(counts_from_arrays(np.concatenate(ys), np.concatenate(ss)))
     assert result.metrics["model"] == {**whole, "pass": "pass-a"}
     # A second run finds every share complete and runs nothing.

@@ -1,4 +1,5 @@
 """The file server, really listening on loopback: API, atomicity, token, size limit, no path escapes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,11 +10,10 @@ import time
 
 import pytest
 import requests
+from helpers_serving import PYTHON, fileserver_in_thread, free_port, process, raw_request, status_of, wait_healthy
 
 from elastic_control.fileserver.client import FileServerClient, FileServerError, NotFound
 from elastic_control.fileserver.paths import STAGING_DIR
-from helpers_serving import (PYTHON, fileserver_in_thread, free_port, process, raw_request, status_of,
-                                   wait_healthy)
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -45,7 +45,8 @@ def test_put_get_list_delete_roundtrip(served):
     listing = requests.get(f"{url}/files/cube/").json()
     assert listing["entries"] == [{"name": "v1", "size": 0, "is_dir": True}]
     assert requests.get(f"{url}/files/cube/v1/").json()["entries"] == [
-        {"name": "shard-0.arrow", "size": len(body), "is_dir": False}]
+        {"name": "shard-0.arrow", "size": len(body), "is_dir": False}
+    ]
     # The staging folder never shows in the root listing.
     assert [e["name"] for e in requests.get(f"{url}/files/").json()["entries"]] == ["cube"]
     assert requests.delete(f"{url}/files/cube/v1/shard-0.arrow", headers=AUTH).status_code == 200
@@ -80,8 +81,9 @@ def test_sha_mismatch_refused_and_previous_file_kept(served):
     r = requests.put(f"{url}/files/a.txt", data=b"new", headers={**AUTH, "X-Content-Sha256": "0" * 64})
     assert r.status_code == 400 and "sha256 mismatch" in r.json()["error"]
     assert (root / "a.txt").read_bytes() == b"old"
-    ok = requests.put(f"{url}/files/a.txt", data=b"new",
-                      headers={**AUTH, "X-Content-Sha256": hashlib.sha256(b"new").hexdigest()})
+    ok = requests.put(
+        f"{url}/files/a.txt", data=b"new", headers={**AUTH, "X-Content-Sha256": hashlib.sha256(b"new").hexdigest()}
+    )
     assert ok.status_code == 201 and (root / "a.txt").read_bytes() == b"new"
 
 
@@ -105,8 +107,9 @@ def test_writes_need_the_token(served, tmp_path):
 
 def test_expect_continue_refused_before_the_body(served):
     url, root = served
-    reply = raw_request(port_of(url), b"PUT /files/big HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
-                                      b"Expect: 100-continue\r\n\r\n")
+    reply = raw_request(
+        port_of(url), b"PUT /files/big HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"
+    )
     assert status_of(reply) == 401 and not (root / "big").exists()
 
 
@@ -153,8 +156,10 @@ def escape_setup(tmp_path):
 def test_no_path_escapes_the_root(escape_setup, path, method):
     url, tmp = escape_setup
     body = b"pwned"
-    req = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-           f"Content-Length: {len(body) if method == 'PUT' else 0}\r\nConnection: close\r\n\r\n").encode()
+    req = (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Length: {len(body) if method == 'PUT' else 0}\r\nConnection: close\r\n\r\n"
+    ).encode()
     reply = raw_request(port_of(url), req + (body if method == "PUT" else b""))
     assert status_of(reply) in (400, 404), reply[:300]
     assert b"secret" not in reply
@@ -181,8 +186,11 @@ def test_interrupted_upload_leaves_previous_file(served):
     url, root = served
     assert requests.put(f"{url}/files/shard", data=b"previous", headers=AUTH).status_code == 201
     s = socket.create_connection(("127.0.0.1", port_of(url)))
-    s.sendall(f"PUT /files/shard HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-              f"Content-Length: 1000000\r\n\r\n".encode() + b"z" * 400_000)
+    s.sendall(
+        f"PUT /files/shard HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Length: 1000000\r\n\r\n".encode()
+        + b"z" * 400_000
+    )
     time.sleep(0.2)
     s.close()  # the client dies mid-body
     deadline = time.monotonic() + 10
@@ -230,9 +238,22 @@ def test_errors_are_json_and_server_keeps_serving(served):
 @pytest.mark.e2e
 def test_fileserver_command_runs_as_a_process(tmp_path):
     port = free_port()
-    with process([PYTHON, "-m", "elastic_control", "fileserver", "--root", str(tmp_path / "r"),
-                  "--host", "127.0.0.1", "--port", str(port)],
-                 env_extra={"ELASTIC_CTR_TOKEN": TOKEN}, log_path=tmp_path / "fs.log") as proc:
+    with process(
+        [
+            PYTHON,
+            "-m",
+            "elastic_control",
+            "fileserver",
+            "--root",
+            str(tmp_path / "r"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env_extra={"ELASTIC_CTR_TOKEN": TOKEN},
+        log_path=tmp_path / "fs.log",
+    ) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc)
         assert requests.put(f"{url}/files/slot.conf", data=b"1\n2\n", headers=AUTH).status_code == 201

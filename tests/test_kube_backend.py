@@ -1,4 +1,5 @@
 """The Kubernetes backend (real `kubernetes` client) against a local server answering the API paths it uses."""
+
 from __future__ import annotations
 
 import json
@@ -7,12 +8,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers_kube import render_plan
+from helpers_kube_api import VOLCANO, FakeKubeAPI
 
 from elastic_control.backends.kube_backend import KubeBackend, expected_pods
 from elastic_control.errors import ApplyError, ClusterUnavailableError
 from elastic_control.kube import adaptor
-from helpers_kube import render_plan
-from helpers_kube_api import VOLCANO, FakeKubeAPI
 
 pytestmark = pytest.mark.e2e
 
@@ -71,14 +72,20 @@ def test_apply_creates_everything_then_replaces_the_job_by_delete_wait_create(cl
     first_job_uid = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"]
     # Preflight came first: namespace, CRD, queue.
     paths = [p for _, p, _ in cluster.requests]
-    assert paths.index("/api/v1/namespaces/default") < paths.index(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobs.batch.volcano.sh") < paths.index(
-        "/apis/scheduling.volcano.sh/v1beta1/queues/default") < paths.index("/api/v1/namespaces/default/configmaps")
+    assert (
+        paths.index("/api/v1/namespaces/default")
+        < paths.index("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobs.batch.volcano.sh")
+        < paths.index("/apis/scheduling.volcano.sh/v1beta1/queues/default")
+        < paths.index("/api/v1/namespaces/default/configmaps")
+    )
 
     cluster.requests.clear()
     backend.apply(plan)
-    job_calls = [(m, q) for m, p, q in cluster.requests if "/jobs" in p or ("/pods" in p and
-                                                                          "volcano.sh/job-name" in q.get("labelSelector", ""))]
+    job_calls = [
+        (m, q)
+        for m, p, q in cluster.requests
+        if "/jobs" in p or ("/pods" in p and "volcano.sh/job-name" in q.get("labelSelector", ""))
+    ]
     methods = [m for m, _ in job_calls]
     # DELETE, then GETs until the job and its pods are gone, then POST.
     assert methods.index("DELETE") < methods.index("POST")
@@ -104,12 +111,22 @@ def test_dry_run_client_never_contacts_the_cluster(cluster, tmp_path, capsys):
     assert "Job default/elastic-ctr (would be created or replaced)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("cluster, message", [
-    ({"crd_installed": False}, r"Volcano is not installed: the CRD jobs.batch.volcano.sh does not exist; install "
-                               r"Volcano from a pinned release"),
-    ({"queue_state": "Closed"}, r"Volcano queue 'default' is Closed, so it accepts no jobs: open it with `vcctl"),
-    ({"namespaces": ("kube-system",)}, r"namespace 'default' does not exist: create it with `kubectl create namespace"),
-], indirect=["cluster"])
+@pytest.mark.parametrize(
+    "cluster, message",
+    [
+        (
+            {"crd_installed": False},
+            r"Volcano is not installed: the CRD jobs.batch.volcano.sh does not exist; install "
+            r"Volcano from a pinned release",
+        ),
+        ({"queue_state": "Closed"}, r"Volcano queue 'default' is Closed, so it accepts no jobs: open it with `vcctl"),
+        (
+            {"namespaces": ("kube-system",)},
+            r"namespace 'default' does not exist: create it with `kubectl create namespace",
+        ),
+    ],
+    indirect=["cluster"],
+)
 def test_preflight_explains_how_to_fix(cluster, tmp_path, message):
     plan = _plan(tmp_path)
     with pytest.raises(ClusterUnavailableError, match=message):
@@ -121,9 +138,12 @@ def test_preflight_explains_how_to_fix(cluster, tmp_path, message):
 def test_unschedulable_pods_are_explained_from_events(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "1")
     plan = _plan(tmp_path)
-    with pytest.raises(ApplyError, match=r"6/10 pods running, not running after 1s: pod elastic-ctr-pserver-0 cannot "
-                                         r"be scheduled: 0/3 nodes are available: 3 Insufficient cpu; lower -u "
-                                         r"\(now 4\), or add nodes"):
+    with pytest.raises(
+        ApplyError,
+        match=r"6/10 pods running, not running after 1s: pod elastic-ctr-pserver-0 cannot "
+        r"be scheduled: 0/3 nodes are available: 3 Insufficient cpu; lower -u "
+        r"\(now 4\), or add nodes",
+    ):
         KubeBackend().apply(plan)
     assert _calls(cluster, "GET", "/events")
 
@@ -136,15 +156,28 @@ def test_image_pull_failure_is_explained(cluster, tmp_path, monkeypatch):
     def pull_fails(ns, name, template, labels, **kw):
         pod = original(ns, name, template, labels, **kw)
         if "serving" in name:
-            pod["status"] = {"phase": "Pending", "containerStatuses": [{
-                "name": "serving", "ready": False, "restartCount": 0, "image": template["spec"]["containers"][0]["image"],
-                "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling"}}}]}
+            pod["status"] = {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": "serving",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": template["spec"]["containers"][0]["image"],
+                        "imageID": "",
+                        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling"}},
+                    }
+                ],
+            }
             cluster.event(ns, name, "Failed", "Failed to pull image: not found")
         return pod
 
     cluster._make_pod = pull_fails
-    with pytest.raises(ApplyError, match=r"a pod cannot start: pod elastic-ctr-serving-.* cannot pull image "
-                                         r"'registry.invalid/elastic-ctr:nope' \(ImagePullBackOff: Failed to pull image"):
+    with pytest.raises(
+        ApplyError,
+        match=r"a pod cannot start: pod elastic-ctr-serving-.* cannot pull image "
+        r"'registry.invalid/elastic-ctr:nope' \(ImagePullBackOff: Failed to pull image",
+    ):
         KubeBackend().apply(plan)
 
 
@@ -177,10 +210,12 @@ def test_logs_show_trainer0_fileserver_and_transfer(cluster, tmp_path, monkeypat
     out = capsys.readouterr().out
     assert "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52" in out
     assert "[elastic-ctr-fileserver-" in out and "[elastic-ctr-cube-transfer-" in out
-    trainer_query = next(q for m, p, q in cluster.requests if p.endswith("/pods") and "task-spec" in
-                         q.get("labelSelector", ""))
-    assert trainer_query["labelSelector"] == ("volcano.sh/job-name=elastic-ctr,volcano.sh/task-spec=trainer,"
-                                              "volcano.sh/task-index=0")
+    trainer_query = next(
+        q for m, p, q in cluster.requests if p.endswith("/pods") and "task-spec" in q.get("labelSelector", "")
+    )
+    assert trainer_query["labelSelector"] == (
+        "volcano.sh/job-name=elastic-ctr,volcano.sh/task-spec=trainer,volcano.sh/task-index=0"
+    )
 
 
 class _SlotConfServer(BaseHTTPRequestHandler):
@@ -228,8 +263,10 @@ def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, 
     KubeBackend().apply(plan)
     capsys.readouterr()
     # Port 8080 on this machine may be anything; make sure the fetch cannot reach a stranger's server.
-    monkeypatch.setattr("elastic_control.kube.discover.fetch_slot_conf",
-                        lambda url: (_ for _ in ()).throw(__import__("requests").ConnectionError("refused")))
+    monkeypatch.setattr(
+        "elastic_control.kube.discover.fetch_slot_conf",
+        lambda url: (_ for _ in ()).throw(__import__("requests").ConnectionError("refused")),
+    )
     path = KubeBackend().configure_client(plan)
     err = capsys.readouterr().err
     assert "kubectl port-forward -n default svc/elastic-ctr-serving 8010:8010" in err
@@ -241,7 +278,9 @@ def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, 
 
 def test_configure_client_before_apply_says_so(cluster, tmp_path):
     plan = _plan(tmp_path)
-    with pytest.raises(ApplyError, match=r"Service default/elastic-ctr-serving: not found: run `elastic-control -a` first"):
+    with pytest.raises(
+        ApplyError, match=r"Service default/elastic-ctr-serving: not found: run `elastic-control -a` first"
+    ):
         KubeBackend().configure_client(plan)
 
 
@@ -270,7 +309,10 @@ def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch):
     api.url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     adaptor.reset()
-    with pytest.raises(ClusterUnavailableError, match=rf"cannot reach the Kubernetes API server at "
-                                                      rf"http://127.0.0.1:{port} while reading namespace default"):
+    with pytest.raises(
+        ClusterUnavailableError,
+        match=rf"cannot reach the Kubernetes API server at "
+        rf"http://127.0.0.1:{port} while reading namespace default",
+    ):
         KubeBackend().apply(plan)
     adaptor.reset()

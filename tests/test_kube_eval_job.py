@@ -1,6 +1,7 @@
 """The cluster evaluation: rendered Volcano jobs (strict schema, webhook rules, golden), and
 `eval submit` against the fake API server with a fake Volcano controller, once with stub pods and once
 running the rendered worker/merge command lines as real local processes."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -11,16 +12,16 @@ import sys
 
 import pytest
 import yaml
+from helpers_kube import REPO, render_plan
+from helpers_kube_api import VOLCANO, FakeKubeAPI
+from helpers_kube_eval import VolcanoEvalController, local_pod_runner
+from helpers_kube_schema import validate_volcano_job
 
 from elastic_control.errors import UsageError
 from elastic_control.kube import constants as k
 from elastic_control.kube.eval_job import EvalJobRequest, render_eval_job
 from elastic_control.kube.render import RenderInputs, load_manifests
 from elastic_control.kube.volcano_rules import volcano_job_problems
-from helpers_kube import REPO, render_plan
-from helpers_kube_api import VOLCANO, FakeKubeAPI
-from helpers_kube_eval import VolcanoEvalController, local_pod_runner
-from helpers_kube_schema import validate_volcano_job
 
 GOLDEN = REPO / "tests" / "golden" / "eval-job"
 
@@ -43,8 +44,15 @@ def _entry(job):
 
 REQUESTS = [
     dict(model="pass-20191221-00", workers=1),
-    dict(model="pass-20191221-05", baseline="pass-20191221-04", workers=8, group_slot=3, ndcg_k=5,
-         start="20191221/06", end="20191221/07"),
+    dict(
+        model="pass-20191221-05",
+        baseline="pass-20191221-04",
+        workers=8,
+        group_slot=3,
+        ndcg_k=5,
+        start="20191221/06",
+        end="20191221/07",
+    ),
     dict(model="/var/lib/elastic-ctr/models/pass-20191221-00", workers=512, run="daily1"),
 ]
 
@@ -70,27 +78,38 @@ def test_worker_and_merge_jobs_follow_the_contract(tmp_path):
     (task,) = spec["tasks"]
     assert task["name"] == "worker" and task["replicas"] == 6
     assert spec["minAvailable"] == 1 and spec["minSuccess"] == 6 and spec["plugins"] == {"env": []}
-    assert {(p["event"], p["action"]) for p in task["policies"]} == {("PodFailed", "RestartTask"),
-                                                                      ("PodEvicted", "RestartTask")}
+    assert {(p["event"], p["action"]) for p in task["policies"]} == {
+        ("PodFailed", "RestartTask"),
+        ("PodEvicted", "RestartTask"),
+    }
     entry = _entry(files.workers_job)
     root = f"/var/lib/elastic-ctr/eval/{files.run}"
-    assert entry == ("exec elastic-control eval --model /var/lib/elastic-ctr/models/pass-20191221-05 "
-                     "--baseline /var/lib/elastic-ctr/models/pass-20191221-04 -f /etc/elastic-ctr/data.config "
-                     "--group-slot 3 --ndcg-k 10 "
-                     '--shard "${VC_TASK_INDEX:?the Volcano env plugin did not set VC_TASK_INDEX}/6" '
-                     f"--partial-out {root}/partials")
+    assert entry == (
+        "exec elastic-control eval --model /var/lib/elastic-ctr/models/pass-20191221-05 "
+        "--baseline /var/lib/elastic-ctr/models/pass-20191221-04 -f /etc/elastic-ctr/data.config "
+        "--group-slot 3 --ndcg-k 10 "
+        '--shard "${VC_TASK_INDEX:?the Volcano env plugin did not set VC_TASK_INDEX}/6" '
+        f"--partial-out {root}/partials"
+    )
     # The shell gives each worker its own share; nothing else differs between them.
-    shards = [subprocess.run(["/bin/sh", "-c", entry.replace("exec elastic-control", "echo")],
-                             env={"VC_TASK_INDEX": str(i), "PATH": os.environ["PATH"]}, capture_output=True,
-                             text=True).stdout.split() for i in range(6)]
+    shards = [
+        subprocess.run(
+            ["/bin/sh", "-c", entry.replace("exec elastic-control", "echo")],
+            env={"VC_TASK_INDEX": str(i), "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        for i in range(6)
+    ]
     assert [s[s.index("--shard") + 1] for s in shards] == [f"{i}/6" for i in range(6)]
     assert len({tuple(x for x in s if "/6" not in x) for s in shards}) == 1
     missing = subprocess.run(["/bin/sh", "-c", entry], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert missing.returncode != 0 and "did not set VC_TASK_INDEX" in missing.stderr
     merge = files.merge_job
     container = merge["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
-    assert container["command"][2] == (f"exec elastic-control eval merge --partial-out {root}/partials "
-                                       f"--output {root}/out --json")
+    assert container["command"][2] == (
+        f"exec elastic-control eval merge --partial-out {root}/partials --output {root}/out --json"
+    )
     assert {"name": "MLFLOW_TRACKING_URI", "value": "http://elastic-ctr-mlflow:8111"} in container["env"]
     # The same evaluation gets the same run (a resubmission reuses its partials); another one does not.
     _, again = _render(tmp_path / "again", request)
@@ -100,15 +119,25 @@ def test_worker_and_merge_jobs_follow_the_contract(tmp_path):
 
 def test_cube_transfer_records_gate_decisions_on_the_mlflow_server(tmp_path):
     _, manifests = render_plan(tmp_path / "state")
-    transfer = next(d for d in load_manifests(manifests)
-                    if d["kind"] == "Deployment" and d["metadata"]["name"] == "elastic-ctr-cube-transfer")
+    transfer = next(
+        d
+        for d in load_manifests(manifests)
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "elastic-ctr-cube-transfer"
+    )
     env = {e["name"]: e.get("value") for e in transfer["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MLFLOW_TRACKING_URI"] == "http://elastic-ctr-mlflow:8111"
 
 
 def test_golden_eval_job(tmp_path):
-    request = EvalJobRequest(model="pass-20191221-05", baseline="pass-20191221-04", workers=4, group_slot=3,
-                             start="20191221/06", end="20191221/07", run="golden")
+    request = EvalJobRequest(
+        model="pass-20191221-05",
+        baseline="pass-20191221-04",
+        workers=4,
+        group_slot=3,
+        start="20191221/06",
+        end="20191221/07",
+        run="golden",
+    )
     _, files = _render(tmp_path, request)
     for path in (files.workers_path, files.merge_path):
         golden = GOLDEN / path.name
@@ -119,15 +148,18 @@ def test_golden_eval_job(tmp_path):
         assert path.read_text() == golden.read_text(), f"{path.name} differs from {golden}; UPDATE_GOLDEN=1 if intended"
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(model="pass 1", workers=2), "must be a pass name"),
-    (dict(model="../pass", workers=2), "must be a pass name"),
-    (dict(model="p", workers=0), "between 1 and 512"),
-    (dict(model="p", workers=513), "between 1 and 512"),
-    (dict(model="p", workers=2, run="Nightly_1"), "short name"),
-    (dict(model="p", workers=2, start="2019-12-21"), "YYYYMMDD/HH"),
-    (dict(model="p", workers=2, start="20191221/05", end="20191221/04"), "before --start"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(model="pass 1", workers=2), "must be a pass name"),
+        (dict(model="../pass", workers=2), "must be a pass name"),
+        (dict(model="p", workers=0), "between 1 and 512"),
+        (dict(model="p", workers=513), "between 1 and 512"),
+        (dict(model="p", workers=2, run="Nightly_1"), "short name"),
+        (dict(model="p", workers=2, start="2019-12-21"), "YYYYMMDD/HH"),
+        (dict(model="p", workers=2, start="20191221/05", end="20191221/04"), "before --start"),
+    ],
+)
 def test_bad_requests_are_refused_before_rendering(tmp_path, fields, message):
     with pytest.raises(UsageError, match=message):
         _render(tmp_path, EvalJobRequest(**fields))
@@ -140,27 +172,52 @@ def test_pod_names_that_would_be_too_long_are_refused(tmp_path):
 
 # ---- eval submit against the fake API server ------------------------------------------------------------------
 
+
 def _deployment(api, job="elastic-ctr", ns="default"):
     """What `-a` leaves behind that the evaluation pods mount."""
-    api._put("v1", "configmaps", ns, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{job}-config"},
-                                       "data": {"data.config": "", "slot.conf": ""}})
-    api._put("v1", "persistentvolumeclaims", ns, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": f"{job}-shared"},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-        "status": {"phase": "Bound"}})
+    api._put(
+        "v1",
+        "configmaps",
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{job}-config"},
+            "data": {"data.config": "", "slot.conf": ""},
+        },
+    )
+    api._put(
+        "v1",
+        "persistentvolumeclaims",
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": f"{job}-shared"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound"},
+        },
+    )
 
 
 def _submit(state, kubeconfig, *args, timeout=300):
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), ELASTIC_CTR_STATE_DIR=str(state))
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.run([sys.executable, "-m", "elastic_control", "eval", "submit", *map(str, args),
-                           "--poll-interval", "0.2"], capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_control", "eval", "submit", *map(str, args), "--poll-interval", "0.2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def _stub_pods(worker_code=0, worker_log=("share scored",)):
-    metrics = {"model": {"pass": "pass-20191221-00", "auc": 0.75, "logloss": 0.5, "examples": 10},
-               "data": {"window": {"start": "20191221/00", "end": "20191221/01"}, "shares": 3}}
+    metrics = {
+        "model": {"pass": "pass-20191221-00", "auc": 0.75, "logloss": 0.5, "examples": 10},
+        "data": {"window": {"start": "20191221/00", "end": "20191221/01"}, "shares": 3},
+    }
 
     def run(pod, kill_after=None):
         if kill_after is not None:
@@ -168,6 +225,7 @@ def _stub_pods(worker_code=0, worker_log=("share scored",)):
         if pod["metadata"]["labels"]["volcano.sh/task-spec"] == "merge":
             return 0, ["merging", json.dumps(metrics), "✓ wrote metrics.json"]
         return worker_code, list(worker_log)
+
     return run
 
 
@@ -177,8 +235,7 @@ def test_submit_runs_workers_then_merge_and_survives_a_lost_worker(tmp_path):
     with FakeKubeAPI(on_volcano_job=controller, job_delete_delay=0.05) as api:
         _deployment(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        r = _submit(plan.state_path, kubeconfig, "--model", "pass-20191221-00", "--workers", 3, "--run", "t1",
-                    "--json")
+        r = _submit(plan.state_path, kubeconfig, "--model", "pass-20191221-00", "--workers", 3, "--run", "t1", "--json")
         controller.join()
         assert r.returncode == 0, r.stderr[-3000:]
         assert json.loads(r.stdout)["model"]["auc"] == 0.75
@@ -188,16 +245,19 @@ def test_submit_runs_workers_then_merge_and_survives_a_lost_worker(tmp_path):
         # Lost worker 2 ran twice; Volcano's RestartTask recreated its siblings too (their shares exit at once).
         assert controller.attempts[("elastic-ctr-eval-t1", "worker", 2)] == 2
         # The merge job is created only after the worker job completed.
-        assert controller.created == [("elastic-ctr-eval-t1", {}),
-                                      ("elastic-ctr-merge-t1", {"elastic-ctr-eval-t1": "Completed"})]
+        assert controller.created == [
+            ("elastic-ctr-eval-t1", {}),
+            ("elastic-ctr-merge-t1", {"elastic-ctr-eval-t1": "Completed"}),
+        ]
         assert api.get(VOLCANO, "jobs", "default", "elastic-ctr-merge-t1")["status"]["state"]["phase"] == "Completed"
         assert (plan.state_path / "eval" / "t1" / "10-eval-workers.yaml").exists()
 
 
 def test_submit_reports_a_worker_that_keeps_failing(tmp_path):
     plan, _ = render_plan(tmp_path / "state")
-    controller = VolcanoEvalController(_stub_pods(worker_code=1, worker_log=(
-        "scoring", "⨯ no complete hour in 20191221/00..20191221/01 under /data")))
+    controller = VolcanoEvalController(
+        _stub_pods(worker_code=1, worker_log=("scoring", "⨯ no complete hour in 20191221/00..20191221/01 under /data"))
+    )
     with FakeKubeAPI(on_volcano_job=controller, job_delete_delay=0.05) as api:
         _deployment(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
@@ -225,6 +285,7 @@ def test_submit_errors_are_one_line(tmp_path):
 
 # ---- the rendered command lines as real processes -------------------------------------------------------------
 
+
 @pytest.mark.e2e
 @pytest.mark.slow  # a real PS training run, then five evaluation processes: 45-90 s on 2 busy cores
 def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path, monkeypatch):
@@ -234,23 +295,46 @@ def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path
 
     shared, config = tmp_path / "shared", tmp_path / "config"
     model = h.PlantedModel()
-    pass_dir = h.train_pass(shared / "models" / "pass-20200101-00", model.lines(3000, seed=1),
-                            model.lines(50, seed=2), epochs=1)
+    pass_dir = h.train_pass(
+        shared / "models" / "pass-20200101-00", model.lines(3000, seed=1), model.lines(50, seed=2), epochs=1
+    )
     h.write_hours(tmp_path / "data", dt.datetime(2020, 1, 1, 1), [model.lines(1200, seed=10 + i) for i in range(2)])
     config.mkdir()
     h.write_data_config(config / "data.config", tmp_path / "data", "20200101/01", "20200101/02")
     mlruns = tmp_path / "mlruns"
-    runner = local_pod_runner({k.SHARED_MOUNT: shared, k.CONFIG_MOUNT: config},
-                              env_overrides={"MLFLOW_TRACKING_URI": mlruns.as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true",
-                                             "OMP_NUM_THREADS": "1"})
+    runner = local_pod_runner(
+        {k.SHARED_MOUNT: shared, k.CONFIG_MOUNT: config},
+        env_overrides={
+            "MLFLOW_TRACKING_URI": mlruns.as_uri(),
+            "MLFLOW_ALLOW_FILE_STORE": "true",
+            "OMP_NUM_THREADS": "1",
+        },
+    )
     controller = VolcanoEvalController(runner, fail_first={("worker", 1)}, kill_after=1.0)
     plan, _ = render_plan(tmp_path / "state")
     with FakeKubeAPI(on_volcano_job=controller, job_delete_delay=0.05) as api:
         _deployment(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        r = _submit(plan.state_path, kubeconfig, "--model", "pass-20200101-00", "--baseline", "pass-20200101-00",
-                    "--workers", 2, "--group-slot", h.GROUP_SLOT, "--start", "20200101/01", "--end", "20200101/02",
-                    "--run", "real", "--json", timeout=400)
+        r = _submit(
+            plan.state_path,
+            kubeconfig,
+            "--model",
+            "pass-20200101-00",
+            "--baseline",
+            "pass-20200101-00",
+            "--workers",
+            2,
+            "--group-slot",
+            h.GROUP_SLOT,
+            "--start",
+            "20200101/01",
+            "--end",
+            "20200101/02",
+            "--run",
+            "real",
+            "--json",
+            timeout=400,
+        )
         controller.join()
         assert r.returncode == 0, r.stderr[-3000:]
         merged = json.loads(r.stdout)
@@ -266,8 +350,9 @@ def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path
     from elastic_control.evaluation.shares import EvalSpec
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "unused").as_uri())
-    spec = EvalSpec.create(model=pass_dir, baseline=pass_dir, data_config=config / "data.config", shares=1,
-                           group_slot=h.GROUP_SLOT)
+    spec = EvalSpec.create(
+        model=pass_dir, baseline=pass_dir, data_config=config / "data.config", shares=1, group_slot=h.GROUP_SLOT
+    )
     single = evaluate(spec, workers=1)
     for key in ("model", "baseline", "comparison"):
         assert merged[key] == json.loads(json.dumps(single.metrics[key])), key  # exact, not approximate

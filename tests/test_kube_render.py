@@ -1,4 +1,5 @@
 """Rendered manifests: schema-valid (strict), admissible by Volcano's webhook, stable (golden), and wired right."""
+
 from __future__ import annotations
 
 import copy
@@ -7,21 +8,33 @@ import os
 import jsonschema
 import pytest
 import yaml
+from helpers_kube import REPO, render_plan
+from helpers_kube_schema import validate_builtin, validate_manifest, validate_volcano_job
 
 from elastic_control.errors import UsageError
 from elastic_control.kube import constants as k
 from elastic_control.kube.render import MANIFEST_FILES, load_manifests
 from elastic_control.kube.volcano_rules import volcano_job_problems
-from helpers_kube import REPO, render_plan
-from helpers_kube_schema import validate_builtin, validate_manifest, validate_volcano_job
 
 GOLDEN = REPO / "tests" / "golden"
 COMBINATIONS = [
     dict(cpu=4, mem=20, trainers=2, pservers=2, cube_shards=5),  # the documented example
     dict(cpu=1, mem=1, trainers=1, pservers=1, cube_shards=1),
-    dict(cpu=16, mem=64, trainers=8, pservers=4, cube_shards=3, namespace="ctr-prod", image="reg.io/ctr:1.2",
-         queue="ads", job_name="ctr-daily", service_type="LoadBalancer"),
-    dict(cpu=2, mem=4, trainers=512, pservers=256, cube_shards=2, service_type="NodePort", hdfs_address="hdfs://nn:9000"),
+    dict(
+        cpu=16,
+        mem=64,
+        trainers=8,
+        pservers=4,
+        cube_shards=3,
+        namespace="ctr-prod",
+        image="reg.io/ctr:1.2",
+        queue="ads",
+        job_name="ctr-daily",
+        service_type="LoadBalancer",
+    ),
+    dict(
+        cpu=2, mem=4, trainers=512, pservers=256, cube_shards=2, service_type="NodePort", hdfs_address="hdfs://nn:9000"
+    ),
 ]
 
 
@@ -68,8 +81,10 @@ def test_volcano_job_matches_the_design(tmp_path):
     assert job["apiVersion"] == "batch.volcano.sh/v1alpha1"
     assert spec["minAvailable"] == 5 and spec["schedulerName"] == "volcano" and spec["queue"] == "default"
     assert spec["plugins"] == {"svc": [], "env": []}
-    assert {(p["event"], p["action"]) for p in spec["policies"]} == {("PodEvicted", "RestartJob"),
-                                                                      ("PodFailed", "RestartJob")}
+    assert {(p["event"], p["action"]) for p in spec["policies"]} == {
+        ("PodEvicted", "RestartJob"),
+        ("PodFailed", "RestartJob"),
+    }
     tasks = {t["name"]: t for t in spec["tasks"]}
     assert tasks["pserver"]["replicas"] == 2 and tasks["trainer"]["replicas"] == 3
     assert tasks["trainer"]["policies"] == [{"event": "TaskCompleted", "action": "CompleteJob"}]
@@ -78,8 +93,10 @@ def test_volcano_job_matches_the_design(tmp_path):
         assert container["resources"]["requests"] == {"cpu": "4", "memory": "20Gi"}
         env = _env(container)
         assert env["TRAINING_ROLE"] == role.upper()
-        assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == \
-            "elastic-ctr-pserver-0.elastic-ctr:30240,elastic-ctr-pserver-1.elastic-ctr:30240"
+        assert (
+            env["PADDLE_PSERVERS_IP_PORT_LIST"]
+            == "elastic-ctr-pserver-0.elastic-ctr:30240,elastic-ctr-pserver-1.elastic-ctr:30240"
+        )
         assert env["PADDLE_TRAINERS_NUM"] == "3"
         assert env["MLFLOW_TRACKING_URI"] == "http://elastic-ctr-mlflow:8111"
         assert env["MODEL_PATH"] == k.POD_MODEL_PATH
@@ -100,8 +117,13 @@ def test_entry_shell_really_sets_the_trainer_id(tmp_path):
     for role, expected in (("trainer", "1 "), ("pserver", "1 elastic-ctr-pserver-1.elastic-ctr")):
         shell = tasks[role]["template"]["spec"]["containers"][0]["command"][2]
         probe = shell.replace("exec elastic-control role", 'echo "$PADDLE_TRAINER_ID ${POD_IP:-}"')
-        out = subprocess.run(["/bin/sh", "-c", probe], env={"VC_TASK_INDEX": "1", "PATH": os.environ["PATH"]},
-                             capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(
+            ["/bin/sh", "-c", probe],
+            env={"VC_TASK_INDEX": "1", "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert out == expected.strip()
     # Without the plugin the trainer refuses to start rather than all claiming id 0.
     trainer = tasks["trainer"]["template"]["spec"]["containers"][0]["command"][2]
@@ -122,15 +144,23 @@ def test_components_get_their_contract_variables(tmp_path):
     serving = deployments["elastic-ctr-serving"]["spec"]["template"]["spec"]["containers"][0]
     assert serving["command"] == ["elastic-control", "serve", "--port", "8010"]
     fileserver = deployments["elastic-ctr-fileserver"]["spec"]["template"]["spec"]
-    assert fileserver["containers"][0]["command"] == ["elastic-control", "fileserver", "--root", k.FILESERVER_ROOT,
-                                                      "--port", "8080"]
+    assert fileserver["containers"][0]["command"] == [
+        "elastic-control",
+        "fileserver",
+        "--root",
+        k.FILESERVER_ROOT,
+        "--port",
+        "8080",
+    ]
     # Every selector selects its own pod template, and every Service finds a Deployment's pods.
     for dep in deployments.values():
         labels = dep["spec"]["template"]["metadata"]["labels"]
         assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
     for svc in _by_kind(docs, "Service"):
-        assert any(svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
-                   for d in deployments.values()), svc["metadata"]["name"]
+        assert any(
+            svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+            for d in deployments.values()
+        ), svc["metadata"]["name"]
     # The ConfigMap carries what -r validated, expanded for pods that lack the user's environment.
     config = _by_kind(docs, "ConfigMap")[0]["data"]
     assert config["slot.conf"].splitlines()[:3] == ["1", "2", "3"]
@@ -165,6 +195,7 @@ def test_token_file_mode_and_secret(tmp_path):
 
 # ---- the strict schema and the webhook rules catch what they should ------------------------------------------
 
+
 @pytest.fixture()
 def rendered_job(tmp_path):
     _, manifests = render_plan(tmp_path / "state")
@@ -194,18 +225,34 @@ def test_strict_builtin_validation_rejects_a_misspelt_field(tmp_path):
         validate_builtin(dep)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda s: s.update(minAvailable=99), "minAvailable 99 is above the sum of task replicas 4"),
-    (lambda s: s["tasks"][1].update(name="pserver"), "task name 'pserver' is used twice"),
-    (lambda s: s["policies"].append({"event": "OutOfSync", "action": "RestartJob"}), "policy event 'OutOfSync' is not allowed"),
-    (lambda s: s["policies"].append({"event": "TaskFailed", "action": "Reboot"}), "policy action 'Reboot' is not allowed"),
-    (lambda s: s["policies"].append({"event": "PodFailed", "action": "AbortJob"}), "policy event 'PodFailed' appears twice"),
-    (lambda s: s["tasks"][0].update(policies=[{"event": "*", "action": "AbortJob"}, {"event": "PodFailed", "action": "AbortJob"}]),
-     "the '\\*' event must stand alone"),
-    (lambda s: s["plugins"].update(gang=[]), "plugin 'gang' is not registered"),
-    (lambda s: s["tasks"][0].update(replicas=10 ** 50), "characters; Kubernetes allows 63"),
-    (lambda s: s["tasks"].clear(), "at least one task"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda s: s.update(minAvailable=99), "minAvailable 99 is above the sum of task replicas 4"),
+        (lambda s: s["tasks"][1].update(name="pserver"), "task name 'pserver' is used twice"),
+        (
+            lambda s: s["policies"].append({"event": "OutOfSync", "action": "RestartJob"}),
+            "policy event 'OutOfSync' is not allowed",
+        ),
+        (
+            lambda s: s["policies"].append({"event": "TaskFailed", "action": "Reboot"}),
+            "policy action 'Reboot' is not allowed",
+        ),
+        (
+            lambda s: s["policies"].append({"event": "PodFailed", "action": "AbortJob"}),
+            "policy event 'PodFailed' appears twice",
+        ),
+        (
+            lambda s: s["tasks"][0].update(
+                policies=[{"event": "*", "action": "AbortJob"}, {"event": "PodFailed", "action": "AbortJob"}]
+            ),
+            "the '\\*' event must stand alone",
+        ),
+        (lambda s: s["plugins"].update(gang=[]), "plugin 'gang' is not registered"),
+        (lambda s: s["tasks"][0].update(replicas=10**50), "characters; Kubernetes allows 63"),
+        (lambda s: s["tasks"].clear(), "at least one task"),
+    ],
+)
 def test_webhook_rules(rendered_job, mutate, message):
     job = copy.deepcopy(rendered_job)
     mutate(job["spec"])

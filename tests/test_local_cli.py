@@ -2,6 +2,7 @@
 
 Fast: nothing here starts the pipeline's components.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,17 +22,36 @@ ROOT = Path(__file__).resolve().parents[1]
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("ELASTIC_CTR_STATE_DIR", None)
-    return subprocess.run([sys.executable, "-m", "elastic_control", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_control", *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+    )
 
 
 @pytest.fixture
 def rendered(tmp_path):
     (tmp_path / "slot.conf").write_text("1\n2\n3\n")
-    (tmp_path / "data.config").write_text('export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n'
-                                          'export DATASET_PATH="data"\nexport SPARSE_DIM="1000"\n')
-    res = cli("-r", "--backend", "local", "-t", "2", "-p", "2", "-b", "3", "-s", "slot.conf", "-f", "data.config",
-              "--state-dir", "st", cwd=tmp_path)
+    (tmp_path / "data.config").write_text(
+        "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n"
+        'export DATASET_PATH="data"\nexport SPARSE_DIM="1000"\n'
+    )
+    res = cli(
+        "-r",
+        "--backend",
+        "local",
+        "-t",
+        "2",
+        "-p",
+        "2",
+        "-b",
+        "3",
+        "-s",
+        "slot.conf",
+        "-f",
+        "data.config",
+        "--state-dir",
+        "st",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     return tmp_path, tmp_path / "st"
 
@@ -40,9 +60,22 @@ def test_render_plans_every_component_on_distinct_free_ports(rendered):
     cwd, state = rendered
     plan = json.loads((state / "local" / "components.json").read_text())
     names = [c["name"] for c in plan["components"]]
-    assert names == ["mlflow", "fileserver", "cube-server-0", "cube-agent-0", "cube-server-1", "cube-agent-1",
-                     "cube-server-2", "cube-agent-2", "cube-transfer", "serving", "pserver-0", "pserver-1",
-                     "trainer-0", "trainer-1"]
+    assert names == [
+        "mlflow",
+        "fileserver",
+        "cube-server-0",
+        "cube-agent-0",
+        "cube-server-1",
+        "cube-agent-1",
+        "cube-server-2",
+        "cube-agent-2",
+        "cube-transfer",
+        "serving",
+        "pserver-0",
+        "pserver-1",
+        "trainer-0",
+        "trainer-1",
+    ]
     ports = [p for c in plan["components"] for p in ([c["port"]] if c["port"] else []) + c["extra_ports"]]
     assert len(ports) == len(set(ports)) == len(names)
     # The components read an expanded data.config with absolute paths and MODEL_PATH set.
@@ -88,8 +121,16 @@ def test_local_components_get_the_same_variables_as_their_containers(rendered):
             continue
         missing = names - local.get(container, set()) - {"ELASTIC_CTR_TOKEN"}
         assert not missing, f"{container}: the manifests set {sorted(missing)}, the local backend does not"
-    assert set(k8s) >= {"mlflow", "fileserver", "cube-server", "cube-agent", "cube-transfer", "serving",
-                        "pserver", "trainer"}
+    assert set(k8s) >= {
+        "mlflow",
+        "fileserver",
+        "cube-server",
+        "cube-agent",
+        "cube-transfer",
+        "serving",
+        "pserver",
+        "trainer",
+    }
 
 
 def test_log_before_apply_and_delete_before_apply_are_clear(rendered):

@@ -7,6 +7,7 @@ during the second pass. Then: served predictions match the last pass,
 version, a serving process killed during predictions loses none the client
 reports, and `delete` leaves no process and keeps data and models.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from helpers_local import alive, kill_everything_under, processes_under, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -30,8 +30,13 @@ LINES_PER_HOUR = 3000
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "elastic_control", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_control", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +57,18 @@ def pipeline(tmp_path_factory):
         os.kill(victim["pid"], signal.SIGKILL)
 
     try:
-        report = run_demo(workdir=str(workdir), hours=HOURS, lines_per_hour=LINES_PER_HOUR, trainers=2, pservers=1,
-                          shards=2, keep=True, show=False, timeout=780, on_pass=kill_trainer_during_second_pass)
+        report = run_demo(
+            workdir=str(workdir),
+            hours=HOURS,
+            lines_per_hour=LINES_PER_HOUR,
+            trainers=2,
+            pservers=1,
+            shards=2,
+            keep=True,
+            show=False,
+            timeout=780,
+            on_pass=kill_trainer_during_second_pass,
+        )
     except BaseException:
         kill_everything_under(workdir)
         raise
@@ -91,6 +106,7 @@ def test_served_predictions_match_the_last_pass(pipeline):
     assert last and last[0]["freshness_s"] is not None and last[0]["freshness_s"] >= 0
     # Offline scoring of held-out lines with the pass itself (sparse table in memory, dense model) agrees too.
     import pyarrow  # noqa: F401  (before paddle)
+
     import numpy as np
 
     from elastic_control.demo import predict_through_client
@@ -99,7 +115,7 @@ def test_served_predictions_match_the_last_pass(pipeline):
     from elastic_control.scoring import DenseModel, InMemoryTable, score_lines
 
     hour = workdir / "data" / f"{DEMO_START:%Y%m%d}" / f"{HOURS:02d}"
-    lines = [l for p in sorted(hour.glob("part-*")) for l in p.read_text().splitlines() if l.strip()][:300]
+    lines = [ln for p in sorted(hour.glob("part-*")) for ln in p.read_text().splitlines() if ln.strip()][:300]
     info = load_pass(workdir / "models" / report.served_version)
     offline = score_lines(lines, info, InMemoryTable.from_pass(info).lookup, DenseModel.from_pass(info))
     served, versions, _ = predict_through_client(Path(report.state_dir), lines)
@@ -112,15 +128,26 @@ def test_status_and_logs_commands(pipeline):
     res = cli("status", "--state-dir", str(state))
     assert res.returncode == 0, res.stderr
     text = res.stdout + res.stderr
-    for expected in ("supervisor running", "trainer-0", "cube-server-1", "serving", "3/3 passes done",
-                     "job completed", "restarts 1/3", "pass-20191221-02", "freshness"):
+    for expected in (
+        "supervisor running",
+        "trainer-0",
+        "cube-server-1",
+        "serving",
+        "3/3 passes done",
+        "job completed",
+        "restarts 1/3",
+        "pass-20191221-02",
+        "freshness",
+    ):
         assert expected in text, f"{expected!r} missing from status:\n{text}"
     res = cli("-l", "--state-dir", str(state))
     assert res.returncode == 0, res.stderr
     for prefix in ("trainer-0     |", "fileserver    |", "cube-transfer |"):
         assert prefix in res.stdout, f"{prefix!r} missing from -l output"
-    assert "was killed by SIGKILL" in (state / "logs" / "trainer-1.log").read_text() or \
-        "was killed by SIGKILL" in (state / "logs" / "supervisor.log").read_text()
+    assert (
+        "was killed by SIGKILL" in (state / "logs" / "trainer-1.log").read_text()
+        or "was killed by SIGKILL" in (state / "logs" / "supervisor.log").read_text()
+    )
 
 
 def _record(state: Path) -> dict:
@@ -135,15 +162,24 @@ def test_killed_cube_server_restarts_with_the_active_version(pipeline):
     comp = _record(state)["components"]["cube-server-0"]
     port, old_pid = comp["port"], comp["pid"]
     os.kill(old_pid, signal.SIGKILL)
-    wait_until(lambda: (c := _record(state)["components"]["cube-server-0"])["restarts"] == 1
-               and c["state"] == "running" and c["pid"] != old_pid, timeout=90, what="cube-server-0 restart")
+    wait_until(
+        lambda: (
+            (c := _record(state)["components"]["cube-server-0"])["restarts"] == 1
+            and c["state"] == "running"
+            and c["pid"] != old_pid
+        ),
+        timeout=90,
+        what="cube-server-0 restart",
+    )
     status = requests.get(f"http://127.0.0.1:{port}/v1/status", timeout=5).json()
     assert report.served_version in json.dumps(status), status
-    golden = [json.loads(l) for l in (Path(report.workdir) / "models" / report.served_version / "golden.jsonl")
-              .read_text().splitlines()][:50]
+    golden = [
+        json.loads(ln)
+        for ln in (Path(report.workdir) / "models" / report.served_version / "golden.jsonl").read_text().splitlines()
+    ][:50]
     served, versions, _ = predict_through_client(state, [g["line"] for g in golden])
     assert {v[0] for v in versions} == {report.served_version}
-    assert max(abs(s - g["prob"]) for s, g in zip(served, golden)) < 1e-5
+    assert max(abs(s - g["prob"]) for s, g in zip(served, golden, strict=True)) < 1e-5
 
 
 def test_serving_killed_during_predictions_loses_nothing(pipeline):
@@ -152,7 +188,7 @@ def test_serving_killed_during_predictions_loses_nothing(pipeline):
     from client.api import ServingClient, load_client_config
 
     hour = workdir / "data" / "20191221" / f"{HOURS:02d}"
-    lines = [l for p in sorted(hour.glob("part-*")) for l in p.read_text().splitlines() if l.strip()]
+    lines = [ln for p in sorted(hour.glob("part-*")) for ln in p.read_text().splitlines() if ln.strip()]
     client = ServingClient(load_client_config(state_dir=state).serving_url, retry_for=120)
     reference = list(client.predict_lines(lines, batch_size=50))
     old_pid = _record(state)["components"]["serving"]["pid"]
@@ -163,7 +199,7 @@ def test_serving_killed_during_predictions_loses_nothing(pipeline):
         try:
             slow = ServingClient(client.url, retry_for=120)
             for i in range(0, len(lines), 25):
-                got.extend(slow.predict_lines(lines[i:i + 25], batch_size=25))
+                got.extend(slow.predict_lines(lines[i : i + 25], batch_size=25))
                 time.sleep(0.01)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -175,7 +211,7 @@ def test_serving_killed_during_predictions_loses_nothing(pipeline):
     worker.join(timeout=240)
     assert not worker.is_alive() and not errors, errors
     assert len(got) == len(lines)
-    assert max(abs(a - b) for a, b in zip(got, reference)) < 1e-6
+    assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) < 1e-6
     c = _record(state)["components"]["serving"]
     assert c["restarts"] >= 1 and c["pid"] != old_pid
 
@@ -185,8 +221,17 @@ def test_second_apply_is_refused_then_delete_leaves_no_process(pipeline):
     state = state_of(pipeline)
     res = cli("-a", "--state-dir", str(state))
     assert res.returncode == 2 and "already running" in res.stderr and "Traceback" not in res.stderr
-    res = cli("-r", "--backend", "local", "-s", str(workdir / "slot.conf"), "-f", str(workdir / "data.config"),
-              "--state-dir", str(state))
+    res = cli(
+        "-r",
+        "--backend",
+        "local",
+        "-s",
+        str(workdir / "slot.conf"),
+        "-f",
+        str(workdir / "data.config"),
+        "--state-dir",
+        str(state),
+    )
     assert res.returncode == 2 and "is running" in res.stderr and "delete" in res.stderr
     pids = [c["pid"] for c in _record(state)["components"].values() if c["pid"]]
     res = cli("delete", "--state-dir", str(state))

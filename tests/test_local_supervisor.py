@@ -1,4 +1,5 @@
 """The local supervisor with small real child processes: start, policies, status, logs, delete, no orphans."""
+
 from __future__ import annotations
 
 import io
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pytest
+from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan, wait_until
 
 from elastic_control.errors import ComponentError, UsageError
 from elastic_control.local import lifecycle
@@ -16,8 +18,6 @@ from elastic_control.local import runtime as rt
 from elastic_control.local.layout import LocalLayout
 from elastic_control.local.logs_view import show_logs
 from elastic_control.local.ports import free_ports, port_is_free
-from helpers_local import (alive, component, kill_everything_under, processes_under, simple_plan,
-                                 wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -52,9 +52,15 @@ def test_start_complete_status_delete_leaves_no_process(layout):
     assert psutil.Process(sup_pid).ppid() != os.getpid()
 
     # The job completes; its pserver is then stopped by the supervisor (CompleteJob).
-    done = wait_until(lambda: (r := record_of(layout))["job"]["state"] == rt.J_COMPLETED and
-                      component(r, "pserver-0")["state"] == rt.C_COMPLETED and
-                      component(r, "pserver-0")["pid"] is not None and r, what="job completion")
+    done = wait_until(
+        lambda: (
+            (r := record_of(layout))["job"]["state"] == rt.J_COMPLETED
+            and component(r, "pserver-0")["state"] == rt.C_COMPLETED
+            and component(r, "pserver-0")["pid"] is not None
+            and r
+        ),
+        what="job completion",
+    )
     assert done["job"]["attempt"] == 1 and done["job"]["restarts"] == 0
     assert component(done, "trainer-0")["last_exit"] == 0
     wait_until(lambda: not alive(component(record_of(layout), "pserver-0")["pid"]), what="pserver stopped")
@@ -76,8 +82,10 @@ def test_start_complete_status_delete_leaves_no_process(layout):
 def test_killed_trainer_restarts_the_whole_job_which_then_finishes(layout):
     simple_plan(layout, steps=40)
     record = lifecycle.apply(layout, show_progress=False)
-    wait_until(lambda: (layout.state / "progress.1").exists() and
-               len((layout.state / "progress.1").read_text().split()) >= 5, what="trainer 1 progress")
+    wait_until(
+        lambda: (layout.state / "progress.1").exists() and len((layout.state / "progress.1").read_text().split()) >= 5,
+        what="trainer 1 progress",
+    )
     r = record_of(layout)
     victim = component(r, "trainer-1")["pid"]
     other_trainer, pserver = component(r, "trainer-0")["pid"], component(r, "pserver-0")["pid"]
@@ -87,8 +95,11 @@ def test_killed_trainer_restarts_the_whole_job_which_then_finishes(layout):
     assert r2["job"]["restarts"] == 1
     assert "trainer-1" in r2["job"]["reason"] and "SIGKILL" in r2["job"]["reason"]
     assert not alive(other_trainer) and not alive(pserver)
-    final = wait_until(lambda: (x := record_of(layout))["job"]["state"] == rt.J_COMPLETED and x, timeout=40,
-                       what="job completion after restart")
+    final = wait_until(
+        lambda: (x := record_of(layout))["job"]["state"] == rt.J_COMPLETED and x,
+        timeout=40,
+        what="job completion after restart",
+    )
     assert final["job"]["restarts"] == 1
     # Resumed: each step was done exactly once across both attempts.
     steps = (layout.state / "progress.1").read_text().split()
@@ -113,8 +124,15 @@ def test_killed_service_is_restarted(layout):
     record = lifecycle.apply(layout, show_progress=False)
     old = component(record, "svc-1")["pid"]
     os.kill(old, signal.SIGKILL)
-    r = wait_until(lambda: (x := record_of(layout)) and component(x, "svc-1")["restarts"] == 1
-                   and component(x, "svc-1")["state"] == rt.C_RUNNING and x, what="service restart")
+    r = wait_until(
+        lambda: (
+            (x := record_of(layout))
+            and component(x, "svc-1")["restarts"] == 1
+            and component(x, "svc-1")["state"] == rt.C_RUNNING
+            and x
+        ),
+        what="service restart",
+    )
     new = component(r, "svc-1")["pid"]
     assert new != old and alive(new)
     assert "was killed by SIGKILL" in (layout.state / "logs" / "supervisor.log").read_text()
@@ -168,8 +186,9 @@ def test_logs_before_apply_then_after(layout):
     # --follow streams new lines until told to stop.
     out = io.StringIO()
     os.kill(component(record_of(layout), "svc-0")["pid"], signal.SIGKILL)
-    show_logs(layout, components=["svc-0"], follow=True, out=out, tail=0,
-              stop_when=lambda: "listening on" in out.getvalue())
+    show_logs(
+        layout, components=["svc-0"], follow=True, out=out, tail=0, stop_when=lambda: "listening on" in out.getvalue()
+    )
     assert "svc-0 | listening on" in out.getvalue()
 
 
@@ -196,11 +215,16 @@ def test_killed_supervisor_leaves_a_stale_state_that_delete_and_apply_handle(lay
 def test_supervisor_survives_the_terminal_closing(layout, tmp_path):
     """-a run from a shell that then goes away (SIGHUP to its session) leaves the pipeline running."""
     simple_plan(layout, steps=100)
-    code = ("import sys; from elastic_control.local import lifecycle; from elastic_control.local.layout import "
-            f"LocalLayout; lifecycle.apply(LocalLayout.of({str(layout.state)!r}), show_progress=False)")
+    code = (
+        "import sys; from elastic_control.local import lifecycle; from elastic_control.local.layout import "
+        f"LocalLayout; lifecycle.apply(LocalLayout.of({str(layout.state)!r}), show_progress=False)"
+    )
     # A new session stands in for the terminal; the whole session gets SIGHUP when -a is done.
-    proc = subprocess.Popen([sys.executable, "-c", code + "; import os, signal; os.killpg(0, signal.SIGHUP)"],
-                            start_new_session=True, cwd=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code + "; import os, signal; os.killpg(0, signal.SIGHUP)"],
+        start_new_session=True,
+        cwd=str(tmp_path),
+    )
     proc.wait(timeout=60)
     r = record_of(layout)
     assert r and r["state"] == rt.RUNNING

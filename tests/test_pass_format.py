@@ -5,8 +5,13 @@ import numpy as np
 import pytest
 
 from elastic_control.errors import DataError
-from elastic_control.pass_format import (SparseLayout, complete_passes, iter_sparse_table, read_donefile,
-                                         read_sparse_table)
+from elastic_control.pass_format import (
+    SparseLayout,
+    complete_passes,
+    iter_sparse_table,
+    read_donefile,
+    read_sparse_table,
+)
 
 
 def _write_table(pass_dir, rows, layout):

@@ -1,10 +1,10 @@
 """`-r --promotion-gate RULE` reaches cube-transfer the same way on both backends."""
+
 import json
 import subprocess
 import sys
 
 import yaml
-
 from helpers_kube import EXAMPLE_DATA_CONFIG, EXAMPLE_SLOT_CONF, render_plan
 from helpers_kube_schema import validate_builtin
 
@@ -37,9 +37,28 @@ def test_no_gate_means_no_variable(tmp_path):
 
 def test_a_bad_rule_fails_at_render_time_in_one_line(tmp_path):
     state = tmp_path / "state"
-    r = subprocess.run([sys.executable, "-m", "elastic_control", "-r", "--backend", "local", "-s", str(EXAMPLE_SLOT_CONF),
-                        "-f", str(EXAMPLE_DATA_CONFIG), "--promotion-gate", "auc_drp<=0.002", "--state-dir", str(state)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elastic_control",
+            "-r",
+            "--backend",
+            "local",
+            "-s",
+            str(EXAMPLE_SLOT_CONF),
+            "-f",
+            str(EXAMPLE_DATA_CONFIG),
+            "--promotion-gate",
+            "auc_drp<=0.002",
+            "--state-dir",
+            str(state),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == ["elastic-control: error: unknown gate rule 'auc_drp'; did you mean 'auc_drop'?"]
+    assert r.stderr.strip().splitlines() == [
+        "elastic-control: error: unknown gate rule 'auc_drp'; did you mean 'auc_drop'?"
+    ]
     assert not state.exists()

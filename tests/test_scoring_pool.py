@@ -7,8 +7,9 @@ from elastic_control.scoring import InMemoryTable, batch_from_lines, pool
 def test_pool_sums_per_slot_in_slot_conf_order_with_padding():
     slots = [3, 1]  # slot.conf order, not numeric order
     batch = batch_from_lines(["1 1 10:1 11:1 12:9", "1 0 20:3"], slots, sparse_dim=None)
-    table = InMemoryTable(np.array([10, 11, 20, PADDING_FEASIGN], np.uint64),
-                          np.array([[1, 2], [10, 20], [100, 200], [7, 7]], np.float32))
+    table = InMemoryTable(
+        np.array([10, 11, 20, PADDING_FEASIGN], np.uint64), np.array([[1, 2], [10, 20], [100, 200], [7, 7]], np.float32)
+    )
     vectors, found = table.lookup(batch.keys)
     emb = pool(batch, vectors)
     # row 0: slot 3 has no feature -> padding key; slot 1 = 10 + 11; slot 9 is not in slot.conf.

@@ -1,4 +1,5 @@
 """Serving against real passes (short real PS runs on real Criteo lines), real cube servers and a real file server."""
+
 from __future__ import annotations
 
 import json
@@ -8,17 +9,30 @@ import subprocess
 import threading
 import time
 
+import pyarrow  # noqa: F401  (before paddle)
+
 import numpy as np
 import pytest
 import requests
+from helpers_serving import (
+    PYTHON,
+    criteo_slot_lines,
+    cube_servers,
+    fileserver_in_thread,
+    free_port,
+    golden,
+    process,
+    publish_version,
+    serving_in_thread,
+    set_current,
+    switch_cube_version,
+    train_criteo_pass,
+    wait_healthy,
+)
 
-import pyarrow  # noqa: F401  (before paddle)
 from elastic_control.scoring import InMemoryTable, batch_from_lines, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch
 from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
-from helpers_serving import (PYTHON, criteo_slot_lines, cube_servers, fileserver_in_thread, free_port, golden,
-                             process, publish_version, serving_in_thread, set_current, switch_cube_version,
-                             train_criteo_pass, wait_healthy)
 
 TOL = 1e-5
 
@@ -38,6 +52,7 @@ def pass_a(models):
 
 # ---- request parsing ------------------------------------------------------------------
 
+
 def test_key_batch_pools_like_the_shared_scoring_path():
     lines = criteo_slot_lines(0, 200) + ["1 0", "1 1 5:1 6:1 7:99"]  # an all-padding line; extra slot 99 ignored
     slots = list(range(1, 40))
@@ -46,7 +61,7 @@ def test_key_batch_pools_like_the_shared_scoring_path():
         ref = batch_from_lines(lines, slots, sparse_dim)
         keys = np.unique(ref.keys)
         table = InMemoryTable(keys, rng.normal(size=(len(keys), 9)).astype(np.float32))
-        mine = build_key_batch([{"line": l} for l in lines], slots, sparse_dim)
+        mine = build_key_batch([{"line": ln} for ln in lines], slots, sparse_dim)
         want = pool(ref, table.lookup(ref.keys)[0])
         got = pool(mine, table.lookup(mine.keys)[0])
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
@@ -57,22 +72,25 @@ def test_slots_form_equals_line_form():
     big = (1 << 64) - 5
     a = build_key_batch([{"line": f"1 0 {big}:0 7:1 8:1"}], slots, None)
     b = build_key_batch([{"slots": {"0": [str(big)], "1": [7, 8]}}], slots, None)
-    assert sorted(zip(a.slot_pos, a.keys)) == sorted(zip(b.slot_pos, b.keys))
+    assert sorted(zip(a.slot_pos, a.keys, strict=True)) == sorted(zip(b.slot_pos, b.keys, strict=True))
 
 
-@pytest.mark.parametrize("instances, match", [
-    ([{}], "is empty"),
-    ([{"slots": {}}], "non-empty"),
-    ([{"slots": {"77": [1]}}], "unknown slot '77'"),
-    ([{"slots": {"x": [1]}}], "unknown slot 'x'"),
-    ([{"slots": {"0": [1.5]}}], "not an integer"),
-    ([{"slots": {"0": ["12a"]}}], "not an unsigned integer"),
-    ([{"slots": {"0": [True]}}], "not an integer"),
-    ([{"slots": {"0": [1 << 64]}}], "outside the unsigned 64-bit range"),
-    ([{"line": "1 0 abc:0"}], "integer:integer"),
-    ([{"line": 5}], "must be a string"),
-    (["1 0 1:0"], "expected an object"),
-])
+@pytest.mark.parametrize(
+    "instances, match",
+    [
+        ([{}], "is empty"),
+        ([{"slots": {}}], "non-empty"),
+        ([{"slots": {"77": [1]}}], "unknown slot '77'"),
+        ([{"slots": {"x": [1]}}], "unknown slot 'x'"),
+        ([{"slots": {"0": [1.5]}}], "not an integer"),
+        ([{"slots": {"0": ["12a"]}}], "not an unsigned integer"),
+        ([{"slots": {"0": [True]}}], "not an integer"),
+        ([{"slots": {"0": [1 << 64]}}], "outside the unsigned 64-bit range"),
+        ([{"line": "1 0 abc:0"}], "integer:integer"),
+        ([{"line": 5}], "must be a string"),
+        (["1 0 1:0"], "expected an object"),
+    ],
+)
 def test_bad_instances_are_named(instances, match):
     with pytest.raises(InstanceError, match=match):
         build_key_batch(instances, [0, 1], None)
@@ -80,10 +98,11 @@ def test_bad_instances_are_named(instances, match):
 
 # ---- no train/serve skew ------------------------------------------------------------
 
+
 def test_no_skew_model_dir(models, pass_a):
     lines, probs = golden(pass_a)
     with serving_in_thread(ModelDirSource(models)) as srv:
-        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines]})
+        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines]})
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["model_version"] == body["cube_version"] == "pass-20200101-00"
@@ -126,7 +145,7 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(models, pass_
         s = requests.Session()
         for k in range(10):
             j = (i * 10 + k) % (len(lines) - 4)
-            r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines[j:j + 4]]})
+            r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines[j : j + 4]]})
             results[(i, k)] = (j, r.status_code, r.json())
 
     with serving_in_thread(ModelDirSource(models), workers=1) as srv:
@@ -139,7 +158,7 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(models, pass_
     assert len(results) == 80
     for j, status, body in results.values():
         assert status == 200
-        np.testing.assert_allclose(body["predictions"], probs[j:j + 4], rtol=0, atol=TOL)
+        np.testing.assert_allclose(body["predictions"], probs[j : j + 4], rtol=0, atol=TOL)
     assert stats["batches"] < stats["requests"]["200"]  # concurrent requests were merged
 
 
@@ -150,7 +169,7 @@ def test_after_response_hook_sees_each_scored_batch(models, pass_a):
     with serving_in_thread(ModelDirSource(models)) as srv:
         srv.app.add_after_response_hook(seen.append)
         srv.app.add_after_response_hook(lambda scored: 1 / 0)  # a failing hook never reaches the client
-        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines[:5]]})
+        r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines[:5]]})
         assert r.status_code == 200
         deadline = time.monotonic() + 5
         while not seen and time.monotonic() < deadline:
@@ -164,8 +183,9 @@ def test_after_response_hook_sees_each_scored_batch(models, pass_a):
 def test_a_version_that_cannot_load_is_reported(tmp_path, pass_a):
     fs_root = tmp_path / "fs"
     publish_version(fs_root, pass_a, shards=2)  # two shards, but serving is told of one cube server
-    with serving_in_thread(CubeRootSource(fs_root / "cube", [f"http://127.0.0.1:{free_port()}"]),
-                           wait_ready=False) as srv:
+    with serving_in_thread(
+        CubeRootSource(fs_root / "cube", [f"http://127.0.0.1:{free_port()}"]), wait_ready=False
+    ) as srv:
         deadline = time.monotonic() + 30
         while srv.app.last_reload_error is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -205,17 +225,47 @@ def test_no_skew_through_cube_servers_file_server_and_client(tmp_path, pass_a):
     (tmp_path / "golden.txt").write_text("\n".join(lines) + "\n")
     with cube_servers(fs_root / "cube", 2, tmp_path) as urls, fileserver_in_thread(fs_root) as fs_url:
         port = free_port()
-        with process([PYTHON, "-m", "elastic_control", "serve", "--host", "127.0.0.1", "--port", str(port),
-                      "--fileserver", fs_url, "--cube-servers", ",".join(urls), "--cache-dir", str(tmp_path / "cache")],
-                     log_path=tmp_path / "serving.log") as proc:
+        with process(
+            [
+                PYTHON,
+                "-m",
+                "elastic_control",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--fileserver",
+                fs_url,
+                "--cube-servers",
+                ",".join(urls),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ],
+            log_path=tmp_path / "serving.log",
+        ) as proc:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, proc)
             deadline = time.monotonic() + 60
             while not requests.get(url + "/healthz").json()["ready"]:
                 assert time.monotonic() < deadline, (tmp_path / "serving.log").read_text()[-2000:]
                 time.sleep(0.1)
-            out = subprocess.run([PYTHON, "-m", "client", "predict", str(tmp_path / "golden.txt"), "--serving", url,
-                                  "--batch-size", "32"], capture_output=True, text=True, timeout=120)
+            out = subprocess.run(
+                [
+                    PYTHON,
+                    "-m",
+                    "client",
+                    "predict",
+                    str(tmp_path / "golden.txt"),
+                    "--serving",
+                    url,
+                    "--batch-size",
+                    "32",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert out.returncode == 0, out.stderr
             got = [float(x) for x in out.stdout.split()]
             assert len(got) == len(lines)
@@ -258,7 +308,7 @@ def _switch_under_load(tmp_path, pass_a, pass_b):
             def client(i):
                 s = requests.Session()
                 while not stop.is_set():
-                    r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines_b[i:i + 8]]})
+                    r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines_b[i : i + 8]]})
                     if r.status_code != 200:
                         errors.append(r.text)
                     else:
@@ -269,8 +319,8 @@ def _switch_under_load(tmp_path, pass_a, pass_b):
                 t.start()
             time.sleep(1.0)
             vb = publish_version(fs_root, pass_b, shards=2, make_current=False)
-            switch_cube_version(urls, vb)          # cube-transfer: prepare all, activate all ...
-            set_current(fs_root, pass_b, vb, 2)    # ... then record the current version
+            switch_cube_version(urls, vb)  # cube-transfer: prepare all, activate all ...
+            set_current(fs_root, pass_b, vb, 2)  # ... then record the current version
             deadline = time.monotonic() + 30
             while srv.app.active.version != vb and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -284,7 +334,7 @@ def _switch_under_load(tmp_path, pass_a, pass_b):
     for i, a in answers:
         assert a["model_version"] == a["cube_version"]
         if a["model_version"] == vb:  # B's golden lines scored by B: B's training-time probabilities
-            np.testing.assert_allclose(a["predictions"], probs_b[i:i + 8], rtol=0, atol=TOL)
+            np.testing.assert_allclose(a["predictions"], probs_b[i : i + 8], rtol=0, atol=TOL)
 
 
 @pytest.mark.e2e
@@ -294,15 +344,40 @@ def test_client_survives_serving_restart_without_losing_lines(tmp_path, models, 
     lines, probs = lines * 10, probs * 10
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     port = free_port()
-    serve = [PYTHON, "-m", "elastic_control", "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--model-dir", str(models)]
+    serve = [
+        PYTHON,
+        "-m",
+        "elastic_control",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model-dir",
+        str(models),
+    ]
     url = f"http://127.0.0.1:{port}"
     with process(serve, log_path=tmp_path / "s1.log") as first:
         wait_healthy(url, first)
         with open(tmp_path / "out.txt", "w") as out:
-            client = subprocess.Popen([PYTHON, "-m", "client", "predict", str(tmp_path / "in.txt"), "--serving", url,
-                                       "--batch-size", "8", "--retry-for", "120"], stdout=out,
-                                      stderr=subprocess.PIPE, text=True)
+            client = subprocess.Popen(
+                [
+                    PYTHON,
+                    "-m",
+                    "client",
+                    "predict",
+                    str(tmp_path / "in.txt"),
+                    "--serving",
+                    url,
+                    "--batch-size",
+                    "8",
+                    "--retry-for",
+                    "120",
+                ],
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             deadline = time.monotonic() + 60
             while (tmp_path / "out.txt").stat().st_size == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -331,15 +406,40 @@ def test_no_skew_on_a_pass_from_the_product_pipeline(tmp_path):
         (tmp_path / "raw.txt").write_text("".join(next(f) for _ in range(20000)))
     (tmp_path / "slot.conf").write_text("\n".join(map(str, CRITEO_SLOTS)) + "\n")
     (tmp_path / "data.config").write_text(
-        f'export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n'
-        f'export DATASET_PATH="{tmp_path / "data"}"\nexport MODEL_PATH="{tmp_path / "models"}"\n')
+        f"export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n"
+        f'export DATASET_PATH="{tmp_path / "data"}"\nexport MODEL_PATH="{tmp_path / "models"}"\n'
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
-    for cmd in (["data", "criteo", "--input", str(tmp_path / "raw.txt"), "--output", str(tmp_path / "data"),
-                 "--hours", "1", "--start", "20200101/00"],
-                ["train", "-f", str(tmp_path / "data.config"), "-s", str(tmp_path / "slot.conf"), "-t", "1", "-p", "1",
-                 "--timeout", "600"]):
-        out = subprocess.run([PYTHON, "-m", "elastic_control", *cmd], capture_output=True, text=True, env=env,
-                             timeout=900)
+    for cmd in (
+        [
+            "data",
+            "criteo",
+            "--input",
+            str(tmp_path / "raw.txt"),
+            "--output",
+            str(tmp_path / "data"),
+            "--hours",
+            "1",
+            "--start",
+            "20200101/00",
+        ],
+        [
+            "train",
+            "-f",
+            str(tmp_path / "data.config"),
+            "-s",
+            str(tmp_path / "slot.conf"),
+            "-t",
+            "1",
+            "-p",
+            "1",
+            "--timeout",
+            "600",
+        ],
+    ):
+        out = subprocess.run(
+            [PYTHON, "-m", "elastic_control", *cmd], capture_output=True, text=True, env=env, timeout=900
+        )
         assert out.returncode == 0, out.stderr[-3000:]
     pass_dir = tmp_path / "models" / "pass-20200101-00"
     lines, probs = golden(pass_dir)
@@ -348,6 +448,6 @@ def test_no_skew_on_a_pass_from_the_product_pipeline(tmp_path):
     publish_version(fs_root, pass_dir, shards=2)
     with cube_servers(fs_root / "cube", 2, tmp_path) as urls, fileserver_in_thread(fs_root) as fs_url:
         with serving_in_thread(FileServerSource(fs_url, tmp_path / "cache", urls)) as srv:
-            r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": l} for l in lines]})
+            r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines]})
             assert r.status_code == 200, r.text
             np.testing.assert_allclose(r.json()["predictions"], probs, rtol=0, atol=TOL)

@@ -1,4 +1,5 @@
 """Registering passes in MLflow: against the default SQLite store and a real `mlflow server` process."""
+
 from __future__ import annotations
 
 import json
@@ -39,14 +40,20 @@ def _register_two_passes(models: Path) -> tuple[str, list]:
     for hour in ("00", "01"):
         name = f"pass-20191221-{hour}"
         folder = _fake_pass(models, name)
-        got.append(tracker.register_pass(folder, pass_name=name, window={"start": f"20191221/{hour}",
-                                                                         "end": f"20191221/{hour}"},
-                                         metrics={"auc": 0.75, "examples": 10}))
+        got.append(
+            tracker.register_pass(
+                folder,
+                pass_name=name,
+                window={"start": f"20191221/{hour}", "end": f"20191221/{hour}"},
+                metrics={"auc": 0.75, "examples": 10},
+            )
+        )
     tracker.finish()
     assert errors == [] and got == ["1", "2"]
     client = MlflowClient(tracking_uri=tracker.uri, registry_uri=tracker.uri)
-    return tracker.run_id, sorted(client.search_model_versions(f"name='{REGISTERED_MODEL}'"),
-                                  key=lambda v: int(v.version))
+    return tracker.run_id, sorted(
+        client.search_model_versions(f"name='{REGISTERED_MODEL}'"), key=lambda v: int(v.version)
+    )
 
 
 def _check_versions(models: Path, tmp_path: Path, run_id: str, versions: list) -> None:
@@ -89,9 +96,28 @@ def mlflow_server(tmp_path):
     env.pop("MLFLOW_TRACKING_URI", None)
     log = open(root / "server.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
-         "--serve-artifacts"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--serve-artifacts",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

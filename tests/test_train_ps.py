@@ -1,4 +1,5 @@
 """Real parameter-server training on loopback: 1 pserver + 2 trainers as separate processes."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -6,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers_train import CRITEO_FILE, START, labels_of, read_golden, run_training, score_pass, write_job
 
 from elastic_control import pass_format
 from elastic_control.errors import ComponentError
 from elastic_control.training import pass_export
-from helpers_train import CRITEO_FILE, START, labels_of, read_golden, run_training, score_pass, write_job
 
 SLOTS = (1, 2, 3, 4, 5, 6)
 
@@ -79,8 +80,9 @@ def test_crash_during_export_leaves_no_complete_pass_and_resume_continues(tmp_pa
     job = _synth_job(tmp_path, hours=3, lines_per_hour=1500)
     # Trainer 0 dies after pass 01's folder is in place but before its donefile line.
     with pytest.raises(ComponentError, match="trainer-0 failed"):
-        run_training(job, trainers=2, env={"ELASTIC_CTR_TEST_CRASH_EXPORT": "before_donefile:pass-20191221-01"},
-                     timeout=400)
+        run_training(
+            job, trainers=2, env={"ELASTIC_CTR_TEST_CRASH_EXPORT": "before_donefile:pass-20191221-01"}, timeout=400
+        )
     assert [p.name for p in pass_format.complete_passes(job.models)] == ["pass-20191221-00"]
     assert (job.models / "pass-20191221-01").exists()  # looks finished, but is not: no donefile line
 
@@ -99,13 +101,25 @@ def test_write_pass_failure_leaves_nothing_that_looks_complete(tmp_path):
         raise RuntimeError("scoring failed")
 
     with pytest.raises(RuntimeError):
-        pass_export.write_pass(tmp_path, hour_start=START, hour_end=START,
-                               save_sparse=lambda p: p.mkdir(parents=True), save_dense=lambda p: None,
-                               score_golden=boom, meta={})
+        pass_export.write_pass(
+            tmp_path,
+            hour_start=START,
+            hour_end=START,
+            save_sparse=lambda p: p.mkdir(parents=True),
+            save_dense=lambda p: None,
+            score_golden=boom,
+            meta={},
+        )
     assert list(tmp_path.iterdir()) == []  # staging removed, no pass folder, no donefile
-    entry = pass_export.write_pass(tmp_path, hour_start=START, hour_end=START + dt.timedelta(hours=1),
-                                   save_sparse=lambda p: p.mkdir(parents=True), save_dense=lambda p: None,
-                                   score_golden=lambda: [], meta={"metrics": {"auc": 0.7}})
+    entry = pass_export.write_pass(
+        tmp_path,
+        hour_start=START,
+        hour_end=START + dt.timedelta(hours=1),
+        save_sparse=lambda p: p.mkdir(parents=True),
+        save_dense=lambda p: None,
+        score_golden=lambda: [],
+        meta={"metrics": {"auc": 0.7}},
+    )
     assert entry["pass"] == "pass-20191221-01" and pass_format.read_donefile(tmp_path) == [entry]
 
 
@@ -199,7 +213,9 @@ def test_criteo_beats_the_positive_rate_constant(tmp_path):
     labels = labels_of(lines)
     probs = score_pass(job.models / result.passes[-1], lines)
     constant = np.full(len(labels), labels.mean())
-    print(f"Criteo held-out AUC {auc(labels, probs):.4f}, log loss {log_loss(labels, probs):.4f} "
-          f"vs constant {log_loss(labels, constant):.4f}")
+    print(
+        f"Criteo held-out AUC {auc(labels, probs):.4f}, log loss {log_loss(labels, probs):.4f} "
+        f"vs constant {log_loss(labels, constant):.4f}"
+    )
     assert auc(labels, probs) > 0.6
     assert log_loss(labels, probs) < log_loss(labels, constant)

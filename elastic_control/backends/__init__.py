@@ -1,4 +1,5 @@
 """Backends: where the pipeline's components run (Kubernetes or local processes)."""
+
 from __future__ import annotations
 
 from elastic_control.backends.base import Backend

@@ -1,4 +1,5 @@
 """The backend interface both implementations (Kubernetes, local) provide."""
+
 from __future__ import annotations
 
 import abc

@@ -1,4 +1,5 @@
 """Kubernetes backend: render manifests, apply them (Volcano job + built-in kinds), logs, discovery, status."""
+
 from __future__ import annotations
 
 import sys
@@ -27,9 +28,11 @@ class KubeBackend(Backend):
     def render(self, plan: Plan, staging: Path) -> list[Path]:
         from elastic_control.kube.render import RenderInputs, render_manifests
 
-        inputs = RenderInputs(token=(staging / TOKEN_FILE).read_text().strip(),
-                              data_config=load_data_config(staging / DATA_CONFIG_FILE),
-                              service_type=plan.service_type)
+        inputs = RenderInputs(
+            token=(staging / TOKEN_FILE).read_text().strip(),
+            data_config=load_data_config(staging / DATA_CONFIG_FILE),
+            service_type=plan.service_type,
+        )
         return render_manifests(plan, staging / MANIFEST_DIR, inputs)
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> None:
@@ -63,18 +66,34 @@ class KubeBackend(Backend):
 
         expected, timeout = expected_pods(plan), APPLY_TIMEOUT.get()
         selector = f"{k.LABEL_INSTANCE}={plan.job_name}"
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=console, transient=True) as progress:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             task = progress.add_task("pods starting", total=expected)
-            ok, count = wait_for_pods(plan.namespace, selector, expected, timeout=timeout,
-                                      on_progress=lambda c: progress.update(task, completed=c.started))
+            ok, count = wait_for_pods(
+                plan.namespace,
+                selector,
+                expected,
+                timeout=timeout,
+                on_progress=lambda c: progress.update(task, completed=c.started),
+            )
         if ok:
-            done(f"{count.started}/{expected} pods running in namespace {plan.namespace}; "
-                 "follow training with `elastic-control -l --follow`")
+            done(
+                f"{count.started}/{expected} pods running in namespace {plan.namespace}; "
+                "follow training with `elastic-control -l --follow`"
+            )
             return
         r = plan.resources
-        reasons = [explain_pod(p, pod_events(plan.namespace, p.metadata.name), cpu=r.cpu, mem=r.mem)
-                   for p in sorted(count.stuck, key=lambda p: (fatal_reason(p) is None, p.metadata.name))]
+        reasons = [
+            explain_pod(p, pod_events(plan.namespace, p.metadata.name), cpu=r.cpu, mem=r.mem)
+            for p in sorted(count.stuck, key=lambda p: (fatal_reason(p) is None, p.metadata.name))
+        ]
         missing = expected - count.started - len(count.stuck)
         if missing > 0:
             reasons.append(f"{missing} pod(s) not created yet")
@@ -94,18 +113,33 @@ class KubeBackend(Backend):
         inputs = RenderInputs(token=plan.token(), data_config=plan.data_config(), service_type=plan.service_type)
         files = render_eval_job(plan, inputs, request, plan.state_path)
         done(f"rendered {files.workers_path} and {files.merge_path}")
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} shares"), TimeElapsedColumn(), console=console,
-                      transient=True) as bar:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} shares"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("evaluation workers", total=request.workers)
             metrics = submit_eval_job(
-                files, namespace=plan.namespace, queue=plan.queue, deployment=plan.job_name, timeout=timeout,
-                poll=poll, progress=lambda message: bar.console.print(f"[green]✓[/green] {message}"),
+                files,
+                namespace=plan.namespace,
+                queue=plan.queue,
+                deployment=plan.job_name,
+                timeout=timeout,
+                poll=poll,
+                progress=lambda message: bar.console.print(f"[green]✓[/green] {message}"),
                 warning=lambda message: bar.console.print(f"[yellow]![/yellow] {message}"),
-                on_workers=lambda p: bar.update(task, completed=p.succeeded,
-                                                description=f"evaluation workers ({p.phase}, {p.running} running)"))
-        done(f"merged: metrics.json, scored.parquet and plots are in {files.output} on the claim "
-             f"{plan.job_name}-shared; the merge logged the run to MLflow ({plan.job_name}-mlflow)")
+                on_workers=lambda p: bar.update(
+                    task, completed=p.succeeded, description=f"evaluation workers ({p.phase}, {p.running} running)"
+                ),
+            )
+        done(
+            f"merged: metrics.json, scored.parquet and plots are in {files.output} on the claim "
+            f"{plan.job_name}-shared; the merge logged the run to MLflow ({plan.job_name}-mlflow)"
+        )
         return metrics
 
     def logs(self, plan: Plan, *, follow: bool = False, components: list[str] | None = None) -> None:
@@ -127,7 +161,7 @@ class KubeBackend(Backend):
         def run(source):
             try:
                 follow_logs(plan.namespace, source, printer, stop=stop)
-            except BaseException as e:  # surfaced in the main thread below
+            except BaseException as e:  # noqa: BLE001 - surfaced in the main thread below
                 errors.append(e)
 
         threads = [threading.Thread(target=run, args=(sources[n],), daemon=True, name=f"log-{n}") for n in wanted]
@@ -147,10 +181,15 @@ class KubeBackend(Backend):
         from elastic_control.kube import constants as k
         from elastic_control.kube.discover import configure_client
 
-        path = configure_client(namespace=plan.namespace, serving_name=f"{plan.job_name}-serving",
-                                serving_port=k.SERVING_PORT, fileserver_name=f"{plan.job_name}-fileserver",
-                                fileserver_port=k.FILESERVER_PORT, state_dir=plan.state_path,
-                                fallback_slot_conf=plan.slot_conf_text)
+        path = configure_client(
+            namespace=plan.namespace,
+            serving_name=f"{plan.job_name}-serving",
+            serving_port=k.SERVING_PORT,
+            fileserver_name=f"{plan.job_name}-fileserver",
+            fileserver_port=k.FILESERVER_PORT,
+            state_dir=plan.state_path,
+            fallback_slot_conf=plan.slot_conf_text,
+        )
         done(f"client configured: {path}")
         return path
 
@@ -175,5 +214,7 @@ class KubeBackend(Backend):
             done(f"Volcano job {plan.namespace}/{plan.job_name} deleted")
         for what in delete_labelled(plan.namespace, plan.job_name):
             done(f"{what} deleted")
-        info(f"persistent volume claims (models, files, MLflow runs) are kept; remove them with "
-             f"`kubectl delete pvc -n {plan.namespace} -l app.kubernetes.io/instance={plan.job_name}`")
+        info(
+            f"persistent volume claims (models, files, MLflow runs) are kept; remove them with "
+            f"`kubectl delete pvc -n {plan.namespace} -l app.kubernetes.io/instance={plan.job_name}`"
+        )

@@ -4,6 +4,7 @@
 -a starts a detached supervisor (elastic_control.local.supervisor); -l, -c,
 status and delete read what it records in the state folder.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,13 +15,19 @@ from elastic_control.config import load_data_config
 from elastic_control.console import done, info
 from elastic_control.errors import ComponentError, UsageError
 from elastic_control.local import lifecycle
-from elastic_control.local.components import (LOCAL_DATA_CONFIG, FILESERVER, SERVING, local_data_config,
-                                              plan_components, resolve_model_path)
+from elastic_control.local.components import (
+    FILESERVER,
+    LOCAL_DATA_CONFIG,
+    SERVING,
+    local_data_config,
+    plan_components,
+    resolve_model_path,
+)
 from elastic_control.local.layout import LocalLayout
 from elastic_control.local.spec import load_local_plan, save_local_plan
 from elastic_control.plan import DATA_CONFIG_FILE, Plan
 
-CLIENT_SLOT_CONF = "client/slot.conf"   # as the Kubernetes backend writes it
+CLIENT_SLOT_CONF = "client/slot.conf"  # as the Kubernetes backend writes it
 
 
 class LocalBackend(Backend):
@@ -34,19 +41,23 @@ class LocalBackend(Backend):
         running = rt.supervisor_info(final)
         if running.alive:
             # New ports under a running pipeline would point -c, -l and status at the wrong processes.
-            raise UsageError(f"the pipeline in {final.state}/ is running (supervisor pid {running.pid}); stop it with "
-                             "`elastic-control delete` before -r, or render into another --state-dir")
+            raise UsageError(
+                f"the pipeline in {final.state}/ is running (supervisor pid {running.pid}); stop it with "
+                "`elastic-control delete` before -r, or render into another --state-dir"
+            )
         cfg = load_data_config(staging / DATA_CONFIG_FILE)
         base = Path.cwd()
         model_path = resolve_model_path(cfg, final, base)
-        local_plan = plan_components(plan, final, model_path=model_path,
-                                     max_job_restarts=int(plan.extra.get("max_job_restarts", 3)))
+        local_plan = plan_components(
+            plan, final, model_path=model_path, max_job_restarts=int(plan.extra.get("max_job_restarts", 3))
+        )
         (staging / "local").mkdir(parents=True, exist_ok=True)
         components = staging / "local" / "components.json"
         data_config = staging / LOCAL_DATA_CONFIG
         save_local_plan(local_plan, components)
-        atomic_write_text(data_config, local_data_config(cfg, hdfs_address=plan.hdfs_address,
-                                                         model_path=model_path, base=base))
+        atomic_write_text(
+            data_config, local_data_config(cfg, hdfs_address=plan.hdfs_address, model_path=model_path, base=base)
+        )
         return [components, data_config]
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> None:
@@ -78,20 +89,27 @@ class LocalBackend(Backend):
         try:
             text = FileServerClient(fileserver_url, timeout=10).get_bytes("config/slot.conf").decode("utf-8")
         except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
-            raise ComponentError(f"could not fetch slot.conf from the file server at {fileserver_url}: {e}; "
-                                 "see `elastic-control status`") from e
+            raise ComponentError(
+                f"could not fetch slot.conf from the file server at {fileserver_url}: {e}; see `elastic-control status`"
+            ) from e
         from elastic_control.config import parse_slot_conf
 
         slots = parse_slot_conf(text, f"{fileserver_url}/files/config/slot.conf")
         slot_path = layout.state / CLIENT_SLOT_CONF
         atomic_write_text(slot_path, text)
-        config = {"serving_url": serving_url, "fileserver_url": fileserver_url, "slot_conf": str(slot_path),
-                  "slots": list(slots.slots)}
+        config = {
+            "serving_url": serving_url,
+            "fileserver_url": fileserver_url,
+            "slot_conf": str(slot_path),
+            "slots": list(slots.slots),
+        }
         atomic_write_json(layout.client_config, config)
         done(f"client configured: {layout.client_config} (serving {serving_url}, file server {fileserver_url})")
         state_flag = "" if str(plan.state_dir) in (".elastic-ctr", "") else f" --state-dir {plan.state_dir}"
-        info(f"next: elastic-control predict{state_flag} FILE   (one slot-format line per example, "
-             "prints one click probability per line)")
+        info(
+            f"next: elastic-control predict{state_flag} FILE   (one slot-format line per example, "
+            "prints one click probability per line)"
+        )
         return layout.client_config
 
     def status(self, plan: Plan) -> None:
@@ -106,4 +124,3 @@ class LocalBackend(Backend):
             done(f"stopped {', '.join(stopped)}; data, models and logs are kept in {layout.state}/")
         else:
             done(f"nothing was running in {layout.state}/; data, models and logs are kept")
-

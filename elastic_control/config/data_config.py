@@ -4,21 +4,30 @@ Supported syntax, per line: ``export KEY=VALUE``, ``KEY=VALUE``, values bare,
 "double-quoted" (``${VAR}`` / ``$VAR`` expanded from earlier keys, then the
 environment) or 'single-quoted' (literal); blank lines and ``#`` comments.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import difflib
 import os
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from elastic_control.errors import ConfigError
 
 KNOWN_KEYS = (
-    "HDFS_ADDRESS", "HDFS_UGI", "START_DATE_HR", "END_DATE_HR", "DATASET_PATH", "SPARSE_DIM",
-    "DATA_FORMAT", "ONLINE", "MODEL_PATH", "MAX_BAD_LINE_FRACTION",
+    "HDFS_ADDRESS",
+    "HDFS_UGI",
+    "START_DATE_HR",
+    "END_DATE_HR",
+    "DATASET_PATH",
+    "SPARSE_DIM",
+    "DATA_FORMAT",
+    "ONLINE",
+    "MODEL_PATH",
+    "MAX_BAD_LINE_FRACTION",
 )
 REQUIRED_KEYS = ("START_DATE_HR", "END_DATE_HR", "DATASET_PATH")
 DATE_HR_FORMAT = "%Y%m%d/%H"
@@ -59,7 +68,7 @@ class DataConfig:
     def hour_dir(self, hour: dt.datetime) -> str:
         return f"{self.dataset_root.rstrip('/')}/{hour:%Y%m%d}/{hour:%H}"
 
-    def with_window(self, start: dt.datetime, end: dt.datetime) -> "DataConfig":
+    def with_window(self, start: dt.datetime, end: dt.datetime) -> DataConfig:
         from dataclasses import replace
 
         return replace(self, start=start, end=end)
@@ -78,8 +87,11 @@ def parse_hour(text: str, *, key: str = "date", source: str = "data.config", lin
             raise ValueError
         return dt.datetime.strptime(text, DATE_HR_FORMAT)
     except ValueError:
-        raise ConfigError(f"{key}={text!r} is not a date and hour in the format YYYYMMDD/HH (e.g. 20191221/00)",
-                          path=source, line=line) from None
+        raise ConfigError(
+            f"{key}={text!r} is not a date and hour in the format YYYYMMDD/HH (e.g. 20191221/00)",
+            path=source,
+            line=line,
+        ) from None
 
 
 def _unquote(raw: str, values: Mapping[str, str], env: Mapping[str, str], source: str, lineno: int) -> str:
@@ -89,7 +101,7 @@ def _unquote(raw: str, values: Mapping[str, str], env: Mapping[str, str], source
         end = raw.find("'", 1)
         if end < 0:
             raise ConfigError(f"unterminated single quote in {raw!r}", path=source, line=lineno)
-        rest = raw[end + 1:].strip()
+        rest = raw[end + 1 :].strip()
         if rest and not rest.startswith("#"):
             raise ConfigError(f"unexpected text after the quoted value: {rest!r}", path=source, line=lineno)
         return raw[1:end]
@@ -97,7 +109,7 @@ def _unquote(raw: str, values: Mapping[str, str], env: Mapping[str, str], source
         end = raw.find('"', 1)
         if end < 0:
             raise ConfigError(f"unterminated double quote in {raw!r}", path=source, line=lineno)
-        rest = raw[end + 1:].strip()
+        rest = raw[end + 1 :].strip()
         if rest and not rest.startswith("#"):
             raise ConfigError(f"unexpected text after the quoted value: {rest!r}", path=source, line=lineno)
         body = raw[1:end]
@@ -108,8 +120,11 @@ def _unquote(raw: str, values: Mapping[str, str], env: Mapping[str, str], source
         if any(c in body for c in "`;|&<>()"):
             raise ConfigError(f"value {body!r} uses shell syntax this parser does not run", path=source, line=lineno)
     if "$(" in body or "`" in body:
-        raise ConfigError(f"command substitution in {body!r} is not supported (data.config is parsed, never run)",
-                          path=source, line=lineno)
+        raise ConfigError(
+            f"command substitution in {body!r} is not supported (data.config is parsed, never run)",
+            path=source,
+            line=lineno,
+        )
 
     def expand(m: re.Match) -> str:
         name = m.group(1) or m.group(3)
@@ -121,8 +136,9 @@ def _unquote(raw: str, values: Mapping[str, str], env: Mapping[str, str], source
             return m.group(2)
         if name in values or name in env:
             return ""
-        raise ConfigError(f"${{{name}}} is not defined earlier in the file nor in the environment",
-                          path=source, line=lineno)
+        raise ConfigError(
+            f"${{{name}}} is not defined earlier in the file nor in the environment", path=source, line=lineno
+        )
 
     return _VAR.sub(expand, body)
 
@@ -137,7 +153,7 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
             continue
         m = _LINE.match(stripped)
         if not m:
-            raise ConfigError(f"cannot parse {stripped!r} (expected: export KEY=\"VALUE\")", path=source, line=lineno)
+            raise ConfigError(f'cannot parse {stripped!r} (expected: export KEY="VALUE")', path=source, line=lineno)
         key, rawvalue = m.group(1), m.group(2)
         if key not in KNOWN_KEYS:
             close = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.75)
@@ -153,8 +169,11 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
     start = parse_hour(values["START_DATE_HR"], key="START_DATE_HR", source=source, line=lines["START_DATE_HR"])
     end = parse_hour(values["END_DATE_HR"], key="END_DATE_HR", source=source, line=lines["END_DATE_HR"])
     if end < start:
-        raise ConfigError(f"END_DATE_HR {values['END_DATE_HR']} is before START_DATE_HR {values['START_DATE_HR']}",
-                          path=source, line=lines["END_DATE_HR"])
+        raise ConfigError(
+            f"END_DATE_HR {values['END_DATE_HR']} is before START_DATE_HR {values['START_DATE_HR']}",
+            path=source,
+            line=lines["END_DATE_HR"],
+        )
 
     sparse_dim = None
     if values.get("SPARSE_DIM"):
@@ -163,13 +182,17 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
             if sparse_dim <= 0:
                 raise ValueError
         except ValueError:
-            raise ConfigError(f"SPARSE_DIM={values['SPARSE_DIM']!r} must be a positive integer (or unset for full "
-                              "64-bit feasigns)", path=source, line=lines["SPARSE_DIM"]) from None
+            raise ConfigError(
+                f"SPARSE_DIM={values['SPARSE_DIM']!r} must be a positive integer (or unset for full 64-bit feasigns)",
+                path=source,
+                line=lines["SPARSE_DIM"],
+            ) from None
 
     data_format = values.get("DATA_FORMAT", "text") or "text"
     if data_format not in ("text", "parquet"):
-        raise ConfigError(f"DATA_FORMAT={data_format!r} must be 'text' or 'parquet'", path=source,
-                          line=lines["DATA_FORMAT"])
+        raise ConfigError(
+            f"DATA_FORMAT={data_format!r} must be 'text' or 'parquet'", path=source, line=lines["DATA_FORMAT"]
+        )
 
     online_raw = values.get("ONLINE", "0") or "0"
     if online_raw.lower() not in ("0", "1", "true", "false", "yes", "no"):
@@ -182,16 +205,25 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
             if not 0 <= fraction <= 1:
                 raise ValueError
         except ValueError:
-            raise ConfigError(f"MAX_BAD_LINE_FRACTION={values['MAX_BAD_LINE_FRACTION']!r} must be a number in [0, 1]",
-                              path=source, line=lines["MAX_BAD_LINE_FRACTION"]) from None
+            raise ConfigError(
+                f"MAX_BAD_LINE_FRACTION={values['MAX_BAD_LINE_FRACTION']!r} must be a number in [0, 1]",
+                path=source,
+                line=lines["MAX_BAD_LINE_FRACTION"],
+            ) from None
 
     return DataConfig(
-        start=start, end=end, dataset_path=values["DATASET_PATH"],
-        hdfs_address=values.get("HDFS_ADDRESS", ""), hdfs_ugi=values.get("HDFS_UGI", ""),
-        sparse_dim=sparse_dim, data_format=data_format,
+        start=start,
+        end=end,
+        dataset_path=values["DATASET_PATH"],
+        hdfs_address=values.get("HDFS_ADDRESS", ""),
+        hdfs_ugi=values.get("HDFS_UGI", ""),
+        sparse_dim=sparse_dim,
+        data_format=data_format,
         online=online_raw.lower() in ("1", "true", "yes"),
-        model_path=values.get("MODEL_PATH") or None, max_bad_line_fraction=fraction,
-        source=source, values=dict(values),
+        model_path=values.get("MODEL_PATH") or None,
+        max_bad_line_fraction=fraction,
+        source=source,
+        values=dict(values),
     )
 
 

@@ -1,4 +1,5 @@
 """Resource flags (-u -m -t -p -b) and their accepted ranges."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """slot.conf: one slot id per line; blank lines and ``#`` comments ignored."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ def parse_slot_conf(text: str, source: str = "slot.conf") -> SlotConf:
         try:
             slot = int(line)
         except ValueError:
-            raise ConfigError(f"slot id {line!r} is not an integer (one non-negative integer per line)",
-                              path=source, line=lineno) from None
+            raise ConfigError(
+                f"slot id {line!r} is not an integer (one non-negative integer per line)", path=source, line=lineno
+            ) from None
         if slot < 0:
             raise ConfigError(f"slot id {slot} is negative (slot ids are integers >= 0)", path=source, line=lineno)
         if slot in seen:

@@ -1,4 +1,5 @@
 """`elastic-control data ...`: the Criteo converter and the synthetic generator."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,14 @@ def _progress(description: str, total: int | None):
 
     from elastic_control.console import console
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(task, n)
 
@@ -38,8 +45,13 @@ def data_group():
 @data_group.command("criteo", help="Convert raw Criteo TSV (label, I1-I13, C1-C26) into slot-format hours.")
 @click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False), help="Raw Criteo file (.gz ok).")
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="DATASET_PATH to write hours into.")
-@click.option("--hours", type=click.IntRange(1, 100_000), default=1, show_default=True,
-              help="Split the lines evenly into this many consecutive hours.")
+@click.option(
+    "--hours",
+    type=click.IntRange(1, 100_000),
+    default=1,
+    show_default=True,
+    help="Split the lines evenly into this many consecutive hours.",
+)
 @click.option("--start", callback=_hour, default=DEFAULT_START, show_default=True, help="First hour, YYYYMMDD/HH.")
 @click.option("--parts", type=click.IntRange(1, 1024), default=2, show_default=True, help="Part files per hour.")
 def criteo_command(input_path, output, hours, start, parts):
@@ -48,8 +60,10 @@ def criteo_command(input_path, output, hours, start, parts):
 
     with _progress(f"converting {input_path}", None) as advance:
         summary = convert_file(input_path, output, hours=hours, start=start, parts=parts, progress=advance)
-    done(f"{summary['lines']} lines -> {hours} hour(s) under {output} (CTR {summary['ctr']:.4f}, "
-         f"{summary['bad_lines']} bad lines skipped); slots 1-39")
+    done(
+        f"{summary['lines']} lines -> {hours} hour(s) under {output} (CTR {summary['ctr']:.4f}, "
+        f"{summary['bad_lines']} bad lines skipped); slots 1-39"
+    )
     out(json.dumps(summary))
 
 
@@ -58,11 +72,21 @@ def criteo_command(input_path, output, hours, start, parts):
 @click.option("--hours", type=click.IntRange(1, 100_000), default=2, show_default=True)
 @click.option("--lines-per-hour", type=click.IntRange(1, 100_000_000), default=10_000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("-s", "--slot_conf", default=None, type=click.Path(dir_okay=False),
-              help="Slots to generate (default: slots 1-39 as in examples/slot.conf).")
+@click.option(
+    "-s",
+    "--slot_conf",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Slots to generate (default: slots 1-39 as in examples/slot.conf).",
+)
 @click.option("--start", callback=_hour, default=DEFAULT_START, show_default=True, help="First hour, YYYYMMDD/HH.")
-@click.option("--vocab", type=click.IntRange(2, 10_000_000), default=None, show_default="50",
-              help="Distinct feasigns per slot (larger vocabularies need more lines to learn).")
+@click.option(
+    "--vocab",
+    type=click.IntRange(2, 10_000_000),
+    default=None,
+    show_default="50",
+    help="Distinct feasigns per slot (larger vocabularies need more lines to learn).",
+)
 @click.option("--parts", type=click.IntRange(1, 1024), default=2, show_default=True, help="Part files per hour.")
 @click.option("--gz", is_flag=True, help="Gzip the part files.")
 def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, parts, gz):
@@ -72,8 +96,20 @@ def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, 
 
     slots = load_slot_conf(slot_conf).slots if slot_conf else tuple(range(1, 40))
     with _progress(f"generating {hours} hour(s)", hours) as advance:
-        summary = generate(output, slots=slots, hours=hours, lines_per_hour=lines_per_hour, seed=seed, start=start,
-                           parts=parts, compress=gz, vocab=vocab or DEFAULT_VOCAB, progress=advance)
-    done(f"{summary['lines']} lines in {hours} hour(s) under {output} (CTR {summary['ctr']:.4f}, "
-         f"Bayes-optimal AUC {summary['bayes_auc']:.4f})")
+        summary = generate(
+            output,
+            slots=slots,
+            hours=hours,
+            lines_per_hour=lines_per_hour,
+            seed=seed,
+            start=start,
+            parts=parts,
+            compress=gz,
+            vocab=vocab or DEFAULT_VOCAB,
+            progress=advance,
+        )
+    done(
+        f"{summary['lines']} lines in {hours} hour(s) under {output} (CTR {summary['ctr']:.4f}, "
+        f"Bayes-optimal AUC {summary['bayes_auc']:.4f})"
+    )
     out(json.dumps(summary))

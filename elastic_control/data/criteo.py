@@ -6,12 +6,13 @@ counts are heavy-tailed; categorical feature k goes to slot 13+k (14-39).
 A missing value is a value of its own ("NA"): missingness carries signal.
 feasign = a stable 64-bit hash of (slot, value), so values above 2**63 occur.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from elastic_control.data.hourly_writer import write_hour
 from elastic_control.data.synth import stable_feasign
@@ -58,13 +59,13 @@ class CriteoConverter:
         if fields[0] not in ("0", "1"):
             raise ValueError(f"label {fields[0]!r} is not 0 or 1")
         toks = [f"1 {fields[0]}"]
-        for slot, text in zip(INTEGER_SLOTS, fields[1:1 + INTEGER_FEATURES]):
+        for slot, text in zip(INTEGER_SLOTS, fields[1 : 1 + INTEGER_FEATURES], strict=True):
             try:
                 value = bucketize_integer(text.strip())
             except ValueError:
                 raise ValueError(f"integer feature I{slot} = {text!r} is not an integer") from None
             toks.append(f"{self.feasign(slot, value)}:{slot}")
-        for slot, text in zip(CATEGORICAL_SLOTS, fields[1 + INTEGER_FEATURES:]):
+        for slot, text in zip(CATEGORICAL_SLOTS, fields[1 + INTEGER_FEATURES :], strict=True):
             toks.append(f"{self.feasign(slot, text.strip() or MISSING)}:{slot}")
         return " ".join(toks)
 
@@ -80,8 +81,16 @@ def read_raw_lines(path: str | Path) -> Iterator[str]:
         yield from f
 
 
-def convert_file(input_path: str | Path, output: str | Path, *, hours: int, start: dt.datetime, parts: int = 2,
-                 max_bad_fraction: float = 0.01, progress: Callable[[int], None] | None = None) -> dict:
+def convert_file(
+    input_path: str | Path,
+    output: str | Path,
+    *,
+    hours: int,
+    start: dt.datetime,
+    parts: int = 2,
+    max_bad_fraction: float = 0.01,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
     """Convert a raw Criteo file into ``hours`` consecutive hours (lines split evenly, in file order)."""
     if hours < 1:
         raise DataError(f"--hours must be at least 1, got {hours}")
@@ -102,12 +111,19 @@ def convert_file(input_path: str | Path, output: str | Path, *, hours: int, star
     if total == 0:
         raise DataError(f"{input_path}: no lines to convert")
     if bad / total > max_bad_fraction:
-        raise DataError(f"{input_path}: {bad} of {total} lines are not raw Criteo ({bad / total:.2%}); "
-                        f"first: {first_bad}")
+        raise DataError(
+            f"{input_path}: {bad} of {total} lines are not raw Criteo ({bad / total:.2%}); first: {first_bad}"
+        )
     per_hour = math.ceil(len(lines) / hours)
     positives = sum(1 for ln in lines if ln[2] == "1")
     for h in range(hours):
-        write_hour(output, start + dt.timedelta(hours=h), lines[h * per_hour:(h + 1) * per_hour], parts=parts)
-    return {"lines": len(lines), "bad_lines": bad, "hours": hours, "lines_per_hour": per_hour,
-            "ctr": positives / len(lines) if lines else 0.0, "start": f"{start:%Y%m%d/%H}",
-            "slots": list(INTEGER_SLOTS + CATEGORICAL_SLOTS)}
+        write_hour(output, start + dt.timedelta(hours=h), lines[h * per_hour : (h + 1) * per_hour], parts=parts)
+    return {
+        "lines": len(lines),
+        "bad_lines": bad,
+        "hours": hours,
+        "lines_per_hour": per_hour,
+        "ctr": positives / len(lines) if lines else 0.0,
+        "start": f"{start:%Y%m%d/%H}",
+        "slots": list(INTEGER_SLOTS + CATEGORICAL_SLOTS),
+    }

@@ -5,6 +5,7 @@ way whatever the storage. HDFS uses pyarrow's HadoopFileSystem (it needs
 libhdfs and a Java runtime on the machine); S3 needs ``s3fs``. A missing
 driver is reported as a DataError saying what to install.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ class DataLocation:
     path: str
     url: str
 
-    def join(self, *parts: str) -> "DataLocation":
+    def join(self, *parts: str) -> DataLocation:
         path = "/".join([self.path.rstrip("/"), *parts])
         url = "/".join([self.url.rstrip("/"), *parts])
         return DataLocation(self.fs, path, url)
@@ -42,8 +43,11 @@ def open_location(url: str, *, hdfs_ugi: str = "") -> DataLocation:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
         scheme = url.split("://", 1)[0]
-        hint = {"s3": "pip install s3fs", "hdfs": "install a Java runtime and libhdfs (pyarrow's HadoopFileSystem)",
-                "gs": "pip install gcsfs"}.get(scheme, f"a filesystem driver for {scheme}://")
+        hint = {
+            "s3": "pip install s3fs",
+            "hdfs": "install a Java runtime and libhdfs (pyarrow's HadoopFileSystem)",
+            "gs": "pip install gcsfs",
+        }.get(scheme, f"a filesystem driver for {scheme}://")
         raise DataError(f"cannot open {url}: no driver for {scheme}:// ({hint}): {e}") from e
     except (OSError, ValueError) as e:
         # libhdfs lists every JVM path it tried: the first line says what is missing.

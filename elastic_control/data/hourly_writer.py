@@ -4,12 +4,13 @@ Used by the Criteo converter and the synthetic generator. Part files are
 written atomically and the hour's donefile last, so a reader never sees a
 half-written hour as complete.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import gzip
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from elastic_control.atomic import atomic_open, atomic_write_text
 from elastic_control.data.readers import HOUR_DONEFILE
@@ -19,8 +20,9 @@ def hour_dir(root: str | Path, hour: dt.datetime) -> Path:
     return Path(root) / f"{hour:%Y%m%d}" / f"{hour:%H}"
 
 
-def write_hour(root: str | Path, hour: dt.datetime, lines: Iterable[str], *, parts: int = 2,
-               compress: bool = False) -> Path:
+def write_hour(
+    root: str | Path, hour: dt.datetime, lines: Iterable[str], *, parts: int = 2, compress: bool = False
+) -> Path:
     """Write ``lines`` round-robin into ``parts`` files of one hour, then its donefile; return the folder."""
     folder = hour_dir(root, hour)
     folder.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ validated with one regular-expression pass and converted with one
 ``np.fromstring``; only a chunk that fails validation falls back to the
 per-line parser, which then names the bad lines.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from elastic_control.data.sample import (
-    PADDING_FEASIGN, UINT64_MAX, MalformedLine, parse_sample_line, transform_keys,
+    PADDING_FEASIGN,
+    UINT64_MAX,
+    MalformedLine,
+    parse_sample_line,
+    transform_keys,
 )
 
 # One valid line: show, click (0/1), then feasign:slot pairs. Feasigns have at
@@ -28,12 +33,12 @@ _CHUNK_OK = re.compile(r"(?:[ \t]*\d+[ \t]+[01](?:[ \t]+\d{1,20}:\d{1,9})*[ \t\r
 class LineBatch:
     """Parsed lines as columns; features are stored line after line, in line order."""
 
-    shows: np.ndarray          # int64[n]
-    clicks: np.ndarray         # int64[n]
-    feature_line: np.ndarray   # int64[m]: which line each feature belongs to
-    feasigns: np.ndarray       # uint64[m]
+    shows: np.ndarray  # int64[n]
+    clicks: np.ndarray  # int64[n]
+    feature_line: np.ndarray  # int64[m]: which line each feature belongs to
+    feasigns: np.ndarray  # uint64[m]
     feature_slots: np.ndarray  # int64[m]
-    lines: list[str] | None    # the raw (valid) lines when read from text; None for Parquet
+    lines: list[str] | None  # the raw (valid) lines when read from text; None for Parquet
 
     def __len__(self) -> int:
         return len(self.clicks)
@@ -43,11 +48,13 @@ class LineBatch:
         if self.lines is not None:
             return self.lines[i]
         lo, hi = np.searchsorted(self.feature_line, [i, i + 1])
-        feats = " ".join(f"{f}:{s}" for f, s in zip(self.feasigns[lo:hi].tolist(), self.feature_slots[lo:hi].tolist()))
+        feats = " ".join(
+            f"{f}:{s}" for f, s in zip(self.feasigns[lo:hi].tolist(), self.feature_slots[lo:hi].tolist(), strict=True)
+        )
         return f"{self.shows[i]} {self.clicks[i]} {feats}".rstrip()
 
     @classmethod
-    def empty(cls) -> "LineBatch":
+    def empty(cls) -> LineBatch:
         z = np.zeros(0, np.int64)
         return cls(z, z, z, np.zeros(0, np.uint64), z, [])
 
@@ -91,8 +98,14 @@ def _parse_valid_chunk(lines: list[str], text: str) -> LineBatch | None:
     is_feature[starts] = False
     is_feature[starts + 1] = False
     pairs = numbers[is_feature]
-    return LineBatch(shows, clicks, np.repeat(np.arange(len(lines), dtype=np.int64), counts),
-                     pairs[0::2].copy(), pairs[1::2].astype(np.int64), lines)
+    return LineBatch(
+        shows,
+        clicks,
+        np.repeat(np.arange(len(lines), dtype=np.int64), counts),
+        pairs[0::2].copy(),
+        pairs[1::2].astype(np.int64),
+        lines,
+    )
 
 
 def _parse_line_by_line(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
@@ -111,8 +124,14 @@ def _parse_line_by_line(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
         flines.extend([row] * len(s.feasigns))
         feas.extend(s.feasigns)
         slots.extend(s.slots)
-    batch = LineBatch(np.array(shows, np.int64), np.array(clicks, np.int64), np.array(flines, np.int64),
-                      np.array(feas, np.uint64), np.array(slots, np.int64), good)
+    batch = LineBatch(
+        np.array(shows, np.int64),
+        np.array(clicks, np.int64),
+        np.array(flines, np.int64),
+        np.array(feas, np.uint64),
+        np.array(slots, np.int64),
+        good,
+    )
     return batch, bad
 
 
@@ -125,9 +144,11 @@ def concat_batches(batches: list[LineBatch]) -> LineBatch:
         return batches[0]
     offsets = np.cumsum([0] + [len(b) for b in batches[:-1]])
     return LineBatch(
-        np.concatenate([b.shows for b in batches]), np.concatenate([b.clicks for b in batches]),
-        np.concatenate([b.feature_line + o for b, o in zip(batches, offsets)]),
-        np.concatenate([b.feasigns for b in batches]), np.concatenate([b.feature_slots for b in batches]),
+        np.concatenate([b.shows for b in batches]),
+        np.concatenate([b.clicks for b in batches]),
+        np.concatenate([b.feature_line + o for b, o in zip(batches, offsets, strict=True)]),
+        np.concatenate([b.feasigns for b in batches]),
+        np.concatenate([b.feature_slots for b in batches]),
         None if any(b.lines is None for b in batches) else [ln for b in batches for ln in b.lines],
     )
 
@@ -135,9 +156,14 @@ def concat_batches(batches: list[LineBatch]) -> LineBatch:
 def slice_batch(batch: LineBatch, start: int, stop: int) -> LineBatch:
     """Lines ``start:stop`` of a batch (features are stored in line order)."""
     lo, hi = np.searchsorted(batch.feature_line, [start, stop])
-    return LineBatch(batch.shows[start:stop], batch.clicks[start:stop], batch.feature_line[lo:hi] - start,
-                     batch.feasigns[lo:hi], batch.feature_slots[lo:hi],
-                     None if batch.lines is None else batch.lines[start:stop])
+    return LineBatch(
+        batch.shows[start:stop],
+        batch.clicks[start:stop],
+        batch.feature_line[lo:hi] - start,
+        batch.feasigns[lo:hi],
+        batch.feature_slots[lo:hi],
+        None if batch.lines is None else batch.lines[start:stop],
+    )
 
 
 def take_rows(batch: LineBatch, rows: np.ndarray) -> LineBatch:
@@ -147,9 +173,14 @@ def take_rows(batch: LineBatch, rows: np.ndarray) -> LineBatch:
     keep[rows] = True
     fmask = keep[batch.feature_line]
     new_index = np.cumsum(keep) - 1
-    return LineBatch(batch.shows[rows], batch.clicks[rows], new_index[batch.feature_line[fmask]],
-                     batch.feasigns[fmask], batch.feature_slots[fmask],
-                     None if batch.lines is None else [batch.lines[i] for i in rows.tolist()])
+    return LineBatch(
+        batch.shows[rows],
+        batch.clicks[rows],
+        new_index[batch.feature_line[fmask]],
+        batch.feasigns[fmask],
+        batch.feature_slots[fmask],
+        None if batch.lines is None else [batch.lines[i] for i in rows.tolist()],
+    )
 
 
 def batch_slot_keys(batch: LineBatch, slots, sparse_dim: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -174,7 +205,7 @@ def batch_slot_keys(batch: LineBatch, slots, sparse_dim: int | None) -> list[tup
     bounds = np.searchsorted(slot_pos[by_slot], np.arange(-1, len(slots_arr) + 1))
     out = []
     for j in range(len(slots_arr)):
-        idx = by_slot[bounds[j + 1]:bounds[j + 2]]
+        idx = by_slot[bounds[j + 1] : bounds[j + 2]]
         lines_j = batch.feature_line[idx]
         counts = np.bincount(lines_j, minlength=n)
         empty = np.flatnonzero(counts == 0)

@@ -5,6 +5,7 @@ Layout: ``{HDFS_ADDRESS}{DATASET_PATH}/YYYYMMDD/HH/part-*`` (text, plain or
 Offline, a missing hour is skipped with a warning; online (ONLINE=1) the
 reader waits for its donefile, and keeps going after END_DATE_HR.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -12,8 +13,8 @@ import gzip
 import io
 import itertools
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -64,14 +65,22 @@ class BadLineCounter:
         if self.bad and self.fraction > self.max_fraction:
             raise DataError(
                 f"{where}: {self.bad} of {self.total} lines are malformed ({self.fraction:.2%}), above "
-                f"MAX_BAD_LINE_FRACTION={self.max_fraction:g}; first: {'; '.join(self.examples)}")
+                f"MAX_BAD_LINE_FRACTION={self.max_fraction:g}; first: {'; '.join(self.examples)}"
+            )
 
 
 class HourlyData:
     """The hours of a DataConfig window and their files."""
 
-    def __init__(self, config: DataConfig, *, wait_timeout: float | None = None, poll_seconds: float = 10.0,
-                 warn: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        config: DataConfig,
+        *,
+        wait_timeout: float | None = None,
+        poll_seconds: float = 10.0,
+        warn: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.config = config
         self.root = open_location(config.dataset_root, hdfs_ugi=config.hdfs_ugi)
         self.wait_timeout = wait_timeout
@@ -115,8 +124,10 @@ class HourlyData:
                 continue
             if not self.is_ready(hour):
                 if not self.config.online:
-                    self._warn(f"hour {format_hour(hour)} is missing (no {HOUR_DONEFILE} in "
-                               f"{self.hour_location(hour).url}); skipped")
+                    self._warn(
+                        f"hour {format_hour(hour)} is missing (no {HOUR_DONEFILE} in "
+                        f"{self.hour_location(hour).url}); skipped"
+                    )
                     continue
                 self.wait_for(hour)
             yield HourPartition(hour, self.hour_location(hour), self.list_files(hour))
@@ -128,8 +139,10 @@ class HourlyData:
         while not self.is_ready(hour):
             waited = time.monotonic() - started
             if self.wait_timeout is not None and waited >= self.wait_timeout:
-                raise DataError(f"hour {format_hour(hour)}: no {HOUR_DONEFILE} in {self.hour_location(hour).url} "
-                                f"after waiting {waited:.0f}s (ONLINE=1)")
+                raise DataError(
+                    f"hour {format_hour(hour)}: no {HOUR_DONEFILE} in {self.hour_location(hour).url} "
+                    f"after waiting {waited:.0f}s (ONLINE=1)"
+                )
             if not announced:
                 self._warn(f"waiting for hour {format_hour(hour)} ({self.hour_location(hour).url}/{HOUR_DONEFILE})")
                 announced = True
@@ -138,9 +151,15 @@ class HourlyData:
                 pause = max(0.01, min(pause, self.wait_timeout - waited))
             self._sleep(pause)
 
-    def iter_batches(self, part: HourPartition, *, trainer_id: int = 0, trainers: int = 1,
-                     counter: BadLineCounter | None = None,
-                     chunk_lines: int = DEFAULT_CHUNK_LINES) -> Iterator[LineBatch]:
+    def iter_batches(
+        self,
+        part: HourPartition,
+        *,
+        trainer_id: int = 0,
+        trainers: int = 1,
+        counter: BadLineCounter | None = None,
+        chunk_lines: int = DEFAULT_CHUNK_LINES,
+    ) -> Iterator[LineBatch]:
         """This trainer's lines of an hour, parsed, in chunks; malformed lines counted in ``counter``.
 
         With at least as many files as trainers each trainer reads whole files
@@ -215,8 +234,12 @@ def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[li
 
 
 # Parquet layout (feature-store style): one row per sample.
-PARQUET_COLUMNS = {"show": "int64 (optional, default 1)", "click": "int (0/1)",
-                   "feasigns": "list<uint64>", "slots": "list<int>"}
+PARQUET_COLUMNS = {
+    "show": "int64 (optional, default 1)",
+    "click": "int (0/1)",
+    "feasigns": "list<uint64>",
+    "slots": "list<int>",
+}
 
 
 def iter_parquet_batches(fs, path: str, where: str, chunk_lines: int) -> Iterator[tuple[LineBatch, list[BadLine]]]:
@@ -229,8 +252,7 @@ def iter_parquet_batches(fs, path: str, where: str, chunk_lines: int) -> Iterato
             names = set(pf.schema_arrow.names)
             missing = {"click", "feasigns", "slots"} - names
             if missing:
-                raise DataError(f"{where}: Parquet columns {sorted(missing)} are missing "
-                                f"(expected {PARQUET_COLUMNS})")
+                raise DataError(f"{where}: Parquet columns {sorted(missing)} are missing (expected {PARQUET_COLUMNS})")
             cols = [c for c in ("show", "click", "feasigns", "slots") if c in names]
             for rb in pf.iter_batches(batch_size=chunk_lines, columns=cols):
                 yield _record_batch_to_lines(rb, where)
@@ -251,8 +273,10 @@ def _record_batch_to_lines(rb, where: str) -> tuple[LineBatch, list[BadLine]]:
     click_np = pc.fill_null(pc.cast(click, pa.int64()), -1).to_numpy(zero_copy_only=False)
     show_np = pc.fill_null(pc.cast(show, pa.int64()), -1).to_numpy(zero_copy_only=False)
     ok = (feas_len == slot_len) & np.isin(click_np, (0, 1)) & (show_np >= 0)
-    bad = [BadLine(int(i), f"row {int(i)}", "click must be 0/1, show >= 0, feasigns and slots of equal length")
-           for i in np.flatnonzero(~ok)]
+    bad = [
+        BadLine(int(i), f"row {int(i)}", "click must be 0/1, show >= 0, feasigns and slots of equal length")
+        for i in np.flatnonzero(~ok)
+    ]
     if not ok.all():
         rb = rb.filter(pa.array(ok))
         feas, slots = rb.column("feasigns"), rb.column("slots")
@@ -264,5 +288,6 @@ def _record_batch_to_lines(rb, where: str) -> tuple[LineBatch, list[BadLine]]:
             raise DataError(f"{where}: feasigns must be unsigned 64-bit (uint64 column), found negative values")
         flat_feas = flat_feas.astype(np.uint64)
     lines = np.repeat(np.arange(len(click_np), dtype=np.int64), feas_len)
-    return LineBatch(show_np.astype(np.int64), click_np.astype(np.int64), lines, flat_feas,
-                     flat_slots.astype(np.int64), None), bad
+    return LineBatch(
+        show_np.astype(np.int64), click_np.astype(np.int64), lines, flat_feas, flat_slots.astype(np.int64), None
+    ), bad

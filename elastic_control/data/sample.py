@@ -6,6 +6,7 @@ sparse table is ``feasign % SPARSE_DIM`` when SPARSE_DIM is set (the original
 behaviour), else the full feasign. Paddle ids are int64, so the uint64 key's
 bits are reinterpreted as int64 on the way in, in every component.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,7 +87,7 @@ def slot_keys(sample: Sample, slots: tuple[int, ...] | list[int], sparse_dim: in
     """
     pos = {s: i for i, s in enumerate(slots)}
     per_slot: list[list[int]] = [[] for _ in slots]
-    for f, s in zip(sample.feasigns, sample.slots):
+    for f, s in zip(sample.feasigns, sample.slots, strict=True):
         i = pos.get(s)
         if i is not None:
             per_slot[i].append(f)

@@ -21,13 +21,14 @@ gets within ~0.02 of it, and the interactions still add a learnable part.
 A 500-feasign Zipf vocabulary left a long tail of feasigns seen a handful of
 times whose weights cannot be learnt from 100k lines.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -49,9 +50,9 @@ def stable_feasign(*parts) -> int:
 @dataclass(frozen=True)
 class PlantedModel:
     slots: tuple[int, ...]
-    feasigns: tuple[np.ndarray, ...]      # per slot: uint64[vocab]
-    popularity: tuple[np.ndarray, ...]    # per slot: Zipf probabilities over the vocabulary
-    weights: tuple[np.ndarray, ...]       # per slot: float64[vocab]
+    feasigns: tuple[np.ndarray, ...]  # per slot: uint64[vocab]
+    popularity: tuple[np.ndarray, ...]  # per slot: Zipf probabilities over the vocabulary
+    weights: tuple[np.ndarray, ...]  # per slot: float64[vocab]
     interactions: tuple[tuple[int, int, np.ndarray, np.ndarray], ...]  # (slot pos a, slot pos b, U_a, V_b)
     bias: float
 
@@ -59,17 +60,25 @@ class PlantedModel:
 DEFAULT_VOCAB = 50  # feasigns per slot; see the module docstring for why not more
 
 
-def build_planted_model(slots: Sequence[int], seed: int, *, vocab: int = DEFAULT_VOCAB, zipf: float = 1.1,
-                        weight_scale: float = 0.7, interactions: int = 3, rank: int = 2,
-                        interaction_scale: float = 0.4, base_ctr: float = 0.2) -> PlantedModel:
+def build_planted_model(
+    slots: Sequence[int],
+    seed: int,
+    *,
+    vocab: int = DEFAULT_VOCAB,
+    zipf: float = 1.1,
+    weight_scale: float = 0.7,
+    interactions: int = 3,
+    rank: int = 2,
+    interaction_scale: float = 0.4,
+    base_ctr: float = 0.2,
+) -> PlantedModel:
     """The ground truth for ``slots``; deterministic in ``seed``."""
     rng = np.random.default_rng([seed, 1])
     slots = tuple(slots)
     ranks = np.arange(1, vocab + 1, dtype=np.float64)
-    pop = ranks ** -zipf
+    pop = ranks**-zipf
     pop /= pop.sum()
-    feas = tuple(np.array([stable_feasign("synth", seed, s, i) for i in range(vocab)], dtype=np.uint64)
-                 for s in slots)
+    feas = tuple(np.array([stable_feasign("synth", seed, s, i) for i in range(vocab)], dtype=np.uint64) for s in slots)
     # Some slots matter more than others, as in real logs.
     scales = weight_scale * rng.uniform(0.3, 1.5, size=len(slots))
     weights = tuple(rng.normal(0.0, sc, size=vocab) for sc in scales)
@@ -77,8 +86,14 @@ def build_planted_model(slots: Sequence[int], seed: int, *, vocab: int = DEFAULT
     if len(slots) >= 2:
         for _ in range(interactions):
             a, b = rng.choice(len(slots), size=2, replace=False)
-            pairs.append((int(a), int(b), rng.normal(0, interaction_scale, size=(vocab, rank)),
-                          rng.normal(0, interaction_scale, size=(vocab, rank))))
+            pairs.append(
+                (
+                    int(a),
+                    int(b),
+                    rng.normal(0, interaction_scale, size=(vocab, rank)),
+                    rng.normal(0, interaction_scale, size=(vocab, rank)),
+                )
+            )
     bias = float(np.log(base_ctr / (1 - base_ctr)))
     return PlantedModel(slots, feas, (pop,) * len(slots), weights, tuple(pairs), bias)
 
@@ -95,7 +110,7 @@ def sample_lines(model: PlantedModel, n: int, rng: np.random.Generator) -> tuple
         np.add.at(logit, line_of, model.weights[j][idx])
         chosen.append((line_of, idx))
         feas = model.feasigns[j][idx].tolist()
-        for line, f in zip(line_of.tolist(), feas):
+        for line, f in zip(line_of.tolist(), feas, strict=True):
             tokens[line].append(f"{f}:{slot}")
     for a, b, u, v in model.interactions:
         ua = np.zeros((n, u.shape[1]))
@@ -105,13 +120,23 @@ def sample_lines(model: PlantedModel, n: int, rng: np.random.Generator) -> tuple
         logit += (ua * vb).sum(axis=1)
     prob = 1.0 / (1.0 + np.exp(-logit))
     clicks = (rng.random(n) < prob).astype(np.int64)
-    lines = [f"1 {c} " + " ".join(t) if t else f"1 {c}" for c, t in zip(clicks.tolist(), tokens)]
+    lines = [f"1 {c} " + " ".join(t) if t else f"1 {c}" for c, t in zip(clicks.tolist(), tokens, strict=True)]
     return lines, prob, clicks
 
 
-def generate(output: str | Path, *, slots: Sequence[int], hours: int, lines_per_hour: int, seed: int,
-             start: dt.datetime, parts: int = 2, compress: bool = False,
-             progress: Callable[[int], None] | None = None, **model_options) -> dict:
+def generate(
+    output: str | Path,
+    *,
+    slots: Sequence[int],
+    hours: int,
+    lines_per_hour: int,
+    seed: int,
+    start: dt.datetime,
+    parts: int = 2,
+    compress: bool = False,
+    progress: Callable[[int], None] | None = None,
+    **model_options,
+) -> dict:
     """Write ``hours`` hours of synthetic data under ``output``; return a summary with the Bayes-optimal AUC."""
     from elastic_control.training.metrics import auc as auc_of
 
@@ -131,8 +156,13 @@ def generate(output: str | Path, *, slots: Sequence[int], hours: int, lines_per_
         if progress:
             progress(1)
     prob, clicks = np.concatenate(all_prob), np.concatenate(all_click)
-    return {"hours": hours, "lines": int(len(prob)), "ctr": float(clicks.mean()),
-            "bayes_auc": float(auc_of(clicks, prob)), "start": f"{start:%Y%m%d/%H}"}
+    return {
+        "hours": hours,
+        "lines": int(len(prob)),
+        "ctr": float(clicks.mean()),
+        "bayes_auc": float(auc_of(clicks, prob)),
+        "start": f"{start:%Y%m%d/%H}",
+    }
 
 
 def read_truth(hour_folder: str | Path) -> tuple[list[str], np.ndarray]:
@@ -146,7 +176,7 @@ def read_truth(hour_folder: str | Path) -> tuple[list[str], np.ndarray]:
         opener = gzip.open if part.name.endswith(".gz") else open
         with opener(part, "rt", encoding="utf-8") as f:
             lines.extend(ln.rstrip("\n") for ln in f if ln.strip())
-        suffix = part.name[len("part-"):].removesuffix(".gz")
+        suffix = part.name[len("part-") :].removesuffix(".gz")
         probs.extend(float(x) for x in (folder / f"{TRUTH_PREFIX}{suffix}").read_text().split())
     if len(lines) != len(probs):
         raise ValueError(f"{folder}: {len(lines)} lines but {len(probs)} true probabilities")

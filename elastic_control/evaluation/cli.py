@@ -1,4 +1,5 @@
 """`elastic-control eval`: offline metrics of a pass, its worker/merge entries for a cluster job, shadow reports."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,13 +38,19 @@ def _finish(result, output: str | None, mlflow: bool, as_json: bool) -> None:
         result.cleanup()
 
 
-@click.group("eval", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="On Kubernetes: `eval submit --model PASS --workers W` runs W workers "
-                    "(`eval ... --shard I/W --partial-out DIR`) as a Volcano job, then one "
-                    "`eval merge --partial-out DIR`; see docs/contracts.md.")
+@click.group(
+    "eval",
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="On Kubernetes: `eval submit --model PASS --workers W` runs W workers "
+    "(`eval ... --shard I/W --partial-out DIR`) as a Volcano job, then one "
+    "`eval merge --partial-out DIR`; see docs/contracts.md.",
+)
 @click.option("--model", "model", type=click.Path(file_okay=False), help="Pass folder to evaluate.")
 @click.option("--baseline", type=click.Path(file_okay=False), help="Pass folder to compare with (e.g. the active one).")
-@click.option("-f", "--datafile", default="data.config", show_default=True, help="data.config: data location and window.")
+@click.option(
+    "-f", "--datafile", default="data.config", show_default=True, help="data.config: data location and window."
+)
 @click.option("--output", type=click.Path(file_okay=False), help="Write metrics.json, scored.parquet and plots here.")
 @click.option("--group-slot", type=int, help="Slot whose feasign names the group (user/query): grouped AUC, NDCG@k.")
 @click.option("--ndcg-k", type=click.IntRange(1, 10000), default=10, show_default=True, help="k of NDCG@k.")
@@ -51,13 +58,17 @@ def _finish(result, output: str | None, mlflow: bool, as_json: bool) -> None:
 @click.option("--start", help="First hour YYYYMMDD/HH (default: START_DATE_HR).")
 @click.option("--end", help="Last hour YYYYMMDD/HH (default: END_DATE_HR).")
 @click.option("--shard", help="Run only share I of W (a cluster worker) and write its partial to --partial-out.")
-@click.option("--partial-out", type=click.Path(file_okay=False),
-              help="Folder of per-share partials (kept; complete shares are reused on a rerun).")
+@click.option(
+    "--partial-out",
+    type=click.Path(file_okay=False),
+    help="Folder of per-share partials (kept; complete shares are reused on a rerun).",
+)
 @click.option("--mlflow/--no-mlflow", default=True, show_default=True, help="Record the evaluation in MLflow.")
 @click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON on stdout instead of tables.")
 @click.pass_context
-def eval_command(ctx, model, baseline, datafile, output, group_slot, ndcg_k, workers, start, end, shard, partial_out,
-                 mlflow, as_json):
+def eval_command(
+    ctx, model, baseline, datafile, output, group_slot, ndcg_k, workers, start, end, shard, partial_out, mlflow, as_json
+):
     """Score a pass offline on a data window: AUC, log loss, calibration, grouped AUC and NDCG@k."""
     if ctx.invoked_subcommand is not None:
         return
@@ -73,8 +84,17 @@ def eval_command(ctx, model, baseline, datafile, output, group_slot, ndcg_k, wor
             raise UsageError("--shard needs --partial-out DIR (where the share's partial is written)")
     else:
         shares = workers or default_workers()
-    spec = EvalSpec.create(model=model, data_config=datafile, shares=shares, baseline=baseline, start=start, end=end,
-                           group_slot=group_slot, ndcg_k=ndcg_k, keep_scored=bool(output or partial_out))
+    spec = EvalSpec.create(
+        model=model,
+        data_config=datafile,
+        shares=shares,
+        baseline=baseline,
+        start=start,
+        end=end,
+        group_slot=group_slot,
+        ndcg_k=ndcg_k,
+        keep_scored=bool(output or partial_out),
+    )
     if shard:
         from elastic_control.evaluation.shares import read_share
 
@@ -84,16 +104,20 @@ def eval_command(ctx, model, baseline, datafile, output, group_slot, ndcg_k, wor
             done(f"share {index}/{shares} is already complete in {partial_out}; kept")
             return
         result = run_share(spec, index, partial_out)
-        done(f"share {index}/{shares}: {result['examples']} examples scored in {result['seconds']}s "
-             f"-> {partial_out}")
+        done(f"share {index}/{shares}: {result['examples']} examples scored in {result['seconds']}s -> {partial_out}")
         return
     result = evaluate(spec, workers=shares, partials=partial_out, progress=info)
     _finish(result, output, mlflow, as_json)
 
 
 @eval_command.command("merge")
-@click.option("--partial-out", "partials", required=True, type=click.Path(file_okay=False),
-              help="The folder the shares wrote their partials to.")
+@click.option(
+    "--partial-out",
+    "partials",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The folder the shares wrote their partials to.",
+)
 @click.option("--output", type=click.Path(file_okay=False), help="Write metrics.json, scored.parquet and plots here.")
 @click.option("--mlflow/--no-mlflow", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -105,23 +129,35 @@ def merge_command(partials, output, mlflow, as_json):
 
 
 @eval_command.command("submit")
-@click.option("--model", required=True, help="Pass to evaluate: its name under the pods' MODEL_PATH, or an absolute "
-                                             "path inside the pods.")
+@click.option(
+    "--model",
+    required=True,
+    help="Pass to evaluate: its name under the pods' MODEL_PATH, or an absolute path inside the pods.",
+)
 @click.option("--baseline", help="Pass to compare with (name or absolute path in the pods).")
 @click.option("--workers", type=click.IntRange(1, 512), help="Worker pods (default: the plan's trainer count).")
 @click.option("--group-slot", type=int, help="Slot whose feasign names the group: grouped AUC, NDCG@k.")
 @click.option("--ndcg-k", type=click.IntRange(1, 10000), default=10, show_default=True, help="k of NDCG@k.")
 @click.option("--start", help="First hour YYYYMMDD/HH (default: START_DATE_HR of the deployment's data.config).")
 @click.option("--end", help="Last hour YYYYMMDD/HH (default: END_DATE_HR).")
-@click.option("--run", "run", help="Name of this evaluation (default: a hash of the flags, so a resubmission "
-                                   "reuses the complete shares).")
-@click.option("--timeout", type=click.FloatRange(1), default=86400, show_default=True,
-              help="Seconds to wait for each of the two jobs.")
+@click.option(
+    "--run",
+    "run",
+    help="Name of this evaluation (default: a hash of the flags, so a resubmission reuses the complete shares).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(1),
+    default=86400,
+    show_default=True,
+    help="Seconds to wait for each of the two jobs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the merged metrics as JSON on stdout.")
 @click.option("--poll-interval", type=click.FloatRange(0.05), default=2.0, hidden=True)
 @state_dir_option
-def submit_command(model, baseline, workers, group_slot, ndcg_k, start, end, run, timeout, as_json, poll_interval,
-                   state_dir):
+def submit_command(
+    model, baseline, workers, group_slot, ndcg_k, start, end, run, timeout, as_json, poll_interval, state_dir
+):
     """Run the evaluation on the Kubernetes cluster of the plan: a Volcano job of W workers, then the merge."""
     import json
 
@@ -133,10 +169,20 @@ def submit_command(model, baseline, workers, group_slot, ndcg_k, start, end, run
 
     plan = load_plan(state_dir)
     if plan.backend != "k8s":
-        raise UsageError(f"the plan in {state_dir}/ uses the {plan.backend} backend; evaluate with local processes "
-                         "instead: `elastic-control eval --model PASS_DIR --workers W -f data.config`")
-    request = EvalJobRequest(model=model, baseline=baseline, workers=workers or plan.resources.trainers,
-                             group_slot=group_slot, ndcg_k=ndcg_k, start=start, end=end, run=run)
+        raise UsageError(
+            f"the plan in {state_dir}/ uses the {plan.backend} backend; evaluate with local processes "
+            "instead: `elastic-control eval --model PASS_DIR --workers W -f data.config`"
+        )
+    request = EvalJobRequest(
+        model=model,
+        baseline=baseline,
+        workers=workers or plan.resources.trainers,
+        group_slot=group_slot,
+        ndcg_k=ndcg_k,
+        start=start,
+        end=end,
+        run=run,
+    )
     metrics = KubeBackend().submit_evaluation(plan, request, timeout=timeout, poll=poll_interval)
     if as_json:
         out(json.dumps(metrics, sort_keys=True))

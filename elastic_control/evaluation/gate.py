@@ -21,6 +21,7 @@ complete yet, the last ``holdout_hours`` complete hours up to and including the
 window end are used instead and the decision says so (they are then training
 data of the candidate: a weaker check, but never a silent pass).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -34,8 +35,14 @@ from elastic_control.pass_format import load_pass
 
 _NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 _CLAUSE = re.compile(rf"^\s*([a-z_]+)\s*(<=|>=|=)\s*({_NUMBER})(?:\s*\.\.\s*({_NUMBER}))?\s*$")
-_KNOWN = {"auc_drop": "<=", "logloss_rise": "<=", "calibration": "=", "auc": ">=", "min_examples": ">=",
-          "holdout_hours": "="}
+_KNOWN = {
+    "auc_drop": "<=",
+    "logloss_rise": "<=",
+    "calibration": "=",
+    "auc": ">=",
+    "min_examples": ">=",
+    "holdout_hours": "=",
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class GateRule:
     text: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> "GateRule":
+    def parse(cls, text: str) -> GateRule:
         """Parse 'auc_drop<=0.002,calibration=0.9..1.1'; ConfigError naming the bad clause."""
         values: dict = {}
         if not text or not text.strip():
@@ -57,8 +64,10 @@ class GateRule:
         for clause in text.split(","):
             m = _CLAUSE.match(clause)
             if not m:
-                raise ConfigError(f"gate rule clause {clause.strip()!r} is not NAME<=X, NAME>=X, NAME=X or NAME=A..B "
-                                  f"(names: {', '.join(_KNOWN)})")
+                raise ConfigError(
+                    f"gate rule clause {clause.strip()!r} is not NAME<=X, NAME>=X, NAME=X or NAME=A..B "
+                    f"(names: {', '.join(_KNOWN)})"
+                )
             name, op, a, b = m.groups()
             if name not in _KNOWN:
                 import difflib
@@ -67,8 +76,10 @@ class GateRule:
                 hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(_KNOWN)})"
                 raise ConfigError(f"unknown gate rule {name!r}{hint}")
             if op != _KNOWN[name]:
-                raise ConfigError(f"gate rule {name!r} takes {_KNOWN[name]!r}, e.g. "
-                                  f"{name}{_KNOWN[name]}{'0.9..1.1' if name == 'calibration' else '1'}")
+                raise ConfigError(
+                    f"gate rule {name!r} takes {_KNOWN[name]!r}, e.g. "
+                    f"{name}{_KNOWN[name]}{'0.9..1.1' if name == 'calibration' else '1'}"
+                )
             try:
                 lo = float(a)
                 hi = float(b) if b is not None else None
@@ -111,8 +122,15 @@ def holdout_window(candidate_meta: dict, config, hours: int, ready) -> tuple[dt.
     return within[0], within[-1], False
 
 
-def evaluate_candidate(candidate_pass_dir, active_pass_dir_or_None, rule, *, data_config=None,
-                       workers: int | None = None, record: bool = True) -> GateDecision:
+def evaluate_candidate(
+    candidate_pass_dir,
+    active_pass_dir_or_None,
+    rule,
+    *,
+    data_config=None,
+    workers: int | None = None,
+    record: bool = True,
+) -> GateDecision:
     """Evaluate the candidate (and the active pass) on hold-out hours and apply ``rule``.
 
     ``rule`` is a GateRule or its text. ``data_config`` defaults to the
@@ -143,8 +161,14 @@ def evaluate_candidate(candidate_pass_dir, active_pass_dir_or_None, rule, *, dat
     window = f"{format_hour(start)}..{format_hour(end)}"
     note = "" if after_training else " (no complete hour after the training window yet: judged on its last hours)"
     try:
-        spec = EvalSpec.create(model=str(candidate.path), data_config=data_config, shares=workers or 1,
-                               baseline=active, start=format_hour(start), end=format_hour(end))
+        spec = EvalSpec.create(
+            model=str(candidate.path),
+            data_config=data_config,
+            shares=workers or 1,
+            baseline=active,
+            start=format_hour(start),
+            end=format_hour(end),
+        )
         result = evaluate(spec, workers=workers or 1)
         metrics = result.metrics
     except DataError as e:
@@ -176,13 +200,17 @@ def apply_rule(rule: GateRule, metrics: dict) -> GateDecision:
     if rule.calibration is not None:
         lo, hi = rule.calibration
         c = m.get("calibration")
-        check(c is not None and lo <= c <= hi,
-              f"calibration {c:.4f} in {lo}..{hi}" if c is not None else "calibration undefined (no clicks)")
+        check(
+            c is not None and lo <= c <= hi,
+            f"calibration {c:.4f} in {lo}..{hi}" if c is not None else "calibration undefined (no clicks)",
+        )
     if base is not None:
         if rule.auc_drop is not None and m.get("auc") is not None and base.get("auc") is not None:
             drop = base["auc"] - m["auc"]
-            check(drop <= rule.auc_drop, f"auc drop {drop:+.6f} (active {base['auc']:.6f} -> candidate "
-                                         f"{m['auc']:.6f}) <= {rule.auc_drop}")
+            check(
+                drop <= rule.auc_drop,
+                f"auc drop {drop:+.6f} (active {base['auc']:.6f} -> candidate {m['auc']:.6f}) <= {rule.auc_drop}",
+            )
         if rule.logloss_rise is not None:
             rise = m["logloss"] - base["logloss"]
             check(rise <= rule.logloss_rise, f"logloss rise {rise:+.6f} <= {rule.logloss_rise}")

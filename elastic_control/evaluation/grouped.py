@@ -15,6 +15,7 @@ Definitions (stated because conventions differ):
   there are; they are excluded here and counted in ``ndcg_groups_without_click``.
   A one-example group with a click has NDCG 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -35,8 +36,8 @@ def group_bucket(groups: np.ndarray, buckets: int) -> np.ndarray:
 
 @dataclass
 class GroupTotals:
-    weighted_auc: float = 0.0      # sum of n_g * AUC_g over two-class groups
-    auc_weight: int = 0            # sum of n_g over two-class groups
+    weighted_auc: float = 0.0  # sum of n_g * AUC_g over two-class groups
+    auc_weight: int = 0  # sum of n_g over two-class groups
     auc_groups: int = 0
     single_class_groups: int = 0
     ndcg_sum: float = 0.0
@@ -44,15 +45,19 @@ class GroupTotals:
     ndcg_without_click: int = 0
     groups: int = 0
 
-    def add(self, other: "GroupTotals") -> "GroupTotals":
-        return GroupTotals(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
+    def add(self, other: GroupTotals) -> GroupTotals:
+        return GroupTotals(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values(), strict=True)))
 
     def summary(self, k: int) -> dict:
-        return {"groups": self.groups,
-                "gauc": self.weighted_auc / self.auc_weight if self.auc_weight else None,
-                "gauc_groups": self.auc_groups, "gauc_single_class_groups": self.single_class_groups,
-                f"ndcg@{k}": self.ndcg_sum / self.ndcg_groups if self.ndcg_groups else None,
-                "ndcg_groups": self.ndcg_groups, "ndcg_groups_without_click": self.ndcg_without_click}
+        return {
+            "groups": self.groups,
+            "gauc": self.weighted_auc / self.auc_weight if self.auc_weight else None,
+            "gauc_groups": self.auc_groups,
+            "gauc_single_class_groups": self.single_class_groups,
+            f"ndcg@{k}": self.ndcg_sum / self.ndcg_groups if self.ndcg_groups else None,
+            "ndcg_groups": self.ndcg_groups,
+            "ndcg_groups_without_click": self.ndcg_without_click,
+        }
 
 
 def _runs(*columns: np.ndarray) -> np.ndarray:
@@ -122,7 +127,12 @@ def group_totals(groups: np.ndarray, labels: np.ndarray, scores: np.ndarray, k: 
     has_click = gpos > 0
 
     return GroupTotals(
-        weighted_auc=float(np.sum(gsize[two_class] * auc_g)), auc_weight=int(gsize[two_class].sum()),
-        auc_groups=int(two_class.sum()), single_class_groups=int((~two_class).sum()),
-        ndcg_sum=float(np.sum(dcg[has_click] / idcg[has_click])), ndcg_groups=int(has_click.sum()),
-        ndcg_without_click=int((~has_click).sum()), groups=len(gstart))
+        weighted_auc=float(np.sum(gsize[two_class] * auc_g)),
+        auc_weight=int(gsize[two_class].sum()),
+        auc_groups=int(two_class.sum()),
+        single_class_groups=int((~two_class).sum()),
+        ndcg_sum=float(np.sum(dcg[has_click] / idcg[has_click])),
+        ndcg_groups=int(has_click.sum()),
+        ndcg_without_click=int((~has_click).sum()),
+        groups=len(gstart),
+    )

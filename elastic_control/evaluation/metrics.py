@@ -17,6 +17,7 @@ inside one bin is counted as a tie (1/2) where the exact AUC counts 0, 1/2 or
 computed and reported (``auc_error_bound``). Log loss, calibration and the
 reliability table then come from float64 running sums (exact up to rounding).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -86,15 +87,30 @@ class ScoreCounts:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Plain arrays for np.savez (the partial-file format)."""
-        return {"keys": self.keys, "pos": self.pos, "neg": self.neg, "shift": np.array(self.shift),
-                "sums": np.array([self.sum_pred, self.sum_logloss]), "rel_count": self.rel_count,
-                "rel_pos": self.rel_pos, "rel_sum_pred": self.rel_sum_pred}
+        return {
+            "keys": self.keys,
+            "pos": self.pos,
+            "neg": self.neg,
+            "shift": np.array(self.shift),
+            "sums": np.array([self.sum_pred, self.sum_logloss]),
+            "rel_count": self.rel_count,
+            "rel_pos": self.rel_pos,
+            "rel_sum_pred": self.rel_sum_pred,
+        }
 
     @classmethod
-    def from_arrays(cls, a) -> "ScoreCounts":
-        return cls(np.asarray(a["keys"], np.uint32), np.asarray(a["pos"], np.int64), np.asarray(a["neg"], np.int64),
-                   int(a["shift"]), float(a["sums"][0]), float(a["sums"][1]), np.asarray(a["rel_count"], np.int64),
-                   np.asarray(a["rel_pos"], np.int64), np.asarray(a["rel_sum_pred"], np.float64))
+    def from_arrays(cls, a) -> ScoreCounts:
+        return cls(
+            np.asarray(a["keys"], np.uint32),
+            np.asarray(a["pos"], np.int64),
+            np.asarray(a["neg"], np.int64),
+            int(a["shift"]),
+            float(a["sums"][0]),
+            float(a["sums"][1]),
+            np.asarray(a["rel_count"], np.int64),
+            np.asarray(a["rel_pos"], np.int64),
+            np.asarray(a["rel_sum_pred"], np.float64),
+        )
 
 
 def _reliability_bin(p64: np.ndarray) -> np.ndarray:
@@ -108,8 +124,11 @@ def _unique_counts(keys: np.ndarray, pos: np.ndarray, neg: np.ndarray):
     order = np.argsort(keys, kind="stable")
     k = keys[order]
     starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
-    return k[starts], np.add.reduceat(pos[order], starts).astype(np.int64), \
-        np.add.reduceat(neg[order], starts).astype(np.int64)
+    return (
+        k[starts],
+        np.add.reduceat(pos[order], starts).astype(np.int64),
+        np.add.reduceat(neg[order], starts).astype(np.int64),
+    )
 
 
 def _chunk_counts(keys: np.ndarray, labels: np.ndarray):
@@ -174,8 +193,9 @@ class CountsBuilder:
             keys = _coarsen(keys, self.table.shift)
         t = self.table
         ck, cp, cn = _chunk_counts(keys, labels) if len(keys) else (keys, np.zeros(0, np.int64), np.zeros(0, np.int64))
-        t.keys, t.pos, t.neg, t.shift = _union([(t.keys, t.pos, t.neg, t.shift), (ck, cp, cn, t.shift)],
-                                               self.max_distinct)
+        t.keys, t.pos, t.neg, t.shift = _union(
+            [(t.keys, t.pos, t.neg, t.shift), (ck, cp, cn, t.shift)], self.max_distinct
+        )
 
     def result(self) -> ScoreCounts:
         self._flush()
@@ -265,12 +285,25 @@ def summarize(t: ScoreCounts) -> dict:
     reliability = []
     for i in range(RELIABILITY_BINS):
         c = int(rel_count[i])
-        reliability.append({"bin": [i / RELIABILITY_BINS, (i + 1) / RELIABILITY_BINS], "count": c,
-                            "mean_predicted": float(rel_sum[i] / c) if c else None,
-                            "observed_ctr": float(rel_pos[i] / c) if c else None})
+        reliability.append(
+            {
+                "bin": [i / RELIABILITY_BINS, (i + 1) / RELIABILITY_BINS],
+                "count": c,
+                "mean_predicted": float(rel_sum[i] / c) if c else None,
+                "observed_ctr": float(rel_pos[i] / c) if c else None,
+            }
+        )
     return {
-        "examples": n, "positives": P, "auc": auc, "auc_exact": t.exact, "auc_error_bound": bound,
-        "score_bits_dropped": t.shift, "distinct_scores": int(len(t.keys)), "logloss": logloss,
-        "mean_predicted_ctr": sum_pred / n, "observed_ctr": observed,
-        "calibration": (sum_pred / n) / observed if P else None, "reliability": reliability,
+        "examples": n,
+        "positives": P,
+        "auc": auc,
+        "auc_exact": t.exact,
+        "auc_error_bound": bound,
+        "score_bits_dropped": t.shift,
+        "distinct_scores": int(len(t.keys)),
+        "logloss": logloss,
+        "mean_predicted_ctr": sum_pred / n,
+        "observed_ctr": observed,
+        "calibration": (sum_pred / n) / observed if P else None,
+        "reliability": reliability,
     }

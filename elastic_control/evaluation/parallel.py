@@ -7,6 +7,7 @@ fingerprint) are reused, a share whose worker dies is run again (alone), then
 same ``run_share`` as task i of a Volcano job and the same ``merge_partials``
 afterwards (see docs/contracts.md, "Evaluation").
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -14,9 +15,9 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -31,11 +32,11 @@ RETRIES_PER_SHARE = 2
 @dataclass
 class EvalResult:
     spec: EvalSpec
-    metrics: dict                       # {"model": {...}, "baseline": {...}?, "comparison": {...}?, "data": {...}}
-    counts: dict[str, ScoreCounts]      # merged tables (for the ROC curve)
+    metrics: dict  # {"model": {...}, "baseline": {...}?, "comparison": {...}?, "data": {...}}
+    counts: dict[str, ScoreCounts]  # merged tables (for the ROC curve)
     partials: Path
     scored_files: list[Path] = field(default_factory=list)
-    temporary: bool = False             # partials live in a temp folder: cleanup() removes it
+    temporary: bool = False  # partials live in a temp folder: cleanup() removes it
 
     def cleanup(self) -> None:
         if self.temporary:
@@ -53,8 +54,9 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-def run_missing_shares(spec: EvalSpec, partials: Path, workers: int,
-                       progress: Callable[[str], None] | None = None) -> list[int]:
+def run_missing_shares(
+    spec: EvalSpec, partials: Path, workers: int, progress: Callable[[str], None] | None = None
+) -> list[int]:
     """Run every share without a complete partial of this spec; returns the indexes run."""
     todo = [i for i in range(spec.shares) if not _complete(spec, partials, i)]
     if not todo:
@@ -78,7 +80,7 @@ def run_missing_shares(spec: EvalSpec, partials: Path, workers: int,
                         progress(f"share {i + 1}/{spec.shares}: {info['examples']} examples in {info['seconds']}s")
                 except ElasticControlError:
                     raise  # bad input: running it again gives the same answer
-                except BaseException as e:  # a crashed or killed worker: redo only its share
+                except BaseException as e:  # noqa: BLE001 - a crashed or killed worker: redo only its share
                     failed.append((i, e))
         pending = []
         for i, e in failed:
@@ -118,11 +120,15 @@ def merge_partials(partials: str | os.PathLike, spec: EvalSpec | None = None) ->
     infos = [read_share(partials, i, spec.shares) for i in range(spec.shares)]
     missing = [i for i, info in enumerate(infos) if info is None]
     if missing:
-        raise DataError(f"{partials}: shares {', '.join(f'{i}/{spec.shares}' for i in missing)} have no complete "
-                        f"partial; run them (elastic-control eval ... --shard I/W --partial-out {partials}) and merge again")
+        raise DataError(
+            f"{partials}: shares {', '.join(f'{i}/{spec.shares}' for i in missing)} have no complete "
+            f"partial; run them (elastic-control eval ... --shard I/W --partial-out {partials}) and merge again"
+        )
     stale = [i for i, info in enumerate(infos) if info["spec"]["fingerprint"] != spec.fingerprint()]
     if stale:
-        raise DataError(f"{partials}: shares {stale} belong to a different evaluation (model, window or options differ)")
+        raise DataError(
+            f"{partials}: shares {stale} belong to a different evaluation (model, window or options differ)"
+        )
     buckets = {info["buckets"] for info in infos}
     if len(buckets) != 1:
         raise DataError(f"{partials}: shares disagree on the group buckets {sorted(buckets)} (did the data change?)")
@@ -144,11 +150,15 @@ def merge_partials(partials: str | os.PathLike, spec: EvalSpec | None = None) ->
         _add_group_metrics(spec, partials, buckets.pop(), metrics)
     if spec.baseline:
         metrics["comparison"] = compare(metrics["model"], metrics["baseline"])
-    metrics["data"] = {"window": {"start": spec.start, "end": spec.end}, "shares": spec.shares,
-                       "hours": infos[0]["hours"], "lines": sum(i["lines"] for i in infos),
-                       "bad_lines": sum(i["bad_lines"] for i in infos),
-                       "grouped_examples": sum(i["grouped_examples"] for i in infos),
-                       "share_examples": [i["examples"] for i in infos]}
+    metrics["data"] = {
+        "window": {"start": spec.start, "end": spec.end},
+        "shares": spec.shares,
+        "hours": infos[0]["hours"],
+        "lines": sum(i["lines"] for i in infos),
+        "bad_lines": sum(i["bad_lines"] for i in infos),
+        "grouped_examples": sum(i["grouped_examples"] for i in infos),
+        "share_examples": [i["examples"] for i in infos],
+    }
     return EvalResult(spec, metrics, counts, partials, scored)
 
 
@@ -156,7 +166,7 @@ def _spec_from_folder(partials: Path) -> EvalSpec:
     found = sorted(partials.glob("share-*-of-*/share.json"))
     if not found:
         raise DataError(f"{partials}: no share partials found (nothing has run there yet)")
-    info = read_share(partials, *(int(x) for x in found[0].parent.name[len("share-"):].split("-of-")))
+    info = read_share(partials, *(int(x) for x in found[0].parent.name[len("share-") :].split("-of-")))
     return EvalSpec.from_json(info["spec"])
 
 
@@ -192,8 +202,13 @@ def compare(model: dict, baseline: dict) -> dict:
     return out
 
 
-def evaluate(spec: EvalSpec, *, workers: int | None = None, partials: str | os.PathLike | None = None,
-             progress: Callable[[str], None] | None = None) -> EvalResult:
+def evaluate(
+    spec: EvalSpec,
+    *,
+    workers: int | None = None,
+    partials: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> EvalResult:
     """Run (or finish) all shares of ``spec`` and merge them.
 
     With ``partials`` the share folders persist there (a rerun reuses the

@@ -4,6 +4,7 @@ The path is the shared one (elastic_control/scoring.py: pool + DenseModel),
 fed from the training reader's column batches (data/line_batch.py), so the
 probabilities are the ones serving and the training program compute.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def key_batch(batch: LineBatch, slots, sparse_dim: int | None) -> KeyBatch:
     if not keys:
         z = np.zeros(0, np.int64)
         return KeyBatch(np.zeros(0, np.uint64), z, z, n, 0)
-    return KeyBatch(np.concatenate(keys).astype(np.uint64, copy=False), np.concatenate(rows), np.concatenate(pos),
-                    n, len(per_slot))
+    return KeyBatch(
+        np.concatenate(keys).astype(np.uint64, copy=False), np.concatenate(rows), np.concatenate(pos), n, len(per_slot)
+    )
 
 
 def group_keys(batch: LineBatch, group_slot: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
 """What an evaluation leaves behind: a rich table, metrics.json, scored.parquet, ROC and calibration plots."""
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,12 @@ def reliability_table(summary: dict, title: str):
         t.add_column(c, justify="right")
     for r in summary["reliability"]:
         if r["count"]:
-            t.add_row(f"{r['bin'][0]:.1f}-{r['bin'][1]:.1f}", str(r["count"]), _fmt(r["mean_predicted"]),
-                      _fmt(r["observed_ctr"]))
+            t.add_row(
+                f"{r['bin'][0]:.1f}-{r['bin'][1]:.1f}",
+                str(r["count"]),
+                _fmt(r["mean_predicted"]),
+                _fmt(r["observed_ctr"]),
+            )
     return t
 
 
@@ -111,8 +116,12 @@ def plot_calibration(metrics: dict, dest: Path) -> Path:
         if name not in metrics:
             continue
         rows = [r for r in metrics[name]["reliability"] if r["count"]]
-        ax.plot([r["mean_predicted"] for r in rows], [r["observed_ctr"] for r in rows], marker="o",
-                label=f"{name} (calibration {_fmt(metrics[name]['calibration'])})")
+        ax.plot(
+            [r["mean_predicted"] for r in rows],
+            [r["observed_ctr"] for r in rows],
+            marker="o",
+            label=f"{name} (calibration {_fmt(metrics[name]['calibration'])})",
+        )
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":")
     ax.set_xlabel("mean predicted CTR")
     ax.set_ylabel("observed CTR")

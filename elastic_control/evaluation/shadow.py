@@ -16,6 +16,7 @@ Log: one JSON object per shadowed batch, appended to a JSONL file::
 ``labels`` are the clicks of ``line`` instances when they carry one (useful
 for replays of logged traffic); null otherwise. ``shadow_report`` summarises a log.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,15 @@ def _labels_of(instances: list) -> list:
 class ShadowScorer:
     """An after-response hook scoring a candidate pass on live batches (see the module docstring)."""
 
-    def __init__(self, candidate_pass_dir: str | os.PathLike, log_path: str | os.PathLike, *,
-                 sample_rate: float = 1.0, queue_batches: int = QUEUE_BATCHES, threads: int = 1):
+    def __init__(
+        self,
+        candidate_pass_dir: str | os.PathLike,
+        log_path: str | os.PathLike,
+        *,
+        sample_rate: float = 1.0,
+        queue_batches: int = QUEUE_BATCHES,
+        threads: int = 1,
+    ):
         from elastic_control.evaluation.pass_scorer import PassScorer
 
         if not 0 < sample_rate <= 1:
@@ -75,8 +83,9 @@ class ShadowScorer:
             self._count("skipped_batches")
             return
         try:
-            self._queue.put_nowait((time.time(), scored.instances, scored.version,
-                                    np.asarray(scored.probabilities, np.float32).copy()))
+            self._queue.put_nowait(
+                (time.time(), scored.instances, scored.version, np.asarray(scored.probabilities, np.float32).copy())
+            )
         except queue.Full:
             self._count("dropped_batches")
 
@@ -104,9 +113,19 @@ class ShadowScorer:
                 t, instances, active_version, active = item
                 try:
                     candidate = self.score_instances(instances)
-                    out.write(json.dumps({"time": t, "active_version": active_version,
-                                          "candidate_version": self.version, "active": active.tolist(),
-                                          "candidate": candidate.tolist(), "labels": _labels_of(instances)}) + "\n")
+                    out.write(
+                        json.dumps(
+                            {
+                                "time": t,
+                                "active_version": active_version,
+                                "candidate_version": self.version,
+                                "active": active.tolist(),
+                                "candidate": candidate.tolist(),
+                                "labels": _labels_of(instances),
+                            }
+                        )
+                        + "\n"
+                    )
                     out.flush()
                     self._count("batches")
                     self._count("instances", len(instances))
@@ -151,12 +170,19 @@ def shadow_report(log_path: str | os.PathLike) -> dict:
         raise DataError(f"{path}: the shadow log holds no scored requests yet")
     a, c = np.array(active, np.float64), np.array(cand, np.float64)
     diff = c - a
-    report = {"log": str(path), "instances": len(a), "torn_lines": torn,
-              "versions": sorted({f"{x} vs {y}" for x, y in versions}),
-              "mean_active": float(a.mean()), "mean_candidate": float(c.mean()),
-              "mean_diff": float(diff.mean()), "mean_abs_diff": float(np.abs(diff).mean()),
-              "p99_abs_diff": float(np.quantile(np.abs(diff), 0.99)), "max_abs_diff": float(np.abs(diff).max()),
-              "pearson": float(np.corrcoef(a, c)[0, 1]) if len(a) > 1 and a.std() > 0 and c.std() > 0 else None}
+    report = {
+        "log": str(path),
+        "instances": len(a),
+        "torn_lines": torn,
+        "versions": sorted({f"{x} vs {y}" for x, y in versions}),
+        "mean_active": float(a.mean()),
+        "mean_candidate": float(c.mean()),
+        "mean_diff": float(diff.mean()),
+        "mean_abs_diff": float(np.abs(diff).mean()),
+        "p99_abs_diff": float(np.quantile(np.abs(diff), 0.99)),
+        "max_abs_diff": float(np.abs(diff).max()),
+        "pearson": float(np.corrcoef(a, c)[0, 1]) if len(a) > 1 and a.std() > 0 and c.std() > 0 else None,
+    }
     known = np.array([x is not None for x in labels])
     if known.any():
         y = np.array([x for x in labels if x is not None])

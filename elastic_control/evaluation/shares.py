@@ -14,6 +14,7 @@ content), so a lost worker's share is redone alone::
       scored-b0000.parquet  label, score[, baseline_score][, group] rows, bucketed by hash(group)
                             (only when a group slot or scored output is asked for)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,13 +45,13 @@ class EvalSpec:
 
     model: str
     data_config: str
-    start: str                  # YYYYMMDD/HH
+    start: str  # YYYYMMDD/HH
     end: str
     shares: int
     baseline: str | None = None
     group_slot: int | None = None
     ndcg_k: int = 10
-    keep_scored: bool = False   # write scored rows (for --output's Parquet)
+    keep_scored: bool = False  # write scored rows (for --output's Parquet)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -60,8 +61,19 @@ class EvalSpec:
         return self.keep_scored or self.group_slot is not None
 
     @classmethod
-    def create(cls, *, model, data_config, shares, baseline=None, start=None, end=None, group_slot=None,
-               ndcg_k=10, keep_scored=False) -> "EvalSpec":
+    def create(
+        cls,
+        *,
+        model,
+        data_config,
+        shares,
+        baseline=None,
+        start=None,
+        end=None,
+        group_slot=None,
+        ndcg_k=10,
+        keep_scored=False,
+    ) -> EvalSpec:
         """Validate paths and the window; the window defaults to data.config's START..END."""
         from elastic_control.pass_format import load_pass
 
@@ -77,14 +89,23 @@ class EvalSpec:
             raise UsageError(f"the number of shares must be at least 1, got {shares}")
         if ndcg_k < 1:
             raise UsageError(f"--ndcg-k must be at least 1, got {ndcg_k}")
-        return cls(str(Path(model).resolve()), str(Path(data_config).resolve()), format_hour(s), format_hour(e),
-                   shares, str(Path(baseline).resolve()) if baseline else None, group_slot, ndcg_k, keep_scored)
+        return cls(
+            str(Path(model).resolve()),
+            str(Path(data_config).resolve()),
+            format_hour(s),
+            format_hour(e),
+            shares,
+            str(Path(baseline).resolve()) if baseline else None,
+            group_slot,
+            ndcg_k,
+            keep_scored,
+        )
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "fingerprint": self.fingerprint()}
 
     @classmethod
-    def from_json(cls, d: dict) -> "EvalSpec":
+    def from_json(cls, d: dict) -> EvalSpec:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in fields})
 
@@ -155,8 +176,9 @@ def run_share(spec: EvalSpec, index: int, partials: str | os.PathLike) -> dict:
         schema = _row_schema(spec)
         try:
             for part in parts:
-                for batch in data.iter_batches(part, trainer_id=index, trainers=spec.shares, counter=counter,
-                                               chunk_lines=CHUNK_LINES):
+                for batch in data.iter_batches(
+                    part, trainer_id=index, trainers=spec.shares, counter=counter, chunk_lines=CHUNK_LINES
+                ):
                     labels = batch.clicks.astype(np.int8)
                     scores = model.score(batch)
                     counts["model"].add(labels, scores)
@@ -174,12 +196,22 @@ def run_share(spec: EvalSpec, index: int, partials: str | os.PathLike) -> dict:
         for name, builder in counts.items():
             with open(tmp / f"{name}.npz", "wb") as f:
                 np.savez(f, **builder.result().to_arrays())
-        info = {"spec": spec.to_json(), "index": index, "shares": spec.shares, "buckets": buckets,
-                "model_pass": model.name, "baseline_pass": baseline.name if baseline else None,
-                "examples": counts["model"].result().n, "grouped_examples": grouped_examples,
-                "lines": counter.total, "bad_lines": counter.bad, "bad_examples": counter.examples,
-                "hours": [p.name for p in parts], "seconds": round(time.time() - started, 3),
-                "finished_at": time.time()}
+        info = {
+            "spec": spec.to_json(),
+            "index": index,
+            "shares": spec.shares,
+            "buckets": buckets,
+            "model_pass": model.name,
+            "baseline_pass": baseline.name if baseline else None,
+            "examples": counts["model"].result().n,
+            "grouped_examples": grouped_examples,
+            "lines": counter.total,
+            "bad_lines": counter.bad,
+            "bad_examples": counter.examples,
+            "hours": [p.name for p in parts],
+            "seconds": round(time.time() - started, 3),
+            "finished_at": time.time(),
+        }
         atomic_write_json(tmp / SHARE_JSON, info)
     return info
 

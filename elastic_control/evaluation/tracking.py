@@ -1,4 +1,5 @@
 """MLflow records of evaluations and gate decisions, in the training store (training/tracking.py)."""
+
 from __future__ import annotations
 
 import tempfile
@@ -32,11 +33,20 @@ def log_evaluation(result, artifacts: dict[str, Path] | None = None, run_name: s
         from elastic_control.training.tracking import Tracker
 
         spec = result.spec
-        tracker = Tracker(model_path_of(spec.model), run_name=run_name or f"eval-{result.metrics['model']['pass']}",
-                          warn=warn)
-        tracker.log_params({"model": spec.model, "baseline": spec.baseline or "", "window_start": spec.start,
-                            "window_end": spec.end, "shares": spec.shares, "group_slot": spec.group_slot,
-                            "ndcg_k": spec.ndcg_k})
+        tracker = Tracker(
+            model_path_of(spec.model), run_name=run_name or f"eval-{result.metrics['model']['pass']}", warn=warn
+        )
+        tracker.log_params(
+            {
+                "model": spec.model,
+                "baseline": spec.baseline or "",
+                "window_start": spec.start,
+                "window_end": spec.end,
+                "shares": spec.shares,
+                "group_slot": spec.group_slot,
+                "ndcg_k": spec.ndcg_k,
+            }
+        )
         tracker.log_metrics(_flat_metrics(result.metrics), step=0)
         if artifacts is None:
             tmp = Path(tempfile.mkdtemp(prefix="elastic-ctr-eval-art-"))

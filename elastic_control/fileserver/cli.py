@@ -1,4 +1,5 @@
 """``elastic-control fileserver --root DIR --port P``: run the file server in the foreground."""
+
 from __future__ import annotations
 
 import logging
@@ -11,13 +12,26 @@ from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, DEFAULT_PORT, m
 
 
 @click.command("fileserver")
-@click.option("--root", default=lambda: FILESERVER_ROOT.get(), type=click.Path(file_okay=False),
-              help="Folder to serve, created if missing [default: $ELASTIC_CTR_FILESERVER_ROOT].")
+@click.option(
+    "--root",
+    default=lambda: FILESERVER_ROOT.get(),
+    type=click.Path(file_okay=False),
+    help="Folder to serve, created if missing [default: $ELASTIC_CTR_FILESERVER_ROOT].",
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to bind.")
-@click.option("--port", default=lambda: FILESERVER_PORT.get(), type=click.IntRange(0, 65535),
-              help=f"Port, 0 picks a free one [default: $ELASTIC_CTR_FILESERVER_PORT or {DEFAULT_PORT}].")
-@click.option("--max-bytes", default=DEFAULT_MAX_BYTES, show_default=True, type=click.IntRange(1),
-              help="Largest upload accepted (413 above).")
+@click.option(
+    "--port",
+    default=lambda: FILESERVER_PORT.get(),
+    type=click.IntRange(0, 65535),
+    help=f"Port, 0 picks a free one [default: $ELASTIC_CTR_FILESERVER_PORT or {DEFAULT_PORT}].",
+)
+@click.option(
+    "--max-bytes",
+    default=DEFAULT_MAX_BYTES,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Largest upload accepted (413 above).",
+)
 def fileserver_command(root, host, port, max_bytes):
     """Serve files: PUT/GET/DELETE /files/PATH; writes need ELASTIC_CTR_TOKEN."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fileserver %(message)s")

@@ -4,6 +4,7 @@ Uploads stream from disk with their sha256 (the server refuses a body that
 does not match); downloads verify the ``X-Content-Sha256`` header and are
 written atomically.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,8 @@ from urllib.parse import quote
 import requests
 
 from elastic_control.atomic import atomic_open
-from elastic_control.errors import ComponentError, ElasticControlError
 from elastic_control.env_vars import TOKEN
+from elastic_control.errors import ComponentError, ElasticControlError
 
 SHA_HEADER = "X-Content-Sha256"
 CHUNK = 1 << 20
@@ -79,8 +80,7 @@ class FileServerClient:
 
     def put_file(self, path: str, local: str | os.PathLike) -> dict:
         """Upload a local file (streamed, sha256 checked by the server)."""
-        headers = {SHA_HEADER: sha256_of_file(local), **self._auth(),
-                   "Content-Length": str(os.path.getsize(local))}
+        headers = {SHA_HEADER: sha256_of_file(local), **self._auth(), "Content-Length": str(os.path.getsize(local))}
         with open(local, "rb") as f:
             return self._request("PUT", path, data=f, headers=headers).json()
 

@@ -5,6 +5,7 @@ Refused: ``..`` and ``.`` components (also percent-encoded), empty components
 percent-encoded slashes, and anything whose real path (symlinks resolved)
 lies outside the root.
 """
+
 from __future__ import annotations
 
 import os

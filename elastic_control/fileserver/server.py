@@ -7,6 +7,7 @@ part, and an upload cut off mid-body leaves the previous file intact. Two
 concurrent uploads of one path each stage their own file; the last rename wins
 whole.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -84,7 +85,7 @@ class FileRequestHandler(BaseHTTPRequestHandler):
         # Serving and the agents poll reads (cube/current.json twice a second):
         # keep routine reads out of the log; writes, deletes and errors stay.
         if self.command in ("GET", "HEAD") and str(getattr(code, "value", code)) in ("200", "304", "404"):
-            log.debug("%s \"%s\" %s %s", self.address_string(), self.requestline, code, size)
+            log.debug('%s "%s" %s %s', self.address_string(), self.requestline, code, size)
             return
         super().log_request(code, size)
 
@@ -116,18 +117,22 @@ class FileRequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         except (NotADirectoryError, FileExistsError, IsADirectoryError) as e:
             # e.g. PUT a/b while a is a file: the path conflicts with what is there.
-            self._error(HTTPStatus.CONFLICT, f"path conflicts with an existing file or folder: {e.strerror}",
-                        close=self.command == "PUT")
+            self._error(
+                HTTPStatus.CONFLICT,
+                f"path conflicts with an existing file or folder: {e.strerror}",
+                close=self.command == "PUT",
+            )
         except OSError as e:
             log.error("%s %s: %s", self.command, self.path, e)
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"file system error: {e.strerror or e}",
-                        close=self.command == "PUT")
+            self._error(
+                HTTPStatus.INTERNAL_SERVER_ERROR, f"file system error: {e.strerror or e}", close=self.command == "PUT"
+            )
 
     def _target(self) -> tuple[list[str], bool, Path]:
         path = urlsplit(self.path).path
         if not path.startswith(FILES_PREFIX):
             raise _RequestError(HTTPStatus.NOT_FOUND, f"unknown path {path!r}; files live under {FILES_PREFIX}")
-        parts, is_dir = split_request_path(path[len(FILES_PREFIX):])
+        parts, is_dir = split_request_path(path[len(FILES_PREFIX) :])
         return parts, is_dir, resolve_under_root(self.cfg.root, parts)
 
     def _require_token(self) -> None:
@@ -137,7 +142,7 @@ class FileRequestHandler(BaseHTTPRequestHandler):
         given = self.headers.get("Authorization", "")
         if not given.startswith("Bearer "):
             raise _RequestError(HTTPStatus.UNAUTHORIZED, "writes need 'Authorization: Bearer <ELASTIC_CTR_TOKEN>'")
-        if not hmac.compare_digest(given[len("Bearer "):].strip().encode(), expected.encode()):
+        if not hmac.compare_digest(given[len("Bearer ") :].strip().encode(), expected.encode()):
             raise _RequestError(HTTPStatus.FORBIDDEN, "wrong token")
 
     def _declared_length(self) -> int | None:
@@ -153,8 +158,9 @@ class FileRequestHandler(BaseHTTPRequestHandler):
         except ValueError:
             raise _RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {raw!r}") from None
         if n > self.cfg.max_bytes:
-            raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                f"{n} bytes is over the size limit of {self.cfg.max_bytes} bytes")
+            raise _RequestError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{n} bytes is over the size limit of {self.cfg.max_bytes} bytes"
+            )
         return n
 
     def handle_expect_100(self):
@@ -197,8 +203,9 @@ class FileRequestHandler(BaseHTTPRequestHandler):
                 return
             total += size
             if total > self.cfg.max_bytes:
-                raise _RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                    f"upload is over the size limit of {self.cfg.max_bytes} bytes")
+                raise _RequestError(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"upload is over the size limit of {self.cfg.max_bytes} bytes"
+                )
             left = size
             while left:
                 piece = self.rfile.read(min(CHUNK, left))
@@ -281,8 +288,10 @@ class FileRequestHandler(BaseHTTPRequestHandler):
                 os.fsync(out.fileno())
             digest = h.hexdigest()
             if want_sha and want_sha != digest:
-                raise _RequestError(HTTPStatus.BAD_REQUEST,
-                                    f"sha256 mismatch: header says {want_sha}, body is {digest}; nothing written")
+                raise _RequestError(
+                    HTTPStatus.BAD_REQUEST,
+                    f"sha256 mismatch: header says {want_sha}, body is {digest}; nothing written",
+                )
             # Check again right before the rename: the folders may have changed meanwhile.
             target = resolve_under_root(self.cfg.root, parts)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -323,8 +332,14 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def make_fileserver(*, root: str | os.PathLike, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                    token: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> ThreadingHTTPServer:
+def make_fileserver(
+    *,
+    root: str | os.PathLike,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> ThreadingHTTPServer:
     """Create (bind, not yet serve) a file server for ``root``; port 0 picks a free port."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -5,13 +5,14 @@ objects, and turns "cannot reach the API server" into ClusterUnavailableError.
 Tests substitute the cluster at the HTTP level (KUBECONFIG pointing at a local
 server), so everything above this module runs unmodified.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import urllib3
 from kubernetes import client, config
@@ -20,8 +21,20 @@ from kubernetes.config.config_exception import ConfigException
 
 from elastic_control.errors import ClusterUnavailableError
 
-__all__ = ["ApiException", "api_client", "core", "apps", "custom", "apiextensions", "detect_cluster", "reset",
-           "to_dict", "stream_pod_log", "reachable", "server_url"]
+__all__ = [
+    "ApiException",
+    "api_client",
+    "core",
+    "apps",
+    "custom",
+    "apiextensions",
+    "detect_cluster",
+    "reset",
+    "to_dict",
+    "stream_pod_log",
+    "reachable",
+    "server_url",
+]
 
 
 def _kubeconfig_path() -> Path | None:
@@ -49,8 +62,8 @@ def api_client() -> client.ApiClient:
             config.load_kube_config(config_file=str(_kubeconfig_path()), client_configuration=cfg)
         else:
             raise ClusterUnavailableError(
-                "no Kubernetes configuration found: set KUBECONFIG or create ~/.kube/config "
-                "(or use --backend local)")
+                "no Kubernetes configuration found: set KUBECONFIG or create ~/.kube/config (or use --backend local)"
+            )
     except (ConfigException, OSError, ValueError) as e:
         raise ClusterUnavailableError(f"cannot load the Kubernetes configuration: {e}") from e
     # Fail fast instead of urllib3's silent retries: callers have their own deadlines.
@@ -99,8 +112,9 @@ def reachable(what: str) -> Iterator[None]:
     try:
         yield
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise ClusterUnavailableError(f"cannot reach the Kubernetes API server at {server_url()} while {what}: "
-                                      f"{type(e).__name__}: {e}") from e
+        raise ClusterUnavailableError(
+            f"cannot reach the Kubernetes API server at {server_url()} while {what}: {type(e).__name__}: {e}"
+        ) from e
 
 
 def detect_cluster(timeout: float = 3.0) -> tuple[bool, str]:
@@ -118,14 +132,18 @@ def detect_cluster(timeout: float = 3.0) -> tuple[bool, str]:
             return True, f"the Kubernetes API server at {server_url()} answered (HTTP {e.status} for /version)"
         return False, f"the Kubernetes API server at {server_url()} answered HTTP {e.status} for /version"
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        return False, f"the Kubernetes API server at {server_url()} did not answer within {timeout:g}s ({type(e).__name__})"
-    except Exception as e:  # an answer that is not Kubernetes' (a proxy's HTML page, say)
+        return (
+            False,
+            f"the Kubernetes API server at {server_url()} did not answer within {timeout:g}s ({type(e).__name__})",
+        )
+    except Exception as e:  # noqa: BLE001 - an answer that is not Kubernetes' (a proxy's HTML page, say)
         return False, f"{server_url()} did not answer like a Kubernetes API server ({type(e).__name__})"
     return True, f"the Kubernetes API server at {server_url()} answered (Kubernetes {info.git_version})"
 
 
-def stream_pod_log(name: str, namespace: str, *, follow: bool = False, container: str | None = None,
-                   tail_lines: int | None = None) -> Iterator[str]:
+def stream_pod_log(
+    name: str, namespace: str, *, follow: bool = False, container: str | None = None, tail_lines: int | None = None
+) -> Iterator[str]:
     """Lines of a pod's log as they arrive (``follow``) or as they are; ends when the server closes the stream."""
     kwargs = {"follow": follow, "_preload_content": False}
     if container:

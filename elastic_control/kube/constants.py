@@ -4,6 +4,7 @@ Custom resources (Volcano) are addressed by group/version/plural, never by
 string-building in the callers; ports and label keys are fixed here so the
 templates, the backend and the tests agree.
 """
+
 from __future__ import annotations
 
 # Volcano batch Job (the training job) and the scheduling Queue it runs in.
@@ -17,9 +18,11 @@ VOLCANO_QUEUE_VERSION = "v1beta1"
 VOLCANO_QUEUE_PLURAL = "queues"
 VOLCANO_SCHEDULER = "volcano"
 # A pinned release, never a moving `master` URL (DESIGN.md).
-VOLCANO_INSTALL_HINT = ("install Volcano from a pinned release, e.g. `kubectl apply -f "
-                        "https://raw.githubusercontent.com/volcano-sh/volcano/v1.11.0/installer/volcano-development.yaml`"
-                        " or `helm install volcano volcano-sh/volcano --version 1.11.0 -n volcano-system --create-namespace`")
+VOLCANO_INSTALL_HINT = (
+    "install Volcano from a pinned release, e.g. `kubectl apply -f "
+    "https://raw.githubusercontent.com/volcano-sh/volcano/v1.11.0/installer/volcano-development.yaml`"
+    " or `helm install volcano volcano-sh/volcano --version 1.11.0 -n volcano-system --create-namespace`"
+)
 
 # Labels Volcano puts on the pods of a job.
 VOLCANO_JOB_NAME_LABEL = "volcano.sh/job-name"

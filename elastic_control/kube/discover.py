@@ -1,4 +1,5 @@
 """-c: find how serving and the file server are reached from here, fetch slot.conf, write client.json."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +49,9 @@ def discover_service(namespace: str, name: str, port: int) -> Endpoint:
             svc = adaptor.core().read_namespaced_service(name, namespace)
         except adaptor.ApiException as e:
             if e.status == 404:
-                raise ApplyError("not found: run `elastic-control -a` first", kind="Service",
-                                 namespace=namespace, name=name) from e
+                raise ApplyError(
+                    "not found: run `elastic-control -a` first", kind="Service", namespace=namespace, name=name
+                ) from e
             raise
     spec_port = next((p for p in svc.spec.ports or [] if p.port == port), (svc.spec.ports or [None])[0])
     if svc.spec.type == "LoadBalancer":
@@ -75,8 +77,16 @@ def fetch_slot_conf(fileserver_url: str, timeout: float = 5.0) -> str:
     return text
 
 
-def configure_client(*, namespace: str, serving_name: str, serving_port: int, fileserver_name: str,
-                     fileserver_port: int, state_dir: Path, fallback_slot_conf: str) -> Path:
+def configure_client(
+    *,
+    namespace: str,
+    serving_name: str,
+    serving_port: int,
+    fileserver_name: str,
+    fileserver_port: int,
+    state_dir: Path,
+    fallback_slot_conf: str,
+) -> Path:
     """Write STATE/client.json (docs/contracts.md) and the slot.conf it names; returns client.json's path."""
     serving = discover_service(namespace, serving_name, serving_port)
     files = discover_service(namespace, fileserver_name, fileserver_port)
@@ -90,13 +100,22 @@ def configure_client(*, namespace: str, serving_name: str, serving_port: int, fi
         source = files.url + SLOT_CONF_URL_PATH
     except (requests.RequestException, ConfigError) as e:
         reason = type(e).__name__ if isinstance(e, requests.ConnectionError) else f"{type(e).__name__}: {e}"
-        warn(f"could not fetch slot.conf from {files.url}{SLOT_CONF_URL_PATH} ({reason}); "
-             "using the copy in the state folder")
+        warn(
+            f"could not fetch slot.conf from {files.url}{SLOT_CONF_URL_PATH} ({reason}); "
+            "using the copy in the state folder"
+        )
         slot_text, source = fallback_slot_conf, "state folder"
     slots = parse_slot_conf(slot_text, source)
     slot_path = state_dir / CLIENT_SLOT_CONF
     atomic_write_text(slot_path, slot_text)
     path = state_dir / CLIENT_FILE
-    atomic_write_json(path, {"serving_url": serving.url, "fileserver_url": files.url,
-                             "slot_conf": str(slot_path.resolve()), "slots": list(slots.slots)})
+    atomic_write_json(
+        path,
+        {
+            "serving_url": serving.url,
+            "fileserver_url": files.url,
+            "slot_conf": str(slot_path.resolve()),
+            "slots": list(slots.slots),
+        },
+    )
     return path

@@ -7,6 +7,7 @@ writes the rendered YAML into ``STATE/eval/RUN/`` (never into
 of the evaluation's flags unless given, so submitting the same evaluation again
 lands in the same partials folder and reuses every complete share.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,18 +23,18 @@ from elastic_control.atomic import atomic_write_text
 from elastic_control.config.data_config import format_hour, parse_hour
 from elastic_control.errors import UsageError
 from elastic_control.kube import constants as k
-from elastic_control.kube.render import _Dumper, _Loader, _environment, build_context, RenderInputs, pod_model_path
+from elastic_control.kube.render import RenderInputs, _Dumper, _environment, _Loader, build_context, pod_model_path
 from elastic_control.kube.volcano_rules import volcano_job_problems
 
 TEMPLATE = "eval-job.yaml.j2"
-EVAL_DIR = "eval"                       # STATE/eval/RUN/ holds the rendered jobs
+EVAL_DIR = "eval"  # STATE/eval/RUN/ holds the rendered jobs
 WORKERS_FILE = "10-eval-workers.yaml"
 MERGE_FILE = "20-eval-merge.yaml"
 POD_EVAL_ROOT = f"{k.SHARED_MOUNT}/eval"  # RUN/partials and RUN/out live on the shared claim
 POD_DATA_CONFIG = f"{k.CONFIG_MOUNT}/data.config"
-MAX_WORKERS = 512                       # as `eval --workers`; keeps JOB-eval-RUN-worker-I within 63
+MAX_WORKERS = 512  # as `eval --workers`; keeps JOB-eval-RUN-worker-I within 63
 MAX_RETRY = 3
-TTL_SECONDS = 24 * 3600                 # finished jobs (and their pod logs) stay a day, then Volcano removes them
+TTL_SECONDS = 24 * 3600  # finished jobs (and their pod logs) stay a day, then Volcano removes them
 _RUN_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _PASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -42,14 +43,14 @@ _PASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 class EvalJobRequest:
     """What to evaluate on the cluster; every field becomes a flag of every worker."""
 
-    model: str                      # pass name under the pods' MODEL_PATH, or an absolute path in the pods
+    model: str  # pass name under the pods' MODEL_PATH, or an absolute path in the pods
     workers: int
     baseline: str | None = None
     group_slot: int | None = None
     ndcg_k: int = 10
-    start: str | None = None        # YYYYMMDD/HH; default: data.config's window
+    start: str | None = None  # YYYYMMDD/HH; default: data.config's window
     end: str | None = None
-    run: str | None = None          # default: a hash of the fields above
+    run: str | None = None  # default: a hash of the fields above
 
     def run_name(self) -> str:
         if self.run:
@@ -65,8 +66,8 @@ class EvalJobFiles:
     merge_job: dict
     workers_path: Path
     merge_path: Path
-    partials: str                   # in the pods
-    output: str                     # in the pods
+    partials: str  # in the pods
+    output: str  # in the pods
 
 
 def validate_request(request: EvalJobRequest) -> None:
@@ -75,8 +76,10 @@ def validate_request(request: EvalJobRequest) -> None:
         raise UsageError(f"--workers {request.workers} must be between 1 and {MAX_WORKERS}")
     for flag, value in (("--model", request.model), ("--baseline", request.baseline)):
         if value is not None and not (value.startswith("/") or _PASS_NAME.fullmatch(value)):
-            raise UsageError(f"{flag} {value!r} must be a pass name (e.g. pass-20191221-00, looked up under the "
-                             "pods' MODEL_PATH) or an absolute path inside the pods")
+            raise UsageError(
+                f"{flag} {value!r} must be a pass name (e.g. pass-20191221-00, looked up under the "
+                "pods' MODEL_PATH) or an absolute path inside the pods"
+            )
     if request.ndcg_k < 1:
         raise UsageError(f"--ndcg-k must be at least 1, got {request.ndcg_k}")
     for flag, value in (("--start", request.start), ("--end", request.end)):
@@ -85,8 +88,10 @@ def validate_request(request: EvalJobRequest) -> None:
     if request.start and request.end and parse_hour(request.end) < parse_hour(request.start):
         raise UsageError(f"--end {request.end} is before --start {request.start}")
     if request.run is not None and (not _RUN_NAME.fullmatch(request.run) or len(request.run) > 12):
-        raise UsageError(f"--run {request.run!r} must be a short name: at most 12 lower-case letters, digits and '-' "
-                         "(it becomes part of pod names)")
+        raise UsageError(
+            f"--run {request.run!r} must be a short name: at most 12 lower-case letters, digits and '-' "
+            "(it becomes part of pod names)"
+        )
 
 
 def pod_pass_path(name_or_path: str, model_path: str) -> str:
@@ -113,8 +118,9 @@ def worker_entry(request: EvalJobRequest, *, model_path: str, partials: str) -> 
 
 def merge_entry(*, partials: str, output: str) -> str:
     # --json: the CLI reads the metrics back from this pod's log and shows them.
-    return (f"exec elastic-control eval merge --partial-out {shlex.quote(partials)} "
-            f"--output {shlex.quote(output)} --json")
+    return (
+        f"exec elastic-control eval merge --partial-out {shlex.quote(partials)} --output {shlex.quote(output)} --json"
+    )
 
 
 def eval_context(plan, inputs: RenderInputs, request: EvalJobRequest) -> dict:
@@ -125,13 +131,20 @@ def eval_context(plan, inputs: RenderInputs, request: EvalJobRequest) -> dict:
     root = f"{POD_EVAL_ROOT}/{run}"
     partials, output = f"{root}/partials", f"{root}/out"
     model_path = pod_model_path(inputs.data_config)
-    context.update({
-        "run": run, "workers": request.workers, "max_retry": MAX_RETRY, "ttl_seconds": TTL_SECONDS,
-        "eval_job_name": f"{plan.job_name}-eval-{run}", "merge_job_name": f"{plan.job_name}-merge-{run}",
-        "worker_entry": worker_entry(request, model_path=model_path, partials=partials),
-        "merge_entry": merge_entry(partials=partials, output=output),
-        "eval_partials": partials, "eval_output": output,
-    })
+    context.update(
+        {
+            "run": run,
+            "workers": request.workers,
+            "max_retry": MAX_RETRY,
+            "ttl_seconds": TTL_SECONDS,
+            "eval_job_name": f"{plan.job_name}-eval-{run}",
+            "merge_job_name": f"{plan.job_name}-merge-{run}",
+            "worker_entry": worker_entry(request, model_path=model_path, partials=partials),
+            "merge_entry": merge_entry(partials=partials, output=output),
+            "eval_partials": partials,
+            "eval_output": output,
+        }
+    )
     return context
 
 
@@ -150,16 +163,24 @@ def render_eval_job(plan, inputs: RenderInputs, request: EvalJobRequest, state_d
     for doc in docs:
         problems = volcano_job_problems(doc)
         if problems:
-            raise UsageError(f"Volcano would refuse {doc['metadata']['name']}: " + "; ".join(problems)
-                             + (" or a shorter --run" if any("pod name" in p for p in problems) else ""))
+            raise UsageError(
+                f"Volcano would refuse {doc['metadata']['name']}: "
+                + "; ".join(problems)
+                + (" or a shorter --run" if any("pod name" in p for p in problems) else "")
+            )
     folder = Path(state_dir) / EVAL_DIR / context["run"]
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, doc, note in ((WORKERS_FILE, docs[0], "apply first"),
-                            (MERGE_FILE, docs[1], f"apply after {WORKERS_FILE}'s job is Completed")):
+    for name, doc, note in (
+        (WORKERS_FILE, docs[0], "apply first"),
+        (MERGE_FILE, docs[1], f"apply after {WORKERS_FILE}'s job is Completed"),
+    ):
         header = f"# Rendered by `elastic-control eval submit` from templates/{TEMPLATE} ({note}).\n"
-        atomic_write_text(folder / name, header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False,
-                                                            default_flow_style=False, width=4096))
+        atomic_write_text(
+            folder / name,
+            header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096),
+        )
         paths.append(folder / name)
-    return EvalJobFiles(context["run"], docs[0], docs[1], paths[0], paths[1], context["eval_partials"],
-                        context["eval_output"])
+    return EvalJobFiles(
+        context["run"], docs[0], docs[1], paths[0], paths[1], context["eval_partials"], context["eval_output"]
+    )

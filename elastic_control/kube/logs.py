@@ -5,13 +5,14 @@ ends because its pod was deleted and recreated (Volcano's RestartJob, a
 Deployment replacing a pod, a container restart) the stream reattaches to
 the new pod instead of stopping.
 """
+
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
@@ -30,13 +31,13 @@ class LogSource:
 
 
 def log_sources(job: str) -> dict[str, LogSource]:
-    trainer0 = (f"{k.VOLCANO_JOB_NAME_LABEL}={job},{k.VOLCANO_TASK_SPEC_LABEL}=trainer,"
-                f"{k.VOLCANO_TASK_INDEX_LABEL}=0")
+    trainer0 = f"{k.VOLCANO_JOB_NAME_LABEL}={job},{k.VOLCANO_TASK_SPEC_LABEL}=trainer,{k.VOLCANO_TASK_INDEX_LABEL}=0"
     return {
         "trainer-0": LogSource("trainer-0", trainer0, "trainer", job=job),
         "fileserver": LogSource("fileserver", f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}=fileserver", "fileserver"),
-        "cube-transfer": LogSource("cube-transfer", f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}=cube-transfer",
-                                   "cube-transfer"),
+        "cube-transfer": LogSource(
+            "cube-transfer", f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}=cube-transfer", "cube-transfer"
+        ),
     }
 
 
@@ -91,16 +92,24 @@ def print_logs(namespace: str, source: LogSource, printer: LogPrinter, *, tail_l
         return False
     with adaptor.reachable(f"reading the log of {pod.metadata.name}"):
         try:
-            for text in adaptor.stream_pod_log(pod.metadata.name, namespace, container=source.container,
-                                               tail_lines=tail_lines):
+            for text in adaptor.stream_pod_log(
+                pod.metadata.name, namespace, container=source.container, tail_lines=tail_lines
+            ):
                 printer.line(pod.metadata.name, text)
         except adaptor.ApiException as e:
             printer.line(pod.metadata.name, f"(log unavailable: HTTP {e.status} {e.reason})")
     return True
 
 
-def follow_logs(namespace: str, source: LogSource, printer: LogPrinter, *, reattach_timeout: float = 300.0,
-                poll: float = 0.5, stop: threading.Event | None = None) -> int:
+def follow_logs(
+    namespace: str,
+    source: LogSource,
+    printer: LogPrinter,
+    *,
+    reattach_timeout: float = 300.0,
+    poll: float = 0.5,
+    stop: threading.Event | None = None,
+) -> int:
     """Stream ``source``'s log, reattaching to recreated pods; returns how many pods were streamed."""
     stop = stop or threading.Event()
     streamed = 0
@@ -124,8 +133,9 @@ def follow_logs(namespace: str, source: LogSource, printer: LogPrinter, *, reatt
         streamed += 1
         try:
             with adaptor.reachable(f"streaming the log of {pod.metadata.name}"):
-                for text in adaptor.stream_pod_log(pod.metadata.name, namespace, follow=True,
-                                                   container=source.container):
+                for text in adaptor.stream_pod_log(
+                    pod.metadata.name, namespace, follow=True, container=source.container
+                ):
                     printer.line(pod.metadata.name, text)
                     if stop.is_set():
                         break

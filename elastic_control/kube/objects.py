@@ -4,11 +4,12 @@ Built-in kinds go through the typed APIs; the Volcano Job through
 CustomObjectsApi. Volcano's webhook refuses most spec updates, so replacing
 the job is delete, wait until it and its pods are gone, create.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from elastic_control.errors import ApplyError
 from elastic_control.kube import adaptor
@@ -31,8 +32,9 @@ class TypedKind:
 TYPED_KINDS = {
     "ConfigMap": TypedKind("ConfigMap", "config_map", adaptor.core),
     "Secret": TypedKind("Secret", "secret", adaptor.core),
-    "PersistentVolumeClaim": TypedKind("PersistentVolumeClaim", "persistent_volume_claim", adaptor.core,
-                                       replaceable=False),
+    "PersistentVolumeClaim": TypedKind(
+        "PersistentVolumeClaim", "persistent_volume_claim", adaptor.core, replaceable=False
+    ),
     "Service": TypedKind("Service", "service", adaptor.core),
     "Deployment": TypedKind("Deployment", "deployment", adaptor.apps),
 }
@@ -55,8 +57,12 @@ def _fail(doc: dict, e: adaptor.ApiException, doing: str) -> ApplyError:
         message = json.loads(e.body).get("message") or e.reason
     except (TypeError, ValueError):
         message = e.reason
-    return ApplyError(f"{doing} failed: HTTP {e.status}: {message}", kind=doc["kind"],
-                      namespace=doc["metadata"].get("namespace", ""), name=doc["metadata"]["name"])
+    return ApplyError(
+        f"{doing} failed: HTTP {e.status}: {message}",
+        kind=doc["kind"],
+        namespace=doc["metadata"].get("namespace", ""),
+        name=doc["metadata"]["name"],
+    )
 
 
 def apply_typed(doc: dict, *, dry_run: bool = False) -> str:
@@ -110,7 +116,8 @@ def read_volcano_job(name: str, namespace: str) -> dict | None:
     with adaptor.reachable(f"reading Volcano job {namespace}/{name}"):
         try:
             return adaptor.custom().get_namespaced_custom_object(
-                k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, name)
+                k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, name
+            )
         except adaptor.ApiException as e:
             if e.status == 404:
                 return None
@@ -119,8 +126,7 @@ def read_volcano_job(name: str, namespace: str) -> dict | None:
 
 def job_pods(name: str, namespace: str) -> list:
     with adaptor.reachable(f"listing the pods of job {namespace}/{name}"):
-        return adaptor.core().list_namespaced_pod(
-            namespace, label_selector=f"{k.VOLCANO_JOB_NAME_LABEL}={name}").items
+        return adaptor.core().list_namespaced_pod(namespace, label_selector=f"{k.VOLCANO_JOB_NAME_LABEL}={name}").items
 
 
 def delete_volcano_job(name: str, namespace: str, *, wait: float = 0.0, poll: float = 0.5) -> bool:
@@ -128,8 +134,13 @@ def delete_volcano_job(name: str, namespace: str, *, wait: float = 0.0, poll: fl
     with adaptor.reachable(f"deleting Volcano job {namespace}/{name}"):
         try:
             adaptor.custom().delete_namespaced_custom_object(
-                k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, name,
-                propagation_policy="Foreground")
+                k.VOLCANO_JOB_GROUP,
+                k.VOLCANO_JOB_VERSION,
+                namespace,
+                k.VOLCANO_JOB_PLURAL,
+                name,
+                propagation_policy="Foreground",
+            )
         except adaptor.ApiException as e:
             if e.status == 404:
                 return False
@@ -140,8 +151,12 @@ def delete_volcano_job(name: str, namespace: str, *, wait: float = 0.0, poll: fl
             return True
         time.sleep(poll)
     if wait:
-        raise ApplyError(f"still terminating after {wait:g}s; check `kubectl get vcjob,pods -n {namespace}` "
-                         "and run -a again", kind="Job", namespace=namespace, name=name)
+        raise ApplyError(
+            f"still terminating after {wait:g}s; check `kubectl get vcjob,pods -n {namespace}` and run -a again",
+            kind="Job",
+            namespace=namespace,
+            name=name,
+        )
     return True
 
 
@@ -154,13 +169,14 @@ def apply_volcano_job(doc: dict, *, dry_run: bool = False, delete_wait: float = 
             if dry_run:
                 if existing is None:
                     adaptor.custom().create_namespaced_custom_object(
-                        k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, doc,
-                        dry_run="All")
+                        k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, doc, dry_run="All"
+                    )
                 return "created" if existing is None else "replaced (delete, then create)"
             if existing is not None:
                 delete_volcano_job(name, namespace, wait=delete_wait)
             adaptor.custom().create_namespaced_custom_object(
-                k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, doc)
+                k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, doc
+            )
         except adaptor.ApiException as e:
             raise _fail(doc, e, "creating") from e
     return "created" if existing is None else "replaced (deleted, then created)"

@@ -1,4 +1,5 @@
 """Waiting for pods to start, and explaining from their events why they do not."""
+
 from __future__ import annotations
 
 import time
@@ -7,8 +8,13 @@ from dataclasses import dataclass
 from elastic_control.kube import adaptor
 
 # Waiting reasons that will not resolve by themselves.
-FATAL_WAITING = {"InvalidImageName", "ImagePullBackOff", "CrashLoopBackOff",
-                 "CreateContainerConfigError", "CreateContainerError"}
+FATAL_WAITING = {
+    "InvalidImageName",
+    "ImagePullBackOff",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+}
 STARTED_PHASES = {"Running", "Succeeded"}
 
 
@@ -26,8 +32,7 @@ def list_pods(namespace: str, selector: str) -> list:
 
 def pod_events(namespace: str, pod_name: str) -> list:
     with adaptor.reachable(f"reading the events of pod {pod_name}"):
-        events = adaptor.core().list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={pod_name}").items
+        events = adaptor.core().list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod_name}").items
     return sorted(events, key=lambda e: str(e.last_timestamp or e.event_time or ""))
 
 
@@ -53,14 +58,19 @@ def explain_pod(pod, events: list, *, cpu: int | None = None, mem: int | None = 
     name = pod.metadata.name
     for container, reason in waiting_reasons(pod):
         if reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
-            image = next((c.image for c in pod.spec.containers + (pod.spec.init_containers or [])
-                          if c.name == container), "?")
+            image = next(
+                (c.image for c in pod.spec.containers + (pod.spec.init_containers or []) if c.name == container), "?"
+            )
             detail = next((e.message for e in reversed(events) if e.reason in ("Failed", "ErrImagePull")), "")
-            return (f"pod {name}: cannot pull image {image!r} ({reason}{': ' + detail if detail else ''}); "
-                    "build and push it (see Dockerfile) and pass --image to -r")
+            return (
+                f"pod {name}: cannot pull image {image!r} ({reason}{': ' + detail if detail else ''}); "
+                "build and push it (see Dockerfile) and pass --image to -r"
+            )
         if reason == "CrashLoopBackOff":
-            return (f"pod {name}: container {container} keeps crashing (CrashLoopBackOff); "
-                    f"see `kubectl logs -n {pod.metadata.namespace} {name} -c {container} --previous`")
+            return (
+                f"pod {name}: container {container} keeps crashing (CrashLoopBackOff); "
+                f"see `kubectl logs -n {pod.metadata.namespace} {name} -c {container} --previous`"
+            )
         if reason in ("CreateContainerConfigError", "CreateContainerError"):
             detail = next((e.message for e in reversed(events) if e.type == "Warning"), "")
             return f"pod {name}: container {container} cannot be created ({reason}{': ' + detail if detail else ''})"
@@ -90,8 +100,9 @@ def count_started(namespace: str, selector: str, expected: int) -> PodCount:
     return PodCount(started=len(started), total=max(expected, len(pods)), stuck=stuck)
 
 
-def wait_for_pods(namespace: str, selector: str, expected: int, *, timeout: float, poll: float = 1.0,
-                  on_progress=None) -> tuple[bool, PodCount]:
+def wait_for_pods(
+    namespace: str, selector: str, expected: int, *, timeout: float, poll: float = 1.0, on_progress=None
+) -> tuple[bool, PodCount]:
     """Poll until ``expected`` pods are running, a pod fails for good, or ``timeout``; (ok, last count)."""
     deadline = time.monotonic() + timeout
     while True:

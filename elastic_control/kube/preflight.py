@@ -2,6 +2,7 @@
 
 Each failure says what is wrong and how to fix it.
 """
+
 from __future__ import annotations
 
 from elastic_control.errors import ClusterUnavailableError
@@ -17,9 +18,12 @@ def check_namespace(namespace: str) -> None:
             if e.status == 404:
                 raise ClusterUnavailableError(
                     f"namespace {namespace!r} does not exist: create it with `kubectl create namespace {namespace}` "
-                    "or pass another --namespace to -r") from e
+                    "or pass another --namespace to -r"
+                ) from e
             if e.status != 403:  # without rights to read namespaces, creating objects will tell
-                raise ClusterUnavailableError(f"reading namespace {namespace!r} failed: HTTP {e.status} {e.reason}") from e
+                raise ClusterUnavailableError(
+                    f"reading namespace {namespace!r} failed: HTTP {e.status} {e.reason}"
+                ) from e
 
 
 def check_volcano_crd() -> None:
@@ -29,8 +33,8 @@ def check_volcano_crd() -> None:
         except adaptor.ApiException as e:
             if e.status == 404:
                 raise ClusterUnavailableError(
-                    f"Volcano is not installed: the CRD {k.VOLCANO_JOB_CRD} does not exist; "
-                    f"{k.VOLCANO_INSTALL_HINT}") from e
+                    f"Volcano is not installed: the CRD {k.VOLCANO_JOB_CRD} does not exist; {k.VOLCANO_INSTALL_HINT}"
+                ) from e
             if e.status == 403:
                 return  # not allowed to read CRDs: the job creation itself will say if Volcano is missing
             raise ClusterUnavailableError(f"reading CRD {k.VOLCANO_JOB_CRD} failed: HTTP {e.status} {e.reason}") from e
@@ -38,20 +42,23 @@ def check_volcano_crd() -> None:
     if k.VOLCANO_JOB_VERSION not in served:
         raise ClusterUnavailableError(
             f"the installed Volcano does not serve {k.VOLCANO_JOB_GROUP}/{k.VOLCANO_JOB_VERSION} "
-            f"(serves: {', '.join(served) or 'nothing'}); {k.VOLCANO_INSTALL_HINT}")
+            f"(serves: {', '.join(served) or 'nothing'}); {k.VOLCANO_INSTALL_HINT}"
+        )
 
 
 def check_queue(queue: str) -> None:
     with adaptor.reachable(f"reading Volcano queue {queue}"):
         try:
             obj = adaptor.custom().get_cluster_custom_object(
-                k.VOLCANO_QUEUE_GROUP, k.VOLCANO_QUEUE_VERSION, k.VOLCANO_QUEUE_PLURAL, queue)
+                k.VOLCANO_QUEUE_GROUP, k.VOLCANO_QUEUE_VERSION, k.VOLCANO_QUEUE_PLURAL, queue
+            )
         except adaptor.ApiException as e:
             if e.status == 404:
                 raise ClusterUnavailableError(
                     f"Volcano queue {queue!r} does not exist: create it (kind Queue, "
                     f"{k.VOLCANO_QUEUE_GROUP}/{k.VOLCANO_QUEUE_VERSION}) or pass --queue to -r "
-                    "(Volcano creates `default`)") from e
+                    "(Volcano creates `default`)"
+                ) from e
             if e.status == 403:
                 return
             raise ClusterUnavailableError(f"reading Volcano queue {queue!r} failed: HTTP {e.status} {e.reason}") from e
@@ -59,7 +66,8 @@ def check_queue(queue: str) -> None:
     if state != "Open":
         raise ClusterUnavailableError(
             f"Volcano queue {queue!r} is {state}, so it accepts no jobs: open it with "
-            f"`vcctl queue operate --name {queue} --action open` or pass another --queue to -r")
+            f"`vcctl queue operate --name {queue} --action open` or pass another --queue to -r"
+        )
 
 
 def preflight(*, namespace: str, queue: str) -> None:

@@ -4,6 +4,7 @@ One function does the rendering (``render_manifests``) with ``StrictUndefined``
 so a missing value fails loudly; every rendered document is parsed back and
 re-emitted as plain block YAML a person can read and ``kubectl apply``.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ DEFAULT_TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
 def template_dir() -> Path:
     return Path(TEMPLATE_DIR.get() or DEFAULT_TEMPLATE_DIR)
 
+
 # (file written into STATE/manifests/, template). Numbered in apply order:
 # config and storage first, then what the others connect to.
 MANIFEST_FILES = (
@@ -40,9 +42,17 @@ MANIFEST_FILES = (
 SECRET_FILES = {"00-shared.yaml"}  # hold the token: readable by the owner only
 
 # Requests/limits of the pods -u/-m do not size (they are per trainer/pserver).
-SIZES = {"small_cpu": "500m", "small_memory": "1Gi", "cube_cpu": "1", "cube_memory": "4Gi",
-         "serving_cpu": "2", "serving_memory": "4Gi", "shared_storage": "50Gi", "fileserver_storage": "20Gi",
-         "mlflow_storage": "5Gi"}
+SIZES = {
+    "small_cpu": "500m",
+    "small_memory": "1Gi",
+    "cube_cpu": "1",
+    "cube_memory": "4Gi",
+    "serving_cpu": "2",
+    "serving_memory": "4Gi",
+    "shared_storage": "50Gi",
+    "fileserver_storage": "20Gi",
+    "mlflow_storage": "5Gi",
+}
 MAX_RETRY = 3
 # libyaml's C loader/dumper when present: manifests are parsed and re-emitted on every -r.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -64,16 +74,20 @@ def validate_job_name(name: str) -> None:
     import re
 
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 40:
-        raise UsageError(f"job name {name!r} must start with a letter, use only lower-case letters, digits and "
-                         "'-', and be at most 40 characters (pod names JOB-TASK-I must fit 63)")
+        raise UsageError(
+            f"job name {name!r} must start with a letter, use only lower-case letters, digits and "
+            "'-', and be at most 40 characters (pod names JOB-TASK-I must fit 63)"
+        )
 
 
 def validate_namespace(namespace: str) -> None:
     import re
 
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace) or len(namespace) > 63:
-        raise UsageError(f"--namespace {namespace!r} is not a valid namespace name (lower-case letters, digits, "
-                         "'-', at most 63 characters)")
+        raise UsageError(
+            f"--namespace {namespace!r} is not a valid namespace name (lower-case letters, digits, "
+            "'-', at most 63 characters)"
+        )
 
 
 def pod_data_config(data_config: DataConfig, hdfs_address: str, model_path: str) -> str:
@@ -112,35 +126,54 @@ def build_context(plan, inputs: RenderInputs) -> dict:
 
     pserver_host = f"{job}-pserver-${{VC_TASK_INDEX}}.{job}"
     return {
-        "k": k, "job": job, "namespace": plan.namespace, "image": plan.image, "queue": plan.queue,
-        "max_retry": MAX_RETRY, "pservers": res.pservers, "trainers": res.trainers,
-        "cube_shards": res.cube_shards, "cpu": str(res.cpu), "memory": f"{res.mem}Gi",
-        "token": inputs.token, "service_type": inputs.service_type,
+        "k": k,
+        "job": job,
+        "namespace": plan.namespace,
+        "image": plan.image,
+        "queue": plan.queue,
+        "max_retry": MAX_RETRY,
+        "pservers": res.pservers,
+        "trainers": res.trainers,
+        "cube_shards": res.cube_shards,
+        "cpu": str(res.cpu),
+        "memory": f"{res.mem}Gi",
+        "token": inputs.token,
+        "service_type": inputs.service_type,
         "slot_conf_text": plan.slot_conf_text,
         "data_config_text": pod_data_config(inputs.data_config, plan.hdfs_address, model_path),
-        "model_path": model_path, "transfer_cube_root": k.TRANSFER_CUBE_ROOT,
+        "model_path": model_path,
+        "transfer_cube_root": k.TRANSFER_CUBE_ROOT,
         "pserver_endpoints": endpoints("pserver", res.pservers, k.PSERVER_PORT),
         "trainer_endpoints": endpoints("trainer", res.trainers, k.TRAINER_PORT),
         # Paddle finds its own place in PADDLE_PSERVERS_IP_PORT_LIST as POD_IP:PADDLE_PORT,
         # so a pserver's POD_IP must be its host name from that list.
         "pserver_entry": f'export POD_IP="{pserver_host}" PADDLE_TRAINER_ID="${{VC_TASK_INDEX}}"; '
-                         "exec elastic-control role",
+        "exec elastic-control role",
         "trainer_entry": 'export PADDLE_TRAINER_ID="${VC_TASK_INDEX:?the Volcano env plugin did not set '
-                         'VC_TASK_INDEX}"; exec elastic-control role',
-        "configmap_name": f"{job}-config", "secret_name": f"{job}-token", "shared_pvc_name": f"{job}-shared",
-        "mlflow_name": f"{job}-mlflow", "fileserver_name": f"{job}-fileserver",
-        "transfer_name": f"{job}-cube-transfer", "serving_name": f"{job}-serving",
+        'VC_TASK_INDEX}"; exec elastic-control role',
+        "configmap_name": f"{job}-config",
+        "secret_name": f"{job}-token",
+        "shared_pvc_name": f"{job}-shared",
+        "mlflow_name": f"{job}-mlflow",
+        "fileserver_name": f"{job}-fileserver",
+        "transfer_name": f"{job}-cube-transfer",
+        "serving_name": f"{job}-serving",
         "mlflow_url": f"http://{job}-mlflow:{k.MLFLOW_PORT}",
         "fileserver_url": f"http://{job}-fileserver:{k.FILESERVER_PORT}",
-        "cube_servers": urls(k.CUBE_SERVER_PORT), "cube_agents": urls(k.CUBE_AGENT_PORT),
+        "cube_servers": urls(k.CUBE_SERVER_PORT),
+        "cube_agents": urls(k.CUBE_AGENT_PORT),
         "promotion_gate": plan.extra.get("promotion_gate", ""),
         **SIZES,
     }
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir())), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
 
 
 def render_documents(plan, inputs: RenderInputs) -> dict[str, list[dict]]:
@@ -152,7 +185,9 @@ def render_documents(plan, inputs: RenderInputs) -> dict[str, list[dict]]:
         try:
             text = env.get_template(template).render(**context)
         except jinja2.TemplateNotFound as e:
-            raise ConfigError(f"template {e.name} is missing from {template_dir()} (set ELASTIC_CTR_TEMPLATE_DIR)") from e
+            raise ConfigError(
+                f"template {e.name} is missing from {template_dir()} (set ELASTIC_CTR_TEMPLATE_DIR)"
+            ) from e
         except jinja2.UndefinedError as e:  # a template bug, never a user's: say where
             raise ConfigError(f"template {template} uses an undefined value: {e}") from e
         docs = [d for d in yaml.load_all(text, Loader=_Loader) if d]
@@ -170,9 +205,10 @@ def render_manifests(plan, out_dir: str | Path, inputs: RenderInputs) -> list[Pa
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for (filename, template), docs in zip(MANIFEST_FILES, render_documents(plan, inputs).values()):
-        text = HEADER.format(template=template) + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False,
-                                                                default_flow_style=False, width=4096)
+    for (filename, template), docs in zip(MANIFEST_FILES, render_documents(plan, inputs).values(), strict=True):
+        text = HEADER.format(template=template) + yaml.dump_all(
+            docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096
+        )
         path = out_dir / filename
         atomic_write_text(path, text)
         # The temp file behind atomic writes is private; only the token's file should stay so.

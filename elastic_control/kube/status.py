@@ -1,4 +1,5 @@
 """`status`: one row per component (Deployments, the Volcano job) with its pods."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,18 +28,40 @@ def component_rows(namespace: str, job: str) -> list[ComponentRow]:
         status = vcjob.get("status") or {}
         desired = sum(t.get("replicas", 0) for t in vcjob["spec"].get("tasks", []))
         phase = (status.get("state") or {}).get("phase", "Pending")
-        detail = ", ".join(f"{n} {status[key]}" for key, n in (("running", "running"), ("succeeded", "succeeded"),
-                                                                ("failed", "failed"), ("pending", "pending"))
-                           if status.get(key))
-        rows.append(ComponentRow("training", "Job", job, f"{status.get('running', 0)}/{desired}",
-                                 phase + (f" ({detail})" if detail else "")))
+        detail = ", ".join(
+            f"{n} {status[key]}"
+            for key, n in (
+                ("running", "running"),
+                ("succeeded", "succeeded"),
+                ("failed", "failed"),
+                ("pending", "pending"),
+            )
+            if status.get(key)
+        )
+        rows.append(
+            ComponentRow(
+                "training",
+                "Job",
+                job,
+                f"{status.get('running', 0)}/{desired}",
+                phase + (f" ({detail})" if detail else ""),
+            )
+        )
     with adaptor.reachable("listing deployments"):
-        deployments = adaptor.apps().list_namespaced_deployment(
-            namespace, label_selector=f"{k.LABEL_INSTANCE}={job}").items
+        deployments = (
+            adaptor.apps().list_namespaced_deployment(namespace, label_selector=f"{k.LABEL_INSTANCE}={job}").items
+        )
     for dep in sorted(deployments, key=lambda d: d.metadata.name):
         desired = dep.spec.replicas if dep.spec.replicas is not None else 1
         ready = (dep.status.ready_replicas or 0) if dep.status else 0
         state = "Ready" if ready >= desired else "Starting"
-        rows.append(ComponentRow(dep.metadata.labels.get(k.LABEL_COMPONENT, "?"), "Deployment", dep.metadata.name,
-                                 f"{ready}/{desired}", state))
+        rows.append(
+            ComponentRow(
+                dep.metadata.labels.get(k.LABEL_COMPONENT, "?"),
+                "Deployment",
+                dep.metadata.name,
+                f"{ready}/{desired}",
+                state,
+            )
+        )
     return rows

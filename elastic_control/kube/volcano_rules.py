@@ -3,6 +3,7 @@
 Run on every rendered training job (so ``-r`` fails instead of ``-a``) and
 in the tests. Mirrors pkg/webhooks/admission/jobs/validate of Volcano.
 """
+
 from __future__ import annotations
 
 import re
@@ -11,10 +12,12 @@ from elastic_control.kube.constants import MAX_NAME_LENGTH
 
 # Events and actions a user's policy may name (internal ones such as
 # OutOfSync or CommandIssued are in the CRD enum but refused by the webhook).
-ALLOWED_POLICY_EVENTS = frozenset({"*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown",
-                                   "TaskCompleted", "TaskFailed"})
-ALLOWED_POLICY_ACTIONS = frozenset({"AbortJob", "RestartJob", "RestartTask", "RestartPod", "TerminateJob",
-                                    "CompleteJob", "ResumeJob"})
+ALLOWED_POLICY_EVENTS = frozenset(
+    {"*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown", "TaskCompleted", "TaskFailed"}
+)
+ALLOWED_POLICY_ACTIONS = frozenset(
+    {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "TerminateJob", "CompleteJob", "ResumeJob"}
+)
 REGISTERED_PLUGINS = frozenset({"env", "svc", "ssh", "tensorflow", "pytorch", "mpi", "ray", "hcclrank"})
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -45,8 +48,10 @@ def volcano_job_problems(job: dict) -> list[str]:
         # Volcano names pods JOB-TASK-INDEX; the svc plugin makes them host names.
         longest = f"{name}-{tname}-{max(replicas - 1, 0)}"
         if len(longest) > MAX_NAME_LENGTH:
-            problems.append(f"pod name {longest!r} is {len(longest)} characters; Kubernetes allows "
-                            f"{MAX_NAME_LENGTH} (use a shorter job name)")
+            problems.append(
+                f"pod name {longest!r} is {len(longest)} characters; Kubernetes allows "
+                f"{MAX_NAME_LENGTH} (use a shorter job name)"
+            )
         problems += _policy_problems(task.get("policies") or [], f"task {tname!r}")
     min_available = spec.get("minAvailable", 0)
     if min_available < 0:
@@ -57,7 +62,9 @@ def volcano_job_problems(job: dict) -> list[str]:
         problems.append(f"maxRetry {spec['maxRetry']} is negative")
     for plugin in spec.get("plugins") or {}:
         if plugin not in REGISTERED_PLUGINS:
-            problems.append(f"plugin {plugin!r} is not registered in Volcano (known: {', '.join(sorted(REGISTERED_PLUGINS))})")
+            problems.append(
+                f"plugin {plugin!r} is not registered in Volcano (known: {', '.join(sorted(REGISTERED_PLUGINS))})"
+            )
     problems += _policy_problems(spec.get("policies") or [], "job")
     if not _DNS_LABEL.match(name or "-") or len(name) > MAX_NAME_LENGTH:
         problems.append(f"job name {name!r} is not a DNS label of at most {MAX_NAME_LENGTH} characters")
@@ -76,14 +83,18 @@ def _policy_problems(policies: list[dict], where: str) -> list[str]:
             problems.append(f"{where}: a policy needs an event or an exitCode")
         for event in events:
             if event not in ALLOWED_POLICY_EVENTS:
-                problems.append(f"{where}: policy event {event!r} is not allowed "
-                                f"(allowed: {', '.join(sorted(ALLOWED_POLICY_EVENTS))})")
+                problems.append(
+                    f"{where}: policy event {event!r} is not allowed "
+                    f"(allowed: {', '.join(sorted(ALLOWED_POLICY_EVENTS))})"
+                )
             if event in seen:
                 problems.append(f"{where}: policy event {event!r} appears twice")
             seen.add(event)
         if action not in ALLOWED_POLICY_ACTIONS:
-            problems.append(f"{where}: policy action {action!r} is not allowed "
-                            f"(allowed: {', '.join(sorted(ALLOWED_POLICY_ACTIONS))})")
+            problems.append(
+                f"{where}: policy action {action!r} is not allowed "
+                f"(allowed: {', '.join(sorted(ALLOWED_POLICY_ACTIONS))})"
+            )
     if "*" in seen and len(seen) > 1:
         problems.append(f"{where}: the '*' event must stand alone")
     return problems

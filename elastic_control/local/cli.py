@@ -3,6 +3,7 @@
 Users never call it: ``elastic-control -a`` with the local backend starts it
 (elastic_control.local.daemon) and ``delete`` stops it.
 """
+
 from __future__ import annotations
 
 import sys

@@ -6,6 +6,7 @@ loopback URLs and folders of the state directory in place of Services and
 volumes. The write token is not written here: the supervisor reads it from
 STATE/token and hands it to the children.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,8 @@ from elastic_control.local.ports import LOOPBACK, free_ports
 from elastic_control.local.spec import JOB, SERVICE, ComponentSpec, LocalPlan
 from elastic_control.plan import Plan
 
-LOCAL_DATA_CONFIG = "local/data.config"   # data.config as the components read it (expanded, absolute paths)
-DEFAULT_MAX_JOB_RESTARTS = 3              # as the Volcano job's maxRetry
+LOCAL_DATA_CONFIG = "local/data.config"  # data.config as the components read it (expanded, absolute paths)
+DEFAULT_MAX_JOB_RESTARTS = 3  # as the Volcano job's maxRetry
 
 MLFLOW = "mlflow"
 FILESERVER = "fileserver"
@@ -79,8 +80,14 @@ def resolve_model_path(cfg: DataConfig, layout: LocalLayout, base: Path) -> str:
     return _absolute(cfg.model_path, base) or str(layout.default_model_path)
 
 
-def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: list[int] | None = None,
-                    max_job_restarts: int = DEFAULT_MAX_JOB_RESTARTS) -> LocalPlan:
+def plan_components(
+    plan: Plan,
+    layout: LocalLayout,
+    *,
+    model_path: str,
+    ports: list[int] | None = None,
+    max_job_restarts: int = DEFAULT_MAX_JOB_RESTARTS,
+) -> LocalPlan:
     """Every component with its argv, environment and port; ``ports`` are drawn fresh when not given."""
     res = plan.resources
     needed = 4 + 2 * res.cube_shards + res.pservers + res.trainers
@@ -99,87 +106,184 @@ def plan_components(plan: Plan, layout: LocalLayout, *, model_path: str, ports: 
     fileserver_url, serving_url, mlflow_url = url(fileserver_port), url(serving_port), url(mlflow_port)
     cube_servers = ",".join(url(s) for s, _ in cube_ports)
     cube_agents = ",".join(url(a) for _, a in cube_ports)
-    config_env = {ev.SLOT_CONF.name: str(layout.state / "slot.conf"),
-                  ev.DATA_CONFIG.name: str(layout.state / LOCAL_DATA_CONFIG)}
+    config_env = {
+        ev.SLOT_CONF.name: str(layout.state / "slot.conf"),
+        ev.DATA_CONFIG.name: str(layout.state / LOCAL_DATA_CONFIG),
+    }
     shards = str(res.cube_shards)
     comps: list[ComponentSpec] = []
 
-    comps.append(ComponentSpec(
-        name=MLFLOW, kind="mlflow", port=mlflow_port, ready="http:/health", ready_timeout=180.0,
-        argv=console_script("mlflow", "mlflow.cli") + [
-            "server", "--host", LOOPBACK, "--port", str(mlflow_port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{layout.mlflow_dir / 'mlflow.db'}",
-            "--artifacts-destination", str(layout.mlflow_dir / "artifacts"), "--serve-artifacts"],
-        # Its background job runner forks a pool of consumers that only the GenAI features use:
-        # on a 2-core machine they cost more than they give.
-        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-    ))
-    comps.append(ComponentSpec(
-        name=FILESERVER, kind="fileserver", port=fileserver_port, ready="http:/healthz",
-        argv=elastic_control_argv("fileserver", "--root", str(layout.fileserver_root), "--host", LOOPBACK,
-                                  "--port", str(fileserver_port)),
-        env={ev.FILESERVER_ROOT.name: str(layout.fileserver_root), ev.FILESERVER_PORT.name: str(fileserver_port)},
-    ))
+    comps.append(
+        ComponentSpec(
+            name=MLFLOW,
+            kind="mlflow",
+            port=mlflow_port,
+            ready="http:/health",
+            ready_timeout=180.0,
+            argv=console_script("mlflow", "mlflow.cli")
+            + [
+                "server",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(mlflow_port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{layout.mlflow_dir / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(layout.mlflow_dir / "artifacts"),
+                "--serve-artifacts",
+            ],
+            # Its background job runner forks a pool of consumers that only the GenAI features use:
+            # on a 2-core machine they cost more than they give.
+            env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        )
+    )
+    comps.append(
+        ComponentSpec(
+            name=FILESERVER,
+            kind="fileserver",
+            port=fileserver_port,
+            ready="http:/healthz",
+            argv=elastic_control_argv(
+                "fileserver", "--root", str(layout.fileserver_root), "--host", LOOPBACK, "--port", str(fileserver_port)
+            ),
+            env={ev.FILESERVER_ROOT.name: str(layout.fileserver_root), ev.FILESERVER_PORT.name: str(fileserver_port)},
+        )
+    )
     for shard, (server_port, agent_port) in enumerate(cube_ports):
         data_dir = str(layout.agent_dir(shard))
-        comps.append(ComponentSpec(
-            name=cube_server_name(shard), kind="cube-server", port=server_port, ready="http:/healthz",
-            argv=console_script("cube-server", "cube.server") + [
-                "--host", LOOPBACK, "--port", str(server_port), "--shard", str(shard), "--data", data_dir],
-            env={ev.CUBE_SHARD.name: str(shard), ev.CUBE_SHARDS.name: shards, ev.CUBE_ROOT.name: data_dir,
-                 ev.CUBE_SERVER_PORT.name: str(server_port)},
-            make_dirs=[data_dir],
-        ))
-        comps.append(ComponentSpec(
-            name=cube_agent_name(shard), kind="cube-agent", port=agent_port, ready="http:/healthz",
-            after=[cube_server_name(shard), FILESERVER],
-            argv=console_script("cube-agent", "cube.agent") + ["--host", LOOPBACK],
-            env={ev.CUBE_SHARD.name: str(shard), ev.CUBE_SHARDS.name: shards, ev.CUBE_ROOT.name: data_dir,
-                 ev.CUBE_AGENT_PORT.name: str(agent_port), ev.CUBE_SERVER_URL.name: url(server_port),
-                 ev.FILESERVER_URL.name: fileserver_url},
-            make_dirs=[data_dir],
-        ))
+        comps.append(
+            ComponentSpec(
+                name=cube_server_name(shard),
+                kind="cube-server",
+                port=server_port,
+                ready="http:/healthz",
+                argv=console_script("cube-server", "cube.server")
+                + ["--host", LOOPBACK, "--port", str(server_port), "--shard", str(shard), "--data", data_dir],
+                env={
+                    ev.CUBE_SHARD.name: str(shard),
+                    ev.CUBE_SHARDS.name: shards,
+                    ev.CUBE_ROOT.name: data_dir,
+                    ev.CUBE_SERVER_PORT.name: str(server_port),
+                },
+                make_dirs=[data_dir],
+            )
+        )
+        comps.append(
+            ComponentSpec(
+                name=cube_agent_name(shard),
+                kind="cube-agent",
+                port=agent_port,
+                ready="http:/healthz",
+                after=[cube_server_name(shard), FILESERVER],
+                argv=console_script("cube-agent", "cube.agent") + ["--host", LOOPBACK],
+                env={
+                    ev.CUBE_SHARD.name: str(shard),
+                    ev.CUBE_SHARDS.name: shards,
+                    ev.CUBE_ROOT.name: data_dir,
+                    ev.CUBE_AGENT_PORT.name: str(agent_port),
+                    ev.CUBE_SERVER_URL.name: url(server_port),
+                    ev.FILESERVER_URL.name: fileserver_url,
+                },
+                make_dirs=[data_dir],
+            )
+        )
     # Same variable as the manifest sets, only when -r was given a rule.
     gate = plan.extra.get("promotion_gate")
     gate_env = {ev.PROMOTION_GATE.name: gate} if gate else {}
-    comps.append(ComponentSpec(
-        name=TRANSFER, kind="cube-transfer", port=transfer_port, ready="http:/healthz",
-        after=[FILESERVER] + [cube_agent_name(i) for i in range(res.cube_shards)],
-        # Polls the donefile every second (5 s by default): freshness is what the local pipeline shows off.
-        argv=console_script("cube-transfer", "cube.transfer") + ["--host", LOOPBACK, "--poll-interval", "1"],
-        env={ev.MODEL_PATH.name: model_path, ev.CUBE_ROOT.name: str(layout.cube_root), ev.CUBE_SHARDS.name: shards,
-             ev.CUBE_AGENTS.name: cube_agents, ev.CUBE_SERVERS.name: cube_servers,
-             ev.FILESERVER_URL.name: fileserver_url, ev.CUBE_TRANSFER_PORT.name: str(transfer_port),
-             ev.MLFLOW_TRACKING_URI.name: mlflow_url, **config_env, **gate_env},
-    ))
-    comps.append(ComponentSpec(
-        name=SERVING, kind="serving", port=serving_port, ready="http:/healthz",
-        after=[FILESERVER] + [cube_server_name(i) for i in range(res.cube_shards)],
-        argv=elastic_control_argv("serve", "--host", LOOPBACK, "--port", str(serving_port),
-                                  "--cache-dir", str(layout.state / "serving-cache"), "--poll-interval", "0.5"),
-        env={ev.SERVING_PORT.name: str(serving_port), ev.CUBE_SERVERS.name: cube_servers,
-             ev.FILESERVER_URL.name: fileserver_url, **config_env},
-    ))
+    comps.append(
+        ComponentSpec(
+            name=TRANSFER,
+            kind="cube-transfer",
+            port=transfer_port,
+            ready="http:/healthz",
+            after=[FILESERVER] + [cube_agent_name(i) for i in range(res.cube_shards)],
+            # Polls the donefile every second (5 s by default): freshness is what the local pipeline shows off.
+            argv=console_script("cube-transfer", "cube.transfer") + ["--host", LOOPBACK, "--poll-interval", "1"],
+            env={
+                ev.MODEL_PATH.name: model_path,
+                ev.CUBE_ROOT.name: str(layout.cube_root),
+                ev.CUBE_SHARDS.name: shards,
+                ev.CUBE_AGENTS.name: cube_agents,
+                ev.CUBE_SERVERS.name: cube_servers,
+                ev.FILESERVER_URL.name: fileserver_url,
+                ev.CUBE_TRANSFER_PORT.name: str(transfer_port),
+                ev.MLFLOW_TRACKING_URI.name: mlflow_url,
+                **config_env,
+                **gate_env,
+            },
+        )
+    )
+    comps.append(
+        ComponentSpec(
+            name=SERVING,
+            kind="serving",
+            port=serving_port,
+            ready="http:/healthz",
+            after=[FILESERVER] + [cube_server_name(i) for i in range(res.cube_shards)],
+            argv=elastic_control_argv(
+                "serve",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(serving_port),
+                "--cache-dir",
+                str(layout.state / "serving-cache"),
+                "--poll-interval",
+                "0.5",
+            ),
+            env={
+                ev.SERVING_PORT.name: str(serving_port),
+                ev.CUBE_SERVERS.name: cube_servers,
+                ev.FILESERVER_URL.name: fileserver_url,
+                **config_env,
+            },
+        )
+    )
 
     pserver_list = ",".join(f"{LOOPBACK}:{p}" for p in pserver_ports)
     trainer_list = ",".join(f"{LOOPBACK}:{p}" for p in trainer_ports)
-    job_env = {ev.PADDLE_PSERVERS_IP_PORT_LIST.name: pserver_list, ev.PADDLE_TRAINER_ENDPOINTS.name: trainer_list,
-               ev.PADDLE_TRAINERS_NUM.name: str(res.trainers), ev.POD_IP.name: LOOPBACK,
-               ev.MODEL_PATH.name: model_path, ev.MLFLOW_TRACKING_URI.name: mlflow_url,
-               ev.FILESERVER_URL.name: fileserver_url, **config_env}
+    job_env = {
+        ev.PADDLE_PSERVERS_IP_PORT_LIST.name: pserver_list,
+        ev.PADDLE_TRAINER_ENDPOINTS.name: trainer_list,
+        ev.PADDLE_TRAINERS_NUM.name: str(res.trainers),
+        ev.POD_IP.name: LOOPBACK,
+        ev.MODEL_PATH.name: model_path,
+        ev.MLFLOW_TRACKING_URI.name: mlflow_url,
+        ev.FILESERVER_URL.name: fileserver_url,
+        **config_env,
+    }
     for role, role_ports, name in (("PSERVER", pserver_ports, pserver_name), ("TRAINER", trainer_ports, trainer_name)):
         for i, port in enumerate(role_ports):
-            comps.append(ComponentSpec(
-                name=name(i), kind=role.lower(), group=JOB, port=port, ready="none",
-                # Not after MLflow: as on the cluster, the job starts while the tracking server is still
-                # coming up (its SQLite migrations take tens of seconds); MLflow's client retries meanwhile.
-                after=[FILESERVER], argv=elastic_control_argv("role"),
-                env={**job_env, ev.TRAINING_ROLE.name: role, ev.PADDLE_PORT.name: str(port),
-                     ev.PADDLE_TRAINER_ID.name: str(i)},
-            ))
+            comps.append(
+                ComponentSpec(
+                    name=name(i),
+                    kind=role.lower(),
+                    group=JOB,
+                    port=port,
+                    ready="none",
+                    # Not after MLflow: as on the cluster, the job starts while the tracking server is still
+                    # coming up (its SQLite migrations take tens of seconds); MLflow's client retries meanwhile.
+                    after=[FILESERVER],
+                    argv=elastic_control_argv("role"),
+                    env={
+                        **job_env,
+                        ev.TRAINING_ROLE.name: role,
+                        ev.PADDLE_PORT.name: str(port),
+                        ev.PADDLE_TRAINER_ID.name: str(i),
+                    },
+                )
+            )
     assert all(c.group in (JOB, SERVICE) for c in comps)
-    return LocalPlan(components=comps, max_job_restarts=max_job_restarts, model_path=model_path,
-                     serving_url=serving_url, transfer_url=url(transfer_port))
+    return LocalPlan(
+        components=comps,
+        max_job_restarts=max_job_restarts,
+        model_path=model_path,
+        serving_url=serving_url,
+        transfer_url=url(transfer_port),
+    )
 
 
 def publish_config(layout: LocalLayout) -> None:

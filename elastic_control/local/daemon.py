@@ -5,6 +5,7 @@ no controlling terminal), which forks the supervisor and exits at once, so the
 supervisor is adopted by init and never becomes a zombie of the CLI. The
 supervisor then execs ``python -m elastic_control supervise``.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,7 @@ def spawn_supervisor(layout: LocalLayout, *, python: str | None = None) -> int:
             os.dup2(log_fd, 2)
             os.chdir(layout.state)  # stray files of any component land in the state folder
             os.execv(python, argv)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the forked child must never return into the parent's code
             os._exit(127)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as r:

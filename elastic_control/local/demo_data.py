@@ -3,6 +3,7 @@
 The last generated hour is held out: it is outside the training window, and
 the demo predicts its lines through the client at the end.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -16,8 +17,8 @@ from elastic_control.atomic import atomic_write_text
 from elastic_control.config.data_config import format_hour
 
 DEMO_START = dt.datetime(2019, 12, 21, 0)
-SYNTH_SLOTS = tuple(range(1, 27))     # 26 slots, as many as Criteo's categorical features
-CRITEO_SLOTS = tuple(range(1, 40))    # the converter's slots: 13 integer + 26 categorical features
+SYNTH_SLOTS = tuple(range(1, 27))  # 26 slots, as many as Criteo's categorical features
+CRITEO_SLOTS = tuple(range(1, 40))  # the converter's slots: 13 integer + 26 categorical features
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,9 @@ class DemoData:
     train_hours: int
     heldout_lines: list[str]
     heldout_labels: np.ndarray
-    heldout_truth: np.ndarray | None      # true probabilities (synthetic data only)
-    bayes_auc: float | None               # AUC of the true probabilities on the held-out hour
-    source: str                           # "synthetic" or the Criteo file
+    heldout_truth: np.ndarray | None  # true probabilities (synthetic data only)
+    bayes_auc: float | None  # AUC of the true probabilities on the held-out hour
+    source: str  # "synthetic" or the Criteo file
     lines_total: int
 
     @property
@@ -58,42 +59,68 @@ def write_configs(workdir: Path, *, slots, train_hours: int, dataset: Path, mode
     data_config = workdir / "data.config"
     end = DEMO_START + dt.timedelta(hours=train_hours - 1)
     atomic_write_text(slot_conf, "# written by `elastic-control demo`\n" + "".join(f"{s}\n" for s in slots))
-    atomic_write_text(data_config, "\n".join([
-        "# written by `elastic-control demo`: the training window; the next hour is held out",
-        'export HDFS_ADDRESS=""',
-        f'export START_DATE_HR="{format_hour(DEMO_START)}"',
-        f'export END_DATE_HR="{format_hour(end)}"',
-        f'export DATASET_PATH="{dataset}"',
-        'export DATA_FORMAT="text"',
-        'export ONLINE="0"',
-        f'export MODEL_PATH="{model_path}"',
-        "",
-    ]))
+    atomic_write_text(
+        data_config,
+        "\n".join(
+            [
+                "# written by `elastic-control demo`: the training window; the next hour is held out",
+                'export HDFS_ADDRESS=""',
+                f'export START_DATE_HR="{format_hour(DEMO_START)}"',
+                f'export END_DATE_HR="{format_hour(end)}"',
+                f'export DATASET_PATH="{dataset}"',
+                'export DATA_FORMAT="text"',
+                'export ONLINE="0"',
+                f'export MODEL_PATH="{model_path}"',
+                "",
+            ]
+        ),
+    )
     return slot_conf, data_config
 
 
-def prepare_synthetic(workdir: Path, *, train_hours: int, lines_per_hour: int, seed: int = 7,
-                      progress=None) -> DemoData:
+def prepare_synthetic(
+    workdir: Path, *, train_hours: int, lines_per_hour: int, seed: int = 7, progress=None
+) -> DemoData:
     """Planted-model hours (``elastic-control data synth``): train_hours + 1 held-out hour."""
     from elastic_control.data.hourly_writer import hour_dir
     from elastic_control.data.synth import generate, read_truth
     from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
 
     dataset, model_path = workdir / "data", workdir / "models"
-    summary = generate(dataset, slots=SYNTH_SLOTS, hours=train_hours + 1, lines_per_hour=lines_per_hour, seed=seed,
-                       start=DEMO_START, progress=progress)
+    summary = generate(
+        dataset,
+        slots=SYNTH_SLOTS,
+        hours=train_hours + 1,
+        lines_per_hour=lines_per_hour,
+        seed=seed,
+        start=DEMO_START,
+        progress=progress,
+    )
     heldout = hour_dir(dataset, DEMO_START + dt.timedelta(hours=train_hours))
     lines, truth = read_truth(heldout)
     labels = _labels(lines)
     bayes, _ = auc_from_counts(counts_from_arrays(labels, truth))
-    slot_conf, data_config = write_configs(workdir, slots=SYNTH_SLOTS, train_hours=train_hours, dataset=dataset,
-                                           model_path=model_path)
-    return DemoData(slot_conf, data_config, dataset, model_path, train_hours, lines, labels, truth, bayes,
-                    "synthetic planted-model data", int(summary["lines"]))
+    slot_conf, data_config = write_configs(
+        workdir, slots=SYNTH_SLOTS, train_hours=train_hours, dataset=dataset, model_path=model_path
+    )
+    return DemoData(
+        slot_conf,
+        data_config,
+        dataset,
+        model_path,
+        train_hours,
+        lines,
+        labels,
+        truth,
+        bayes,
+        "synthetic planted-model data",
+        int(summary["lines"]),
+    )
 
 
-def prepare_criteo(workdir: Path, criteo_file: str, *, train_hours: int, lines_per_hour: int | None,
-                   progress=None) -> DemoData:
+def prepare_criteo(
+    workdir: Path, criteo_file: str, *, train_hours: int, lines_per_hour: int | None, progress=None
+) -> DemoData:
     """Real Criteo lines (``elastic-control data criteo``), split into train_hours + 1 hours.
 
     With ``lines_per_hour``, only the first (train_hours + 1) * lines_per_hour lines of the file are used.
@@ -118,7 +145,19 @@ def prepare_criteo(workdir: Path, criteo_file: str, *, train_hours: int, lines_p
     summary = convert_file(source, dataset, hours=train_hours + 1, start=DEMO_START, progress=progress)
     heldout = hour_dir(dataset, DEMO_START + dt.timedelta(hours=train_hours))
     lines = _hour_lines(heldout)
-    slot_conf, data_config = write_configs(workdir, slots=CRITEO_SLOTS, train_hours=train_hours, dataset=dataset,
-                                           model_path=model_path)
-    return DemoData(slot_conf, data_config, dataset, model_path, train_hours, lines, _labels(lines), None, None,
-                    f"Criteo lines from {criteo_file}", int(summary.get("lines", 0)))
+    slot_conf, data_config = write_configs(
+        workdir, slots=CRITEO_SLOTS, train_hours=train_hours, dataset=dataset, model_path=model_path
+    )
+    return DemoData(
+        slot_conf,
+        data_config,
+        dataset,
+        model_path,
+        train_hours,
+        lines,
+        _labels(lines),
+        None,
+        None,
+        f"Criteo lines from {criteo_file}",
+        int(summary.get("lines", 0)),
+    )

@@ -1,15 +1,16 @@
 """Where the local backend keeps things inside the state folder.
 
-    STATE/
-      plan.json, token, slot.conf, data.config     written by -r (elastic_control.plan)
-      local/components.json                         the local plan: every process, its ports and variables (-r)
-      local/runtime.json                            the supervisor's live record: PIDs, states, restarts (-a)
-      local/rollouts.json                           each model version served and its freshness
-      local/supervisor.lock                         held by the running supervisor
-      logs/NAME.log                                 one log per component, logs/supervisor.log
-      client.json                                   written by -c
-      files/  cube/  cube-agent-I/  mlflow/         component data (kept by delete)
+STATE/
+  plan.json, token, slot.conf, data.config     written by -r (elastic_control.plan)
+  local/components.json                         the local plan: every process, its ports and variables (-r)
+  local/runtime.json                            the supervisor's live record: PIDs, states, restarts (-a)
+  local/rollouts.json                           each model version served and its freshness
+  local/supervisor.lock                         held by the running supervisor
+  logs/NAME.log                                 one log per component, logs/supervisor.log
+  client.json                                   written by -c
+  files/  cube/  cube-agent-I/  mlflow/         component data (kept by delete)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ class LocalLayout:
     state: Path
 
     @classmethod
-    def of(cls, state_dir) -> "LocalLayout":
+    def of(cls, state_dir) -> LocalLayout:
         return cls(Path(state_dir).resolve())
 
     @property

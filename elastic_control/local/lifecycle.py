@@ -4,6 +4,7 @@ Both leave no orphan: -a refuses to start over a live supervisor and first
 stops anything an earlier, dead supervisor left behind; delete asks the
 supervisor to stop its children, and kills whatever is left if it cannot.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,10 @@ DELETE_TIMEOUT = 60.0
 def ensure_not_running(layout: LocalLayout) -> None:
     info = rt.supervisor_info(layout)
     if info.alive:
-        raise UsageError(f"the pipeline in {layout.state}/ is already running (supervisor pid {info.pid}); "
-                         "see `elastic-control status`, or stop it with `elastic-control delete` before -a")
+        raise UsageError(
+            f"the pipeline in {layout.state}/ is already running (supervisor pid {info.pid}); "
+            "see `elastic-control status`, or stop it with `elastic-control delete` before -a"
+        )
 
 
 def stop_leftovers(layout: LocalLayout, record: dict | None, grace: float = 5.0) -> list[str]:
@@ -54,8 +57,11 @@ def check_ports(plan: LocalPlan) -> None:
                 owner = port_owner(port)
                 problems.append(f"{comp.name} port {port}" + (f" (held by {owner})" if owner else ""))
     if problems:
-        raise UsageError("planned ports are in use: " + "; ".join(problems)
-                         + ". Run `elastic-control -r ...` again to choose free ports")
+        raise UsageError(
+            "planned ports are in use: "
+            + "; ".join(problems)
+            + ". Run `elastic-control -r ...` again to choose free ports"
+        )
 
 
 def apply(layout: LocalLayout, *, timeout: float = STARTUP_TIMEOUT, show_progress: bool = True) -> dict:
@@ -74,8 +80,10 @@ def apply(layout: LocalLayout, *, timeout: float = STARTUP_TIMEOUT, show_progres
     pid = spawn_supervisor(layout)
     started = process_identity(pid)
     record = wait_started(layout, pid, started, timeout=timeout, show_progress=show_progress)
-    done(f"started {len(plan.components)} components under supervisor pid {pid}; "
-         f"logs in {layout.logs_dir}/ (`elastic-control -l`, `elastic-control status`)")
+    done(
+        f"started {len(plan.components)} components under supervisor pid {pid}; "
+        f"logs in {layout.logs_dir}/ (`elastic-control -l`, `elastic-control status`)"
+    )
     return record
 
 
@@ -91,8 +99,9 @@ def _progress_text(record: dict | None) -> str:
     return text
 
 
-def wait_started(layout: LocalLayout, pid: int, started: float | None, *, timeout: float,
-                 show_progress: bool = True) -> dict:
+def wait_started(
+    layout: LocalLayout, pid: int, started: float | None, *, timeout: float, show_progress: bool = True
+) -> dict:
     deadline = time.monotonic() + timeout
     status = console.status(_progress_text(None)) if show_progress else None
     if status:
@@ -104,16 +113,20 @@ def wait_started(layout: LocalLayout, pid: int, started: float | None, *, timeou
             if mine and record["state"] == rt.RUNNING:
                 return record
             if mine and record["state"] == rt.FAILED:
-                raise ComponentError(f"local start failed: {record.get('reason')}"
-                                     + _log_hint(layout, record.get("reason", "")))
+                raise ComponentError(
+                    f"local start failed: {record.get('reason')}" + _log_hint(layout, record.get("reason", ""))
+                )
             if not is_same_process(pid, started):
                 tail = "\n".join(tail_lines(layout.supervisor_log, 8))
-                raise ComponentError(f"the supervisor (pid {pid}) exited during start; last lines of "
-                                     f"{layout.supervisor_log}:\n{tail}")
+                raise ComponentError(
+                    f"the supervisor (pid {pid}) exited during start; last lines of {layout.supervisor_log}:\n{tail}"
+                )
             if time.monotonic() > deadline:
                 _kill_supervisor(layout, pid, started)
-                raise ComponentError(f"components did not all start within {timeout:.0f}s "
-                                     f"({_progress_text(record)}); everything was stopped. See {layout.logs_dir}/")
+                raise ComponentError(
+                    f"components did not all start within {timeout:.0f}s "
+                    f"({_progress_text(record)}); everything was stopped. See {layout.logs_dir}/"
+                )
             if status:
                 status.update(_progress_text(record if mine else None))
             time.sleep(0.2)
@@ -126,7 +139,7 @@ def _log_hint(layout: LocalLayout, reason: str) -> str:
     """The last lines of the failing component's log, when the reason names one."""
     for log in sorted(layout.logs_dir.glob("*.log")):
         if str(log) in reason:
-            lines = [l for l in tail_lines(log, 6) if l.strip()]
+            lines = [ln for ln in tail_lines(log, 6) if ln.strip()]
             if lines:
                 return "\n  " + "\n  ".join(lines)
     return ""
@@ -155,7 +168,7 @@ def delete(layout: LocalLayout) -> list[str]:
     if record is None:
         return []  # never started: nothing to stop (delete is idempotent)
     stopped: list[str] = []
-    sup = (record.get("supervisor") or {})
+    sup = record.get("supervisor") or {}
     if info.alive:
         if not _kill_supervisor(layout, sup["pid"], sup.get("started")):
             warn(f"the supervisor (pid {sup['pid']}) did not stop in {DELETE_TIMEOUT:.0f}s; killing it")

@@ -1,4 +1,5 @@
 """-l for the local backend: print (or follow) component logs, each line prefixed with its component."""
+
 from __future__ import annotations
 
 import sys
@@ -25,8 +26,16 @@ def resolve_components(layout: LocalLayout, components: list[str] | None) -> lis
     return wanted
 
 
-def show_logs(layout: LocalLayout, *, follow: bool = False, components: list[str] | None = None,
-              tail: int = TAIL, out=None, poll: float = 0.3, stop_when=None) -> None:
+def show_logs(
+    layout: LocalLayout,
+    *,
+    follow: bool = False,
+    components: list[str] | None = None,
+    tail: int = TAIL,
+    out=None,
+    poll: float = 0.3,
+    stop_when=None,
+) -> None:
     """Print the last ``tail`` lines of each component's log; with ``follow``, keep streaming new lines.
 
     Following ends on Ctrl-C, when the supervisor has stopped, or when ``stop_when()`` is true.
@@ -34,8 +43,9 @@ def show_logs(layout: LocalLayout, *, follow: bool = False, components: list[str
     out = out or sys.stdout
     names = resolve_components(layout, components)
     if rt.read_runtime(layout) is None:
-        raise UsageError(f"nothing has been started in {layout.state}/ yet, so there are no logs: "
-                         "run `elastic-control -a` first")
+        raise UsageError(
+            f"nothing has been started in {layout.state}/ yet, so there are no logs: run `elastic-control -a` first"
+        )
     width = max(len(n) for n in names)
     offsets = {}
     for name in names:

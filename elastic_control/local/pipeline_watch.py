@@ -3,6 +3,7 @@
 Used by the demo and the end-to-end tests: each wait shows progress on
 stderr and fails with the relevant log's last lines instead of hanging.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,7 +21,7 @@ from elastic_control.pass_format import read_donefile
 
 
 def _last_line(layout: LocalLayout, component: str) -> str:
-    lines = [l for l in tail_lines(layout.log_path(component), 5) if l.strip() and not l.startswith("[supervisor")]
+    lines = [ln for ln in tail_lines(layout.log_path(component), 5) if ln.strip() and not ln.startswith("[supervisor")]
     return lines[-1][-110:] if lines else ""
 
 
@@ -37,8 +38,9 @@ class PassEvent:
     metrics: dict = field(default_factory=dict)
 
 
-def wait_for_training(layout: LocalLayout, *, expected_passes: int, timeout: float, show: bool = True,
-                      on_pass=None) -> list[PassEvent]:
+def wait_for_training(
+    layout: LocalLayout, *, expected_passes: int, timeout: float, show: bool = True, on_pass=None
+) -> list[PassEvent]:
     """Until the training job completed with ``expected_passes`` passes in the donefile; the passes, in order."""
     plan = load_local_plan(layout.components_file)
     deadline = time.monotonic() + timeout
@@ -72,8 +74,10 @@ def wait_for_training(layout: LocalLayout, *, expected_passes: int, timeout: flo
                 raise _failure(layout, f"training did not finish within {timeout:.0f}s")
             if status:
                 restarts = f", restarted {job.get('restarts')}x" if job.get("restarts") else ""
-                status.update(f"training: {len(entries)}/{expected_passes} passes{restarts} · trainer-0: "
-                              f"{_last_line(layout, 'trainer-0')}")
+                status.update(
+                    f"training: {len(entries)}/{expected_passes} passes{restarts} · trainer-0: "
+                    f"{_last_line(layout, 'trainer-0')}"
+                )
             time.sleep(0.5)
     finally:
         if status:
@@ -101,11 +105,17 @@ def wait_until_served(layout: LocalLayout, version: str, *, timeout: float, show
             if not rt.supervisor_info(layout).alive:
                 raise _failure(layout, "the supervisor stopped during the rollout", "supervisor")
             if time.monotonic() > deadline:
-                raise _failure(layout, f"serving did not answer with {version} within {timeout:.0f}s "
-                                       f"(it answers with {current or 'nothing'})", "cube-transfer")
+                raise _failure(
+                    layout,
+                    f"serving did not answer with {version} within {timeout:.0f}s "
+                    f"(it answers with {current or 'nothing'})",
+                    "cube-transfer",
+                )
             if status:
-                status.update(f"rolling out {version}: serving answers with {current or 'nothing yet'} · "
-                              f"cube-transfer: {_last_line(layout, 'cube-transfer')}")
+                status.update(
+                    f"rolling out {version}: serving answers with {current or 'nothing yet'} · "
+                    f"cube-transfer: {_last_line(layout, 'cube-transfer')}"
+                )
             time.sleep(0.25)
     finally:
         if status:

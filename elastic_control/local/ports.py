@@ -4,6 +4,7 @@ Ports are drawn from below the kernel's ephemeral range: a port from the
 ephemeral range can be taken, between planning and starting, as the local
 port of some unrelated outgoing connection.
 """
+
 from __future__ import annotations
 
 import errno
@@ -38,8 +39,9 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     return True
 
 
-def free_ports(count: int, *, host: str = LOOPBACK, exclude: set[int] | None = None,
-               rng: random.Random | None = None) -> list[int]:
+def free_ports(
+    count: int, *, host: str = LOOPBACK, exclude: set[int] | None = None, rng: random.Random | None = None
+) -> list[int]:
     """``count`` distinct ports that are free now, probed by binding each one."""
     rng = rng or random.SystemRandom()
     lo, hi = _candidate_range()
@@ -69,7 +71,7 @@ def port_owner(port: int) -> str:
                 proc = psutil.Process(conn.pid)
                 cmd = " ".join(proc.cmdline()[:4])
                 return f"pid {conn.pid}: {cmd}"
-    except Exception:  # psutil may lack permission; the port number alone still helps
+    except Exception:  # noqa: BLE001 - psutil may lack permission; the port number alone still helps
         return ""
     return ""
 

@@ -5,6 +5,7 @@ and every helper it forks, e.g. MLflow's uvicorn workers, is in that group),
 with its output appended to its log file, and with a parent-death signal so
 it does not outlive a supervisor that is killed outright.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -34,8 +35,17 @@ def start_process(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: 
     """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab", buffering=0) as log:
-        return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, preexec_fn=_die_with_parent, close_fds=True)
+        return subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            close_fds=True,
+        )
 
 
 def process_identity(pid: int) -> float | None:
@@ -91,7 +101,9 @@ def signal_component(pid: int, sig: int) -> None:
             pass
 
 
-def stop_components(pids: list[int], grace: float, popen: dict[int, subprocess.Popen] | None = None) -> dict[int, int | None]:
+def stop_components(
+    pids: list[int], grace: float, popen: dict[int, subprocess.Popen] | None = None
+) -> dict[int, int | None]:
     """Terminate every component (SIGTERM), wait up to ``grace`` seconds, then SIGKILL what is left.
 
     Stops whole process groups, including helpers whose parent already exited.
@@ -107,7 +119,7 @@ def stop_components(pids: list[int], grace: float, popen: dict[int, subprocess.P
     deadline = time.monotonic() + grace
     everyone = [p for ps in members.values() for p in ps]
     while time.monotonic() < deadline:
-        for pid, proc in popen.items():
+        for proc in popen.values():
             proc.poll()
         if not [p for p in everyone if _alive(p)]:
             break

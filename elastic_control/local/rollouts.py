@@ -5,6 +5,7 @@ which model version it answers with and, the first time a version appears,
 records it beside the time trainer 0 wrote that pass's donefile line, in
 local/rollouts.json (read by ``status`` and the demo).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -73,8 +74,11 @@ def transfer_timings(transfer_url: str, version: str, timeout: float = 1.0) -> d
         return {}
     for entry in reversed(body.get("history") or []):
         if entry.get("version") == version and entry.get("result") == "active":
-            out = {k: entry[k] for k in ("build_s", "publish_s", "prepare_s", "activate_s", "total_s")
-                   if isinstance(entry.get(k), (int, float))}
+            out = {
+                k: entry[k]
+                for k in ("build_s", "publish_s", "prepare_s", "activate_s", "total_s")
+                if isinstance(entry.get(k), (int, float))
+            }
             if isinstance(entry.get("at"), (int, float)):
                 out["activated_at"] = entry["at"]
             return out
@@ -89,8 +93,9 @@ def read_rollouts(layout: LocalLayout) -> list[dict]:
 
 
 class RolloutWatcher:
-    def __init__(self, layout: LocalLayout, *, model_path: str | None, serving_url: str | None,
-                 transfer_url: str | None = None):
+    def __init__(
+        self, layout: LocalLayout, *, model_path: str | None, serving_url: str | None, transfer_url: str | None = None
+    ):
         self.layout = layout
         self.model_path = model_path
         self.serving_url = serving_url

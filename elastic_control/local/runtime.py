@@ -5,6 +5,7 @@ and at least every few seconds (``heartbeat``); every other command only
 reads it, and trusts a PID only if that process still has the recorded start
 time (PIDs are reused).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -20,17 +21,17 @@ from elastic_control.local.process import is_same_process
 RUNTIME_FORMAT = 1
 
 # Supervisor states.
-STARTING = "starting"      # services coming up
-RUNNING = "running"        # everything started (training may still be running or done)
+STARTING = "starting"  # services coming up
+RUNNING = "running"  # everything started (training may still be running or done)
 STOPPING = "stopping"
 STOPPED = "stopped"
-FAILED = "failed"          # could not start; everything it started was stopped
+FAILED = "failed"  # could not start; everything it started was stopped
 
 # Component states.
-C_WAITING = "waiting"      # for the components it depends on
-C_STARTING = "starting"    # started, not ready yet
+C_WAITING = "waiting"  # for the components it depends on
+C_STARTING = "starting"  # started, not ready yet
 C_RUNNING = "running"
-C_BACKOFF = "backoff"      # exited, restart scheduled
+C_BACKOFF = "backoff"  # exited, restart scheduled
 C_COMPLETED = "completed"  # a job member that finished its work
 C_FAILED = "failed"
 C_STOPPED = "stopped"

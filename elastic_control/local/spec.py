@@ -5,6 +5,7 @@ components must be ready first, and the group deciding the failure policy),
 so the supervisor can run anything: the pipeline's real entry points, or the
 small child processes its unit tests use.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,15 +29,15 @@ GROUPS = (JOB, SERVICE)
 
 @dataclass(frozen=True)
 class ComponentSpec:
-    name: str                      # unique, also the log file name: logs/NAME.log
-    kind: str                      # pserver, trainer, fileserver, cube-server, ... (for people and for -l)
+    name: str  # unique, also the log file name: logs/NAME.log
+    kind: str  # pserver, trainer, fileserver, cube-server, ... (for people and for -l)
     argv: list[str]
     group: str = SERVICE
-    env: dict[str, str] = field(default_factory=dict)   # added to the supervisor's environment
-    port: int | None = None        # the port it listens on (None: no port)
+    env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
+    port: int | None = None  # the port it listens on (None: no port)
     extra_ports: list[int] = field(default_factory=list)
-    ready: str = "tcp"             # "tcp" (port accepts), "http:/path" (GET answers 2xx), "none" (ready once started)
-    after: list[str] = field(default_factory=list)     # components that must be ready before this one starts
+    ready: str = "tcp"  # "tcp" (port accepts), "http:/path" (GET answers 2xx), "none" (ready once started)
+    after: list[str] = field(default_factory=list)  # components that must be ready before this one starts
     cwd: str | None = None
     ready_timeout: float = 120.0
     make_dirs: list[str] = field(default_factory=list)  # created before each start (a pod's emptyDir volumes)
@@ -61,10 +62,10 @@ class LocalPlan:
     components: list[ComponentSpec]
     max_job_restarts: int = 3
     stop_grace: float = 10.0
-    pserver_exit_grace: float = 10.0       # after the trainers finish, pservers get this long to exit by themselves
-    model_path: str | None = None          # where the rollout watcher reads the models donefile
-    serving_url: str | None = None         # where it asks which version is served
-    transfer_url: str | None = None        # cube-transfer, for each rollout's build/prepare/activate timings
+    pserver_exit_grace: float = 10.0  # after the trainers finish, pservers get this long to exit by themselves
+    model_path: str | None = None  # where the rollout watcher reads the models donefile
+    serving_url: str | None = None  # where it asks which version is served
+    transfer_url: str | None = None  # cube-transfer, for each rollout's build/prepare/activate timings
     format: int = COMPONENTS_FORMAT
 
     def __post_init__(self):
@@ -88,7 +89,7 @@ class LocalPlan:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "LocalPlan":
+    def from_json(cls, d: dict) -> LocalPlan:
         d = dict(d)
         d["components"] = [ComponentSpec(**c) for c in d["components"]]
         return cls(**d)
@@ -101,15 +102,19 @@ def save_local_plan(plan: LocalPlan, path: Path) -> None:
 def load_local_plan(path: Path) -> LocalPlan:
     """Read local/components.json; a missing or older file is a clear usage error."""
     if not path.exists():
-        raise UsageError(f"{path} is missing: the state folder was not rendered for the local backend; "
-                         "run `elastic-control -r --backend local ...` first")
+        raise UsageError(
+            f"{path} is missing: the state folder was not rendered for the local backend; "
+            "run `elastic-control -r --backend local ...` first"
+        )
     try:
         d = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise UsageError(f"{path} is unreadable ({e}); run -r again") from e
     if d.get("format") != COMPONENTS_FORMAT:
-        raise UsageError(f"{path} comes from an older or newer version of elastic-control (format "
-                         f"{d.get('format')!r}, this version reads {COMPONENTS_FORMAT}); run -r again")
+        raise UsageError(
+            f"{path} comes from an older or newer version of elastic-control (format "
+            f"{d.get('format')!r}, this version reads {COMPONENTS_FORMAT}); run -r again"
+        )
     try:
         return LocalPlan.from_json(d)
     except (TypeError, ValueError) as e:

@@ -3,6 +3,7 @@
 ``collect_status`` gathers everything as plain data (tests and the demo use
 it); ``print_status`` renders it with rich.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -41,7 +42,7 @@ def expected_passes(layout: LocalLayout) -> int | None:
 
     try:
         cfg = load_data_config(layout.state / LOCAL_DATA_CONFIG, env={})
-    except Exception:  # status must not fail on a broken config; -r reports that
+    except Exception:  # noqa: BLE001 - status must not fail on a broken config; -r reports that
         return None
     return sum(1 for _ in cfg.hours())
 
@@ -58,10 +59,19 @@ def collect_status(layout: LocalLayout, *, ask_serving: bool = True) -> dict:
         alive = is_same_process(c.get("pid"), c.get("started"))
         if not info.alive and state in (rt.C_RUNNING, rt.C_STARTING):
             state = "running (unsupervised)" if alive else "gone"
-        last = [l for l in tail_lines(layout.log_path(spec.name), 5) if l.strip()]
-        rows.append({"name": spec.name, "kind": spec.kind, "state": state, "pid": c.get("pid") if alive else None,
-                     "port": spec.port, "restarts": c.get("restarts", 0), "last_exit": c.get("last_exit"),
-                     "last_line": last[-1] if last else ""})
+        last = [ln for ln in tail_lines(layout.log_path(spec.name), 5) if ln.strip()]
+        rows.append(
+            {
+                "name": spec.name,
+                "kind": spec.kind,
+                "state": state,
+                "pid": c.get("pid") if alive else None,
+                "port": spec.port,
+                "restarts": c.get("restarts", 0),
+                "last_exit": c.get("last_exit"),
+                "last_line": last[-1] if last else "",
+            }
+        )
     entries = read_donefile(plan.model_path) if plan.model_path else []
     last_entry = entries[-1] if entries else None
     active = None
@@ -79,14 +89,22 @@ def collect_status(layout: LocalLayout, *, ask_serving: bool = True) -> dict:
     else:
         supervisor = "never started"
     return {
-        "state_dir": str(layout.state), "supervisor": supervisor, "supervisor_pid": info.pid if info.alive else None,
-        "pipeline_state": record.get("state"), "reason": record.get("reason", ""),
-        "components": rows, "job": record.get("job"),
-        "passes_done": len(entries), "passes_expected": expected_passes(layout),
+        "state_dir": str(layout.state),
+        "supervisor": supervisor,
+        "supervisor_pid": info.pid if info.alive else None,
+        "pipeline_state": record.get("state"),
+        "reason": record.get("reason", ""),
+        "components": rows,
+        "job": record.get("job"),
+        "passes_done": len(entries),
+        "passes_expected": expected_passes(layout),
         "last_pass": last_entry.get("pass") if last_entry else None,
         "last_auc": pass_auc(last_entry) if last_entry else None,
-        "active": active, "served_version": serving, "rollouts": read_rollouts(layout),
-        "model_path": plan.model_path, "serving_url": plan.serving_url,
+        "active": active,
+        "served_version": serving,
+        "rollouts": read_rollouts(layout),
+        "model_path": plan.model_path,
+        "serving_url": plan.serving_url,
         "stale": bool(record) and not info.alive and record.get("state") not in (rt.STOPPED, rt.FAILED),
     }
 
@@ -97,8 +115,15 @@ def _when(epoch) -> str:
     return dt.datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
 
 
-_STATE_STYLE = {rt.C_RUNNING: "green", rt.C_COMPLETED: "cyan", rt.C_STARTING: "yellow", rt.C_WAITING: "yellow",
-                rt.C_BACKOFF: "yellow", rt.C_FAILED: "red", "gone": "red"}
+_STATE_STYLE = {
+    rt.C_RUNNING: "green",
+    rt.C_COMPLETED: "cyan",
+    rt.C_STARTING: "yellow",
+    rt.C_WAITING: "yellow",
+    rt.C_BACKOFF: "yellow",
+    rt.C_FAILED: "red",
+    "gone": "red",
+}
 
 
 def print_status(status: dict) -> None:
@@ -108,17 +133,22 @@ def print_status(status: dict) -> None:
     if status["pipeline_state"] == rt.FAILED and status["reason"]:
         head += f" — start failed: {status['reason']}"
     if status["stale"]:
-        head += (" — the last run ended without stopping cleanly (supervisor gone); "
-                 "`elastic-control -a` starts again, `elastic-control delete` cleans up")
+        head += (
+            " — the last run ended without stopping cleanly (supervisor gone); "
+            "`elastic-control -a` starts again, `elastic-control delete` cleans up"
+        )
     console.print(head)
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for col in ("component", "state", "pid", "port", "restarts", "last log line"):
-        table.add_column(col, overflow="ellipsis", no_wrap=col != "last log line", max_width=70 if col == "last log line" else None)
+        table.add_column(
+            col, overflow="ellipsis", no_wrap=col != "last log line", max_width=70 if col == "last log line" else None
+        )
     for r in status["components"]:
         style = _STATE_STYLE.get(r["state"], "")
         state = f"[{style}]{r['state']}[/{style}]" if style else r["state"]
-        table.add_row(r["name"], state, str(r["pid"] or "-"), str(r["port"] or "-"), str(r["restarts"]),
-                      r["last_line"][-200:])
+        table.add_row(
+            r["name"], state, str(r["pid"] or "-"), str(r["port"] or "-"), str(r["restarts"]), r["last_line"][-200:]
+        )
     console.print(table)
 
     job = status["job"]
@@ -136,8 +166,10 @@ def print_status(status: dict) -> None:
 
     active = status["active"]
     if active:
-        console.print(f"active cube/model version: {active.get('version')} (activated {_when(active.get('activated_at'))})"
-                      + (f"; serving answers with {status['served_version']}" if status["served_version"] else ""))
+        console.print(
+            f"active cube/model version: {active.get('version')} (activated {_when(active.get('activated_at'))})"
+            + (f"; serving answers with {status['served_version']}" if status["served_version"] else "")
+        )
     elif status["served_version"]:
         console.print(f"serving answers with {status['served_version']}")
     else:
@@ -151,8 +183,13 @@ def print_status(status: dict) -> None:
             return "-" if not isinstance(value, (int, float)) else f"{value:.1f}s"
 
         for r in status["rollouts"]:
-            t.add_row(r["version"], _when(r.get("donefile_time")), _when(r.get("activated_at")),
-                      _when(r.get("served_at")), secs(r.get("build_s")), secs(r.get("total_s")),
-                      secs(r.get("freshness_s")))
+            t.add_row(
+                r["version"],
+                _when(r.get("donefile_time")),
+                _when(r.get("activated_at")),
+                _when(r.get("served_at")),
+                secs(r.get("build_s")),
+                secs(r.get("total_s")),
+                secs(r.get("freshness_s")),
+            )
         console.print(t)
-

@@ -14,6 +14,7 @@ Failure policy (spec.JOB / spec.SERVICE):
   whole start: everything started is stopped and the reason recorded.
 Every exit is logged with its code, in the supervisor's log and the component's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,7 +41,7 @@ HEARTBEAT = 2.0
 JOB_RESTART_DELAY = 1.0
 JOB_STOP_GRACE = 5.0
 BACKOFF_MAX = 30.0
-STABLE_AFTER = 30.0         # a service that ran this long has its backoff reset
+STABLE_AFTER = 30.0  # a service that ran this long has its backoff reset
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ComponentRun:
     state: str = rt.C_WAITING
     proc: subprocess.Popen | None = None
     pid: int | None = None
-    started: float | None = None        # process start time (psutil), to recognise the PID later
+    started: float | None = None  # process start time (psutil), to recognise the PID later
     started_mono: float = 0.0
     restarts: int = 0
     consecutive_failures: int = 0
@@ -60,9 +61,19 @@ class ComponentRun:
 
     def to_json(self) -> dict:
         s = self.spec
-        return {"kind": s.kind, "group": s.group, "state": self.state, "pid": self.pid, "started": self.started,
-                "port": s.port, "ports": s.all_ports, "restarts": self.restarts, "last_exit": self.last_exit,
-                "last_exit_at": self.last_exit_at, "attempt": self.attempt}
+        return {
+            "kind": s.kind,
+            "group": s.group,
+            "state": self.state,
+            "pid": self.pid,
+            "started": self.started,
+            "port": s.port,
+            "ports": s.all_ports,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "last_exit_at": self.last_exit_at,
+            "attempt": self.attempt,
+        }
 
 
 @dataclass
@@ -78,18 +89,31 @@ class JobState:
     history: list = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"state": self.state, "attempt": self.attempt, "restarts": self.restarts,
-                "max_restarts": self.max_restarts, "reason": self.reason, "started_at": self.started_at,
-                "finished_at": self.finished_at, "history": self.history[-20:]}
+        return {
+            "state": self.state,
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "max_restarts": self.max_restarts,
+            "reason": self.reason,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "history": self.history[-20:],
+        }
 
 
 class Supervisor:
-    def __init__(self, layout: LocalLayout, plan: LocalPlan, *, base_env: dict[str, str] | None = None,
-                 secret_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        layout: LocalLayout,
+        plan: LocalPlan,
+        *,
+        base_env: dict[str, str] | None = None,
+        secret_env: dict[str, str] | None = None,
+    ):
         self.layout = layout
         self.plan = plan
         self.base_env = dict(os.environ if base_env is None else base_env)
-        self.secret_env = dict(secret_env or {})   # e.g. the token: given to children, never written to disk
+        self.secret_env = dict(secret_env or {})  # e.g. the token: given to children, never written to disk
         self.runs = {c.name: ComponentRun(c) for c in plan.components}
         self.job = JobState(max_restarts=plan.max_job_restarts)
         self.state = rt.STARTING
@@ -98,7 +122,7 @@ class Supervisor:
         self.started_at = time.time()
         self._last_write = 0.0
         self._dirty = True
-        self.hooks: list = []       # objects with tick() -> None, called about once a second
+        self.hooks: list = []  # objects with tick() -> None, called about once a second
         self._last_hook = 0.0
 
     # ---- public -------------------------------------------------------------------------
@@ -157,7 +181,7 @@ class Supervisor:
             for hook in self.hooks:
                 try:
                     hook.tick()
-                except Exception as e:  # a watcher must never take the supervisor down
+                except Exception as e:  # noqa: BLE001 - a watcher must never take the supervisor down
                     log.warning("%s failed: %s", type(hook).__name__, e)
         self._write()
 
@@ -230,15 +254,20 @@ class Supervisor:
         for r in self._job_members():
             r.state = rt.C_BACKOFF
             r.next_start = time.monotonic() + JOB_RESTART_DELAY
-        log.warning("restarting the training job (restart %d of %d): %s", self.job.restarts,
-                    self.job.max_restarts, reason)
+        log.warning(
+            "restarting the training job (restart %d of %d): %s", self.job.restarts, self.job.max_restarts, reason
+        )
 
     def _job_policy(self, now: float) -> None:
         if self.job.state == rt.J_COMPLETED and self.job.completed_mono is not None:
             left = [r for r in self._job_members() if r.proc is not None]
             if left and now - self.job.completed_mono > self.plan.pserver_exit_grace:
-                self._stop(left, JOB_STOP_GRACE, final_state=rt.C_COMPLETED,
-                           why="training complete; stopping what is left of the job")
+                self._stop(
+                    left,
+                    JOB_STOP_GRACE,
+                    final_state=rt.C_COMPLETED,
+                    why="training complete; stopping what is left of the job",
+                )
                 self._dirty = True
 
     def _start_due(self, now: float) -> None:
@@ -268,8 +297,9 @@ class Supervisor:
             if self._probe(run.spec):
                 run.state = rt.C_RUNNING
                 self._dirty = True
-                log.info("%s is ready (pid %d%s)", run.spec.name, run.pid,
-                         f", port {run.spec.port}" if run.spec.port else "")
+                log.info(
+                    "%s is ready (pid %d%s)", run.spec.name, run.pid, f", port {run.spec.port}" if run.spec.port else ""
+                )
             elif now - run.started_mono > run.spec.ready_timeout:
                 what = f"{run.spec.name} (pid {run.pid}) was not ready after {run.spec.ready_timeout:.0f}s"
                 self._note(run.spec.name, what)
@@ -278,7 +308,7 @@ class Supervisor:
                     return
                 self._stop([run], JOB_STOP_GRACE, final_state=rt.C_BACKOFF, why="not ready in time")
                 run.consecutive_failures += 1
-                run.next_start = now + min(BACKOFF_MAX, 0.5 * 2 ** run.consecutive_failures)
+                run.next_start = now + min(BACKOFF_MAX, 0.5 * 2**run.consecutive_failures)
 
     # ---- mechanics ----------------------------------------------------------------------
     def _launch(self, run: ComponentRun) -> None:
@@ -331,7 +361,7 @@ class Supervisor:
             return True
         if spec.ready == "tcp":
             return wait_tcp(spec.port)
-        path = spec.ready[len("http:"):]
+        path = spec.ready[len("http:") :]
         try:
             return requests.get(f"http://{LOOPBACK}:{spec.port}{path}", timeout=0.5).ok
         except requests.RequestException:
@@ -365,11 +395,15 @@ class Supervisor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def snapshot(self) -> dict:
-        return {"state": self.state, "reason": self.reason, "started_at": self.started_at,
-                "supervisor": {"pid": os.getpid(), "started": process_identity(os.getpid())},
-                "components": {n: r.to_json() for n, r in self.runs.items()},
-                "job": self.job.to_json() if self._job_members() else None,
-                "state_dir": str(self.layout.state)}
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "started_at": self.started_at,
+            "supervisor": {"pid": os.getpid(), "started": process_identity(os.getpid())},
+            "components": {n: r.to_json() for n, r in self.runs.items()},
+            "job": self.job.to_json() if self._job_members() else None,
+            "state_dir": str(self.layout.state),
+        }
 
     def _write(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -397,6 +431,9 @@ def run_supervisor(state_dir: str | Path, *, plan: LocalPlan | None = None, secr
     if plan.model_path or plan.serving_url:
         from elastic_control.local.rollouts import RolloutWatcher
 
-        sup.hooks.append(RolloutWatcher(layout, model_path=plan.model_path, serving_url=plan.serving_url,
-                                        transfer_url=plan.transfer_url))
+        sup.hooks.append(
+            RolloutWatcher(
+                layout, model_path=plan.model_path, serving_url=plan.serving_url, transfer_url=plan.transfer_url
+            )
+        )
     return sup.run()

@@ -9,6 +9,7 @@ replaces the whole LoadedVersion object: batches already running finish
 with the old one (cube keeps the previous version mapped), new batches take
 the new one, and no request fails during the switch.
 """
+
 from __future__ import annotations
 
 import collections
@@ -16,8 +17,8 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -61,8 +62,15 @@ AfterResponseHook = Callable[[ScoredBatch], None]
 
 
 class ServingApp:
-    def __init__(self, source, *, workers: int = 2, poll_interval: float = 1.0,
-                 max_batch_instances: int = 2048, reload_wait: float = 10.0):
+    def __init__(
+        self,
+        source,
+        *,
+        workers: int = 2,
+        poll_interval: float = 1.0,
+        max_batch_instances: int = 2048,
+        reload_wait: float = 10.0,
+    ):
         self.source = source
         self.workers = workers
         self.poll_interval = poll_interval
@@ -83,8 +91,10 @@ class ServingApp:
     # ---- lifecycle ------------------------------------------------------
     def start(self) -> None:
         self._threads = [threading.Thread(target=self._poll_versions, name="serving-reload", daemon=True)]
-        self._threads += [threading.Thread(target=self._batch_worker, args=(i,), name=f"serving-batch-{i}",
-                                           daemon=True) for i in range(self.workers)]
+        self._threads += [
+            threading.Thread(target=self._batch_worker, args=(i,), name=f"serving-batch-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
         for t in self._threads:
             t.start()
 
@@ -109,8 +119,11 @@ class ServingApp:
             if record is None or (self.active is not None and record["version"] == self.active.version):
                 return False
             version = record["version"]
-            if self._failed_version and self._failed_version[0] == version and \
-                    time.monotonic() - self._failed_version[1] < 30:
+            if (
+                self._failed_version
+                and self._failed_version[0] == version
+                and time.monotonic() - self._failed_version[1] < 30
+            ):
                 return False  # a broken version is retried every 30 s, not every poll
             started = time.monotonic()
             try:
@@ -119,14 +132,19 @@ class ServingApp:
                 self._failed_version = (version, time.monotonic())
                 self.last_reload_error = f"version {version} failed to load: {e}"
                 self.metrics.count("reload_failures")
-                log.error("%s (still serving %s)", self.last_reload_error,
-                          self.active.version if self.active else "nothing")
+                log.error(
+                    "%s (still serving %s)", self.last_reload_error, self.active.version if self.active else "nothing"
+                )
                 return False
             old, self.active = self.active, loaded
             self.last_reload_error = None
             self.metrics.count("reloads")
-            log.info("serving version %s (was %s), loaded in %.2fs", version, old.version if old else None,
-                     time.monotonic() - started)
+            log.info(
+                "serving version %s (was %s), loaded in %.2fs",
+                version,
+                old.version if old else None,
+                time.monotonic() - started,
+            )
             if old is not None:
                 # Batches still using ``old`` hold their own reference; close its lookup a bit later.
                 threading.Timer(30.0, old.lookup.close).start()
@@ -213,10 +231,18 @@ class ServingApp:
         values, _found = model.lookup.lookup(unique, model.version)
         probs = model.dense[worker_id].predict(pool(merged, values[inverse]))
         self.metrics.observe_batch(merged.n)
-        for job, b, off in zip(scored_jobs, batches, offsets):
-            self._answer(job, Response.json({"predictions": probs[off:off + b.n].tolist(),
-                                             "model_version": model.version, "cube_version": model.version}),
-                         instances=b.n)
+        for job, b, off in zip(scored_jobs, batches, offsets, strict=True):
+            self._answer(
+                job,
+                Response.json(
+                    {
+                        "predictions": probs[off : off + b.n].tolist(),
+                        "model_version": model.version,
+                        "cube_version": model.version,
+                    }
+                ),
+                instances=b.n,
+            )
         if self.hooks:
             scored = ScoredBatch([i for j in scored_jobs for i in j.instances], merged, model.version, probs)
             for hook in self.hooks:
@@ -243,8 +269,13 @@ class ServingApp:
         if method not in ("GET", "HEAD"):
             return Response.error(405, f"{method} is not allowed on {path}")
         if path == "/healthz":
-            return Response.json({"status": "ok", "ready": self.active is not None,
-                                  "model_version": self.active.version if self.active else None})
+            return Response.json(
+                {
+                    "status": "ok",
+                    "ready": self.active is not None,
+                    "model_version": self.active.version if self.active else None,
+                }
+            )
         if path == "/readyz":
             return Response.json({"ready": True}) if self.active else self._not_ready()
         if path == "/metrics":
@@ -277,9 +308,16 @@ class ServingApp:
 
     def status(self) -> dict:
         a = self.active
-        return {"model_version": a.version if a else None, "cube_version": a.version if a else None,
-                "ready": a is not None, "source": self.source.describe,
-                "slots": list(a.slots) if a else None, "embedding_dim": a.dim if a else None,
-                "sparse_dim": a.sparse_dim if a else None, "loaded_at": a.loaded_at if a else None,
-                "last_reload_error": self.last_reload_error, "workers": self.workers,
-                "metrics": self.metrics.snapshot()}
+        return {
+            "model_version": a.version if a else None,
+            "cube_version": a.version if a else None,
+            "ready": a is not None,
+            "source": self.source.describe,
+            "slots": list(a.slots) if a else None,
+            "embedding_dim": a.dim if a else None,
+            "sparse_dim": a.sparse_dim if a else None,
+            "loaded_at": a.loaded_at if a else None,
+            "last_reload_error": self.last_reload_error,
+            "workers": self.workers,
+            "metrics": self.metrics.snapshot(),
+        }

@@ -1,4 +1,5 @@
 """``elastic-control serve``: the prediction service (default port 8010)."""
+
 from __future__ import annotations
 
 import logging
@@ -13,15 +14,24 @@ from elastic_control.errors import UsageError
 from elastic_control.serving.app import DEFAULT_MAX_BODY, DEFAULT_PORT
 
 
-def make_source(*, fileserver: str | None, cube_root: str | None, model_dir: str | None,
-                cube_servers: list[str], cache_dir: str | None, lookup_timeout: float):
+def make_source(
+    *,
+    fileserver: str | None,
+    cube_root: str | None,
+    model_dir: str | None,
+    cube_servers: list[str],
+    cache_dir: str | None,
+    lookup_timeout: float,
+):
     """The version source the flags name: exactly one of file server, cube root, model dir."""
     from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
 
     given = [n for n, v in (("--fileserver", fileserver), ("--cube-root", cube_root), ("--model-dir", model_dir)) if v]
     if len(given) != 1:
-        raise UsageError("give exactly one of --fileserver URL (or ELASTIC_CTR_FILESERVER_URL), --cube-root DIR, "
-                         f"--model-dir DIR; got {', '.join(given) or 'none'}")
+        raise UsageError(
+            "give exactly one of --fileserver URL (or ELASTIC_CTR_FILESERVER_URL), --cube-root DIR, "
+            f"--model-dir DIR; got {', '.join(given) or 'none'}"
+        )
     if model_dir:
         return ModelDirSource(model_dir)
     if not cube_servers:
@@ -34,27 +44,84 @@ def make_source(*, fileserver: str | None, cube_root: str | None, model_dir: str
 
 @click.command("serve")
 @click.option("--host", default="0.0.0.0", show_default=True)
-@click.option("--port", default=lambda: SERVING_PORT.get(), type=click.IntRange(0, 65535),
-              help=f"Port [default: $ELASTIC_CTR_SERVING_PORT or {DEFAULT_PORT}].")
-@click.option("--fileserver", default=None,
-              help="File server URL: follow its cube/current.json [default: $ELASTIC_CTR_FILESERVER_URL].")
-@click.option("--cube-root", default=None, type=click.Path(file_okay=False),
-              help="Local cube root instead of the file server (current.json, VERSION/dense/).")
-@click.option("--model-dir", default=None, type=click.Path(file_okay=False),
-              help="Serve MODEL_PATH's newest pass with its table in memory (no cube).")
-@click.option("--cube-servers", default=lambda: CUBE_SERVERS.get(), help="Comma-separated cube-server URLs, shard order.")
+@click.option(
+    "--port",
+    default=lambda: SERVING_PORT.get(),
+    type=click.IntRange(0, 65535),
+    help=f"Port [default: $ELASTIC_CTR_SERVING_PORT or {DEFAULT_PORT}].",
+)
+@click.option(
+    "--fileserver",
+    default=None,
+    help="File server URL: follow its cube/current.json [default: $ELASTIC_CTR_FILESERVER_URL].",
+)
+@click.option(
+    "--cube-root",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Local cube root instead of the file server (current.json, VERSION/dense/).",
+)
+@click.option(
+    "--model-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Serve MODEL_PATH's newest pass with its table in memory (no cube).",
+)
+@click.option(
+    "--cube-servers", default=lambda: CUBE_SERVERS.get(), help="Comma-separated cube-server URLs, shard order."
+)
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Where dense models are downloaded.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="Batch worker threads.")
-@click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(0.05), help="Seconds between version checks.")
-@click.option("--lookup-timeout", default=5.0, show_default=True, type=click.FloatRange(0.01), help="Cube lookup timeout (s).")
-@click.option("--max-body", default=DEFAULT_MAX_BODY, show_default=True, type=click.IntRange(1024), help="Largest request body (413 above).")
-@click.option("--max-batch", default=2048, show_default=True, type=click.IntRange(1), help="Most instances merged into one batch.")
-@click.option("--shadow", "shadow_pass", default=None, type=click.Path(file_okay=False),
-              help="Candidate pass folder to shadow-score beside the active version (evaluation/shadow.py).")
-@click.option("--shadow-log", default="shadow.jsonl", show_default=True, type=click.Path(dir_okay=False),
-              help="JSONL log of active and candidate scores; summarise with `elastic-control eval shadow-report`.")
-def serve_command(host, port, fileserver, cube_root, model_dir, cube_servers, cache_dir, workers, poll_interval,
-                  lookup_timeout, max_body, max_batch, shadow_pass, shadow_log):
+@click.option(
+    "--poll-interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.05),
+    help="Seconds between version checks.",
+)
+@click.option(
+    "--lookup-timeout", default=5.0, show_default=True, type=click.FloatRange(0.01), help="Cube lookup timeout (s)."
+)
+@click.option(
+    "--max-body",
+    default=DEFAULT_MAX_BODY,
+    show_default=True,
+    type=click.IntRange(1024),
+    help="Largest request body (413 above).",
+)
+@click.option(
+    "--max-batch", default=2048, show_default=True, type=click.IntRange(1), help="Most instances merged into one batch."
+)
+@click.option(
+    "--shadow",
+    "shadow_pass",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Candidate pass folder to shadow-score beside the active version (evaluation/shadow.py).",
+)
+@click.option(
+    "--shadow-log",
+    default="shadow.jsonl",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="JSONL log of active and candidate scores; summarise with `elastic-control eval shadow-report`.",
+)
+def serve_command(
+    host,
+    port,
+    fileserver,
+    cube_root,
+    model_dir,
+    cube_servers,
+    cache_dir,
+    workers,
+    poll_interval,
+    lookup_timeout,
+    max_body,
+    max_batch,
+    shadow_pass,
+    shadow_log,
+):
     """Serve predictions: POST /v1/predict, GET /healthz, /metrics, /v1/status."""
     from elastic_control.serving.app import ServingApp
     from elastic_control.serving.http_server import ServingServer
@@ -66,8 +133,14 @@ def serve_command(host, port, fileserver, cube_root, model_dir, cube_servers, ca
         cube_root = None if fileserver else CUBE_ROOT.get()
         model_dir = None if fileserver or cube_root else MODEL_PATH.get()
     urls = [u.strip().rstrip("/") for u in (cube_servers or "").split(",") if u.strip()]
-    source = make_source(fileserver=fileserver, cube_root=cube_root, model_dir=model_dir, cube_servers=urls,
-                         cache_dir=cache_dir, lookup_timeout=lookup_timeout)
+    source = make_source(
+        fileserver=fileserver,
+        cube_root=cube_root,
+        model_dir=model_dir,
+        cube_servers=urls,
+        cache_dir=cache_dir,
+        lookup_timeout=lookup_timeout,
+    )
     app = ServingApp(source, workers=workers, poll_interval=poll_interval, max_batch_instances=max_batch)
     if shadow_pass:
         from elastic_control.evaluation.shadow import ShadowScorer
@@ -75,8 +148,9 @@ def serve_command(host, port, fileserver, cube_root, model_dir, cube_servers, ca
         app.add_after_response_hook(ShadowScorer(shadow_pass, shadow_log))
     server = ServingServer(app, host=host, port=port, max_body=max_body)
     try:
-        server.run_forever(on_listening=lambda s: done(f"serving on http://{host}:{s.port} from {source.describe} "
-                                                       f"(pid {os.getpid()})"))
+        server.run_forever(
+            on_listening=lambda s: done(f"serving on http://{host}:{s.port} from {source.describe} (pid {os.getpid()})")
+        )
     except OSError as e:
         from elastic_control.errors import ComponentError
 

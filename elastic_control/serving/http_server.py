@@ -4,6 +4,7 @@ The protocol lets a handler answer after the event loop moved on, which is
 what merged batches need: the batch worker hands each answer back to the
 loop with ``call_soon_threadsafe``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,9 @@ class ServingServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
-        self._server = await self._loop.create_server(lambda: HttpProtocol(self.app.handle, self.max_body),
-                                                      sock=sock, backlog=512)
+        self._server = await self._loop.create_server(
+            lambda: HttpProtocol(self.app.handle, self.max_body), sock=sock, backlog=512
+        )
         self.port = sock.getsockname()[1]
         self.app.start()
 
@@ -52,7 +54,7 @@ class ServingServer:
 
         asyncio.run(main())
 
-    def start_in_thread(self) -> "ServingServer":
+    def start_in_thread(self) -> ServingServer:
         """Serve from a daemon thread (tests, benchmarks); ``self.port`` is bound when this returns."""
         ready = threading.Event()
         errors: list[BaseException] = []
@@ -80,9 +82,11 @@ class ServingServer:
     def stop(self) -> None:
         self.app.stop()
         if self._loop and self._thread:
+
             def shutdown():
                 self._server.close()
                 self._loop.stop()
+
             self._loop.call_soon_threadsafe(shutdown)
             self._thread.join(5)
 

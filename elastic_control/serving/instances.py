@@ -11,9 +11,10 @@ This builds the KeyBatch of elastic_control/scoring.py directly (one numpy
 conversion per batch instead of one per slot and instance); a test checks it
 equals ``scoring.batch_from_lines``.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def build_key_batch(instances: Sequence[object], slots: Sequence[int], sparse_di
                 sample = parse_sample_line(line)
             except MalformedLine as e:
                 raise InstanceError(f"{where}: {e}") from None
-            for f, s in zip(sample.feasigns, sample.slots):
+            for f, s in zip(sample.feasigns, sample.slots, strict=True):
                 i = pos.get(s)
                 if i is not None:
                     feasigns.append(f)
@@ -89,8 +90,10 @@ def build_key_batch(instances: Sequence[object], slots: Sequence[int], sparse_di
                 try:
                     i = pos[int(key)]
                 except (ValueError, KeyError):
-                    raise InstanceError(f"{where}: unknown slot {key!r}; this model's slots are "
-                                        f"{list(slots)[:8]}{'...' if len(slots) > 8 else ''}") from None
+                    raise InstanceError(
+                        f"{where}: unknown slot {key!r}; this model's slots are "
+                        f"{list(slots)[:8]}{'...' if len(slots) > 8 else ''}"
+                    ) from None
                 if not isinstance(values, list):
                     values = [values]
                 for v in values:
@@ -106,8 +109,7 @@ def build_key_batch(instances: Sequence[object], slots: Sequence[int], sparse_di
                 rows.append(r)
                 slot_pos.append(i)
     keys = transform_keys(np.array(feasigns, dtype=np.uint64), sparse_dim)
-    return KeyBatch(keys, np.array(rows, dtype=np.int64), np.array(slot_pos, dtype=np.int64),
-                    len(instances), num_slots)
+    return KeyBatch(keys, np.array(rows, dtype=np.int64), np.array(slot_pos, dtype=np.int64), len(instances), num_slots)
 
 
 def concat_batches(batches: Sequence[KeyBatch]) -> tuple[KeyBatch, list[int]]:
@@ -118,7 +120,11 @@ def concat_batches(batches: Sequence[KeyBatch]) -> tuple[KeyBatch, list[int]]:
         n += b.n
     if len(batches) == 1:
         return batches[0], offsets
-    merged = KeyBatch(np.concatenate([b.keys for b in batches]),
-                      np.concatenate([b.rows + off for b, off in zip(batches, offsets)]),
-                      np.concatenate([b.slot_pos for b in batches]), n, batches[0].num_slots)
+    merged = KeyBatch(
+        np.concatenate([b.keys for b in batches]),
+        np.concatenate([b.rows + off for b, off in zip(batches, offsets, strict=True)]),
+        np.concatenate([b.slot_pos for b in batches]),
+        n,
+        batches[0].num_slots,
+    )
     return merged, offsets

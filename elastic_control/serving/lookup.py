@@ -4,9 +4,11 @@ Every lookup names the version whose dense model will consume the vectors;
 an answer for any other version is refused, so model and cube versions in a
 prediction always match.
 """
+
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 

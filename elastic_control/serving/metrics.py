@@ -1,4 +1,5 @@
 """Serving's counters and latency histogram, rendered in the Prometheus text format."""
+
 from __future__ import annotations
 
 import bisect
@@ -11,7 +12,7 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.
 class ServingMetrics:
     def __init__(self):
         self._lock = threading.Lock()
-        self.requests = Counter()          # by HTTP status
+        self.requests = Counter()  # by HTTP status
         self.instances = 0
         self.batches = 0
         self.batch_instances = 0
@@ -39,33 +40,49 @@ class ServingMetrics:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"requests": dict(self.requests), "instances": self.instances, "batches": self.batches,
-                    "batch_instances": self.batch_instances, "cube_errors": self.cube_errors,
-                    "reloads": self.reloads, "reload_failures": self.reload_failures}
+            return {
+                "requests": dict(self.requests),
+                "instances": self.instances,
+                "batches": self.batches,
+                "batch_instances": self.batch_instances,
+                "cube_errors": self.cube_errors,
+                "reloads": self.reloads,
+                "reload_failures": self.reload_failures,
+            }
 
     def render(self, model_version: str | None) -> str:
         with self._lock:
-            lines = ["# HELP serving_requests_total Prediction requests by HTTP status.",
-                     "# TYPE serving_requests_total counter"]
+            lines = [
+                "# HELP serving_requests_total Prediction requests by HTTP status.",
+                "# TYPE serving_requests_total counter",
+            ]
             lines += [f'serving_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.requests.items())]
-            lines += ["# HELP serving_request_seconds Prediction request latency.",
-                      "# TYPE serving_request_seconds histogram"]
+            lines += [
+                "# HELP serving_request_seconds Prediction request latency.",
+                "# TYPE serving_request_seconds histogram",
+            ]
             acc = 0
-            for bound, n in zip(LATENCY_BUCKETS_S, self._buckets):
+            for bound, n in zip(LATENCY_BUCKETS_S, self._buckets, strict=True):
                 acc += n
                 lines.append(f'serving_request_seconds_bucket{{le="{bound}"}} {acc}')
             acc += self._buckets[-1]
-            lines += [f'serving_request_seconds_bucket{{le="+Inf"}} {acc}',
-                      f"serving_request_seconds_sum {self._latency_sum:.6f}",
-                      f"serving_request_seconds_count {acc}"]
+            lines += [
+                f'serving_request_seconds_bucket{{le="+Inf"}} {acc}',
+                f"serving_request_seconds_sum {self._latency_sum:.6f}",
+                f"serving_request_seconds_count {acc}",
+            ]
             for name, value, kind, doc in (
-                    ("serving_instances_total", self.instances, "counter", "Instances scored."),
-                    ("serving_batches_total", self.batches, "counter", "Merged batches run."),
-                    ("serving_batch_instances_total", self.batch_instances, "counter", "Instances in merged batches."),
-                    ("serving_cube_errors_total", self.cube_errors, "counter", "Failed cube lookups."),
-                    ("serving_reloads_total", self.reloads, "counter", "Version switches."),
-                    ("serving_reload_failures_total", self.reload_failures, "counter", "Versions that failed to load.")):
+                ("serving_instances_total", self.instances, "counter", "Instances scored."),
+                ("serving_batches_total", self.batches, "counter", "Merged batches run."),
+                ("serving_batch_instances_total", self.batch_instances, "counter", "Instances in merged batches."),
+                ("serving_cube_errors_total", self.cube_errors, "counter", "Failed cube lookups."),
+                ("serving_reloads_total", self.reloads, "counter", "Version switches."),
+                ("serving_reload_failures_total", self.reload_failures, "counter", "Versions that failed to load."),
+            ):
                 lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {value}"]
-            lines += ["# HELP serving_model_info The active version.", "# TYPE serving_model_info gauge",
-                      f'serving_model_info{{version="{model_version or ""}"}} 1']
+            lines += [
+                "# HELP serving_model_info The active version.",
+                "# TYPE serving_model_info gauge",
+                f'serving_model_info{{version="{model_version or ""}"}} 1',
+            ]
         return "\n".join(lines) + "\n"

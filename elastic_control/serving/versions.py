@@ -10,15 +10,16 @@ Three sources, one interface (``current()`` -> a version record or None;
 - ``ModelDirSource``: the newest complete pass of a MODEL_PATH, its sparse
   table held in memory (no cube; for tests and quick local checks).
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -102,17 +103,21 @@ class CubeRootSource:
             raise ComponentError("no cube-server URLs: pass --cube-servers or set ELASTIC_CTR_CUBE_SERVERS")
         shards = record.get("shards")
         if shards is not None and int(shards) != len(self.cube_urls):
-            raise ComponentError(f"version {record['version']} has {shards} shards but serving knows "
-                                 f"{len(self.cube_urls)} cube servers ({', '.join(self.cube_urls)})")
-        return LoadedVersion(record["version"], slots, sparse_dim, dim, dense,
-                             CubeLookup(self.cube_urls, self.lookup_timeout), record)
+            raise ComponentError(
+                f"version {record['version']} has {shards} shards but serving knows "
+                f"{len(self.cube_urls)} cube servers ({', '.join(self.cube_urls)})"
+            )
+        return LoadedVersion(
+            record["version"], slots, sparse_dim, dim, dense, CubeLookup(self.cube_urls, self.lookup_timeout), record
+        )
 
 
 class FileServerSource(CubeRootSource):
     """The file server's ``cube/`` tree; dense models are downloaded into ``cache_dir``."""
 
-    def __init__(self, fileserver_url: str, cache_dir: str | Path, cube_urls: Sequence[str],
-                 lookup_timeout: float = 5.0):
+    def __init__(
+        self, fileserver_url: str, cache_dir: str | Path, cube_urls: Sequence[str], lookup_timeout: float = 5.0
+    ):
         from elastic_control.fileserver.client import FileServerClient
 
         super().__init__(cache_dir, cube_urls, lookup_timeout)
@@ -158,8 +163,14 @@ class ModelDirSource:
         info = latest_complete_pass(self.model_path)
         if info is None:
             return None
-        return {"version": info.name, "pass": info.name, "slots": info.slots, "dim": info.embedding_dim,
-                "sparse_dim": info.sparse_dim, "path": str(info.path)}
+        return {
+            "version": info.name,
+            "pass": info.name,
+            "slots": info.slots,
+            "dim": info.embedding_dim,
+            "sparse_dim": info.sparse_dim,
+            "path": str(info.path),
+        }
 
     def materialise(self, record: dict, workers: int) -> LoadedVersion:
         from elastic_control.pass_format import load_pass
@@ -167,5 +178,6 @@ class ModelDirSource:
         info = load_pass(record["path"])
         slots, sparse_dim, dim = _version_fields(record, info.meta)
         dense = _load_dense(info.path / DENSE_DIR, info.name, slots, dim, workers)
-        return LoadedVersion(info.name, slots, sparse_dim, dim, dense,
-                             TableLookup(InMemoryTable.from_pass(info), info.name), record)
+        return LoadedVersion(
+            info.name, slots, sparse_dim, dim, dense, TableLookup(InMemoryTable.from_pass(info), info.name), record
+        )

@@ -12,6 +12,7 @@ Protocol: one JSON object per line over TCP, one request per connection.
 - ``{"op": "status"}`` -> ``{"finished": bool}`` (all trainers finished), for the other pservers
 - ``{"op": "finish", "rank": r}`` -> ``{"ok": true}``; when all trainers finished the service says so
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import socket
 import socketserver
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from elastic_control.errors import ComponentError
 
@@ -119,8 +120,9 @@ class CoordinatorClient:
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise ComponentError(f"cannot reach the training coordinator at {self.host}:{self.port} "
-                                         f"(pserver 0's port + 1): {e}") from e
+                    raise ComponentError(
+                        f"cannot reach the training coordinator at {self.host}:{self.port} (pserver 0's port + 1): {e}"
+                    ) from e
                 time.sleep(0.5)
         with sock:
             sock.settimeout(timeout)
@@ -129,8 +131,10 @@ class CoordinatorClient:
             while not data.endswith(b"\n"):
                 chunk = sock.recv(65536)
                 if not chunk:
-                    raise ComponentError(f"the training coordinator at {self.host}:{self.port} closed the "
-                                         f"connection during {request.get('op')} (did pserver 0 die?)")
+                    raise ComponentError(
+                        f"the training coordinator at {self.host}:{self.port} closed the "
+                        f"connection during {request.get('op')} (did pserver 0 die?)"
+                    )
                 data += chunk
         reply = json.loads(data)
         if "error" in reply:

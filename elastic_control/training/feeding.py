@@ -4,11 +4,12 @@ Parsing (numpy, releases the GIL for most of its work) overlaps with
 ``exe.run`` (C++, releases the GIL), so one trainer process keeps both of its
 jobs busy without the copies a multi-process reader would need.
 """
+
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -23,7 +24,7 @@ def make_feed(paddle, batch: LineBatch, slots, sparse_dim: int | None, place) ->
     """Feed dict: one int64 LoD tensor per slot (padding rule of sample.slot_keys) and the click labels."""
     core = paddle.base.core
     feed = {}
-    for slot, (keys, lengths) in zip(slots, batch_slot_keys(batch, slots, sparse_dim)):
+    for slot, (keys, lengths) in zip(slots, batch_slot_keys(batch, slots, sparse_dim), strict=True):
         t = core.LoDTensor()
         t.set(keys_to_paddle_ids(keys).reshape(-1, 1), place)
         t.set_recursive_sequence_lengths([lengths.tolist()])
@@ -64,7 +65,7 @@ def prefetch(iterator: Iterable, depth: int = 4) -> Iterator:
                     return
                 q.put(item)
             q.put(_END)
-        except BaseException as e:  # handed to the consumer, raised there
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
             q.put(e)
 
     thread = threading.Thread(target=work, name="prefetch", daemon=True)

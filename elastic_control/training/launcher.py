@@ -5,6 +5,7 @@ variables, exactly what a Kubernetes pod runs. The launcher streams their
 progress lines, keeps full logs under ``MODEL_PATH/logs/``, fails fast when a
 role fails, and makes sure no pserver outlives the job.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from elastic_control.errors import ComponentError
 from elastic_control.training.coordinator import COORDINATOR_PORT_OFFSET
@@ -42,8 +43,11 @@ def free_ports(count: int, *, spacing: int = 1) -> list[int]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
             p = s.getsockname()[1]
-        if p + spacing < 65536 and all(_bindable(p + i) for i in range(1, spacing)) and \
-                not any(abs(p - q) < spacing for q in ports):
+        if (
+            p + spacing < 65536
+            and all(_bindable(p + i) for i in range(1, spacing))
+            and not any(abs(p - q) < spacing for q in ports)
+        ):
             ports.append(p)
     return ports
 
@@ -65,8 +69,9 @@ class TrainResult:
     seconds: float
 
 
-def role_environments(*, trainers: int, pservers: int, data_config: str, slot_conf: str, model_path: str,
-                      base_env: dict | None = None) -> list[tuple[str, dict]]:
+def role_environments(
+    *, trainers: int, pservers: int, data_config: str, slot_conf: str, model_path: str, base_env: dict | None = None
+) -> list[tuple[str, dict]]:
     """(name, environment) of every role, pservers first, on free loopback ports."""
     base = dict(os.environ if base_env is None else base_env)
     ps_ports = free_ports(pservers, spacing=COORDINATOR_PORT_OFFSET + 1)
@@ -74,19 +79,30 @@ def role_environments(*, trainers: int, pservers: int, data_config: str, slot_co
     common = {
         "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(f"127.0.0.1:{p}" for p in ps_ports),
         "PADDLE_TRAINER_ENDPOINTS": ",".join(f"127.0.0.1:{p}" for p in tr_ports),
-        "PADDLE_TRAINERS_NUM": str(trainers), "POD_IP": "127.0.0.1",
+        "PADDLE_TRAINERS_NUM": str(trainers),
+        "POD_IP": "127.0.0.1",
         "ELASTIC_CTR_DATA_CONFIG": str(Path(data_config).resolve()),
         "ELASTIC_CTR_SLOT_CONF": str(Path(slot_conf).resolve()),
         "MODEL_PATH": str(Path(model_path).resolve()),
-        "PYTHONUNBUFFERED": "1", "GLOG_v": "0", "GLOG_minloglevel": "2",
+        "PYTHONUNBUFFERED": "1",
+        "GLOG_v": "0",
+        "GLOG_minloglevel": "2",
     }
     roles = []
     for i, port in enumerate(ps_ports):
-        roles.append((f"pserver-{i}", dict(base, **common, TRAINING_ROLE="PSERVER", PADDLE_PORT=str(port),
-                                           PADDLE_TRAINER_ID="0")))
+        roles.append(
+            (
+                f"pserver-{i}",
+                dict(base, **common, TRAINING_ROLE="PSERVER", PADDLE_PORT=str(port), PADDLE_TRAINER_ID="0"),
+            )
+        )
     for i in range(trainers):
-        roles.append((f"trainer-{i}", dict(base, **common, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i),
-                                           PADDLE_PORT=str(tr_ports[i]))))
+        roles.append(
+            (
+                f"trainer-{i}",
+                dict(base, **common, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i), PADDLE_PORT=str(tr_ports[i])),
+            )
+        )
     return roles
 
 
@@ -94,9 +110,18 @@ def _is_progress_line(line: str) -> bool:
     return line.startswith(("[trainer", "[pserver", "Traceback", "elastic-control: error")) or "Error" in line
 
 
-def run_local_job(*, trainers: int, pservers: int, data_config: str, slot_conf: str, model_path: str,
-                  role_args: list[str], on_line: Callable[[str, str], None] | None = None,
-                  base_env: dict | None = None, timeout: float | None = None) -> TrainResult:
+def run_local_job(
+    *,
+    trainers: int,
+    pservers: int,
+    data_config: str,
+    slot_conf: str,
+    model_path: str,
+    role_args: list[str],
+    on_line: Callable[[str, str], None] | None = None,
+    base_env: dict | None = None,
+    timeout: float | None = None,
+) -> TrainResult:
     """Start every role, stream progress, wait; ComponentError naming the role that failed."""
     from elastic_control.pass_format import read_donefile
 
@@ -106,12 +131,24 @@ def run_local_job(*, trainers: int, pservers: int, data_config: str, slot_conf: 
     procs: list[RoleProcess] = []
     on_line = on_line or (lambda name, line: None)
     try:
-        for name, env in role_environments(trainers=trainers, pservers=pservers, data_config=data_config,
-                                           slot_conf=slot_conf, model_path=model_path, base_env=base_env):
+        for name, env in role_environments(
+            trainers=trainers,
+            pservers=pservers,
+            data_config=data_config,
+            slot_conf=slot_conf,
+            model_path=model_path,
+            base_env=base_env,
+        ):
             log_path = log_dir / f"train-{name}.log"
-            popen = subprocess.Popen([sys.executable, "-m", "elastic_control", "role", *role_args], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                     start_new_session=True)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "elastic_control", "role", *role_args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
             rp = RoleProcess(name, popen, log_path)
             rp.reader = threading.Thread(target=_pump, args=(rp, on_line), daemon=True)
             rp.reader.start()
@@ -138,8 +175,12 @@ def run_local_job(*, trainers: int, pservers: int, data_config: str, slot_conf: 
         for p in procs:
             if p.reader:
                 p.reader.join(5)
-        return TrainResult([e["pass"] for e in read_donefile(model_path)], [c if c is not None else -1 for c in codes],
-                           by_themselves, time.monotonic() - started)
+        return TrainResult(
+            [e["pass"] for e in read_donefile(model_path)],
+            [c if c is not None else -1 for c in codes],
+            by_themselves,
+            time.monotonic() - started,
+        )
     finally:
         _stop_all(procs)
 

@@ -1,4 +1,5 @@
 """Metrics computed in numpy: AUC, log loss, and a bounded window of recent predictions."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -11,6 +11,7 @@ Two programs share the dense parameters by name:
 Import paddle only through this package's role modules: pyarrow (and mlflow)
 must be imported first.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,9 +38,14 @@ class ModelSpec:
     sparse_learning_rate: float = 0.02
 
     def to_json(self) -> dict:
-        return {"slots": list(self.slots), "embedding_dim": self.embedding_dim, "hidden": list(self.hidden),
-                "learning_rate": self.learning_rate, "sparse_learning_rate": self.sparse_learning_rate,
-                "sparse_dim": self.sparse_dim}
+        return {
+            "slots": list(self.slots),
+            "embedding_dim": self.embedding_dim,
+            "hidden": list(self.hidden),
+            "learning_rate": self.learning_rate,
+            "sparse_learning_rate": self.sparse_learning_rate,
+            "sparse_dim": self.sparse_dim,
+        }
 
 
 @dataclass
@@ -64,13 +70,18 @@ def _dense_tower(paddle, x, hidden):
     fan_in = x.shape[-1]
     for i, width in enumerate(hidden):
         init = paddle.nn.initializer.Normal(std=1.0 / math.sqrt(fan_in))
-        h = paddle.static.nn.fc(h, width, activation="relu",
-                                weight_attr=paddle.ParamAttr(name=f"fc{i}.w", initializer=init),
-                                bias_attr=paddle.ParamAttr(name=f"fc{i}.b"))
+        h = paddle.static.nn.fc(
+            h,
+            width,
+            activation="relu",
+            weight_attr=paddle.ParamAttr(name=f"fc{i}.w", initializer=init),
+            bias_attr=paddle.ParamAttr(name=f"fc{i}.b"),
+        )
         fan_in = width
     init = paddle.nn.initializer.Normal(std=1.0 / math.sqrt(fan_in))
-    return paddle.static.nn.fc(h, 1, weight_attr=paddle.ParamAttr(name="logit.w", initializer=init),
-                               bias_attr=paddle.ParamAttr(name="logit.b"))
+    return paddle.static.nn.fc(
+        h, 1, weight_attr=paddle.ParamAttr(name="logit.w", initializer=init), bias_attr=paddle.ParamAttr(name="logit.b")
+    )
 
 
 def dense_param_names(hidden) -> list[str]:
@@ -82,15 +93,18 @@ def dense_param_names(hidden) -> list[str]:
 
 def build_training_net(paddle, spec: ModelSpec) -> TrainingNet:
     """Build the training net in the default programs and the dense inference program beside it."""
-    slot_inputs = [paddle.static.data(name=slot_input_name(s), shape=[-1, 1], dtype="int64", lod_level=1)
-                   for s in spec.slots]
+    slot_inputs = [
+        paddle.static.data(name=slot_input_name(s), shape=[-1, 1], dtype="int64", lod_level=1) for s in spec.slots
+    ]
     label = paddle.static.data(name=LABEL_INPUT, shape=[-1, 1], dtype="float32")
     init = paddle.nn.initializer.Uniform(-0.01, 0.01)
     pooled = []
     for x in slot_inputs:
         emb = paddle.static.nn.sparse_embedding(
-            input=x, size=[1024, spec.embedding_dim],
-            param_attr=paddle.ParamAttr(name=SPARSE_TABLE_NAME, initializer=init))
+            input=x,
+            size=[1024, spec.embedding_dim],
+            param_attr=paddle.ParamAttr(name=SPARSE_TABLE_NAME, initializer=init),
+        )
         pooled.append(paddle.static.nn.sequence_lod.sequence_pool(emb, pool_type="sum"))
     logit = _dense_tower(paddle, paddle.concat(pooled, axis=1), spec.hidden)
     prob = paddle.nn.functional.sigmoid(logit)
@@ -98,8 +112,9 @@ def build_training_net(paddle, spec: ModelSpec) -> TrainingNet:
 
     infer, infer_startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(infer, infer_startup):
-        emb_concat = paddle.static.data(name=DENSE_INPUT, shape=[-1, len(spec.slots) * spec.embedding_dim],
-                                        dtype="float32")
+        emb_concat = paddle.static.data(
+            name=DENSE_INPUT, shape=[-1, len(spec.slots) * spec.embedding_dim], dtype="float32"
+        )
         infer_prob = paddle.nn.functional.sigmoid(_dense_tower(paddle, emb_concat, spec.hidden))
     return TrainingNet(slot_inputs, label, prob, loss, infer, emb_concat, infer_prob, dense_param_names(spec.hidden))
 
@@ -120,15 +135,17 @@ def make_strategy(fleet, *, sparse_learning_rate: float, shards: int = SPARSE_SH
     strategy = fleet.DistributedStrategy()
     strategy.a_sync = True
     prefix = f"table_parameters.{SPARSE_TABLE_NAME}"
-    strategy.sparse_table_configs = {SPARSE_TABLE_NAME: {
-        f"{prefix}.table_class": "MemorySparseTable",
-        f"{prefix}.shard_num": shards,
-        f"{prefix}.accessor.accessor_class": SPARSE_ACCESSOR,
-        f"{prefix}.accessor.embed_sgd_param.name": SPARSE_RULE,
-        f"{prefix}.accessor.embedx_sgd_param.name": SPARSE_RULE,
-        # Embeddings get few updates each (a key is in few batches): they learn
-        # with their own, larger rate than the dense tower's Adam.
-        f"{prefix}.accessor.embed_sgd_param.adam.learning_rate": sparse_learning_rate,
-        f"{prefix}.accessor.embedx_sgd_param.adam.learning_rate": sparse_learning_rate,
-    }}
+    strategy.sparse_table_configs = {
+        SPARSE_TABLE_NAME: {
+            f"{prefix}.table_class": "MemorySparseTable",
+            f"{prefix}.shard_num": shards,
+            f"{prefix}.accessor.accessor_class": SPARSE_ACCESSOR,
+            f"{prefix}.accessor.embed_sgd_param.name": SPARSE_RULE,
+            f"{prefix}.accessor.embedx_sgd_param.name": SPARSE_RULE,
+            # Embeddings get few updates each (a key is in few batches): they learn
+            # with their own, larger rate than the dense tower's Adam.
+            f"{prefix}.accessor.embed_sgd_param.adam.learning_rate": sparse_learning_rate,
+            f"{prefix}.accessor.embedx_sgd_param.adam.learning_rate": sparse_learning_rate,
+        }
+    }
     return strategy

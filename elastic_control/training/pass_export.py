@@ -7,21 +7,21 @@ is the donefile line appended. A crash at any point leaves either a hidden
 donefile line: neither counts as a pass, and the job resumes after the last
 one that does.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from elastic_control import pass_format
 from elastic_control.atomic import append_line_durably, atomic_write_json, staged_directory
 from elastic_control.config.data_config import format_hour
-
 from elastic_control.training.model import SPARSE_ACCESSOR
 
 # The sparse table's rule (model.SPARSE_RULE) in pass_format.SparseLayout's terms.
@@ -39,9 +39,16 @@ def _maybe_crash(stage: str, name: str) -> None:
         os._exit(3)
 
 
-def write_pass(model_path: str | os.PathLike, *, hour_start: dt.datetime, hour_end: dt.datetime,
-               save_sparse: Callable[[Path], None], save_dense: Callable[[Path], None],
-               score_golden: Callable[[], list[dict]], meta: dict) -> dict:
+def write_pass(
+    model_path: str | os.PathLike,
+    *,
+    hour_start: dt.datetime,
+    hour_end: dt.datetime,
+    save_sparse: Callable[[Path], None],
+    save_dense: Callable[[Path], None],
+    score_golden: Callable[[], list[dict]],
+    meta: dict,
+) -> dict:
     """Stage and publish one pass; return the donefile entry.
 
     ``score_golden`` runs AFTER the sparse and dense exports so the golden
@@ -58,19 +65,31 @@ def write_pass(model_path: str | os.PathLike, *, hour_start: dt.datetime, hour_e
         with open(stage / pass_format.GOLDEN_FILE, "w", encoding="utf-8") as f:
             for row in golden:
                 f.write(json.dumps(row) + "\n")
-        full_meta = dict(meta, **{"pass": name, "window": window, "dense_input": pass_format.DENSE_INPUT,
-                                  "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        full_meta = dict(
+            meta,
+            **{
+                "pass": name,
+                "window": window,
+                "dense_input": pass_format.DENSE_INPUT,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+        )
         atomic_write_json(stage / pass_format.META_FILE, full_meta)
         _maybe_crash("before_rename", name)
     _maybe_crash("before_donefile", name)
-    entry = {"pass": name, "path": str(final.resolve()), "window": window, "time": time.time(),
-             "metrics": meta.get("metrics", {})}
+    entry = {
+        "pass": name,
+        "path": str(final.resolve()),
+        "window": window,
+        "time": time.time(),
+        "metrics": meta.get("metrics", {}),
+    }
     append_line_durably(Path(model_path) / pass_format.DONEFILE, json.dumps(entry, sort_keys=True))
     return entry
 
 
 def golden_rows(lines: list[str], probs: np.ndarray) -> list[dict]:
-    return [{"line": ln, "prob": float(p)} for ln, p in zip(lines, np.asarray(probs).ravel().tolist())]
+    return [{"line": ln, "prob": float(p)} for ln, p in zip(lines, np.asarray(probs).ravel().tolist(), strict=True)]
 
 
 def sparse_layout_json(embedding_dim: int) -> dict:

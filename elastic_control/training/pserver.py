@@ -5,6 +5,7 @@ servers to stop once every trainer has finished (``stop_server``); as a
 safety net each pserver also watches the coordinator and exits on its own a
 short grace period after the job has finished.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ def _my_index(settings: RoleSettings) -> int:
     if me not in endpoints:
         from elastic_control.errors import ConfigError
 
-        raise ConfigError(f"this pserver's POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "
-                          f"{settings.pserver_endpoints}")
+        raise ConfigError(
+            f"this pserver's POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "
+            f"{settings.pserver_endpoints}"
+        )
     return endpoints.index(me)
 
 
@@ -45,11 +48,15 @@ def run_pserver(settings: RoleSettings) -> None:
     # fleet.run_server() holds the GIL while it serves, so the coordinator and the
     # exit guard cannot be threads of this process: they run in a child process.
     guard = multiprocessing.get_context("spawn").Process(
-        target=guard_main, name=f"pserver-{index}-guard", daemon=True,
-        args=(settings.pserver_endpoints, settings.trainers, index, start, os.getpid()))
+        target=guard_main,
+        name=f"pserver-{index}-guard",
+        daemon=True,
+        args=(settings.pserver_endpoints, settings.trainers, index, start, os.getpid()),
+    )
     guard.start()
 
     import pyarrow  # noqa: F401  (before paddle)
+
     import paddle
     import paddle.distributed.fleet as fleet
 
@@ -57,9 +64,13 @@ def run_pserver(settings: RoleSettings) -> None:
 
     paddle.enable_static()
     fleet.init(is_collective=False)
-    spec = ModelSpec(settings.slot_conf.slots, settings.hyper.embedding_dim,
-                     learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim,
-                              sparse_learning_rate=settings.hyper.sparse_learning_rate)
+    spec = ModelSpec(
+        settings.slot_conf.slots,
+        settings.hyper.embedding_dim,
+        learning_rate=settings.hyper.learning_rate,
+        sparse_dim=settings.data_config.sparse_dim,
+        sparse_learning_rate=settings.hyper.sparse_learning_rate,
+    )
     net = build_training_net(paddle, spec)
     strategy = make_strategy(fleet, sparse_learning_rate=spec.sparse_learning_rate)
     fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), strategy).minimize(net.loss)
@@ -97,7 +108,7 @@ def guard_main(pserver_endpoints: str, trainers: int, index: int, hello: dict, p
                 if client.status().get("finished"):
                     break
                 seen = True
-            except Exception:
+            except Exception:  # noqa: BLE001 - any failure to reach pserver 0 means the same here
                 if seen:  # pserver 0 went away after we had talked to it: the job is over
                     break
         else:

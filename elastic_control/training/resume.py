@@ -1,4 +1,5 @@
 """Where a (re)started job continues: after the last pass named in MODEL_PATH/donefile."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,5 @@
 """What one role process needs, read once from the environment (elastic_control/env_vars.py) and flags."""
+
 from __future__ import annotations
 
 import os
@@ -17,12 +18,12 @@ class Hyperparameters:
     # 128, not 512: one hour of data is one pass, and the MLP needs optimizer steps more than big
     # batches (synthetic held-out AUC 0.801 at 128, 0.795-0.800 at 256, 0.777 at 512; Bayes 0.818).
     batch_size: int = 128
-    learning_rate: float = 1e-3       # dense tower (Adam on the pservers)
+    learning_rate: float = 1e-3  # dense tower (Adam on the pservers)
     sparse_learning_rate: float = 0.02  # embeddings (sparse Adam rule on the pservers)
-    log_every: int = 50           # steps between progress lines and MLflow step metrics
-    golden_lines: int = 256       # held-out lines per pass scored into golden.jsonl
-    golden_stride: int = 20       # trainer 0 holds out every Nth line of its share until it has enough
-    dense_pull_every: int = 1     # steps between pulls of the dense parameters from the servers
+    log_every: int = 50  # steps between progress lines and MLflow step metrics
+    golden_lines: int = 256  # held-out lines per pass scored into golden.jsonl
+    golden_stride: int = 20  # trainer 0 holds out every Nth line of its share until it has enough
+    dense_pull_every: int = 1  # steps between pulls of the dense parameters from the servers
     wait_timeout: float | None = None  # ONLINE=1: give up waiting for an hour after this many seconds
     poll_seconds: float = 10.0
 
@@ -32,7 +33,7 @@ class Hyperparameters:
 
 @dataclass(frozen=True)
 class RoleSettings:
-    role: str                    # PSERVER | TRAINER
+    role: str  # PSERVER | TRAINER
     pserver_endpoints: str
     trainers: int
     trainer_id: int
@@ -67,7 +68,15 @@ def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings
     trainer_id = env_vars.PADDLE_TRAINER_ID.get(env)
     if role == "TRAINER" and not 0 <= trainer_id < trainers:
         raise ConfigError(f"PADDLE_TRAINER_ID={trainer_id} must be in 0..PADDLE_TRAINERS_NUM-1 ({trainers - 1})")
-    return RoleSettings(role=role, pserver_endpoints=env_vars.PADDLE_PSERVERS_IP_PORT_LIST.require(env),
-                        trainers=trainers, trainer_id=trainer_id, pod_ip=env_vars.POD_IP.get(env),
-                        port=env_vars.PADDLE_PORT.get(env), data_config=data_config, slot_conf=slot_conf,
-                        model_path=model_path, hyper=hyper)
+    return RoleSettings(
+        role=role,
+        pserver_endpoints=env_vars.PADDLE_PSERVERS_IP_PORT_LIST.require(env),
+        trainers=trainers,
+        trainer_id=trainer_id,
+        pod_ip=env_vars.POD_IP.get(env),
+        port=env_vars.PADDLE_PORT.get(env),
+        data_config=data_config,
+        slot_conf=slot_conf,
+        model_path=model_path,
+        hyper=hyper,
+    )

@@ -5,6 +5,7 @@ store ``MODEL_PATH/mlflow.db`` (artifacts in ``MODEL_PATH/mlartifacts``) is
 used, so a laptop run keeps its history beside its models. Import this module
 before paddle (mlflow imports pyarrow, which must come first).
 """
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,11 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in metrics.items()
-                 if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        items = [
+            Metric(k, float(v), now, step)
+            for k, v in metrics.items()
+            if v is not None and not (isinstance(v, float) and math.isnan(v))
+        ]
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 
@@ -80,16 +84,21 @@ class Tracker:
         from elastic_control import pass_format
 
         folder = Path(pass_dir).resolve()
-        tags = {"pass": pass_name, "window_start": window["start"], "window_end": window["end"],
-                "pass_dir": str(folder)}
+        tags = {
+            "pass": pass_name,
+            "window_start": window["start"],
+            "window_end": window["end"],
+            "pass_dir": str(folder),
+        }
         tags.update({k: f"{v:.6f}" if isinstance(v, float) else str(v) for k, v in metrics.items()})
         artifact_path = f"{PASS_ARTIFACTS}/{pass_name}"
         try:
             for name in (pass_format.META_FILE, pass_format.GOLDEN_FILE):
                 if (folder / name).exists():
                     self.client.log_artifact(self.run_id, str(folder / name), artifact_path)
-            self.client.log_artifacts(self.run_id, str(folder / pass_format.DENSE_DIR),
-                                      f"{artifact_path}/{pass_format.DENSE_DIR}")
+            self.client.log_artifacts(
+                self.run_id, str(folder / pass_format.DENSE_DIR), f"{artifact_path}/{pass_format.DENSE_DIR}"
+            )
             try:
                 self.client.get_registered_model(REGISTERED_MODEL)
             except mlflow.exceptions.MlflowException:

@@ -5,9 +5,9 @@ flushes its pending pushes and waits at a barrier; trainer 0 then exports the
 pass while the others wait at a second barrier, so nothing changes the
 parameters between the export and the golden scoring.
 """
+
 from __future__ import annotations
 
-import datetime as dt
 import time
 from dataclasses import dataclass, field
 
@@ -40,9 +40,11 @@ class Trainer:
         if settings.is_chief:
             from elastic_control.training.tracking import Tracker  # mlflow before paddle
 
-            self.tracker = Tracker(settings.model_path, run_name=f"train-{format_hour(settings.data_config.start)}",
-                                   warn=self.log)
+            self.tracker = Tracker(
+                settings.model_path, run_name=f"train-{format_hour(settings.data_config.start)}", warn=self.log
+            )
         import pyarrow  # noqa: F401  (before paddle)
+
         import paddle
         import paddle.distributed.fleet as fleet
 
@@ -51,9 +53,13 @@ class Trainer:
         self.paddle, self.fleet = paddle, fleet
         paddle.enable_static()
         fleet.init(is_collective=False)
-        self.spec = ModelSpec(settings.slot_conf.slots, settings.hyper.embedding_dim,
-                              learning_rate=settings.hyper.learning_rate, sparse_dim=settings.data_config.sparse_dim,
-                              sparse_learning_rate=settings.hyper.sparse_learning_rate)
+        self.spec = ModelSpec(
+            settings.slot_conf.slots,
+            settings.hyper.embedding_dim,
+            learning_rate=settings.hyper.learning_rate,
+            sparse_dim=settings.data_config.sparse_dim,
+            sparse_learning_rate=settings.hyper.sparse_learning_rate,
+        )
         self.net = build_training_net(paddle, self.spec)
         strategy = make_strategy(fleet, sparse_learning_rate=self.spec.sparse_learning_rate)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), strategy)
@@ -93,15 +99,24 @@ class Trainer:
         if hello.get("last_pass"):
             self.log(f"resuming after {hello['last_pass']} (hours up to {hello['resume_after']} are done)")
         if self.tracker:
-            self.tracker.log_params({
-                "slots": ",".join(map(str, self.spec.slots)), "num_slots": len(self.spec.slots),
-                "embedding_dim": self.spec.embedding_dim, "hidden": "-".join(map(str, self.spec.hidden)),
-                "trainers": self.s.trainers, "pservers": self.s.pservers, "learning_rate": self.spec.learning_rate,
-                "batch_size": self.s.hyper.batch_size, "sparse_dim": self.spec.sparse_dim,
-                "window_start": format_hour(self.s.data_config.start), "window_end": format_hour(self.s.data_config.end),
-                "dataset": self.s.data_config.dataset_root, "online": self.s.data_config.online,
-                "resumed_after": hello.get("last_pass") or "",
-            })
+            self.tracker.log_params(
+                {
+                    "slots": ",".join(map(str, self.spec.slots)),
+                    "num_slots": len(self.spec.slots),
+                    "embedding_dim": self.spec.embedding_dim,
+                    "hidden": "-".join(map(str, self.spec.hidden)),
+                    "trainers": self.s.trainers,
+                    "pservers": self.s.pservers,
+                    "learning_rate": self.spec.learning_rate,
+                    "batch_size": self.s.hyper.batch_size,
+                    "sparse_dim": self.spec.sparse_dim,
+                    "window_start": format_hour(self.s.data_config.start),
+                    "window_end": format_hour(self.s.data_config.end),
+                    "dataset": self.s.data_config.dataset_root,
+                    "online": self.s.data_config.online,
+                    "resumed_after": hello.get("last_pass") or "",
+                }
+            )
         return hello
 
     def _load_dense_from_pass(self, pass_dir: str) -> None:
@@ -120,16 +135,28 @@ class Trainer:
         from elastic_control.training.feeding import prefetch, rebatch
 
         hello = self.start()
-        data = HourlyData(self.s.data_config, wait_timeout=self.s.hyper.wait_timeout,
-                          poll_seconds=self.s.hyper.poll_seconds, warn=self.log)
+        data = HourlyData(
+            self.s.data_config,
+            wait_timeout=self.s.hyper.wait_timeout,
+            poll_seconds=self.s.hyper.poll_seconds,
+            warn=self.log,
+        )
         after = parse_hour(hello["resume_after"]) if hello.get("resume_after") else None
         passes = 0
         for part in data.partitions(after=after):
             stats = self.train_hour(data, part, prefetch, rebatch)
             self._flush_pushes()
-            everyone = self.coord.barrier(f"{part.name}/trained", self.rank, self.s.trainers,
-                                          {"examples": stats.examples, "bad_lines": stats.bad_lines,
-                                           "lines": stats.lines, "seconds": stats.seconds})
+            everyone = self.coord.barrier(
+                f"{part.name}/trained",
+                self.rank,
+                self.s.trainers,
+                {
+                    "examples": stats.examples,
+                    "bad_lines": stats.bad_lines,
+                    "lines": stats.lines,
+                    "seconds": stats.seconds,
+                },
+            )
             if self.s.is_chief:
                 self.export(part, stats, everyone)
             self.coord.barrier(f"{part.name}/exported", self.rank, self.s.trainers)
@@ -186,21 +213,29 @@ class Trainer:
         stats.seconds = time.monotonic() - started
         stats.bad_lines, stats.lines = counter.bad, counter.total
         rate = stats.examples / max(stats.seconds, 1e-9)
-        self.log(f"pass {part.name}: {stats.examples} examples in {stats.steps} steps, "
-                 f"{rate:.0f} examples/s, {counter.bad} bad lines")
+        self.log(
+            f"pass {part.name}: {stats.examples} examples in {stats.steps} steps, "
+            f"{rate:.0f} examples/s, {counter.bad} bad lines"
+        )
         return stats
 
     def _log_step(self, part: HourPartition, loss: float, rate: float) -> None:
         window_auc = self.window.auc()
-        self.log(f"pass {part.name} step {self.global_step} loss {loss:.4f} auc {window_auc:.4f} "
-                 f"examples/s {rate:.0f}")
+        self.log(f"pass {part.name} step {self.global_step} loss {loss:.4f} auc {window_auc:.4f} examples/s {rate:.0f}")
         if self.tracker:
             import psutil
 
             proc = psutil.Process()
-            self.tracker.log_metrics({"loss": loss, "auc": window_auc, "examples_per_sec": rate,
-                                      "cpu_percent": proc.cpu_percent(None),
-                                      "memory_mb": proc.memory_info().rss / 2**20}, self.global_step)
+            self.tracker.log_metrics(
+                {
+                    "loss": loss,
+                    "auc": window_auc,
+                    "examples_per_sec": rate,
+                    "cpu_percent": proc.cpu_percent(None),
+                    "memory_mb": proc.memory_info().rss / 2**20,
+                },
+                self.global_step,
+            )
 
     def _flush_pushes(self) -> None:
         """Make sure this trainer's asynchronous sparse pushes reached the servers."""
@@ -244,9 +279,14 @@ class Trainer:
         examples = sum(int(d["examples"]) for d in everyone.values())
         bad = sum(int(d["bad_lines"]) for d in everyone.values())
         train_loss = stats.loss_sum / max(stats.examples, 1)
-        metrics = {"examples": examples, "bad_lines": bad, "train_loss": train_loss,
-                   "train_auc": self.window.auc(), "golden_lines": len(golden),
-                   "examples_per_sec": examples / max(max(float(d["seconds"]) for d in everyone.values()), 1e-9)}
+        metrics = {
+            "examples": examples,
+            "bad_lines": bad,
+            "train_loss": train_loss,
+            "train_auc": self.window.auc(),
+            "golden_lines": len(golden),
+            "examples_per_sec": examples / max(max(float(d["seconds"]) for d in everyone.values()), 1e-9),
+        }
         snapshot = {}
         scored: dict = {}
 
@@ -264,8 +304,9 @@ class Trainer:
         def save_dense(prefix):
             timings["dense"] = time.monotonic()
             snapshot.update(self._dense_snapshot())
-            self.paddle.static.save_inference_model(str(prefix), [self.net.infer_input], [self.net.infer_prob],
-                                                    self.exe, program=self.net.infer_program)
+            self.paddle.static.save_inference_model(
+                str(prefix), [self.net.infer_input], [self.net.infer_prob], self.exe, program=self.net.infer_program
+            )
 
         def score_golden():
             timings["dense"] = time.monotonic() - timings["dense"]
@@ -281,22 +322,40 @@ class Trainer:
                 metrics["logloss"] = log_loss(golden.clicks, probs)
             return pass_export.golden_rows([golden.line_at(i) for i in range(len(golden))], probs)
 
-        meta = {"slots": list(self.spec.slots), "embedding_dim": self.spec.embedding_dim,
-                "sparse_dim": self.spec.sparse_dim, "sparse_layout": pass_export.sparse_layout_json(self.spec.embedding_dim),
-                "trainers": self.s.trainers, "pservers": self.s.pservers, "metrics": metrics,
-                "model": self.spec.to_json()}
-        entry = pass_export.write_pass(self.s.model_path, hour_start=part.hour, hour_end=part.hour,
-                                       save_sparse=save_sparse, save_dense=save_dense, score_golden=score_golden,
-                                       meta=meta)
-        self.log(f"export timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
-        self.log(f"exported {entry['pass']}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
-                 f"{len(golden)} golden lines, train AUC {metrics['train_auc']:.4f}")
+        meta = {
+            "slots": list(self.spec.slots),
+            "embedding_dim": self.spec.embedding_dim,
+            "sparse_dim": self.spec.sparse_dim,
+            "sparse_layout": pass_export.sparse_layout_json(self.spec.embedding_dim),
+            "trainers": self.s.trainers,
+            "pservers": self.s.pservers,
+            "metrics": metrics,
+            "model": self.spec.to_json(),
+        }
+        entry = pass_export.write_pass(
+            self.s.model_path,
+            hour_start=part.hour,
+            hour_end=part.hour,
+            save_sparse=save_sparse,
+            save_dense=save_dense,
+            score_golden=score_golden,
+            meta=meta,
+        )
+        self.log("export timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+        self.log(
+            f"exported {entry['pass']}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
+            f"{len(golden)} golden lines, train AUC {metrics['train_auc']:.4f}"
+        )
         if self.tracker:
             t = time.monotonic()
             pass_metrics = {f"pass_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
             self.tracker.log_metrics(pass_metrics, self.global_step)
-            self.tracker.register_pass(entry["path"], pass_name=entry["pass"], window=entry["window"],
-                                       metrics={k: metrics[k] for k in ("auc", "train_auc", "examples") if k in metrics})
+            self.tracker.register_pass(
+                entry["path"],
+                pass_name=entry["pass"],
+                window=entry["window"],
+                metrics={k: metrics[k] for k in ("auc", "train_auc", "examples") if k in metrics},
+            )
             self.log(f"MLflow: logged and registered {entry['pass']} in {time.monotonic() - t:.1f}s")
 
     # -- shutdown ----------------------------------------------------------------------------
