@@ -62,7 +62,7 @@ class ServingMetrics:
                 "# TYPE serving_request_seconds histogram",
             ]
             acc = 0
-            for bound, n in zip(LATENCY_BUCKETS_S, self._buckets, strict=True):
+            for bound, n in zip(LATENCY_BUCKETS_S, self._buckets[:-1], strict=True):  # the last bucket is +Inf
                 acc += n
                 lines.append(f'serving_request_seconds_bucket{{le="{bound}"}} {acc}')
             acc += self._buckets[-1]
