@@ -220,6 +220,6 @@ def test_lookups_pipelined_before_a_broken_request_are_still_answered(two_versio
         s.sendall(b"".join(_lookup(q) for q in queries) + b"GARBAGE\r\n\r\n")
         answers = _read_answers(s, 4)
         assert s.recv(100) == b""  # closed after the 400: the stream is out of sync
-    for q, answer in zip(queries, answers, strict=True):
+    for q, answer in zip(queries, answers[:3], strict=True):
         _check_binary(answer, keys, q, OLD)
     assert answers[3][0] == 400
