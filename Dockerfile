@@ -21,6 +21,7 @@ COPY setup.cfg pyproject.toml README.md ./
 COPY elastic_control ./elastic_control
 COPY cube ./cube
 COPY client ./client
+COPY ctr_foundation ./ctr_foundation
 COPY templates ./templates
 COPY examples ./examples
 RUN pip install --no-deps . \

@@ -39,11 +39,11 @@ def main() -> None:
     )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pipeline-"))
 
+    from ctr_foundation.pass_format import read_donefile
     from elastic_control import control
     from elastic_control.demo import predict_through_client, run_demo
     from elastic_control.local import runtime as rt
     from elastic_control.local.layout import LocalLayout
-    from elastic_control.pass_format import read_donefile
 
     print(f"pipeline benchmark: {size} in {workdir}", flush=True)
     report = run_demo(workdir=str(workdir), keep=True, criteo=args.criteo, timeout=1500, **size)
@@ -80,7 +80,7 @@ def main() -> None:
             lat.append(time.perf_counter() - t0)
 
         # The peer: offline scoring of the same lines with the same pass, in this process.
-        from elastic_control.pass_format import load_pass
+        from ctr_foundation.pass_format import load_pass
         from elastic_control.scoring import DenseModel, InMemoryTable, score_lines
 
         info = load_pass(workdir / "models" / report.served_version)

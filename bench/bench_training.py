@@ -37,7 +37,7 @@ SLOTS = tuple(range(1, 9))
 
 def throughput(root: Path, hours: int, lines: int, trainers: int) -> tuple[float, object]:
     """examples/s summed over trainers (training time of the passes, as the trainers report it)."""
-    from elastic_control.pass_format import read_donefile
+    from ctr_foundation.pass_format import read_donefile
 
     job = H.write_job(root / f"t{trainers}", slots=SLOTS, hours=hours, data=root / "data")
     result = H.run_training(

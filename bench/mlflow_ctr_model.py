@@ -15,7 +15,7 @@ class CtrPassModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         import pyarrow  # noqa: F401  (before paddle)
 
-        from elastic_control.pass_format import load_pass
+        from ctr_foundation.pass_format import load_pass
         from elastic_control.scoring import DenseModel, InMemoryTable
 
         self.info = load_pass(context.artifacts["pass"])

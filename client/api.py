@@ -18,8 +18,8 @@ from pathlib import Path
 
 import requests
 
-from elastic_control.env_vars import FILESERVER_URL, SERVING_URL, TOKEN
-from elastic_control.errors import ComponentError, ConfigError, UsageError
+from ctr_foundation.env_vars import FILESERVER_URL, SERVING_URL, TOKEN
+from ctr_foundation.errors import ComponentError, ConfigError, UsageError
 
 CLIENT_CONFIG_FILE = "client.json"
 TOKEN_FILE = "token"  # the state folder's write token (written by `elastic-control -r`)
@@ -181,8 +181,8 @@ def _get_json(url: str, what: str) -> dict:
 
 def upload_configs(config: ClientConfig, *, slot_conf: str | None = None, data_config: str | None = None) -> list[dict]:
     """Validate then upload slot.conf and/or data.config to the file server (``config/...``)."""
+    from ctr_foundation.fileserver_client import FileServerClient
     from elastic_control.config import load_data_config, load_slot_conf
-    from elastic_control.fileserver.client import FileServerClient
 
     if not slot_conf and not data_config:
         raise UsageError("nothing to upload: give --slot-conf and/or --data-config")
@@ -199,7 +199,7 @@ def upload_configs(config: ClientConfig, *, slot_conf: str | None = None, data_c
 
 def check_health(config: ClientConfig) -> dict[str, dict | str]:
     """Health of serving and the file server: {"serving": {...} or "error ...", ...}."""
-    from elastic_control.fileserver.client import FileServerClient
+    from ctr_foundation.fileserver_client import FileServerClient
 
     out: dict[str, dict | str] = {}
     for name, url, probe in (

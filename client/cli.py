@@ -7,9 +7,9 @@ import sys
 import click
 
 from client.api import ServingClient, check_health, load_client_config, upload_configs
-from elastic_control.cli_runner import run_cli
-from elastic_control.env_vars import STATE_DIR
-from elastic_control.errors import ElasticControlError
+from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.env_vars import STATE_DIR
+from ctr_foundation.errors import ElasticControlError
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import click
 import requests
 
+from ctr_foundation import env_vars
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.errors import ComponentError, UsageError
 from cube.control_client import ControlCallError, call_json
 from cube.json_service import Route, make_json_server, require_str
 from cube.shard_format import MANIFEST, CorruptShardError, open_shard, sha256_file, shard_file_name
-from elastic_control import env_vars
-from elastic_control.atomic import atomic_write_json
-from elastic_control.cli_runner import run_cli
-from elastic_control.errors import ComponentError, UsageError
 
 DEFAULT_PORT = 8001
 CHUNK = 1 << 20

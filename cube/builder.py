@@ -10,7 +10,7 @@ Everything is written into a staging folder renamed into place at the end.
 Which columns hold the embedding (Paddle 2.6.2, SparseAccessor, text
 save): ``key slot unseen_days delta_score show click embed_w [embed state]
 embedx_w(d-1) [embedx state]``; the served vector is embed_w + embedx_w
-(``elastic_control.pass_format.SparseLayout``).
+(``ctr_foundation.pass_format.SparseLayout``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 import click
 import numpy as np
 
+from ctr_foundation.atomic import atomic_write_json, staged_directory
+from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.errors import DataError, UsageError
+from ctr_foundation.pass_format import load_pass
+from ctr_foundation.sample import transform_keys
+from ctr_foundation.sparse_table_reader import iter_sparse_table_fast
 from cube.shard_format import MANIFEST, sha256_file, shard_file_name, write_shard
-from cube.sparse_table_reader import iter_sparse_table_fast
-from elastic_control.atomic import atomic_write_json, staged_directory
-from elastic_control.cli_runner import run_cli
-from elastic_control.data.sample import transform_keys
-from elastic_control.errors import DataError, UsageError
-from elastic_control.pass_format import load_pass
 
 MAX_SHARDS = 1024
 

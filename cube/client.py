@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 
 import numpy as np
 
-from elastic_control.errors import ComponentError, UsageError
+from ctr_foundation.errors import ComponentError, UsageError
 
 DEFAULT_TIMEOUT = 5.0
 

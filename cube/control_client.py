@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import requests
 
-from elastic_control.errors import ComponentError
+from ctr_foundation.errors import ComponentError
 
 
 class ControlCallError(ComponentError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from elastic_control.errors import ElasticControlError, UsageError
+from ctr_foundation.errors import ElasticControlError, UsageError
 
 log = logging.getLogger("cube")
 

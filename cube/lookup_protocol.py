@@ -14,7 +14,7 @@ which also answers every error, so both paths behave the same.
 
 from __future__ import annotations
 
-from cube.http_protocol import MAX_HEADER_BYTES, HttpProtocol, Slot
+from ctr_foundation.http_protocol import MAX_HEADER_BYTES, HttpProtocol, Slot
 
 LOOKUP_PREFIX = b"POST /v1/lookup"
 _VERSION_QUERY = b"/v1/lookup?version="

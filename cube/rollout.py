@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctr_foundation.errors import ComponentError
+from ctr_foundation.fileserver_client import FileServerClient
+from ctr_foundation.pass_format import DENSE_DIR, META_FILE
 from cube.control_client import ControlCallError, call_json
 from cube.rollout_journal import RolloutJournal
 from cube.shard_format import MANIFEST, shard_file_name
-from elastic_control.errors import ComponentError
-from elastic_control.fileserver.client import FileServerClient
-from elastic_control.pass_format import DENSE_DIR, META_FILE
 
 FILESERVER_PREFIX = "cube"
 # Test hook: crash the transfer right after the first shard switched (tests/test_cube_transfer.py).

@@ -18,8 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from elastic_control.atomic import atomic_write_json
-from elastic_control.errors import DataError
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.errors import DataError
 
 HISTORY_LIMIT = 200
 FINAL = {"active", "retired", "rejected", "superseded"}

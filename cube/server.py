@@ -21,13 +21,13 @@ from pathlib import Path
 
 import click
 
+from ctr_foundation import env_vars
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.errors import ComponentError, UsageError
 from cube.server_app import CubeWorker
 from cube.shard_format import CorruptShardError, complete_versions, shard_file_name, verify_version_dir
 from cube.version_store import ControlState, StateFile, load_index
-from elastic_control import env_vars
-from elastic_control.atomic import atomic_write_json
-from elastic_control.cli_runner import run_cli
-from elastic_control.errors import ComponentError, UsageError
 
 DEFAULT_PORT = 8027
 DEFAULT_MAX_BATCH = 1_000_000

@@ -21,11 +21,11 @@ from time import perf_counter
 
 import numpy as np
 
-from cube.http_protocol import Request, Response, Slot
+from ctr_foundation.errors import ElasticControlError, UsageError
+from ctr_foundation.http_protocol import Request, Response, Slot
 from cube.lookup_protocol import LookupProtocol
 from cube.server_metrics import ServerMetrics
 from cube.version_store import ControlState, StateFile, VersionSet, load_index
-from elastic_control.errors import ElasticControlError, UsageError
 
 WATCH_INTERVAL = 0.02  # seconds between state-file checks
 METRICS_INTERVAL = 1.0

@@ -14,7 +14,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from elastic_control.atomic import atomic_write_json
+from ctr_foundation.atomic import atomic_write_json
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 import numpy as np
 
-from elastic_control.errors import DataError
+from ctr_foundation.errors import DataError
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "elastic-ctr-cube-shard"

@@ -28,17 +28,17 @@ from pathlib import Path
 
 import click
 
+from ctr_foundation import env_vars
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.errors import ComponentError, DataError, ElasticControlError, UsageError
+from ctr_foundation.fileserver_client import FileServerClient, FileServerError
+from ctr_foundation.pass_format import read_donefile
 from cube.builder import build_version
 from cube.json_service import Route, make_json_server
 from cube.rollout import FILESERVER_PREFIX, RetryPolicy, ShardFleet, publish_version, roll_out
 from cube.rollout_journal import FINAL, RolloutJournal
 from cube.shard_format import CorruptShardError, complete_versions, read_manifest, verify_version_dir
-from elastic_control import env_vars
-from elastic_control.atomic import atomic_write_json
-from elastic_control.cli_runner import run_cli
-from elastic_control.errors import ComponentError, DataError, ElasticControlError, UsageError
-from elastic_control.fileserver.client import FileServerClient, FileServerError
-from elastic_control.pass_format import read_donefile
 
 DEFAULT_PORT = 8099
 JOURNAL_FILE = "transfer-state.json"

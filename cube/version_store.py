@@ -24,10 +24,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.errors import DataError, UsageError
 from cube.lookup_index import ShardIndex
 from cube.shard_format import CorruptShardError, fault_in, open_shard
-from elastic_control.atomic import atomic_write_json
-from elastic_control.errors import DataError, UsageError
 
 STATE_FILE = "state.json"
 ROLES = ("active", "prepared", "previous")

@@ -1,3 +1,5 @@
 """ElasticCTR: click-through-rate models from raw click logs to live predictions."""
 
-__version__ = "0.1.0"
+from ctr_foundation import __version__
+
+__all__ = ["__version__"]

@@ -11,11 +11,11 @@ import os
 
 import click
 
+from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.errors import ElasticControlError
 from elastic_control import __version__
 from elastic_control.cli_options import state_dir_option
-from elastic_control.cli_runner import run_cli
 from elastic_control.config.resources import RANGES, Resources
-from elastic_control.errors import ElasticControlError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from elastic_control.env_vars import STATE_DIR
+from ctr_foundation.env_vars import STATE_DIR
 
 
 def _state_dir_fallback(ctx: click.Context, param: click.Parameter, value: str | None) -> str:

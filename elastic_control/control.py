@@ -12,11 +12,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from elastic_control.atomic import replace_path
+from ctr_foundation.atomic import replace_path
+from ctr_foundation.errors import UsageError
 from elastic_control.backends import get_backend
 from elastic_control.config import Resources, load_data_config, load_slot_conf
 from elastic_control.console import done
-from elastic_control.errors import UsageError
 from elastic_control.plan import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE, Plan, load_plan, new_token
 
 BACKENDS = ("auto", "local", "k8s")

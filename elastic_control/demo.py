@@ -19,8 +19,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from ctr_foundation.errors import ComponentError, UsageError
 from elastic_control.console import console, done, info, out, warn
-from elastic_control.errors import ComponentError, UsageError
 
 DEFAULT_WORKDIR = "elastic-ctr-demo"
 
@@ -103,7 +103,7 @@ def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
     """Max |served − training| over the pass's golden.jsonl lines (the train/serve skew)."""
     import json
 
-    from elastic_control.pass_format import GOLDEN_FILE
+    from ctr_foundation.pass_format import GOLDEN_FILE
 
     path = pass_dir / GOLDEN_FILE
     if not path.exists():

@@ -11,8 +11,8 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ctr_foundation.errors import UsageError
 from elastic_control.config import DataConfig, Resources, SlotConf, load_data_config, parse_slot_conf
-from elastic_control.errors import UsageError
 
 PLAN_FILE = "plan.json"
 PLAN_FORMAT = 1

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.data.sample import Sample, parse_sample_line, slot_keys
-from elastic_control.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo, read_sparse_table
+from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo, read_sparse_table
+from ctr_foundation.sample import Sample, parse_sample_line, slot_keys
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import pyarrow  # noqa: F401  (before anything that may import paddle)
 
 import numpy as np
 
-from elastic_control.atomic import append_line_durably
-from elastic_control.pass_format import SparseLayout
+from ctr_foundation.atomic import append_line_durably
+from ctr_foundation.pass_format import SparseLayout
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable

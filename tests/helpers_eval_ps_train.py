@@ -26,7 +26,7 @@ import numpy as np
 import paddle
 import paddle.distributed.fleet as fleet
 
-from elastic_control.data.sample import keys_to_paddle_ids, parse_sample_line, slot_keys
+from ctr_foundation.sample import keys_to_paddle_ids, parse_sample_line, slot_keys
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--data", required=True)

@@ -129,7 +129,7 @@ def train_criteo_pass(
 
     import helpers_eval
 
-    from elastic_control.atomic import append_line_durably
+    from ctr_foundation.atomic import append_line_durably
 
     lines = criteo_slot_lines(offset, train_lines + golden_lines)
     saved = helpers_eval.SLOTS
@@ -201,7 +201,7 @@ def publish_version(fs_root: Path, pass_dir: Path, shards: int, *, make_current:
 def set_current(fs_root: Path, pass_dir: Path, version: str, shards: int) -> None:
     import json as _json
 
-    from elastic_control.atomic import atomic_write_json
+    from ctr_foundation.atomic import atomic_write_json
 
     meta = _json.loads((pass_dir / "meta.json").read_text())
     atomic_write_json(

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from elastic_control.atomic import append_line_durably, atomic_open, atomic_write_text, staged_directory
+from ctr_foundation.atomic import append_line_durably, atomic_open, atomic_write_text, staged_directory
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):

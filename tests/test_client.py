@@ -11,7 +11,7 @@ from helpers_serving import PYTHON, REPO, fileserver_in_thread, free_port
 
 from client.api import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, ServingClient, load_client_config, upload_configs
 from client.cli import main
-from elastic_control.errors import ConfigError, UsageError
+from ctr_foundation.errors import ConfigError, UsageError
 
 
 @pytest.fixture

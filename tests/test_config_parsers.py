@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
+from ctr_foundation.errors import ConfigError, UsageError
 from elastic_control.config import Resources, load_data_config, load_slot_conf, parse_data_config, parse_slot_conf
-from elastic_control.errors import ConfigError, UsageError
 
 GOOD = """\
 # comment

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from helpers_cube import PYTHON, REPO, real_pass_dir, write_synthetic_pass
 
+from ctr_foundation.errors import DataError, UsageError
+from ctr_foundation.pass_format import SparseLayout, iter_sparse_table, read_sparse_table
+from ctr_foundation.sparse_table_reader import iter_sparse_table_fast
 from cube.builder import build_version
 from cube.lookup_index import WINDOW_MAX_KEYS, ShardIndex
 from cube.shard_format import CorruptShardError, open_shard, verify_version_dir, write_shard
-from cube.sparse_table_reader import iter_sparse_table_fast
-from elastic_control.errors import DataError, UsageError
-from elastic_control.pass_format import SparseLayout, iter_sparse_table, read_sparse_table
 
 
 def _concat(chunks):

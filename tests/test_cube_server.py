@@ -11,9 +11,9 @@ import pytest
 import requests
 from helpers_cube import TOKEN, cube_server, real_pass_dir, write_synthetic_pass
 
+from ctr_foundation.pass_format import SparseLayout, read_sparse_table
 from cube.builder import build_version
 from cube.client import CubeClient, CubeUnavailableError, CubeVersionError
-from elastic_control.pass_format import SparseLayout, read_sparse_table
 
 pytestmark = pytest.mark.e2e
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from helpers_train import CRITEO_FILE, START
 
+from ctr_foundation.errors import DataError
+from ctr_foundation.sample import parse_sample_line, slot_keys
 from elastic_control.config.data_config import parse_data_config
 from elastic_control.data.line_batch import batch_slot_keys, concat_batches, parse_lines, slice_batch, take_rows
 from elastic_control.data.readers import BadLineCounter, HourlyData
-from elastic_control.data.sample import parse_sample_line, slot_keys
-from elastic_control.errors import DataError
 
 BIG = (1 << 64) - 5  # a feasign above 2**63
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ctr_foundation.errors import UsageError
 from elastic_control.config import load_data_config, load_slot_conf
-from elastic_control.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 CRITEO = ROOT / ".." / "shared" / "data" / "criteo" / "criteo_real_distinct.txt"

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from elastic_control.errors import ConfigError, DataError
+from ctr_foundation.errors import ConfigError, DataError
 from elastic_control.evaluation.gate import GateRule, apply_rule, holdout_window
 
 

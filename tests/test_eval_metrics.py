@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, ndcg_score, roc_auc_score
 
-from elastic_control.errors import DataError
+from ctr_foundation.errors import DataError
 from elastic_control.evaluation.grouped import GroupTotals, group_bucket, group_totals
 from elastic_control.evaluation.metrics import (
     CountsBuilder,

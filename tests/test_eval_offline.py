@@ -100,7 +100,7 @@ def test_parallel_equals_single_process_and_sklearn(world, tmp_path):
 
 
 def test_lost_share_is_redone_alone(world, tmp_path):
-    from elastic_control.errors import DataError
+    from ctr_foundation.errors import DataError
     from elastic_control.evaluation.parallel import evaluate, merge_partials
     from elastic_control.evaluation.shares import SHARE_JSON, run_share, share_dir
 
@@ -228,7 +228,7 @@ def test_shadow_scoring_beside_live_serving(world, tmp_path):
     import requests
     from helpers_serving import serving_in_thread
 
-    from elastic_control.atomic import append_line_durably
+    from ctr_foundation.atomic import append_line_durably
     from elastic_control.evaluation.pass_scorer import PassScorer
     from elastic_control.evaluation.shadow import ShadowScorer, shadow_report
     from elastic_control.serving.versions import ModelDirSource
@@ -275,7 +275,7 @@ def test_serve_shadow_flag_logs_candidate_scores(world, tmp_path):
 
     import requests
 
-    from elastic_control.atomic import append_line_durably
+    from ctr_foundation.atomic import append_line_durably
 
     models = tmp_path / "models"
     models.mkdir()

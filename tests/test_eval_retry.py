@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elastic_control.atomic import atomic_write_json, staged_directory
-from elastic_control.errors import DataError
+from ctr_foundation.atomic import atomic_write_json, staged_directory
+from ctr_foundation.errors import DataError
 from elastic_control.evaluation import parallel
 from elastic_control.evaluation.metrics import counts_from_arrays, summarize
 from elastic_control.evaluation.shares import SHARE_JSON, EvalSpec, share_dir

@@ -12,7 +12,7 @@ import pytest
 import requests
 from helpers_serving import PYTHON, fileserver_in_thread, free_port, process, raw_request, status_of, wait_healthy
 
-from elastic_control.fileserver.client import FileServerClient, FileServerError, NotFound
+from ctr_foundation.fileserver_client import FileServerClient, FileServerError, NotFound
 from elastic_control.fileserver.paths import STAGING_DIR
 
 TOKEN = "t0ken"

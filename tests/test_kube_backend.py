@@ -11,8 +11,8 @@ import pytest
 from helpers_kube import render_plan
 from helpers_kube_api import VOLCANO, FakeKubeAPI
 
+from ctr_foundation.errors import ApplyError, ClusterUnavailableError
 from elastic_control.backends.kube_backend import KubeBackend, expected_pods
-from elastic_control.errors import ApplyError, ClusterUnavailableError
 from elastic_control.kube import adaptor
 
 pytestmark = pytest.mark.e2e

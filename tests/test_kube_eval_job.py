@@ -17,7 +17,7 @@ from helpers_kube_api import VOLCANO, FakeKubeAPI
 from helpers_kube_eval import VolcanoEvalController, local_pod_runner
 from helpers_kube_schema import validate_volcano_job
 
-from elastic_control.errors import UsageError
+from ctr_foundation.errors import UsageError
 from elastic_control.kube import constants as k
 from elastic_control.kube.eval_job import EvalJobRequest, render_eval_job
 from elastic_control.kube.render import RenderInputs, load_manifests

@@ -11,7 +11,7 @@ import yaml
 from helpers_kube import REPO, render_plan
 from helpers_kube_schema import validate_builtin, validate_manifest, validate_volcano_job
 
-from elastic_control.errors import UsageError
+from ctr_foundation.errors import UsageError
 from elastic_control.kube import constants as k
 from elastic_control.kube.render import MANIFEST_FILES, load_manifests
 from elastic_control.kube.volcano_rules import volcano_job_problems

@@ -83,7 +83,7 @@ def state_of(pipeline):
 
 def test_trainer_killed_mid_pass_restarts_the_job_from_the_last_complete_pass(pipeline):
     report, killed, workdir = pipeline
-    from elastic_control.pass_format import read_donefile
+    from ctr_foundation.pass_format import read_donefile
 
     assert killed, "the trainer was never killed"
     assert report.job["state"] == "completed"
@@ -109,9 +109,9 @@ def test_served_predictions_match_the_last_pass(pipeline):
 
     import numpy as np
 
+    from ctr_foundation.pass_format import load_pass
     from elastic_control.demo import predict_through_client
     from elastic_control.local.demo_data import DEMO_START
-    from elastic_control.pass_format import load_pass
     from elastic_control.scoring import DenseModel, InMemoryTable, score_lines
 
     hour = workdir / "data" / f"{DEMO_START:%Y%m%d}" / f"{HOURS:02d}"

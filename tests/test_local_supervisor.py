@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan, wait_until
 
-from elastic_control.errors import ComponentError, UsageError
+from ctr_foundation.errors import ComponentError, UsageError
 from elastic_control.local import lifecycle
 from elastic_control.local import runtime as rt
 from elastic_control.local.layout import LocalLayout

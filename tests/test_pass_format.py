@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from elastic_control.errors import DataError
-from elastic_control.pass_format import (
+from ctr_foundation.errors import DataError
+from ctr_foundation.pass_format import (
     SparseLayout,
     complete_passes,
     iter_sparse_table,

@@ -1,6 +1,6 @@
 import numpy as np
 
-from elastic_control.data.sample import PADDING_FEASIGN
+from ctr_foundation.sample import PADDING_FEASIGN
 from elastic_control.scoring import InMemoryTable, batch_from_lines, pool
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from elastic_control import pass_format
+from ctr_foundation import pass_format
 
 
 def _fake_pass(root: Path, name: str) -> Path:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from helpers_train import CRITEO_FILE, START, labels_of, read_golden, run_training, score_pass, write_job
 
-from elastic_control import pass_format
-from elastic_control.errors import ComponentError
+from ctr_foundation import pass_format
+from ctr_foundation.errors import ComponentError
 from elastic_control.training import pass_export
 
 SLOTS = (1, 2, 3, 4, 5, 6)
@@ -124,7 +124,7 @@ def test_write_pass_failure_leaves_nothing_that_looks_complete(tmp_path):
 
 
 def test_role_settings_name_the_missing_variable(tmp_path, monkeypatch):
-    from elastic_control.errors import ConfigError
+    from ctr_foundation.errors import ConfigError
     from elastic_control.training.settings import Hyperparameters, role_settings_from_env
 
     with pytest.raises(ConfigError, match="TRAINING_ROLE must be set"):

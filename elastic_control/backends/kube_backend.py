@@ -6,11 +6,11 @@ import sys
 import threading
 from pathlib import Path
 
+from ctr_foundation.env_vars import APPLY_TIMEOUT
+from ctr_foundation.errors import ApplyError, UsageError
 from elastic_control.backends.base import Backend
 from elastic_control.config import load_data_config
 from elastic_control.console import console, done, failed, info
-from elastic_control.env_vars import APPLY_TIMEOUT
-from elastic_control.errors import ApplyError, UsageError
 from elastic_control.plan import DATA_CONFIG_FILE, MANIFEST_DIR, TOKEN_FILE, Plan
 
 LOG_COMPONENTS = ("trainer-0", "fileserver", "cube-transfer")

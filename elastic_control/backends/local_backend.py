@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elastic_control.atomic import atomic_write_json, atomic_write_text
+from ctr_foundation.atomic import atomic_write_json, atomic_write_text
+from ctr_foundation.errors import ComponentError, UsageError
 from elastic_control.backends.base import Backend
 from elastic_control.config import load_data_config
 from elastic_control.console import done, info
-from elastic_control.errors import ComponentError, UsageError
 from elastic_control.local import lifecycle
 from elastic_control.local.components import (
     FILESERVER,
@@ -77,7 +77,7 @@ class LocalBackend(Backend):
 
     def configure_client(self, plan: Plan) -> Path:
         """Write STATE/client.json for the local serving, with slot.conf fetched from the file server."""
-        from elastic_control.fileserver.client import FileServerClient
+        from ctr_foundation.fileserver_client import FileServerClient
         from elastic_control.local import runtime as rt
 
         layout = LocalLayout.of(plan.state_dir)

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_control.errors import ConfigError
+from ctr_foundation.errors import ConfigError
 
 KNOWN_KEYS = (
     "HDFS_ADDRESS",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elastic_control.errors import UsageError
+from ctr_foundation.errors import UsageError
 
 # Ranges that make sense for real clusters. The original script refused -m
 # above 4 GiB while its own documented example used -m 20.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_control.errors import ConfigError
+from ctr_foundation.errors import ConfigError
 
 
 @dataclass(frozen=True)

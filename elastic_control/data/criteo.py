@@ -14,9 +14,9 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ctr_foundation.errors import DataError
 from elastic_control.data.hourly_writer import write_hour
 from elastic_control.data.synth import stable_feasign
-from elastic_control.errors import DataError
 
 INTEGER_FEATURES = 13
 CATEGORICAL_FEATURES = 26

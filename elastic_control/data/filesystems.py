@@ -13,7 +13,7 @@ from typing import Any
 
 import fsspec
 
-from elastic_control.errors import DataError
+from ctr_foundation.errors import DataError
 
 
 @dataclass(frozen=True)

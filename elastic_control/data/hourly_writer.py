@@ -12,7 +12,7 @@ import gzip
 from collections.abc import Iterable
 from pathlib import Path
 
-from elastic_control.atomic import atomic_open, atomic_write_text
+from ctr_foundation.atomic import atomic_open, atomic_write_text
 from elastic_control.data.readers import HOUR_DONEFILE
 
 

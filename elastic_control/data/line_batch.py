@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastic_control.data.sample import (
+from ctr_foundation.sample import (
     PADDING_FEASIGN,
     UINT64_MAX,
     MalformedLine,

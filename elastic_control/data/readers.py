@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ctr_foundation.errors import DataError
 from elastic_control.config.data_config import DataConfig, format_hour
 from elastic_control.data.filesystems import DataLocation, open_location
 from elastic_control.data.line_batch import BadLine, LineBatch, parse_lines
-from elastic_control.errors import DataError
 
 HOUR_DONEFILE = "donefile"
 DEFAULT_CHUNK_LINES = 4096

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.atomic import atomic_write_text
+from ctr_foundation.atomic import atomic_write_text
 from elastic_control.data.hourly_writer import hour_dir, write_hour
 
 TRUTH_PREFIX = "truth-"

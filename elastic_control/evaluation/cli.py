@@ -72,7 +72,7 @@ def eval_command(
     """Score a pass offline on a data window: AUC, log loss, calibration, grouped AUC and NDCG@k."""
     if ctx.invoked_subcommand is not None:
         return
-    from elastic_control.errors import UsageError
+    from ctr_foundation.errors import UsageError
     from elastic_control.evaluation.parallel import default_workers, evaluate
     from elastic_control.evaluation.shares import EvalSpec, parse_shard, run_share
 
@@ -161,8 +161,8 @@ def submit_command(
     """Run the evaluation on the Kubernetes cluster of the plan: a Volcano job of W workers, then the merge."""
     import json
 
+    from ctr_foundation.errors import UsageError
     from elastic_control.backends.kube_backend import KubeBackend
-    from elastic_control.errors import UsageError
     from elastic_control.evaluation.report import metrics_table
     from elastic_control.kube.eval_job import EvalJobRequest
     from elastic_control.plan import load_plan

@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ctr_foundation.errors import ConfigError, DataError, UsageError
+from ctr_foundation.pass_format import load_pass
 from elastic_control.config.data_config import format_hour, load_data_config, parse_hour
-from elastic_control.errors import ConfigError, DataError, UsageError
-from elastic_control.pass_format import load_pass
 
 _NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 _CLAUSE = re.compile(rf"^\s*([a-z_]+)\s*(<=|>=|=)\s*({_NUMBER})(?:\s*\.\.\s*({_NUMBER}))?\s*$")
@@ -138,7 +138,7 @@ def evaluate_candidate(
     raises; a candidate that cannot be scored on the hold-out data fails the gate.
     The decision is recorded in MLflow unless ``record`` is False.
     """
-    from elastic_control.env_vars import DATA_CONFIG
+    from ctr_foundation.env_vars import DATA_CONFIG
     from elastic_control.evaluation.parallel import evaluate
     from elastic_control.evaluation.shares import EvalSpec
 

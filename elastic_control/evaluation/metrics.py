@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elastic_control.errors import DataError
+from ctr_foundation.errors import DataError
 
 FLOAT32_MANTISSA_BITS = 23
 DEFAULT_MAX_DISTINCT = 32_000_000  # about 640 MB per table (uint32 key + two int64 counts)

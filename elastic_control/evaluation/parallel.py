@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.errors import DataError, ElasticControlError
+from ctr_foundation.errors import DataError, ElasticControlError
 from elastic_control.evaluation.grouped import GroupTotals, group_totals
 from elastic_control.evaluation.metrics import ScoreCounts, merge_counts, summarize
 from elastic_control.evaluation.shares import EvalSpec, read_share, run_share, share_dir

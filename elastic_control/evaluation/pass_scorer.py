@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
+from ctr_foundation.pass_format import PassInfo, load_pass
 from elastic_control.data.line_batch import LineBatch, batch_slot_keys
-from elastic_control.pass_format import PassInfo, load_pass
 from elastic_control.scoring import DenseModel, InMemoryTable, KeyBatch, pool
 
 

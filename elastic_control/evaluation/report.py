@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from elastic_control.atomic import atomic_open, atomic_write_json
+from ctr_foundation.atomic import atomic_open, atomic_write_json
 
 METRICS_FILE = "metrics.json"
 SCORED_FILE = "scored.parquet"

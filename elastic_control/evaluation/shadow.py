@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.errors import DataError
+from ctr_foundation.errors import DataError
 
 log = logging.getLogger("elastic_control.evaluation.shadow")
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.atomic import atomic_write_json, staged_directory
+from ctr_foundation.atomic import atomic_write_json, staged_directory
+from ctr_foundation.errors import DataError, UsageError
 from elastic_control.config.data_config import format_hour, load_data_config, parse_hour
-from elastic_control.errors import DataError, UsageError
 from elastic_control.evaluation.grouped import group_bucket
 from elastic_control.evaluation.metrics import CountsBuilder
 
@@ -75,7 +75,7 @@ class EvalSpec:
         keep_scored=False,
     ) -> EvalSpec:
         """Validate paths and the window; the window defaults to data.config's START..END."""
-        from elastic_control.pass_format import load_pass
+        from ctr_foundation.pass_format import load_pass
 
         load_pass(model)  # fails clearly if it is not a pass folder
         if baseline:

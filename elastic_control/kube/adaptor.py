@@ -19,7 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from elastic_control.errors import ClusterUnavailableError
+from ctr_foundation.errors import ClusterUnavailableError
 
 __all__ = [
     "ApiException",

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import requests
 
-from elastic_control.atomic import atomic_write_json, atomic_write_text
+from ctr_foundation.atomic import atomic_write_json, atomic_write_text
+from ctr_foundation.errors import ApplyError, ConfigError
 from elastic_control.config import parse_slot_conf
 from elastic_control.console import info, warn
-from elastic_control.errors import ApplyError, ConfigError
 from elastic_control.kube import adaptor
 
 CLIENT_FILE = "client.json"

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from elastic_control.atomic import atomic_write_text
+from ctr_foundation.atomic import atomic_write_text
+from ctr_foundation.errors import UsageError
 from elastic_control.config.data_config import format_hour, parse_hour
-from elastic_control.errors import UsageError
 from elastic_control.kube import constants as k
 from elastic_control.kube.render import RenderInputs, _Dumper, _environment, _Loader, build_context, pod_model_path
 from elastic_control.kube.volcano_rules import volcano_job_problems

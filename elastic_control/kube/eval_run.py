@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from elastic_control.errors import ApplyError, ClusterUnavailableError
+from ctr_foundation.errors import ApplyError, ClusterUnavailableError
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
 from elastic_control.kube.eval_job import EvalJobFiles

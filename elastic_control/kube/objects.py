@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elastic_control.errors import ApplyError
+from ctr_foundation.errors import ApplyError
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
 

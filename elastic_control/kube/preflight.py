@@ -5,7 +5,7 @@ Each failure says what is wrong and how to fix it.
 
 from __future__ import annotations
 
-from elastic_control.errors import ClusterUnavailableError
+from ctr_foundation.errors import ClusterUnavailableError
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
 

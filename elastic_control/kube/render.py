@@ -14,10 +14,10 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from elastic_control.atomic import atomic_write_text
+from ctr_foundation.atomic import atomic_write_text
+from ctr_foundation.env_vars import TEMPLATE_DIR
+from ctr_foundation.errors import ConfigError, UsageError
 from elastic_control.config import DataConfig
-from elastic_control.env_vars import TEMPLATE_DIR
-from elastic_control.errors import ConfigError, UsageError
 from elastic_control.kube import constants as k
 from elastic_control.kube.volcano_rules import volcano_job_problems
 

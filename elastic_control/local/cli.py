@@ -10,8 +10,8 @@ import sys
 
 import click
 
+from ctr_foundation.env_vars import TOKEN
 from elastic_control.cli_options import state_dir_option
-from elastic_control.env_vars import TOKEN
 
 
 @click.command("supervise", hidden=True)

@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from elastic_control import env_vars as ev
+from ctr_foundation import env_vars as ev
 from elastic_control.config import DataConfig
 from elastic_control.local.layout import LocalLayout
 from elastic_control.local.ports import LOOPBACK, free_ports

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.atomic import atomic_write_text
+from ctr_foundation.atomic import atomic_write_text
 from elastic_control.config.data_config import format_hour
 
 DEMO_START = dt.datetime(2019, 12, 21, 0)

@@ -11,8 +11,8 @@ import os
 import signal
 import time
 
+from ctr_foundation.errors import ComponentError, UsageError
 from elastic_control.console import console, done, warn
-from elastic_control.errors import ComponentError, UsageError
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import publish_config
 from elastic_control.local.daemon import rotate_logs, spawn_supervisor, tail_lines

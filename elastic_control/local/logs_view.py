@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from elastic_control.errors import UsageError
+from ctr_foundation.errors import UsageError
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import FILESERVER, TRANSFER, trainer_name
 from elastic_control.local.daemon import tail_lines

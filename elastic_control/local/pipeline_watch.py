@@ -9,15 +9,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ctr_foundation.errors import ComponentError
+from ctr_foundation.pass_format import read_donefile
 from elastic_control.console import console, done
-from elastic_control.errors import ComponentError
 from elastic_control.local import runtime as rt
 from elastic_control.local.daemon import tail_lines
 from elastic_control.local.layout import LocalLayout
 from elastic_control.local.rollouts import entry_time, read_rollouts, served_version
 from elastic_control.local.spec import load_local_plan
 from elastic_control.local.status_view import pass_auc
-from elastic_control.pass_format import read_donefile
 
 
 def _last_line(layout: LocalLayout, component: str) -> str:

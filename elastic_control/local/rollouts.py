@@ -14,9 +14,9 @@ import time
 
 import requests
 
-from elastic_control.atomic import atomic_write_json
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.pass_format import read_donefile
 from elastic_control.local.layout import LocalLayout
-from elastic_control.pass_format import read_donefile
 
 
 def entry_time(entry: dict) -> float | None:

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from elastic_control.atomic import atomic_write_json
+from ctr_foundation.atomic import atomic_write_json
 from elastic_control.local.layout import LocalLayout
 from elastic_control.local.process import is_same_process
 

@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from elastic_control.atomic import atomic_write_json
-from elastic_control.errors import UsageError
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.errors import UsageError
 
 COMPONENTS_FORMAT = 1
 

@@ -11,6 +11,7 @@ import json
 
 from rich.table import Table
 
+from ctr_foundation.pass_format import read_donefile
 from elastic_control.console import console
 from elastic_control.local import runtime as rt
 from elastic_control.local.daemon import tail_lines
@@ -18,7 +19,6 @@ from elastic_control.local.layout import LocalLayout
 from elastic_control.local.process import is_same_process
 from elastic_control.local.rollouts import read_rollouts, served_version
 from elastic_control.local.spec import load_local_plan
-from elastic_control.pass_format import read_donefile
 
 AUC_KEYS = ("auc", "holdout_auc", "test_auc", "eval_auc", "train_auc")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cube.http_protocol import Request, Response, Slot
+from ctr_foundation.http_protocol import Request, Response, Slot
 from elastic_control.scoring import KeyBatch, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch, concat_batches, instances_of
 from elastic_control.serving.lookup import CubeUnavailable

@@ -8,9 +8,9 @@ import tempfile
 
 import click
 
+from ctr_foundation.env_vars import CUBE_ROOT, CUBE_SERVERS, FILESERVER_URL, MODEL_PATH, SERVING_PORT
+from ctr_foundation.errors import UsageError
 from elastic_control.console import done
-from elastic_control.env_vars import CUBE_ROOT, CUBE_SERVERS, FILESERVER_URL, MODEL_PATH, SERVING_PORT
-from elastic_control.errors import UsageError
 from elastic_control.serving.app import DEFAULT_MAX_BODY, DEFAULT_PORT
 
 
@@ -152,6 +152,6 @@ def serve_command(
             on_listening=lambda s: done(f"serving on http://{host}:{s.port} from {source.describe} (pid {os.getpid()})")
         )
     except OSError as e:
-        from elastic_control.errors import ComponentError
+        from ctr_foundation.errors import ComponentError
 
         raise ComponentError(f"serving cannot listen on {host}:{port}: {e}") from e

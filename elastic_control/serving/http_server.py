@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 
-from cube.http_protocol import HttpProtocol
+from ctr_foundation.http_protocol import HttpProtocol
 from elastic_control.serving.app import DEFAULT_MAX_BODY, ServingApp
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from elastic_control.data.sample import PADDING_FEASIGN, UINT64_MAX, MalformedLine, parse_sample_line, transform_keys
+from ctr_foundation.sample import PADDING_FEASIGN, UINT64_MAX, MalformedLine, parse_sample_line, transform_keys
 from elastic_control.scoring import KeyBatch
 
 MAX_INSTANCES = 10_000

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from elastic_control.errors import ComponentError
+from ctr_foundation.errors import ComponentError
 from elastic_control.scoring import InMemoryTable
 
 

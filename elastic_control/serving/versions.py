@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.errors import ComponentError, DataError
-from elastic_control.pass_format import DENSE_DIR, DENSE_PREFIX, META_FILE, latest_complete_pass
+from ctr_foundation.errors import ComponentError, DataError
+from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, META_FILE, latest_complete_pass
 from elastic_control.scoring import DenseModel, InMemoryTable
 from elastic_control.serving.lookup import CubeLookup, Lookup, TableLookup
 
@@ -118,14 +118,14 @@ class FileServerSource(CubeRootSource):
     def __init__(
         self, fileserver_url: str, cache_dir: str | Path, cube_urls: Sequence[str], lookup_timeout: float = 5.0
     ):
-        from elastic_control.fileserver.client import FileServerClient
+        from ctr_foundation.fileserver_client import FileServerClient
 
         super().__init__(cache_dir, cube_urls, lookup_timeout)
         self.fs = FileServerClient(fileserver_url, timeout=30.0)
         self.describe = f"file server {fileserver_url}"
 
     def current(self) -> dict | None:
-        from elastic_control.fileserver.client import NotFound
+        from ctr_foundation.fileserver_client import NotFound
 
         try:
             return self.fs.get_json(REMOTE_CURRENT)
@@ -173,7 +173,7 @@ class ModelDirSource:
         }
 
     def materialise(self, record: dict, workers: int) -> LoadedVersion:
-        from elastic_control.pass_format import load_pass
+        from ctr_foundation.pass_format import load_pass
 
         info = load_pass(record["path"])
         slots, sparse_dim, dim = _version_fields(record, info.meta)

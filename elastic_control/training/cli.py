@@ -143,11 +143,11 @@ def hyperparameter_args(hyper: Hyperparameters) -> list[str]:
 @click.option("--timeout", type=click.FloatRange(0), default=None, help="Fail if training takes longer (seconds).")
 @hyperparameter_options
 def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, hyper):
+    from ctr_foundation.env_vars import MODEL_PATH
+    from ctr_foundation.errors import ConfigError
     from elastic_control.config.data_config import load_data_config
     from elastic_control.config.slot_conf import load_slot_conf
     from elastic_control.console import console, done, out
-    from elastic_control.env_vars import MODEL_PATH
-    from elastic_control.errors import ConfigError
     from elastic_control.training.launcher import run_local_job
 
     config = load_data_config(datafile)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from elastic_control.errors import ComponentError
+from ctr_foundation.errors import ComponentError
 
 COORDINATOR_PORT_OFFSET = 1
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from ctr_foundation.sample import keys_to_paddle_ids
 from elastic_control.data.line_batch import LineBatch, batch_slot_keys, concat_batches, slice_batch
-from elastic_control.data.sample import keys_to_paddle_ids
 from elastic_control.training.model import LABEL_INPUT, slot_input_name
 
 _END = object()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_control.errors import ComponentError
+from ctr_foundation.errors import ComponentError
 from elastic_control.training.coordinator import COORDINATOR_PORT_OFFSET
 
 # Once the trainers are done, how long pservers get to exit by themselves.
@@ -123,7 +123,7 @@ def run_local_job(
     timeout: float | None = None,
 ) -> TrainResult:
     """Start every role, stream progress, wait; ComponentError naming the role that failed."""
-    from elastic_control.pass_format import read_donefile
+    from ctr_foundation.pass_format import read_donefile
 
     log_dir = Path(model_path) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

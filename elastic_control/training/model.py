@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from elastic_control.pass_format import DENSE_INPUT
+from ctr_foundation.pass_format import DENSE_INPUT
 
 SPARSE_TABLE_NAME = "SparseFeatFactors"
 DEFAULT_EMBEDDING_DIM = 9

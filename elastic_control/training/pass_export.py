@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control import pass_format
-from elastic_control.atomic import append_line_durably, atomic_write_json, staged_directory
+from ctr_foundation import pass_format
+from ctr_foundation.atomic import append_line_durably, atomic_write_json, staged_directory
 from elastic_control.config.data_config import format_hour
 from elastic_control.training.model import SPARSE_ACCESSOR
 

@@ -27,7 +27,7 @@ def _my_index(settings: RoleSettings) -> int:
     me = f"{settings.pod_ip}:{settings.port}"
     endpoints = [e.strip() for e in settings.pserver_endpoints.split(",")]
     if me not in endpoints:
-        from elastic_control.errors import ConfigError
+        from ctr_foundation.errors import ConfigError
 
         raise ConfigError(
             f"this pserver's POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "

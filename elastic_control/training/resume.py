@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from elastic_control.pass_format import PASS_PREFIX, PassInfo, latest_complete_pass
+from ctr_foundation.pass_format import PASS_PREFIX, PassInfo, latest_complete_pass
 
 
 def resume_point(model_path: str) -> dict:

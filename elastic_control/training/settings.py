@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from elastic_control import env_vars
+from ctr_foundation import env_vars
+from ctr_foundation.errors import ConfigError
 from elastic_control.config.data_config import DataConfig, load_data_config
 from elastic_control.config.slot_conf import SlotConf, load_slot_conf
-from elastic_control.errors import ConfigError
 from elastic_control.training.model import DEFAULT_EMBEDDING_DIM
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import mlflow  # noqa: F401  (before paddle: see the module docstring)
 from mlflow.tracking import MlflowClient
 
-from elastic_control.env_vars import MLFLOW_TRACKING_URI
+from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
 
 EXPERIMENT = "elastic-ctr"
 REGISTERED_MODEL = "elastic-ctr"
@@ -81,7 +81,7 @@ class Tracker:
         logs); the version's ``pass_dir`` tag says where that folder is.
         Returns the version, or None when MLflow refused (training goes on).
         """
-        from elastic_control import pass_format
+        from ctr_foundation import pass_format
 
         folder = Path(pass_dir).resolve()
         tags = {

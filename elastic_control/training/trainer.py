@@ -376,7 +376,7 @@ class Trainer:
 
 
 def pass_format_prefix(pass_dir: str):
-    from elastic_control.pass_format import load_pass
+    from ctr_foundation.pass_format import load_pass
 
     return load_pass(pass_dir).dense_model_prefix
 

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from elastic_control.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
+from ctr_foundation.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
 
 
 def run_cli(command: click.Command, prog: str, argv: list[str] | None = None) -> None:

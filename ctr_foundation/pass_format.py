@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_control.errors import DataError
+from ctr_foundation.errors import DataError
 
 DONEFILE = "donefile"
 DENSE_DIR = "dense"

@@ -14,9 +14,9 @@ from urllib.parse import quote
 
 import requests
 
-from elastic_control.atomic import atomic_open
-from elastic_control.env_vars import TOKEN
-from elastic_control.errors import ComponentError, ElasticControlError
+from ctr_foundation.atomic import atomic_open
+from ctr_foundation.env_vars import TOKEN
+from ctr_foundation.errors import ComponentError, ElasticControlError
 
 SHA_HEADER = "X-Content-Sha256"
 CHUNK = 1 << 20

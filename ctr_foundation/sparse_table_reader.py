@@ -1,6 +1,6 @@
 """A fast streaming reader of the saved Paddle sparse table.
 
-``elastic_control.pass_format.iter_sparse_table`` parses lines in Python
+``ctr_foundation.pass_format.iter_sparse_table`` parses lines in Python
 (clear, but ~1 us per column); this reader hands each part file to Arrow's
 multi-threaded CSV parser with the SAME column logic (``SparseLayout``), and
 converts only the key and embedding columns. Both must agree
@@ -19,8 +19,8 @@ import pyarrow.csv as pacsv
 
 import numpy as np
 
-from elastic_control.errors import DataError
-from elastic_control.pass_format import SparseLayout, sparse_part_files
+from ctr_foundation.errors import DataError
+from ctr_foundation.pass_format import SparseLayout, sparse_part_files
 
 BLOCK_SIZE = 16 << 20
 

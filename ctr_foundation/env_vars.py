@@ -34,14 +34,14 @@ class EnvVar(Generic[T]):
         try:
             return self.parse(raw)
         except ValueError as e:
-            from elastic_control.errors import ConfigError
+            from ctr_foundation.errors import ConfigError
 
             raise ConfigError(f"environment variable {self.name}={raw!r} is invalid: {e}") from e
 
     def require(self, environ: dict | None = None) -> T:
         value = self.get(environ)
         if value is None:
-            from elastic_control.errors import ConfigError
+            from ctr_foundation.errors import ConfigError
 
             raise ConfigError(f"environment variable {self.name} must be set ({self.doc})")
         return value
