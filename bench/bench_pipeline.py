@@ -39,25 +39,25 @@ def main() -> None:
     )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pipeline-"))
 
-    from ctr_foundation.pass_format import read_donefile
+    from ctr_foundation.names import StateFolder
+    from ctr_foundation.records import read_donefile
     from elastic_control import control
     from elastic_control.demo import predict_through_client, run_demo
     from elastic_control.local import runtime as rt
-    from elastic_control.local.layout import LocalLayout
 
     print(f"pipeline benchmark: {size} in {workdir}", flush=True)
     report = run_demo(workdir=str(workdir), keep=True, criteo=args.criteo, timeout=1500, **size)
     state = Path(report.state_dir)
     try:
-        layout = LocalLayout.of(state)
+        layout = StateFolder.of(state)
         record = rt.read_runtime(layout) or {}
         job = record.get("job") or {}
         entries = read_donefile(workdir / "models")
         rows = []
         previous = job.get("started_at")
         for e in entries:
-            t = e.get("time") if isinstance(e.get("time"), (int, float)) else None
-            rows.append((e["pass"], None if t is None or previous is None else t - previous))
+            t = e.epoch
+            rows.append((e.pass_name, None if t is None or previous is None else t - previous))
             previous = t if t is not None else previous
         rollouts = {r["version"]: r for r in report.rollouts}
 
@@ -70,9 +70,9 @@ def main() -> None:
         # Predictions through the client: batches of 256, and one line per request (latency).
         _, _, secs_batched = predict_through_client(state, lines, batch_size=256)
         single = lines[:300]
-        from client.api import ServingClient, load_client_config
+        from client.api import ServingClient, resolve_client_settings
 
-        client = ServingClient(load_client_config(state_dir=state).serving_url)
+        client = ServingClient(resolve_client_settings(state_dir=state).serving_url)
         lat = []
         for line in single:
             t0 = time.perf_counter()

@@ -37,13 +37,13 @@ SLOTS = tuple(range(1, 9))
 
 def throughput(root: Path, hours: int, lines: int, trainers: int) -> tuple[float, object]:
     """examples/s summed over trainers (training time of the passes, as the trainers report it)."""
-    from ctr_foundation.pass_format import read_donefile
+    from ctr_foundation.records import read_donefile
 
     job = H.write_job(root / f"t{trainers}", slots=SLOTS, hours=hours, data=root / "data")
     result = H.run_training(
         job, trainers=trainers, args=hyperparameter_args(Hyperparameters(log_every=1000)), timeout=3600
     )
-    rates = [e["metrics"]["examples_per_sec"] for e in read_donefile(job.models)]
+    rates = [e.metrics["examples_per_sec"] for e in read_donefile(job.models)]
     return float(np.mean(rates)), (job, result)
 
 

@@ -19,13 +19,10 @@ from pathlib import Path
 import requests
 
 from ctr_foundation.env_vars import FILESERVER_URL, SERVING_URL, TOKEN
-from ctr_foundation.errors import ComponentError, ConfigError, UsageError
+from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.names import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, StateFolder
+from ctr_foundation.records import ClientConfig
 
-CLIENT_CONFIG_FILE = "client.json"
-TOKEN_FILE = "token"  # the state folder's write token (written by `elastic-control -r`)
-# Where `upload` puts the configs on the file server.
-REMOTE_SLOT_CONF = "config/slot.conf"
-REMOTE_DATA_CONFIG = "config/data.config"
 RETRYABLE_STATUS = {502, 503, 504}
 
 
@@ -34,38 +31,36 @@ class PredictionError(ComponentError):
 
 
 @dataclass(frozen=True)
-class ClientConfig:
+class ClientSettings:
+    """What the client uses: flags, then environment variables, then ``client.json`` and the state's token."""
+
     serving_url: str | None
     fileserver_url: str | None
     slot_conf: str | None = None
     slots: tuple[int, ...] = ()
     token: str | None = None
+    serving_grpc: str | None = None
 
 
-def load_client_config(
+def resolve_client_settings(
     *, state_dir: str | Path | None = None, serving_url: str | None = None, fileserver_url: str | None = None
-) -> ClientConfig:
+) -> ClientSettings:
     """Flags first, then environment variables, then ``STATE_DIR/client.json`` (written by ``-c``)."""
-    data: dict = {}
+    saved = None
     token = TOKEN.get()
     if state_dir is not None:
-        path = Path(state_dir) / CLIENT_CONFIG_FILE
-        if path.exists():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"invalid JSON: {e}; re-run `elastic-control -c`", path=str(path)) from e
-            if not isinstance(data, dict):
-                raise ConfigError("expected a JSON object; re-run `elastic-control -c`", path=str(path))
-        token_path = Path(state_dir) / TOKEN_FILE
-        if token is None and token_path.exists():
-            token = token_path.read_text().strip() or None
-    return ClientConfig(
-        serving_url=serving_url or SERVING_URL.get() or data.get("serving_url"),
-        fileserver_url=fileserver_url or FILESERVER_URL.get() or data.get("fileserver_url"),
-        slot_conf=data.get("slot_conf"),
-        slots=tuple(data.get("slots") or ()),
+        folder = StateFolder(Path(state_dir))
+        saved = ClientConfig.load(folder.client_config)
+        if token is None and folder.token_file.exists():
+            token = folder.token_file.read_text().strip() or None
+    saved = saved or ClientConfig(None, None)
+    return ClientSettings(
+        serving_url=serving_url or SERVING_URL.get() or saved.serving_url,
+        fileserver_url=fileserver_url or FILESERVER_URL.get() or saved.fileserver_url,
+        slot_conf=saved.slot_conf,
+        slots=saved.slots,
         token=token,
+        serving_grpc=saved.serving_grpc,
     )
 
 

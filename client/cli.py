@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from client.api import ServingClient, check_health, load_client_config, upload_configs
+from client.api import ServingClient, check_health, resolve_client_settings, upload_configs
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.env_vars import STATE_DIR
 from ctr_foundation.errors import ElasticControlError
@@ -50,7 +50,7 @@ _fileserver_option = click.option(
 @click.pass_context
 def predict_command(ctx, input_file, batch_size, retry_for, serving_url, state_dir):
     """Print one click probability per slot-format line of INPUT_FILE ('-' = stdin); blank lines are skipped."""
-    config = load_client_config(state_dir=_state_dir(ctx, state_dir), serving_url=serving_url)
+    config = resolve_client_settings(state_dir=_state_dir(ctx, state_dir), serving_url=serving_url)
     client = ServingClient(config.serving_url, retry_for=retry_for)
     write = sys.stdout.write
     for prob in client.predict_lines(input_file, batch_size=batch_size):
@@ -66,7 +66,7 @@ def predict_command(ctx, input_file, batch_size, retry_for, serving_url, state_d
 @click.pass_context
 def upload_command(ctx, slot_conf, data_config, fileserver_url, state_dir):
     """Validate and upload slot.conf / data.config to the file server (writes need the token)."""
-    config = load_client_config(state_dir=_state_dir(ctx, state_dir), fileserver_url=fileserver_url)
+    config = resolve_client_settings(state_dir=_state_dir(ctx, state_dir), fileserver_url=fileserver_url)
     for item in upload_configs(config, slot_conf=slot_conf, data_config=data_config):
         click.echo(f"uploaded {item['path']} ({item['size']} bytes, sha256 {item['sha256'][:12]}…)", err=True)
 
@@ -80,7 +80,7 @@ def health_command(ctx, serving_url, fileserver_url, state_dir):
     """Check serving and the file server; exit 1 if either is down."""
     import json
 
-    config = load_client_config(
+    config = resolve_client_settings(
         state_dir=_state_dir(ctx, state_dir), serving_url=serving_url, fileserver_url=fileserver_url
     )
     report = check_health(config)

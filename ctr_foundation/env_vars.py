@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ctr_foundation import names
+
 T = TypeVar("T")
 
 
@@ -61,7 +63,7 @@ TRAINING_ROLE = _var("TRAINING_ROLE", str, None, "PSERVER or TRAINER")
 PADDLE_PSERVERS_IP_PORT_LIST = _var("PADDLE_PSERVERS_IP_PORT_LIST", str, None, "host:port,... of all pservers")
 PADDLE_TRAINERS_NUM = _var("PADDLE_TRAINERS_NUM", int, 1, "number of trainers")
 PADDLE_TRAINER_ID = _var("PADDLE_TRAINER_ID", int, 0, "this trainer's index")
-PADDLE_PORT = _var("PADDLE_PORT", int, 30240, "this pserver's port")
+PADDLE_PORT = _var("PADDLE_PORT", int, names.PSERVER_PORT, "this pserver's port")
 POD_IP = _var("POD_IP", str, "127.0.0.1", "this pod's address")
 PADDLE_TRAINER_ENDPOINTS = _var("PADDLE_TRAINER_ENDPOINTS", str, None, "host:port,... of all trainers")
 
@@ -82,17 +84,22 @@ SERVING_URL = _var("ELASTIC_CTR_SERVING_URL", str, None, "base URL of the servin
 # Listening ports and per-component settings; the Kubernetes manifests set
 # these (the defaults are the ports in DESIGN.md, so a program that only uses
 # its default still listens where its Service points).
-FILESERVER_PORT = _var("ELASTIC_CTR_FILESERVER_PORT", int, 8080, "file server listening port")
+FILESERVER_PORT = _var("ELASTIC_CTR_FILESERVER_PORT", int, names.FILESERVER_PORT, "file server listening port")
 FILESERVER_ROOT = _var("ELASTIC_CTR_FILESERVER_ROOT", str, None, "folder the file server serves and writes")
-SERVING_PORT = _var("ELASTIC_CTR_SERVING_PORT", int, 8010, "serving listening port")
-CUBE_SERVER_PORT = _var("ELASTIC_CTR_CUBE_SERVER_PORT", int, 8027, "cube-server listening port")
-CUBE_AGENT_PORT = _var("ELASTIC_CTR_CUBE_AGENT_PORT", int, 8001, "cube-agent listening port")
-CUBE_TRANSFER_PORT = _var("ELASTIC_CTR_CUBE_TRANSFER_PORT", int, 8099, "cube-transfer listening port")
+SERVING_PORT = _var("ELASTIC_CTR_SERVING_PORT", int, names.SERVING_PORT, "serving listening port")
+CUBE_SERVER_PORT = _var("ELASTIC_CTR_CUBE_SERVER_PORT", int, names.CUBE_SERVER_PORT, "cube-server listening port")
+CUBE_AGENT_PORT = _var("ELASTIC_CTR_CUBE_AGENT_PORT", int, names.CUBE_AGENT_PORT, "cube-agent listening port")
+CUBE_TRANSFER_PORT = _var(
+    "ELASTIC_CTR_CUBE_TRANSFER_PORT", int, names.CUBE_TRANSFER_PORT, "cube-transfer listening port"
+)
 CUBE_SHARD = _var("ELASTIC_CTR_CUBE_SHARD", int, None, "this cube server/agent's shard index")
 CUBE_SHARDS = _var("ELASTIC_CTR_CUBE_SHARDS", int, None, "number of cube shards")
 CUBE_SERVER_URL = _var("ELASTIC_CTR_CUBE_SERVER_URL", str, None, "cube-agent: URL of the cube-server it feeds")
 APPLY_TIMEOUT = _var("ELASTIC_CTR_APPLY_TIMEOUT", float, 600.0, "-a: seconds to wait for pods to run")
 CUBE_KEEP_VERSIONS = _var("ELASTIC_CTR_CUBE_KEEP", int, 3, "cube versions cube-transfer keeps (the rest are deleted)")
+PROMOTION_GATE_COMMAND = _var(
+    "ELASTIC_CTR_PROMOTION_GATE_COMMAND", str, None, "command cube-transfer runs to decide the promotion gate"
+)
 PROMOTION_GATE = _var(
     "ELASTIC_CTR_PROMOTION_GATE", str, None, "promotion gate rule cube-transfer applies before a rollout"
 )

@@ -27,15 +27,14 @@ from pathlib import Path
 import numpy as np
 
 from ctr_foundation.errors import DataError
+from ctr_foundation.records import read_donefile
 
-DONEFILE = "donefile"
 DENSE_DIR = "dense"
 DENSE_PREFIX = "inference"  # dense/inference.pdmodel + .pdiparams
 DENSE_INPUT = "emb_concat"
 SPARSE_DIR = "sparse"
 SPARSE_TABLE_SUBDIR = "000"
 META_FILE = "meta.json"
-GOLDEN_FILE = "golden.jsonl"
 PASS_PREFIX = "pass-"
 
 # Values that fleet's SparseAccessor (what sparse_embedding gets in 2.6.2) writes per key in text form, before the
@@ -123,23 +122,6 @@ class PassInfo:
         return self.path / DENSE_DIR / DENSE_PREFIX
 
 
-def read_donefile(model_path: str | os.PathLike) -> list[dict]:
-    """Complete passes in order; a torn last line (crash mid-append) is ignored."""
-    path = Path(model_path) / DONEFILE
-    if not path.exists():
-        return []
-    entries = []
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            entries.append(json.loads(raw))
-        except json.JSONDecodeError:
-            continue
-    return entries
-
-
 def load_pass(pass_dir: str | os.PathLike) -> PassInfo:
     pass_dir = Path(pass_dir)
     meta_path = pass_dir / META_FILE
@@ -156,7 +138,7 @@ def complete_passes(model_path: str | os.PathLike) -> list[PassInfo]:
     """Passes named in the donefile whose folders still exist, oldest first."""
     out = []
     for entry in read_donefile(model_path):
-        p = Path(model_path) / entry["pass"]
+        p = Path(model_path) / entry.pass_name
         if (p / META_FILE).exists():
             out.append(load_pass(p))
     return out

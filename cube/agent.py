@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 import requests
 
-from ctr_foundation import env_vars
+from ctr_foundation import env_vars, names
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ComponentError, UsageError
@@ -29,7 +29,7 @@ from cube.control_client import ControlCallError, call_json
 from cube.json_service import Route, make_json_server, require_str
 from cube.shard_format import MANIFEST, CorruptShardError, open_shard, sha256_file, shard_file_name
 
-DEFAULT_PORT = 8001
+DEFAULT_PORT = names.CUBE_AGENT_PORT
 CHUNK = 1 << 20
 log = logging.getLogger("cube.agent")
 
@@ -204,8 +204,8 @@ class Agent:
 @click.option(
     "--server",
     "server_url",
-    default=lambda: env_vars.CUBE_SERVER_URL.get() or "http://127.0.0.1:8027",
-    show_default="http://127.0.0.1:8027",
+    default=lambda: env_vars.CUBE_SERVER_URL.get() or f"http://127.0.0.1:{names.CUBE_SERVER_PORT}",
+    show_default=f"http://127.0.0.1:{names.CUBE_SERVER_PORT}",
     help="URL of the cube-server beside this agent [env ELASTIC_CTR_CUBE_SERVER_URL].",
 )
 @click.option("--keep", type=int, default=3, show_default=True, help="Local versions to keep.")

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctr_foundation import names
 from ctr_foundation.errors import ComponentError
 from ctr_foundation.fileserver_client import FileServerClient
 from ctr_foundation.pass_format import DENSE_DIR, META_FILE
@@ -23,7 +24,7 @@ from cube.control_client import ControlCallError, call_json
 from cube.rollout_journal import RolloutJournal
 from cube.shard_format import MANIFEST, shard_file_name
 
-FILESERVER_PREFIX = "cube"
+FILESERVER_PREFIX = names.CUBE_PREFIX
 # Test hook: crash the transfer right after the first shard switched (tests/test_cube_transfer.py).
 CRASH_ENV = "ELASTIC_CTR_CUBE_TEST_CRASH"
 

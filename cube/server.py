@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from ctr_foundation import env_vars
+from ctr_foundation import env_vars, names
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ComponentError, UsageError
@@ -29,7 +29,7 @@ from cube.server_app import CubeWorker
 from cube.shard_format import CorruptShardError, complete_versions, shard_file_name, verify_version_dir
 from cube.version_store import ControlState, StateFile, load_index
 
-DEFAULT_PORT = 8027
+DEFAULT_PORT = names.CUBE_SERVER_PORT
 DEFAULT_MAX_BATCH = 1_000_000
 READY_TIMEOUT = 300.0
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")

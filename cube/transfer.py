@@ -16,7 +16,6 @@ leaving shards on different versions.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import shutil
@@ -28,21 +27,21 @@ from pathlib import Path
 
 import click
 
-from ctr_foundation import env_vars
+from ctr_foundation import env_vars, names
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ComponentError, DataError, ElasticControlError, UsageError
 from ctr_foundation.fileserver_client import FileServerClient, FileServerError
-from ctr_foundation.pass_format import read_donefile
+from ctr_foundation.records import CurrentVersion, DonefileEntry, read_donefile, utc_now, write_current
 from cube.builder import build_version
 from cube.json_service import Route, make_json_server
+from cube.promotion_gate import DEFAULT_GATE_COMMAND, CommandGate, Gate
 from cube.rollout import FILESERVER_PREFIX, RetryPolicy, ShardFleet, publish_version, roll_out
 from cube.rollout_journal import FINAL, RolloutJournal
 from cube.shard_format import CorruptShardError, complete_versions, read_manifest, verify_version_dir
 
-DEFAULT_PORT = 8099
+DEFAULT_PORT = names.CUBE_TRANSFER_PORT
 JOURNAL_FILE = "transfer-state.json"
-CURRENT_FILE = "current.json"
 MAX_BACKOFF = 300.0
 log = logging.getLogger("cube.transfer")
 
@@ -55,7 +54,7 @@ class TransferConfig:
     agents: list[str]
     token: str | None
     keep: int = 3
-    gate_rule: str | None = None
+    gate: Gate | None = None  # injected (cube/promotion_gate.py); None: every pass is promoted
     force: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     poll_interval: float = 5.0
@@ -64,31 +63,6 @@ class TransferConfig:
     @property
     def shards(self) -> int:
         return len(self.agents)
-
-
-def donefile_time(entry: dict) -> float | None:
-    """The donefile line's ``time`` as epoch seconds (a number or an ISO-8601 string)."""
-    t = entry.get("time")
-    if isinstance(t, (int, float)):
-        return float(t)
-    if isinstance(t, str):
-        try:
-            d = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
-    return None
-
-
-def run_gate(candidate: Path, active: Path | None, rule: str):
-    """Call the evaluation engineer's promotion gate (imported late: optional dependency)."""
-    try:
-        from elastic_control.evaluation.gate import evaluate_candidate
-    except ImportError as e:
-        raise ComponentError(
-            f"a promotion gate is configured ({rule!r}) but elastic_control.evaluation.gate is unavailable: {e}"
-        ) from e
-    return evaluate_candidate(candidate, active, rule)
 
 
 class Transfer:
@@ -122,42 +96,42 @@ class Transfer:
                 return None
             self.process(entry)
             self.last_error = None
-            return entry["pass"]
+            return entry.pass_name
         except ElasticControlError as e:
             self.last_error = str(e)
             log.error("%s", e)
             return None
 
-    def _next_pass(self) -> dict | None:
+    def _next_pass(self) -> DonefileEntry | None:
         entries = read_donefile(self.cfg.model_path)
         passes = self.journal.data["passes"]
         active = self.journal.active_version
-        names = [e["pass"] for e in entries]
+        names = [e.pass_name for e in entries]
         # Never go back to a pass older than the active one.
         start = names.index(active) + 1 if active in names else 0
-        waiting = [e for e in entries[start:] if passes.get(e["pass"], {}).get("status") not in FINAL]
+        waiting = [e for e in entries[start:] if passes.get(e.pass_name, {}).get("status") not in FINAL]
         if not waiting:
             return None
         newest = waiting[-1]
         for older in waiting[:-1]:
-            if passes.get(older["pass"], {}).get("status") != "superseded":
-                self.journal.set_pass(older["pass"], status="superseded", reason=f"newer pass {newest['pass']}")
-        st = passes.get(newest["pass"], {})
+            if passes.get(older.pass_name, {}).get("status") != "superseded":
+                self.journal.set_pass(older.pass_name, status="superseded", reason=f"newer pass {newest.pass_name}")
+        st = passes.get(newest.pass_name, {})
         if st.get("status") == "failed" and st.get("next_retry_at", 0) > time.time():
             return None
         return newest
 
-    def process(self, entry: dict) -> None:
-        version = entry["pass"]
+    def process(self, entry: DonefileEntry) -> None:
+        version = entry.pass_name
         # The donefile's "path" is relative to MODEL_PATH (the pass name) unless absolute.
-        path = entry.get("path") or version
+        path = entry.path or version
         pass_dir = Path(path) if Path(path).is_absolute() else Path(self.cfg.model_path) / path
         timings: dict = {}
         t0 = time.time()
-        if self.cfg.gate_rule and not self.cfg.force:
+        if self.cfg.gate is not None and not self.cfg.force:
             active = self.journal.data["active"]
             active_dir = Path(active["pass_path"]) if active and active.get("pass_path") else None
-            result = run_gate(pass_dir, active_dir, self.cfg.gate_rule)
+            result = self.cfg.gate(pass_dir, active_dir)
             timings["gate_s"] = round(time.time() - t0, 3)
             gate = {"passed": bool(result.passed), "reason": str(result.reason), "metrics": dict(result.metrics)}
             if not result.passed:
@@ -217,45 +191,41 @@ class Transfer:
             return
         now = time.time()
         info["total_s"] = round(now - t0, 3)
-        done_at = donefile_time(entry)
-        if done_at is not None:
-            info["freshness_s"] = round(now - done_at, 3)
+        if entry.epoch is not None:
+            info["freshness_s"] = round(now - entry.epoch, 3)
         active = {
             "version": version,
             "pass": version,
             "pass_path": str(pass_dir),
             "activated_at": now,
-            "donefile_time": entry.get("time"),
+            "donefile_time": entry.epoch,
             "shards": manifest["shards"],
             "dim": manifest["dim"],
             "rows": manifest["rows"],
             "timings": info,
         }
-        self._publish_current(version, manifest, entry, now)
+        self._publish_current(version, manifest, entry)
         self.journal.set_pass(version, status="active", timings=info, activated_at=now)
         self.journal.finish({"version": version, "result": "active", "at": now, **info}, active=active)
         log.info("cube version %s active on %d shards (%s)", version, manifest["shards"], info)
         self.gc()
 
-    def _publish_current(self, version: str, manifest: dict, entry: dict, now: float) -> None:
-        current = {
-            "version": version,
-            "pass": version,
-            "shards": manifest["shards"],
-            "dim": manifest["dim"],
-            "slots": manifest.get("slots"),
-            "sparse_dim": manifest.get("sparse_dim"),
-            "dense": f"{FILESERVER_PREFIX}/{version}/dense/",
-            "activated_at": now,
-            "donefile_time": entry.get("time"),
-        }
-        atomic_write_json(self.cfg.cube_root / CURRENT_FILE, current)
+    def _publish_current(self, version: str, manifest: dict, entry: DonefileEntry) -> None:
+        current = CurrentVersion(
+            version=version,
+            pass_name=version,
+            shards=manifest["shards"],
+            dim=manifest["dim"],
+            slots=tuple(manifest.get("slots") or ()),
+            sparse_dim=manifest.get("sparse_dim"),
+            dense=f"{FILESERVER_PREFIX}/{version}/dense/",
+            activated_at=utc_now(),
+            donefile_time=entry.time,
+        )
+        write_current(self.cfg.cube_root, current)
         try:
             self.cfg.retry.run(
-                lambda: self.fs.put_bytes(
-                    f"{FILESERVER_PREFIX}/{CURRENT_FILE}", __import__("json").dumps(current, indent=1).encode()
-                ),
-                "publish cube/current.json",
+                lambda: self.fs.put_bytes(names.REMOTE_CURRENT, current.to_bytes()), "publish cube/current.json"
             )
         except ComponentError as e:
             self.last_error = f"{e} (the shards are switched; current.json will be re-published next time)"
@@ -269,7 +239,10 @@ class Transfer:
             self.journal.finish({"version": version, "result": "interrupted", "phase": "preparing", "at": time.time()})
             self.journal.set_pass(version, status="failed", reason="interrupted during prepare", next_retry_at=0)
             return version
-        entry = next((e for e in read_donefile(self.cfg.model_path) if e["pass"] == version), {"pass": version})
+        entry = next(
+            (e for e in read_donefile(self.cfg.model_path) if e.pass_name == version),
+            DonefileEntry(version, version, {}, None),
+        )
         pass_dir = Path(self.cfg.model_path) / version
         t0 = time.time()
         manifest = read_manifest(self.cfg.cube_root / version)
@@ -315,7 +288,7 @@ class Transfer:
                 "fileserver": self.cfg.fileserver_url,
                 "agents": self.cfg.agents,
                 "keep": self.cfg.keep,
-                "gate": self.cfg.gate_rule,
+                "gate": getattr(self.cfg.gate, "rule", None) if self.cfg.gate else None,
                 "force": self.cfg.force,
             },
         }
@@ -331,6 +304,12 @@ class Transfer:
             ("POST", "/v1/poll"): Route(poll, write=True),
             ("GET", "/v1/shards"): Route(lambda _b: (200, {"shards": self.fleet.statuses()})),
         }
+
+
+def _gate(rule: str | None, command: str | None) -> Gate | None:
+    if not rule:
+        return None
+    return CommandGate(rule, command or DEFAULT_GATE_COMMAND)
 
 
 def _split(csv: str | None) -> list[str]:
@@ -351,7 +330,13 @@ def _split(csv: str | None) -> list[str]:
     "--gate",
     "gate_rule",
     default=None,
-    help="Promotion gate rule for evaluate_candidate [env ELASTIC_CTR_PROMOTION_GATE]; unset: no gate.",
+    help="Promotion gate rule [env ELASTIC_CTR_PROMOTION_GATE]; unset: no gate.",
+)
+@click.option(
+    "--gate-command",
+    default=None,
+    help="Command that decides the gate [env ELASTIC_CTR_PROMOTION_GATE_COMMAND, default: "
+    "python -m elastic_control eval gate].",
 )
 @click.option("--force", is_flag=True, help="Skip the promotion gate.")
 @click.option("--poll-interval", type=float, default=5.0, show_default=True, help="Seconds between donefile checks.")
@@ -374,6 +359,7 @@ def transfer_command(
     agents,
     keep,
     gate_rule,
+    gate_command,
     force,
     poll_interval,
     timeout,
@@ -393,7 +379,7 @@ def transfer_command(
         agents=_split(agents or env_vars.CUBE_AGENTS.get()),
         token=env_vars.TOKEN.get(),
         keep=keep if keep is not None else env_vars.CUBE_KEEP_VERSIONS.get(),
-        gate_rule=gate_rule or env_vars.PROMOTION_GATE.get(),
+        gate=_gate(gate_rule or env_vars.PROMOTION_GATE.get(), gate_command or env_vars.PROMOTION_GATE_COMMAND.get()),
         force=force,
         retry=RetryPolicy(attempts=retries, timeout=timeout),
         poll_interval=poll_interval,

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from ctr_foundation.atomic import replace_path
 from ctr_foundation.errors import UsageError
+from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE
 from elastic_control.backends import get_backend
 from elastic_control.config import Resources, load_data_config, load_slot_conf
 from elastic_control.console import done
-from elastic_control.plan import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE, Plan, load_plan, new_token
+from elastic_control.plan import Plan, load_plan, new_token
 
 BACKENDS = ("auto", "local", "k8s")
 

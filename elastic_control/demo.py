@@ -60,11 +60,11 @@ def _timed(report: DemoReport, stage: str):
 
 def _reset_workdir(workdir: Path) -> None:
     """A fresh run: stop a previous demo still running here, clear its data, models and state."""
+    from ctr_foundation.names import StateFolder
     from elastic_control.local import lifecycle
     from elastic_control.local import runtime as rt
-    from elastic_control.local.layout import LocalLayout
 
-    state = LocalLayout.of(workdir / "state")
+    state = StateFolder.of(workdir / "state")
     if rt.read_runtime(state) is not None:
         if rt.supervisor_info(state).alive:
             raise UsageError(
@@ -84,9 +84,9 @@ def predict_through_client(
     state_dir: Path, lines: list[str], *, batch_size: int = 256
 ) -> tuple[np.ndarray, set, float]:
     """Predictions for ``lines`` from serving via the client library; (probabilities, versions seen, seconds)."""
-    from client.api import ServingClient, load_client_config
+    from client.api import ServingClient, resolve_client_settings
 
-    config = load_client_config(state_dir=state_dir)
+    config = resolve_client_settings(state_dir=state_dir)
     client = ServingClient(config.serving_url, retry_for=60.0)
     probs: list[float] = []
     versions: set = set()
@@ -101,18 +101,16 @@ def predict_through_client(
 
 def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
     """Max |served − training| over the pass's golden.jsonl lines (the train/serve skew)."""
-    import json
-
-    from ctr_foundation.pass_format import GOLDEN_FILE
+    from ctr_foundation.records import GOLDEN_FILE, read_golden
 
     path = pass_dir / GOLDEN_FILE
     if not path.exists():
         return None, 0
-    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    if not rows:
+    lines, probs = read_golden(path)
+    if not lines:
         return None, 0
-    served, _, _ = predict_through_client(state_dir, [r["line"] for r in rows])
-    return float(np.max(np.abs(served - np.array([r["prob"] for r in rows])))), len(rows)
+    served, _, _ = predict_through_client(state_dir, lines)
+    return float(np.max(np.abs(served - np.array(probs)))), len(lines)
 
 
 def run_demo(
@@ -134,11 +132,11 @@ def run_demo(
 
     ``on_pass(event, layout)`` is called as each training pass completes (tests use it to inject failures).
     """
+    from ctr_foundation.names import StateFolder
     from elastic_control import control
     from elastic_control.config import Resources
     from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
     from elastic_control.local.demo_data import prepare_criteo, prepare_synthetic
-    from elastic_control.local.layout import LocalLayout
     from elastic_control.local.pipeline_watch import wait_for_training, wait_until_served
     from elastic_control.local.spec import load_local_plan
 
@@ -151,7 +149,7 @@ def run_demo(
     root.mkdir(parents=True, exist_ok=True)
     _reset_workdir(root)
     state_dir = root / "state"
-    layout = LocalLayout.of(state_dir)
+    layout = StateFolder.of(state_dir)
     report = DemoReport(workdir=str(root), state_dir=str(state_dir))
     t_start = time.monotonic()
 

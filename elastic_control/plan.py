@@ -12,15 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ctr_foundation.errors import UsageError
+from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE
 from elastic_control.config import DataConfig, Resources, SlotConf, load_data_config, parse_slot_conf
 
-PLAN_FILE = "plan.json"
 PLAN_FORMAT = 1
-TOKEN_FILE = "token"
-SLOT_CONF_FILE = "slot.conf"
-DATA_CONFIG_FILE = "data.config"
-MANIFEST_DIR = "manifests"
-LOG_DIR = "logs"
 DEFAULT_IMAGE = "elastic-ctr:0.1.0"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_JOB_NAME = "elastic-ctr"

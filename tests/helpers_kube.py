@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctr_foundation.names import MANIFEST_DIR, TOKEN_FILE
 from elastic_control import control
 from elastic_control.config import Resources
-from elastic_control.plan import MANIFEST_DIR, TOKEN_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_SLOT_CONF = REPO / "examples" / "slot.conf"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from elastic_control.local.layout import LocalLayout
+from ctr_foundation.names import StateFolder
 from elastic_control.local.ports import free_ports
 from elastic_control.local.spec import JOB, SERVICE, ComponentSpec, LocalPlan, save_local_plan
 
@@ -56,7 +56,7 @@ print("trainer finished", flush=True)
 
 
 def simple_plan(
-    layout: LocalLayout,
+    layout: StateFolder,
     *,
     services: int = 2,
     trainers: int = 2,
@@ -104,7 +104,7 @@ def simple_plan(
     plan = LocalPlan(components=comps, max_job_restarts=max_job_restarts, stop_grace=3.0, pserver_exit_grace=0.5)
     save_local_plan(plan, layout.components_file)
     (layout.state / "token").write_text("test-token\n")
-    (layout.state / "slot.conf").write_text("1\n")
+    (layout.slot_conf).write_text("1\n")
     (layout.state / "local" / "data.config").write_text('export START_DATE_HR="20200101/00"\n')
     return plan
 

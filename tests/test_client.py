@@ -9,7 +9,7 @@ import pytest
 import requests
 from helpers_serving import PYTHON, REPO, fileserver_in_thread, free_port
 
-from client.api import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, ServingClient, load_client_config, upload_configs
+from client.api import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, ServingClient, resolve_client_settings, upload_configs
 from client.cli import main
 from ctr_foundation.errors import ConfigError, UsageError
 
@@ -35,12 +35,12 @@ def test_config_from_client_json_flags_win(state):
             }
         )
     )
-    c = load_client_config(state_dir=state)
+    c = resolve_client_settings(state_dir=state)
     assert (c.serving_url, c.fileserver_url, c.slots, c.token) == ("http://a:8010", "http://b:8080", (1, 2), "t0ken")
-    assert load_client_config(state_dir=state, serving_url="http://c:1").serving_url == "http://c:1"
+    assert resolve_client_settings(state_dir=state, serving_url="http://c:1").serving_url == "http://c:1"
     (state / "client.json").write_text("{oops")
     with pytest.raises(ConfigError, match="client.json.*invalid JSON"):
-        load_client_config(state_dir=state)
+        resolve_client_settings(state_dir=state)
 
 
 def test_upload_validates_then_uploads_with_the_state_token(state, tmp_path):
@@ -48,7 +48,7 @@ def test_upload_validates_then_uploads_with_the_state_token(state, tmp_path):
     slot_conf.write_text("1\n2\n# c\n3\n")
     data_config = REPO / "examples" / "data.config"
     with fileserver_in_thread(tmp_path / "fs", token="t0ken") as url:
-        cfg = load_client_config(state_dir=state, fileserver_url=url)
+        cfg = resolve_client_settings(state_dir=state, fileserver_url=url)
         done = upload_configs(cfg, slot_conf=str(slot_conf), data_config=str(data_config))
         assert [d["path"] for d in done] == [REMOTE_SLOT_CONF, REMOTE_DATA_CONFIG]
         assert requests.get(f"{url}/files/{REMOTE_SLOT_CONF}").text == slot_conf.read_text()

@@ -26,8 +26,8 @@ from helpers_cube import (
     write_synthetic_pass,
 )
 
-from cube import transfer as transfer_mod
 from cube.client import CubeClient
+from cube.promotion_gate import GateDecision
 from cube.rollout import RetryPolicy
 from cube.transfer import Transfer, TransferConfig
 
@@ -232,29 +232,25 @@ def test_transfer_killed_mid_activation_ends_consistent_after_restart(cluster):
     assert journal["active"]["timings"].get("built") is None  # the recovery did not rebuild
 
 
-def test_promotion_gate_rejects_and_force_skips_it(cluster, monkeypatch):
+def test_promotion_gate_rejects_and_force_skips_it(cluster):
     first = cluster.add_pass(0, 1.0)
     calls = []
 
-    class Verdict:
-        def __init__(self, passed):
-            self.passed, self.reason, self.metrics = passed, "auc dropped" if not passed else "ok", {"auc": 0.5}
+    def gate(candidate, active):
+        calls.append((Path(candidate).name, active and Path(active).name))
+        passed = len(calls) == 1
+        return GateDecision(passed, "ok" if passed else "auc dropped", {"auc": 0.5})
 
-    def fake_gate(candidate, active, rule):
-        calls.append((Path(candidate).name, active and Path(active).name, rule))
-        return Verdict(len(calls) == 1)
-
-    monkeypatch.setattr(transfer_mod, "run_gate", fake_gate)
-    t = cluster.transfer(gate_rule="auc>=baseline")
+    t = cluster.transfer(gate=gate)
     assert t.poll_once() == first
     second = cluster.add_pass(1, 2.0)
     t.poll_once()
-    assert calls == [(first, None, "auc>=baseline"), (second, first, "auc>=baseline")]
+    assert calls == [(first, None), (second, first)]
     snap = t.status()[1]
     assert snap["passes"][second]["status"] == "rejected" and snap["passes"][second]["gate"]["reason"] == "auc dropped"
     assert cluster.actives() == [first, first]
     third = cluster.add_pass(2, 3.0)
-    forced = cluster.transfer(gate_rule="auc>=baseline", force=True)
+    forced = cluster.transfer(gate=gate, force=True)
     assert forced.poll_once() == third and len(calls) == 2
     assert cluster.actives() == [third, third]
 

@@ -67,12 +67,12 @@ def test_demo_refuses_bad_arguments(tmp_path):
 
 def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
     """A --keep run still going in the workdir is never wiped by the next demo."""
+    from ctr_foundation.names import StateFolder
     from elastic_control.demo import _reset_workdir
-    from elastic_control.local.layout import LocalLayout
     from elastic_control.local.process import process_identity
     from elastic_control.local.runtime import SupervisorLock, write_runtime
 
-    layout = LocalLayout.of(tmp_path / "state")
+    layout = StateFolder.of(tmp_path / "state")
     lock = SupervisorLock(layout)
     assert lock.acquire()
     try:

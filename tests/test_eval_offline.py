@@ -340,6 +340,7 @@ def test_rejected_pass_never_reaches_cube(world, tmp_path, monkeypatch):
     import requests
     from helpers_cube import TOKEN, add_done, agent_args, cube_processes, fileserver, server_args
 
+    from cube.promotion_gate import CommandGate
     from cube.rollout import RetryPolicy
     from cube.transfer import Transfer, TransferConfig
 
@@ -370,7 +371,7 @@ def test_rejected_pass_never_reaches_cube(world, tmp_path, monkeypatch):
             fileserver_url=fs_url,
             agents=[agent_url],
             token=TOKEN,
-            gate_rule="auc_drop<=0.002,calibration=0.5..2",
+            gate=CommandGate("auc_drop<=0.002,calibration=0.5..2"),
             retry=RetryPolicy(attempts=2, backoff=0.1, timeout=30),
         )
         t = Transfer(cfg)

@@ -83,18 +83,18 @@ def state_of(pipeline):
 
 def test_trainer_killed_mid_pass_restarts_the_job_from_the_last_complete_pass(pipeline):
     report, killed, workdir = pipeline
-    from ctr_foundation.pass_format import read_donefile
+    from ctr_foundation.records import read_donefile
 
     assert killed, "the trainer was never killed"
     assert report.job["state"] == "completed"
     assert report.job["restarts"] == 1 and report.job["attempt"] == 2
     assert "trainer-1" in report.job["reason"] and "SIGKILL" in report.job["reason"]
     entries = read_donefile(workdir / "models")
-    names = [e["pass"] for e in entries]
+    names = [e.pass_name for e in entries]
     # Every hour trained once: the restart resumed after the last complete pass, it did not start over.
     assert names == ["pass-20191221-00", "pass-20191221-01", "pass-20191221-02"]
     first_done = entries[0]
-    assert names.index(killed["after"]) == 0 and first_done["pass"] == killed["after"]
+    assert names.index(killed["after"]) == 0 and first_done.pass_name == killed["after"]
 
 
 def test_served_predictions_match_the_last_pass(pipeline):
@@ -185,11 +185,11 @@ def test_killed_cube_server_restarts_with_the_active_version(pipeline):
 def test_serving_killed_during_predictions_loses_nothing(pipeline):
     report, _, workdir = pipeline
     state = state_of(pipeline)
-    from client.api import ServingClient, load_client_config
+    from client.api import ServingClient, resolve_client_settings
 
     hour = workdir / "data" / "20191221" / f"{HOURS:02d}"
     lines = [ln for p in sorted(hour.glob("part-*")) for ln in p.read_text().splitlines() if ln.strip()]
-    client = ServingClient(load_client_config(state_dir=state).serving_url, retry_for=120)
+    client = ServingClient(resolve_client_settings(state_dir=state).serving_url, retry_for=120)
     reference = list(client.predict_lines(lines, batch_size=50))
     old_pid = _record(state)["components"]["serving"]["pid"]
     got: list[float] = []

@@ -13,9 +13,9 @@ import pytest
 from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan, wait_until
 
 from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.names import StateFolder
 from elastic_control.local import lifecycle
 from elastic_control.local import runtime as rt
-from elastic_control.local.layout import LocalLayout
 from elastic_control.local.logs_view import show_logs
 from elastic_control.local.ports import free_ports, port_is_free
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def layout(tmp_path):
-    lay = LocalLayout.of(tmp_path / "state")
+    lay = StateFolder.of(tmp_path / "state")
     lay.local_dir.mkdir(parents=True)
     yield lay
     try:
@@ -216,8 +216,8 @@ def test_supervisor_survives_the_terminal_closing(layout, tmp_path):
     """-a run from a shell that then goes away (SIGHUP to its session) leaves the pipeline running."""
     simple_plan(layout, steps=100)
     code = (
-        "import sys; from elastic_control.local import lifecycle; from elastic_control.local.layout import "
-        f"LocalLayout; lifecycle.apply(LocalLayout.of({str(layout.state)!r}), show_progress=False)"
+        "import sys; from elastic_control.local import lifecycle; from ctr_foundation.names import "
+        f"StateFolder; lifecycle.apply(StateFolder.of({str(layout.state)!r}), show_progress=False)"
     )
     # A new session stands in for the terminal; the whole session gets SIGHUP when -a is done.
     proc = subprocess.Popen(

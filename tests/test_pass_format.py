@@ -9,9 +9,9 @@ from ctr_foundation.pass_format import (
     SparseLayout,
     complete_passes,
     iter_sparse_table,
-    read_donefile,
     read_sparse_table,
 )
+from ctr_foundation.records import read_donefile
 
 
 def _write_table(pass_dir, rows, layout):
@@ -53,5 +53,5 @@ def test_donefile_ignores_torn_last_line_and_missing_folders(tmp_path):
     (tmp_path / "pass-20191221-00").mkdir()
     (tmp_path / "pass-20191221-00" / "meta.json").write_text(json.dumps({"slots": [1], "embedding_dim": 9}))
     (tmp_path / "donefile").write_text('{"pass": "pass-20191221-00"}\n{"pass": "pass-20191221-01"}\n{"pass": "pa')
-    assert [e["pass"] for e in read_donefile(tmp_path)] == ["pass-20191221-00", "pass-20191221-01"]
+    assert [e.pass_name for e in read_donefile(tmp_path)] == ["pass-20191221-00", "pass-20191221-01"]
     assert [p.name for p in complete_passes(tmp_path)] == ["pass-20191221-00"]

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from ctr_foundation import pass_format
+from ctr_foundation.records import GOLDEN_FILE
 
 
 def _fake_pass(root: Path, name: str) -> Path:
@@ -25,7 +26,7 @@ def _fake_pass(root: Path, name: str) -> Path:
     (folder / pass_format.SPARSE_DIR / "000").mkdir(parents=True)
     (folder / pass_format.SPARSE_DIR / "000" / "part-000-00000.gz").write_bytes(b"big table")
     (folder / pass_format.META_FILE).write_text(json.dumps({"pass": name}))
-    (folder / pass_format.GOLDEN_FILE).write_text('{"line": "1 0 5:1", "prob": 0.25}\n')
+    (folder / GOLDEN_FILE).write_text('{"line": "1 0 5:1", "prob": 0.25}\n')
     return folder
 
 

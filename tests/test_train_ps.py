@@ -11,6 +11,7 @@ from helpers_train import CRITEO_FILE, START, labels_of, read_golden, run_traini
 
 from ctr_foundation import pass_format
 from ctr_foundation.errors import ComponentError
+from ctr_foundation.records import GOLDEN_FILE, read_donefile
 from elastic_control.training import pass_export
 
 SLOTS = (1, 2, 3, 4, 5, 6)
@@ -32,7 +33,7 @@ def _assert_complete_pass(models, name, embedding_dim=9):
     assert meta["sparse_layout"]["accessor"] == "SparseAccessor"
     assert (folder / "dense" / "inference.pdmodel").exists() and (folder / "dense" / "inference.pdiparams").exists()
     assert pass_format.sparse_part_files(folder)
-    assert (folder / pass_format.GOLDEN_FILE).stat().st_size > 0
+    assert (folder / GOLDEN_FILE).stat().st_size > 0
 
 
 @pytest.mark.e2e
@@ -48,9 +49,9 @@ def test_two_trainers_one_pserver_write_passes_track_mlflow_and_stop(tmp_path):
     assert result.passes == ["pass-20191221-00", "pass-20191221-01"]
     for name in result.passes:
         _assert_complete_pass(job.models, name)
-    entries = pass_format.read_donefile(job.models)
-    assert [e["window"]["end"] for e in entries] == ["20191221/00", "20191221/01"]
-    assert entries[-1]["metrics"]["examples"] > 2800  # the hour's lines of both trainers minus golden ones
+    entries = read_donefile(job.models)
+    assert [e.window["end"] for e in entries] == ["20191221/00", "20191221/01"]
+    assert entries[-1].metrics["examples"] > 2800  # the hour's lines of both trainers minus golden ones
 
     # The pserver ended by itself (trainer 0 stopped it), cleanly.
     assert result.pservers_exited_by_themselves and result.pserver_exit_codes == [0]
@@ -120,7 +121,7 @@ def test_write_pass_failure_leaves_nothing_that_looks_complete(tmp_path):
         score_golden=lambda: [],
         meta={"metrics": {"auc": 0.7}},
     )
-    assert entry["pass"] == "pass-20191221-01" and pass_format.read_donefile(tmp_path) == [entry]
+    assert entry.pass_name == "pass-20191221-01" and read_donefile(tmp_path) == [entry]
 
 
 def test_role_settings_name_the_missing_variable(tmp_path, monkeypatch):

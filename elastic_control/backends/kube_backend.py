@@ -8,10 +8,11 @@ from pathlib import Path
 
 from ctr_foundation.env_vars import APPLY_TIMEOUT
 from ctr_foundation.errors import ApplyError, UsageError
+from ctr_foundation.names import DATA_CONFIG_FILE, MANIFEST_DIR, TOKEN_FILE
 from elastic_control.backends.base import Backend
 from elastic_control.config import load_data_config
 from elastic_control.console import console, done, failed, info
-from elastic_control.plan import DATA_CONFIG_FILE, MANIFEST_DIR, TOKEN_FILE, Plan
+from elastic_control.plan import Plan
 
 LOG_COMPONENTS = ("trainer-0", "fileserver", "cube-transfer")
 

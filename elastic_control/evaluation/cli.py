@@ -190,6 +190,32 @@ def submit_command(
         console.print(metrics_table(metrics))
 
 
+@eval_command.command("gate")
+@click.option("--candidate", required=True, type=click.Path(file_okay=False), help="The candidate pass folder.")
+@click.option("--active", default=None, type=click.Path(file_okay=False), help="The active pass folder, if any.")
+@click.option("--rule", required=True, help="Gate rule, e.g. 'auc_drop<=0.002,calibration=0.9..1.1'.")
+@click.option(
+    "-f", "--datafile", default=None, help="data.config of the hold-out hours [default: $ELASTIC_CTR_DATA_CONFIG]."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as one JSON line (what cube-transfer reads).")
+def gate_command(candidate, active, rule, datafile, as_json):
+    """Decide the promotion gate for CANDIDATE against ACTIVE on the fresh hold-out hours.
+
+    Exit 0 with the decision (passed or not); exit 1 when no decision could be made.
+    """
+    import json
+
+    from elastic_control.evaluation.gate import evaluate_candidate
+
+    decision = evaluate_candidate(candidate, active, rule, data_config=datafile)
+    body = {"passed": bool(decision.passed), "reason": str(decision.reason), "metrics": dict(decision.metrics)}
+    if as_json:
+        out(json.dumps(body, sort_keys=True, default=float))
+    else:
+        verdict = "promoted" if decision.passed else "rejected"
+        out(f"{verdict}: {decision.reason}")
+
+
 @eval_command.command("shadow-report")
 @click.argument("log", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True)

@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ctr_foundation import names
 from elastic_control.fileserver.paths import STAGING_DIR, UnsafePath, resolve_under_root, split_request_path
 
 log = logging.getLogger("elastic_control.fileserver")
@@ -33,7 +34,7 @@ FILES_PREFIX = "/files/"
 SHA_HEADER = "X-Content-Sha256"
 CHUNK = 1 << 20
 DEFAULT_MAX_BYTES = 8 << 30  # shards of a large table fit; a runaway upload does not fill the disk
-DEFAULT_PORT = 8080
+DEFAULT_PORT = names.FILESERVER_PORT
 # An upload that stalls this long is abandoned (its staging file removed).
 SOCKET_TIMEOUT_S = 120
 

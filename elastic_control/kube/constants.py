@@ -7,6 +7,8 @@ templates, the backend and the tests agree.
 
 from __future__ import annotations
 
+from ctr_foundation import names
+
 # Volcano batch Job (the training job) and the scheduling Queue it runs in.
 VOLCANO_JOB_GROUP = "batch.volcano.sh"
 VOLCANO_JOB_VERSION = "v1alpha1"
@@ -37,15 +39,15 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_SHARD = "elastic-ctr/shard"
 APP_NAME = "elastic-ctr"
 
-# Ports (DESIGN.md).
-PSERVER_PORT = 30240
-TRAINER_PORT = 30241
-FILESERVER_PORT = 8080
-CUBE_SERVER_PORT = 8027
-CUBE_AGENT_PORT = 8001
-CUBE_TRANSFER_PORT = 8099
-SERVING_PORT = 8010
-MLFLOW_PORT = 8111
+# Ports (DESIGN.md): owned by ctr_foundation.names; named here too because the templates read `k.*`.
+PSERVER_PORT = names.PSERVER_PORT
+TRAINER_PORT = names.TRAINER_PORT
+FILESERVER_PORT = names.FILESERVER_PORT
+CUBE_SERVER_PORT = names.CUBE_SERVER_PORT
+CUBE_AGENT_PORT = names.CUBE_AGENT_PORT
+CUBE_TRANSFER_PORT = names.CUBE_TRANSFER_PORT
+SERVING_PORT = names.SERVING_PORT
+MLFLOW_PORT = names.MLFLOW_PORT
 
 # Paths inside every container.
 CONFIG_MOUNT = "/etc/elastic-ctr"

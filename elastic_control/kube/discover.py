@@ -7,15 +7,15 @@ from pathlib import Path
 
 import requests
 
-from ctr_foundation.atomic import atomic_write_json, atomic_write_text
+from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import ApplyError, ConfigError
+from ctr_foundation.names import CLIENT_SLOT_CONF, REMOTE_SLOT_CONF, StateFolder
+from ctr_foundation.records import ClientConfig
 from elastic_control.config import parse_slot_conf
 from elastic_control.console import info, warn
 from elastic_control.kube import adaptor
 
-CLIENT_FILE = "client.json"
-CLIENT_SLOT_CONF = "client/slot.conf"
-SLOT_CONF_URL_PATH = "/files/config/slot.conf"
+SLOT_CONF_URL_PATH = f"/files/{REMOTE_SLOT_CONF}"
 
 
 @dataclass(frozen=True)
@@ -108,14 +108,6 @@ def configure_client(
     slots = parse_slot_conf(slot_text, source)
     slot_path = state_dir / CLIENT_SLOT_CONF
     atomic_write_text(slot_path, slot_text)
-    path = state_dir / CLIENT_FILE
-    atomic_write_json(
-        path,
-        {
-            "serving_url": serving.url,
-            "fileserver_url": files.url,
-            "slot_conf": str(slot_path.resolve()),
-            "slots": list(slots.slots),
-        },
-    )
+    path = StateFolder(state_dir).client_config
+    ClientConfig(serving.url, files.url, str(slot_path.resolve()), tuple(slots.slots)).save(path)
     return path

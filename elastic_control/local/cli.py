@@ -18,12 +18,12 @@ from elastic_control.cli_options import state_dir_option
 @state_dir_option
 def supervise_command(state_dir):
     """Run the local supervisor in the foreground on STATE_DIR (started by -a)."""
-    from elastic_control.local.layout import LocalLayout
+    from ctr_foundation.names import StateFolder
     from elastic_control.local.supervisor import configure_logging, run_supervisor
 
     configure_logging()
-    layout = LocalLayout.of(state_dir)
-    token_file = layout.state / "token"
+    layout = StateFolder.of(state_dir)
+    token_file = layout.token_file
     token = token_file.read_text().strip() if token_file.exists() else None
     secret = {TOKEN.name: token} if token else {}
     sys.exit(run_supervisor(layout.state, secret_env=secret))

@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 
 from ctr_foundation import env_vars as ev
+from ctr_foundation.names import StateFolder
 from elastic_control.config import DataConfig
-from elastic_control.local.layout import LocalLayout
 from elastic_control.local.ports import LOOPBACK, free_ports
 from elastic_control.local.spec import JOB, SERVICE, ComponentSpec, LocalPlan
 from elastic_control.plan import Plan
 
-LOCAL_DATA_CONFIG = "local/data.config"  # data.config as the components read it (expanded, absolute paths)
 DEFAULT_MAX_JOB_RESTARTS = 3  # as the Volcano job's maxRetry
 
 MLFLOW = "mlflow"
@@ -76,13 +75,13 @@ def local_data_config(cfg: DataConfig, *, hdfs_address: str, model_path: str, ba
     return dataclasses.replace(cfg, values=values).to_text()
 
 
-def resolve_model_path(cfg: DataConfig, layout: LocalLayout, base: Path) -> str:
+def resolve_model_path(cfg: DataConfig, layout: StateFolder, base: Path) -> str:
     return _absolute(cfg.model_path, base) or str(layout.default_model_path)
 
 
 def plan_components(
     plan: Plan,
-    layout: LocalLayout,
+    layout: StateFolder,
     *,
     model_path: str,
     ports: list[int] | None = None,
@@ -107,8 +106,8 @@ def plan_components(
     cube_servers = ",".join(url(s) for s, _ in cube_ports)
     cube_agents = ",".join(url(a) for _, a in cube_ports)
     config_env = {
-        ev.SLOT_CONF.name: str(layout.state / "slot.conf"),
-        ev.DATA_CONFIG.name: str(layout.state / LOCAL_DATA_CONFIG),
+        ev.SLOT_CONF.name: str(layout.slot_conf),
+        ev.DATA_CONFIG.name: str(layout.local_data_config),
     }
     shards = str(res.cube_shards)
     comps: list[ComponentSpec] = []
@@ -286,11 +285,11 @@ def plan_components(
     )
 
 
-def publish_config(layout: LocalLayout) -> None:
+def publish_config(layout: StateFolder) -> None:
     """What the file server's init container does: config/slot.conf and config/data.config for -c."""
     target = layout.fileserver_root / "config"
     target.mkdir(parents=True, exist_ok=True)
-    for name, source in (("slot.conf", layout.state / "slot.conf"), ("data.config", layout.state / LOCAL_DATA_CONFIG)):
+    for name, source in (("slot.conf", layout.slot_conf), ("data.config", layout.local_data_config)):
         tmp = target / f".{name}.tmp"
         shutil.copyfile(source, tmp)
         os.replace(tmp, target / name)

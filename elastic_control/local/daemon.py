@@ -12,10 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from elastic_control.local.layout import LocalLayout
+from ctr_foundation.names import StateFolder
 
 
-def rotate_logs(layout: LocalLayout) -> None:
+def rotate_logs(layout: StateFolder) -> None:
     """Keep the previous run's logs as NAME.log.1 so -l shows only this run."""
     if not layout.logs_dir.is_dir():
         return
@@ -23,7 +23,7 @@ def rotate_logs(layout: LocalLayout) -> None:
         os.replace(log, log.with_name(log.name + ".1"))
 
 
-def spawn_supervisor(layout: LocalLayout, *, python: str | None = None) -> int:
+def spawn_supervisor(layout: StateFolder, *, python: str | None = None) -> int:
     """Start the detached supervisor on ``layout``; return its PID."""
     python = python or sys.executable
     argv = [python, "-m", "elastic_control", "supervise", "--state-dir", str(layout.state)]

@@ -12,11 +12,11 @@ import signal
 import time
 
 from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.names import StateFolder
 from elastic_control.console import console, done, warn
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import publish_config
 from elastic_control.local.daemon import rotate_logs, spawn_supervisor, tail_lines
-from elastic_control.local.layout import LocalLayout
 from elastic_control.local.ports import port_is_free, port_owner
 from elastic_control.local.process import is_same_process, process_identity, stop_components
 from elastic_control.local.spec import LocalPlan, load_local_plan
@@ -25,7 +25,7 @@ STARTUP_TIMEOUT = 300.0
 DELETE_TIMEOUT = 60.0
 
 
-def ensure_not_running(layout: LocalLayout) -> None:
+def ensure_not_running(layout: StateFolder) -> None:
     info = rt.supervisor_info(layout)
     if info.alive:
         raise UsageError(
@@ -34,7 +34,7 @@ def ensure_not_running(layout: LocalLayout) -> None:
         )
 
 
-def stop_leftovers(layout: LocalLayout, record: dict | None, grace: float = 5.0) -> list[str]:
+def stop_leftovers(layout: StateFolder, record: dict | None, grace: float = 5.0) -> list[str]:
     """Stop processes an earlier supervisor recorded that are still alive (it died without stopping them)."""
     if not record:
         return []
@@ -64,7 +64,7 @@ def check_ports(plan: LocalPlan) -> None:
         )
 
 
-def apply(layout: LocalLayout, *, timeout: float = STARTUP_TIMEOUT, show_progress: bool = True) -> dict:
+def apply(layout: StateFolder, *, timeout: float = STARTUP_TIMEOUT, show_progress: bool = True) -> dict:
     """Start the supervisor and wait until every component started (or the start failed)."""
     plan = load_local_plan(layout.components_file)
     ensure_not_running(layout)
@@ -100,7 +100,7 @@ def _progress_text(record: dict | None) -> str:
 
 
 def wait_started(
-    layout: LocalLayout, pid: int, started: float | None, *, timeout: float, show_progress: bool = True
+    layout: StateFolder, pid: int, started: float | None, *, timeout: float, show_progress: bool = True
 ) -> dict:
     deadline = time.monotonic() + timeout
     status = console.status(_progress_text(None)) if show_progress else None
@@ -135,7 +135,7 @@ def wait_started(
             status.stop()
 
 
-def _log_hint(layout: LocalLayout, reason: str) -> str:
+def _log_hint(layout: StateFolder, reason: str) -> str:
     """The last lines of the failing component's log, when the reason names one."""
     for log in sorted(layout.logs_dir.glob("*.log")):
         if str(log) in reason:
@@ -145,7 +145,7 @@ def _log_hint(layout: LocalLayout, reason: str) -> str:
     return ""
 
 
-def _kill_supervisor(layout: LocalLayout, pid: int, started: float | None, timeout: float = DELETE_TIMEOUT) -> bool:
+def _kill_supervisor(layout: StateFolder, pid: int, started: float | None, timeout: float = DELETE_TIMEOUT) -> bool:
     """Ask the supervisor to stop (it stops its children); True if it exited within ``timeout``."""
     if not is_same_process(pid, started):
         return True
@@ -161,7 +161,7 @@ def _kill_supervisor(layout: LocalLayout, pid: int, started: float | None, timeo
     return False
 
 
-def delete(layout: LocalLayout) -> list[str]:
+def delete(layout: StateFolder) -> list[str]:
     """Stop the supervisor and every component; data, models and logs stay. Returns what was stopped."""
     info = rt.supervisor_info(layout)
     record = info.record

@@ -6,17 +6,17 @@ import sys
 import time
 
 from ctr_foundation.errors import UsageError
+from ctr_foundation.names import StateFolder
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import FILESERVER, TRANSFER, trainer_name
 from elastic_control.local.daemon import tail_lines
-from elastic_control.local.layout import LocalLayout
 from elastic_control.local.spec import load_local_plan
 
 DEFAULT_COMPONENTS = (trainer_name(0), FILESERVER, TRANSFER)
 TAIL = 40
 
 
-def resolve_components(layout: LocalLayout, components: list[str] | None) -> list[str]:
+def resolve_components(layout: StateFolder, components: list[str] | None) -> list[str]:
     plan = load_local_plan(layout.components_file)
     known = [c.name for c in plan.components] + ["supervisor"]
     wanted = list(components or DEFAULT_COMPONENTS)
@@ -27,7 +27,7 @@ def resolve_components(layout: LocalLayout, components: list[str] | None) -> lis
 
 
 def show_logs(
-    layout: LocalLayout,
+    layout: StateFolder,
     *,
     follow: bool = False,
     components: list[str] | None = None,

@@ -10,22 +10,22 @@ import time
 from dataclasses import dataclass, field
 
 from ctr_foundation.errors import ComponentError
-from ctr_foundation.pass_format import read_donefile
+from ctr_foundation.names import StateFolder
+from ctr_foundation.records import read_donefile
 from elastic_control.console import console, done
 from elastic_control.local import runtime as rt
 from elastic_control.local.daemon import tail_lines
-from elastic_control.local.layout import LocalLayout
-from elastic_control.local.rollouts import entry_time, read_rollouts, served_version
+from elastic_control.local.rollouts import read_rollouts, served_version
 from elastic_control.local.spec import load_local_plan
 from elastic_control.local.status_view import pass_auc
 
 
-def _last_line(layout: LocalLayout, component: str) -> str:
+def _last_line(layout: StateFolder, component: str) -> str:
     lines = [ln for ln in tail_lines(layout.log_path(component), 5) if ln.strip() and not ln.startswith("[supervisor")]
     return lines[-1][-110:] if lines else ""
 
 
-def _failure(layout: LocalLayout, what: str, component: str = "trainer-0") -> ComponentError:
+def _failure(layout: StateFolder, what: str, component: str = "trainer-0") -> ComponentError:
     tail = "\n  ".join(tail_lines(layout.log_path(component), 12))
     return ComponentError(f"{what}; last lines of {layout.log_path(component)}:\n  {tail}")
 
@@ -39,7 +39,7 @@ class PassEvent:
 
 
 def wait_for_training(
-    layout: LocalLayout, *, expected_passes: int, timeout: float, show: bool = True, on_pass=None
+    layout: StateFolder, *, expected_passes: int, timeout: float, show: bool = True, on_pass=None
 ) -> list[PassEvent]:
     """Until the training job completed with ``expected_passes`` passes in the donefile; the passes, in order."""
     plan = load_local_plan(layout.components_file)
@@ -54,16 +54,16 @@ def wait_for_training(
             job = record.get("job") or {}
             entries = read_donefile(plan.model_path)
             for e in entries:
-                if e["pass"] not in seen:
-                    seen.add(e["pass"])
-                    event = PassEvent(e["pass"], entry_time(e), pass_auc(e), e.get("metrics") or {})
+                if e.pass_name not in seen:
+                    seen.add(e.pass_name)
+                    event = PassEvent(e.pass_name, e.epoch, pass_auc(e), e.metrics)
                     if show:
                         auc = f" (AUC {event.auc:.4f})" if event.auc is not None else ""
                         done(f"pass {event.name} complete{auc}: {len(seen)}/{expected_passes}")
                     if on_pass:
                         on_pass(event)
             if job.get("state") == rt.J_COMPLETED and len(entries) >= expected_passes:
-                return [PassEvent(e["pass"], entry_time(e), pass_auc(e), e.get("metrics") or {}) for e in entries]
+                return [PassEvent(e.pass_name, e.epoch, pass_auc(e), e.metrics) for e in entries]
             if job.get("state") == rt.J_COMPLETED:
                 raise _failure(layout, f"training finished with {len(entries)} of {expected_passes} passes")
             if job.get("state") == rt.J_FAILED:
@@ -84,7 +84,7 @@ def wait_for_training(
             status.stop()
 
 
-def wait_until_served(layout: LocalLayout, version: str, *, timeout: float, show: bool = True) -> dict:
+def wait_until_served(layout: StateFolder, version: str, *, timeout: float, show: bool = True) -> dict:
     """Until serving answers with ``version``; the rollout record (with its freshness) when there is one."""
     plan = load_local_plan(layout.components_file)
     deadline = time.monotonic() + timeout

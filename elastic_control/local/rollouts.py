@@ -8,31 +8,14 @@ local/rollouts.json (read by ``status`` and the demo).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 
 import requests
 
 from ctr_foundation.atomic import atomic_write_json
-from ctr_foundation.pass_format import read_donefile
-from elastic_control.local.layout import LocalLayout
-
-
-def entry_time(entry: dict) -> float | None:
-    """A donefile line's ``time`` as epoch seconds (numbers and ISO-8601 strings are accepted)."""
-    value = entry.get("time")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        if parsed.tzinfo is None:
-            parsed = parsed.astimezone()  # naive: the writer's local time
-        return parsed.timestamp()
-    return None
+from ctr_foundation.names import StateFolder
+from ctr_foundation.records import read_donefile
 
 
 def served_version(serving_url: str, timeout: float = 1.0) -> str | None:
@@ -85,7 +68,7 @@ def transfer_timings(transfer_url: str, version: str, timeout: float = 1.0) -> d
     return {}
 
 
-def read_rollouts(layout: LocalLayout) -> list[dict]:
+def read_rollouts(layout: StateFolder) -> list[dict]:
     try:
         return json.loads(layout.rollouts_file.read_text()).get("rollouts", [])
     except (FileNotFoundError, json.JSONDecodeError):
@@ -94,7 +77,7 @@ def read_rollouts(layout: LocalLayout) -> list[dict]:
 
 class RolloutWatcher:
     def __init__(
-        self, layout: LocalLayout, *, model_path: str | None, serving_url: str | None, transfer_url: str | None = None
+        self, layout: StateFolder, *, model_path: str | None, serving_url: str | None, transfer_url: str | None = None
     ):
         self.layout = layout
         self.model_path = model_path
@@ -115,8 +98,8 @@ class RolloutWatcher:
         record = {"version": version, "served_at": now, "donefile_time": None, "freshness_s": None}
         if self.model_path:
             for entry in read_donefile(self.model_path):
-                if entry.get("pass") == version:
-                    t = entry_time(entry)
+                if entry.pass_name == version:
+                    t = entry.epoch
                     record["donefile_time"] = t
                     record["freshness_s"] = None if t is None else round(now - t, 2)
         record.update(transfer_timings(self.transfer_url, version) if self.transfer_url else {})

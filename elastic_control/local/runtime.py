@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ctr_foundation.atomic import atomic_write_json
-from elastic_control.local.layout import LocalLayout
+from ctr_foundation.names import StateFolder
 from elastic_control.local.process import is_same_process
 
 RUNTIME_FORMAT = 1
@@ -44,12 +44,12 @@ J_COMPLETED = "completed"
 J_FAILED = "failed"
 
 
-def write_runtime(layout: LocalLayout, record: dict) -> None:
+def write_runtime(layout: StateFolder, record: dict) -> None:
     record = dict(record, format=RUNTIME_FORMAT, written_at=time.time())
     atomic_write_json(layout.runtime_file, record)
 
 
-def read_runtime(layout: LocalLayout) -> dict | None:
+def read_runtime(layout: StateFolder) -> dict | None:
     """The last record the supervisor wrote, or None if it never ran here."""
     try:
         record = json.loads(layout.runtime_file.read_text())
@@ -72,7 +72,7 @@ class SupervisorInfo:
         return (self.record or {}).get("supervisor", {}).get("pid")
 
 
-def supervisor_info(layout: LocalLayout) -> SupervisorInfo:
+def supervisor_info(layout: StateFolder) -> SupervisorInfo:
     record = read_runtime(layout)
     if not record:
         return SupervisorInfo(None, False)
@@ -81,7 +81,7 @@ def supervisor_info(layout: LocalLayout) -> SupervisorInfo:
     return SupervisorInfo(record, alive)
 
 
-def lock_is_held(layout: LocalLayout) -> bool:
+def lock_is_held(layout: StateFolder) -> bool:
     """True if some process holds the supervisor lock (i.e. a supervisor runs on this state folder)."""
     if not layout.lock_file.exists():
         return False
@@ -100,7 +100,7 @@ def lock_is_held(layout: LocalLayout) -> bool:
 class SupervisorLock:
     """An exclusive flock held for the supervisor's lifetime; released by the kernel when it dies."""
 
-    def __init__(self, layout: LocalLayout):
+    def __init__(self, layout: StateFolder):
         self.path = layout.lock_file
         self.fd: int | None = None
 

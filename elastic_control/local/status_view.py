@@ -6,16 +6,14 @@ it); ``print_status`` renders it with rich.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-
 from rich.table import Table
 
-from ctr_foundation.pass_format import read_donefile
+from ctr_foundation.errors import DataError
+from ctr_foundation.names import StateFolder
+from ctr_foundation.records import DonefileEntry, parse_time, read_current, read_donefile
 from elastic_control.console import console
 from elastic_control.local import runtime as rt
 from elastic_control.local.daemon import tail_lines
-from elastic_control.local.layout import LocalLayout
 from elastic_control.local.process import is_same_process
 from elastic_control.local.rollouts import read_rollouts, served_version
 from elastic_control.local.spec import load_local_plan
@@ -23,9 +21,9 @@ from elastic_control.local.spec import load_local_plan
 AUC_KEYS = ("auc", "holdout_auc", "test_auc", "eval_auc", "train_auc")
 
 
-def pass_auc(entry: dict) -> float | None:
+def pass_auc(entry: DonefileEntry) -> float | None:
     """The AUC recorded in a donefile line's metrics (the held-out one when there are several)."""
-    metrics = entry.get("metrics") or {}
+    metrics = entry.metrics
     for key in AUC_KEYS:
         if isinstance(metrics.get(key), (int, float)):
             return float(metrics[key])
@@ -35,19 +33,18 @@ def pass_auc(entry: dict) -> float | None:
     return None
 
 
-def expected_passes(layout: LocalLayout) -> int | None:
+def expected_passes(layout: StateFolder) -> int | None:
     """Hours in the data window: the passes a finished (offline) job writes."""
     from elastic_control.config import load_data_config
-    from elastic_control.local.components import LOCAL_DATA_CONFIG
 
     try:
-        cfg = load_data_config(layout.state / LOCAL_DATA_CONFIG, env={})
+        cfg = load_data_config(layout.local_data_config, env={})
     except Exception:  # noqa: BLE001 - status must not fail on a broken config; -r reports that
         return None
     return sum(1 for _ in cfg.hours())
 
 
-def collect_status(layout: LocalLayout, *, ask_serving: bool = True) -> dict:
+def collect_status(layout: StateFolder, *, ask_serving: bool = True) -> dict:
     plan = load_local_plan(layout.components_file)
     info = rt.supervisor_info(layout)
     record = info.record or {}
@@ -75,12 +72,11 @@ def collect_status(layout: LocalLayout, *, ask_serving: bool = True) -> dict:
     entries = read_donefile(plan.model_path) if plan.model_path else []
     last_entry = entries[-1] if entries else None
     active = None
-    current = layout.cube_root / "current.json"
-    if current.exists():
-        try:
-            active = json.loads(current.read_text())
-        except json.JSONDecodeError:
-            active = None
+    try:
+        current = read_current(layout.cube_root)
+        active = current.to_json() if current else None
+    except DataError:
+        active = None
     serving = served_version(plan.serving_url, timeout=1.0) if ask_serving and plan.serving_url and info.alive else None
     if info.alive:
         supervisor = "running"
@@ -98,7 +94,7 @@ def collect_status(layout: LocalLayout, *, ask_serving: bool = True) -> dict:
         "job": record.get("job"),
         "passes_done": len(entries),
         "passes_expected": expected_passes(layout),
-        "last_pass": last_entry.get("pass") if last_entry else None,
+        "last_pass": last_entry.pass_name if last_entry else None,
         "last_auc": pass_auc(last_entry) if last_entry else None,
         "active": active,
         "served_version": serving,
@@ -109,10 +105,10 @@ def collect_status(layout: LocalLayout, *, ask_serving: bool = True) -> dict:
     }
 
 
-def _when(epoch) -> str:
-    if not isinstance(epoch, (int, float)):
-        return "-"
-    return dt.datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
+def _when(value) -> str:
+    """Local clock time of an epoch number or an ISO-8601 record time."""
+    when = parse_time(value)
+    return when.astimezone().strftime("%H:%M:%S") if when else "-"
 
 
 _STATE_STYLE = {

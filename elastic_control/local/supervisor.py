@@ -28,8 +28,8 @@ from pathlib import Path
 
 import requests
 
+from ctr_foundation.names import StateFolder
 from elastic_control.local import runtime as rt
-from elastic_control.local.layout import LocalLayout
 from elastic_control.local.ports import LOOPBACK, wait_tcp
 from elastic_control.local.process import describe_exit, process_identity, start_process, stop_components
 from elastic_control.local.spec import JOB, ComponentSpec, LocalPlan
@@ -104,7 +104,7 @@ class JobState:
 class Supervisor:
     def __init__(
         self,
-        layout: LocalLayout,
+        layout: StateFolder,
         plan: LocalPlan,
         *,
         base_env: dict[str, str] | None = None,
@@ -425,7 +425,7 @@ def run_supervisor(state_dir: str | Path, *, plan: LocalPlan | None = None, secr
     """Entry of the detached supervisor process (``elastic-control supervise``)."""
     from elastic_control.local.spec import load_local_plan
 
-    layout = LocalLayout.of(state_dir)
+    layout = StateFolder.of(state_dir)
     plan = plan or load_local_plan(layout.components_file)
     sup = Supervisor(layout, plan, secret_env=secret_env)
     if plan.model_path or plan.serving_url:

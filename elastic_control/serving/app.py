@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctr_foundation import names
 from ctr_foundation.http_protocol import Request, Response, Slot
 from elastic_control.scoring import KeyBatch, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch, concat_batches, instances_of
@@ -31,7 +32,7 @@ from elastic_control.serving.versions import LoadedVersion
 
 log = logging.getLogger("elastic_control.serving")
 
-DEFAULT_PORT = 8010
+DEFAULT_PORT = names.SERVING_PORT
 DEFAULT_MAX_BODY = 8 << 20
 
 
@@ -116,9 +117,9 @@ class ServingApp:
             return False
         try:
             record = self.source.current()
-            if record is None or (self.active is not None and record["version"] == self.active.version):
+            if record is None or (self.active is not None and record.version == self.active.version):
                 return False
-            version = record["version"]
+            version = record.version
             if (
                 self._failed_version
                 and self._failed_version[0] == version

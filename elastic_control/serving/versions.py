@@ -24,14 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from ctr_foundation.errors import ComponentError, DataError
+from ctr_foundation.names import CUBE_PREFIX, REMOTE_CURRENT
 from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, META_FILE, latest_complete_pass
+from ctr_foundation.records import CurrentVersion, read_current
 from elastic_control.scoring import DenseModel, InMemoryTable
 from elastic_control.serving.lookup import CubeLookup, Lookup, TableLookup
 
 log = logging.getLogger("elastic_control.serving")
-
-CURRENT_FILE = "current.json"
-REMOTE_CURRENT = "cube/current.json"
 
 
 @dataclass
@@ -44,7 +43,7 @@ class LoadedVersion:
     dim: int
     dense: list[DenseModel]  # one predictor per batch worker (a predictor is not thread-safe)
     lookup: Lookup
-    record: dict = field(default_factory=dict)
+    record: CurrentVersion | None = None
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -61,14 +60,16 @@ def _load_dense(dense_dir: Path, version: str, slots: Sequence[int], dim: int, w
     return [first] + [first.clone() for _ in range(workers - 1)]
 
 
-def _version_fields(record: dict, meta: dict) -> tuple[tuple[int, ...], int | None, int]:
+def _version_fields(record: CurrentVersion, meta: dict) -> tuple[tuple[int, ...], int | None, int]:
     """Slots, sparse_dim and dim: meta.json (the pass) wins; current.json fills gaps."""
     try:
-        slots = tuple(int(s) for s in (meta.get("slots") or record["slots"]))
-        dim = int(meta.get("embedding_dim") or record["dim"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataError(f"version {record.get('version')}: slots/dim missing from meta.json and current.json") from e
-    sparse_dim = meta.get("sparse_dim", record.get("sparse_dim"))
+        slots = tuple(int(s) for s in (meta.get("slots") or record.slots))
+        dim = int(meta.get("embedding_dim") or record.dim)
+    except (TypeError, ValueError) as e:
+        raise DataError(f"version {record.version}: slots/dim unreadable in meta.json and current.json") from e
+    if not slots or dim <= 0:
+        raise DataError(f"version {record.version}: slots/dim missing from meta.json and current.json")
+    sparse_dim = meta.get("sparse_dim", record.sparse_dim)
     return slots, (int(sparse_dim) if sparse_dim else None), dim
 
 
@@ -81,34 +82,27 @@ class CubeRootSource:
         self.lookup_timeout = lookup_timeout
         self.describe = f"cube root {self.root}"
 
-    def current(self) -> dict | None:
-        path = self.root / CURRENT_FILE
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: invalid JSON: {e}") from e
+    def current(self) -> CurrentVersion | None:
+        return read_current(self.root)
 
-    def _version_dir(self, record: dict) -> Path:
-        return self.root / record["version"]
+    def _version_dir(self, record: CurrentVersion) -> Path:
+        return self.root / record.version
 
-    def materialise(self, record: dict, workers: int) -> LoadedVersion:
+    def materialise(self, record: CurrentVersion, workers: int) -> LoadedVersion:
         vdir = self._version_dir(record)
         meta_path = vdir / META_FILE
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
         slots, sparse_dim, dim = _version_fields(record, meta)
-        dense = _load_dense(vdir / DENSE_DIR, record["version"], slots, dim, workers)
+        dense = _load_dense(vdir / DENSE_DIR, record.version, slots, dim, workers)
         if not self.cube_urls:
             raise ComponentError("no cube-server URLs: pass --cube-servers or set ELASTIC_CTR_CUBE_SERVERS")
-        shards = record.get("shards")
-        if shards is not None and int(shards) != len(self.cube_urls):
+        if record.shards != len(self.cube_urls):
             raise ComponentError(
-                f"version {record['version']} has {shards} shards but serving knows "
+                f"version {record.version} has {record.shards} shards but serving knows "
                 f"{len(self.cube_urls)} cube servers ({', '.join(self.cube_urls)})"
             )
         return LoadedVersion(
-            record["version"], slots, sparse_dim, dim, dense, CubeLookup(self.cube_urls, self.lookup_timeout), record
+            record.version, slots, sparse_dim, dim, dense, CubeLookup(self.cube_urls, self.lookup_timeout), record
         )
 
 
@@ -124,23 +118,23 @@ class FileServerSource(CubeRootSource):
         self.fs = FileServerClient(fileserver_url, timeout=30.0)
         self.describe = f"file server {fileserver_url}"
 
-    def current(self) -> dict | None:
+    def current(self) -> CurrentVersion | None:
         from ctr_foundation.fileserver_client import NotFound
 
         try:
-            return self.fs.get_json(REMOTE_CURRENT)
+            return CurrentVersion.from_json(self.fs.get_json(REMOTE_CURRENT), f"{self.describe}: {REMOTE_CURRENT}")
         except NotFound:
             return None
 
-    def _version_dir(self, record: dict) -> Path:
-        version = record["version"]
+    def _version_dir(self, record: CurrentVersion) -> Path:
+        version = record.version
         local = self.root / version
         if not (local / DENSE_DIR / f"{DENSE_PREFIX}.pdmodel").exists():
             staging = self.root / f".{version}.download"
             shutil.rmtree(staging, ignore_errors=True)
-            dense_remote = record.get("dense") or f"cube/{version}/{DENSE_DIR}/"
+            dense_remote = record.dense or f"{CUBE_PREFIX}/{version}/{DENSE_DIR}/"
             self.fs.get_tree(dense_remote, staging / DENSE_DIR)
-            self.fs.get_file(f"cube/{version}/{META_FILE}", staging / META_FILE)
+            self.fs.get_file(f"{CUBE_PREFIX}/{version}/{META_FILE}", staging / META_FILE)
             shutil.rmtree(local, ignore_errors=True)
             staging.rename(local)
         return local
@@ -159,23 +153,19 @@ class ModelDirSource:
         self.model_path = Path(model_path)
         self.describe = f"model dir {self.model_path}"
 
-    def current(self) -> dict | None:
+    def current(self) -> CurrentVersion | None:
         info = latest_complete_pass(self.model_path)
         if info is None:
             return None
-        return {
-            "version": info.name,
-            "pass": info.name,
-            "slots": info.slots,
-            "dim": info.embedding_dim,
-            "sparse_dim": info.sparse_dim,
-            "path": str(info.path),
-        }
+        # No cube here: the "dense" folder is the pass's own, and there are no shards.
+        return CurrentVersion(
+            info.name, info.name, 0, info.embedding_dim, tuple(info.slots), info.sparse_dim, str(info.path)
+        )
 
-    def materialise(self, record: dict, workers: int) -> LoadedVersion:
+    def materialise(self, record: CurrentVersion, workers: int) -> LoadedVersion:
         from ctr_foundation.pass_format import load_pass
 
-        info = load_pass(record["path"])
+        info = load_pass(record.dense)
         slots, sparse_dim, dim = _version_fields(record, info.meta)
         dense = _load_dense(info.path / DENSE_DIR, info.name, slots, dim, workers)
         return LoadedVersion(

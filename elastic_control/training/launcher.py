@@ -123,7 +123,7 @@ def run_local_job(
     timeout: float | None = None,
 ) -> TrainResult:
     """Start every role, stream progress, wait; ComponentError naming the role that failed."""
-    from ctr_foundation.pass_format import read_donefile
+    from ctr_foundation.records import read_donefile
 
     log_dir = Path(model_path) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -176,7 +176,7 @@ def run_local_job(
             if p.reader:
                 p.reader.join(5)
         return TrainResult(
-            [e["pass"] for e in read_donefile(model_path)],
+            [e.pass_name for e in read_donefile(model_path)],
             [c if c is not None else -1 for c in codes],
             by_themselves,
             time.monotonic() - started,

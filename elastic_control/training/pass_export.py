@@ -11,7 +11,6 @@ one that does.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import time
 from collections.abc import Callable
@@ -20,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ctr_foundation import pass_format
-from ctr_foundation.atomic import append_line_durably, atomic_write_json, staged_directory
+from ctr_foundation.atomic import atomic_write_json, staged_directory
+from ctr_foundation.records import GOLDEN_FILE, DonefileEntry, append_donefile, utc_now, write_golden
 from elastic_control.config.data_config import format_hour
 from elastic_control.training.model import SPARSE_ACCESSOR
 
@@ -48,7 +48,7 @@ def write_pass(
     save_dense: Callable[[Path], None],
     score_golden: Callable[[], list[dict]],
     meta: dict,
-) -> dict:
+) -> DonefileEntry:
     """Stage and publish one pass; return the donefile entry.
 
     ``score_golden`` runs AFTER the sparse and dense exports so the golden
@@ -62,9 +62,7 @@ def write_pass(
         _maybe_crash("after_sparse", name)
         save_dense(stage / pass_format.DENSE_DIR / pass_format.DENSE_PREFIX)
         golden = score_golden()
-        with open(stage / pass_format.GOLDEN_FILE, "w", encoding="utf-8") as f:
-            for row in golden:
-                f.write(json.dumps(row) + "\n")
+        write_golden(stage / GOLDEN_FILE, [r["line"] for r in golden], [r["prob"] for r in golden])
         full_meta = dict(
             meta,
             **{
@@ -77,14 +75,8 @@ def write_pass(
         atomic_write_json(stage / pass_format.META_FILE, full_meta)
         _maybe_crash("before_rename", name)
     _maybe_crash("before_donefile", name)
-    entry = {
-        "pass": name,
-        "path": str(final.resolve()),
-        "window": window,
-        "time": time.time(),
-        "metrics": meta.get("metrics", {}),
-    }
-    append_line_durably(Path(model_path) / pass_format.DONEFILE, json.dumps(entry, sort_keys=True))
+    entry = DonefileEntry(name, str(final.resolve()), window, utc_now(), dict(meta.get("metrics", {})))
+    append_donefile(model_path, entry)
     return entry
 
 

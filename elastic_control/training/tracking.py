@@ -15,6 +15,7 @@ import mlflow  # noqa: F401  (before paddle: see the module docstring)
 from mlflow.tracking import MlflowClient
 
 from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
+from ctr_foundation.records import GOLDEN_FILE
 
 EXPERIMENT = "elastic-ctr"
 REGISTERED_MODEL = "elastic-ctr"
@@ -93,7 +94,7 @@ class Tracker:
         tags.update({k: f"{v:.6f}" if isinstance(v, float) else str(v) for k, v in metrics.items()})
         artifact_path = f"{PASS_ARTIFACTS}/{pass_name}"
         try:
-            for name in (pass_format.META_FILE, pass_format.GOLDEN_FILE):
+            for name in (pass_format.META_FILE, GOLDEN_FILE):
                 if (folder / name).exists():
                     self.client.log_artifact(self.run_id, str(folder / name), artifact_path)
             self.client.log_artifacts(

@@ -343,7 +343,7 @@ class Trainer:
         )
         self.log("export timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
         self.log(
-            f"exported {entry['pass']}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
+            f"exported {entry.pass_name}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
             f"{len(golden)} golden lines, train AUC {metrics['train_auc']:.4f}"
         )
         if self.tracker:
@@ -351,12 +351,12 @@ class Trainer:
             pass_metrics = {f"pass_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
             self.tracker.log_metrics(pass_metrics, self.global_step)
             self.tracker.register_pass(
-                entry["path"],
-                pass_name=entry["pass"],
-                window=entry["window"],
+                entry.path,
+                pass_name=entry.pass_name,
+                window=entry.window,
                 metrics={k: metrics[k] for k in ("auc", "train_auc", "examples") if k in metrics},
             )
-            self.log(f"MLflow: logged and registered {entry['pass']} in {time.monotonic() - t:.1f}s")
+            self.log(f"MLflow: logged and registered {entry.pass_name} in {time.monotonic() - t:.1f}s")
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
