@@ -22,14 +22,11 @@ COPY elastic_control ./elastic_control
 COPY cube ./cube
 COPY client ./client
 COPY ctr_foundation ./ctr_foundation
-COPY templates ./templates
 COPY examples ./examples
 RUN pip install --no-deps . \
  && useradd --create-home --uid 10001 elastic \
  && mkdir -p /var/lib/elastic-ctr /var/lib/elastic-ctr-cube /srv/elastic-ctr/files /var/lib/mlflow \
  && chown -R elastic /var/lib/elastic-ctr /var/lib/elastic-ctr-cube /srv/elastic-ctr /var/lib/mlflow
-# Rendering needs the templates; an installed (non-editable) package finds them here.
-ENV ELASTIC_CTR_TEMPLATE_DIR=/opt/elastic-ctr/templates
 USER 10001
 # Every manifest sets its own command; this default just shows the CLI.
 CMD ["elastic-control", "--help"]

@@ -254,7 +254,7 @@ def bench_scoring(lines: int, workers: int) -> None:
         assert results[1][1] == results[workers][1], "parallel must equal single"
         # Peer: the shared per-line path on a slice.
         from elastic_control.evaluation.pass_scorer import PassScorer
-        from elastic_control.scoring import score_lines
+        from elastic_control.inference.scoring import score_lines
 
         scorer = PassScorer(pass_dir)
         peer_n = min(20_000, lines)

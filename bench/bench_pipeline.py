@@ -5,7 +5,7 @@ the pipeline recorded: data generation, -r and -a, training per pass, cube
 build and rollout per pass, freshness (donefile line -> serving answers with
 the pass), and predictions/s through the client. The peer for predictions is
 offline scoring of the same lines with the same pass in this process (sparse
-table in memory + the dense inference model, elastic_control.scoring): the
+table in memory + the dense inference model, elastic_control.inference.scoring): the
 ratio says what the HTTP/cube path costs.
 
     .venv/bin/python bench/bench_pipeline.py            # 3 hours x 20000 lines, 2 trainers, 1 pserver, 2 shards
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow  # noqa: F401  (before paddle, which elastic_control.scoring imports)
+import pyarrow  # noqa: F401  (before paddle, which elastic_control.inference.scoring imports)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,8 +41,8 @@ def main() -> None:
 
     from ctr_foundation.names import StateFolder
     from ctr_foundation.records import read_donefile
-    from elastic_control import control
-    from elastic_control.demo import predict_through_client, run_demo
+    from elastic_control import api
+    from elastic_control.demo.run import predict_through_client, run_demo
     from elastic_control.local import runtime as rt
 
     print(f"pipeline benchmark: {size} in {workdir}", flush=True)
@@ -81,7 +81,7 @@ def main() -> None:
 
         # The peer: offline scoring of the same lines with the same pass, in this process.
         from ctr_foundation.pass_format import load_pass
-        from elastic_control.scoring import DenseModel, InMemoryTable, score_lines
+        from elastic_control.inference.scoring import DenseModel, InMemoryTable, score_lines
 
         info = load_pass(workdir / "models" / report.served_version)
         table, model = InMemoryTable.from_pass(info), DenseModel.from_pass(info)
@@ -90,7 +90,7 @@ def main() -> None:
             score_lines(lines[i : i + 256], info, table.lookup, model)
         secs_offline = time.perf_counter() - t0
     finally:
-        control.delete(state_dir=str(state))
+        api.delete(state_dir=str(state))
 
     t = report.timings
     print()

@@ -16,14 +16,14 @@ class CtrPassModel(mlflow.pyfunc.PythonModel):
         import pyarrow  # noqa: F401  (before paddle)
 
         from ctr_foundation.pass_format import load_pass
-        from elastic_control.scoring import DenseModel, InMemoryTable
+        from elastic_control.inference.scoring import DenseModel, InMemoryTable
 
         self.info = load_pass(context.artifacts["pass"])
         self.table = InMemoryTable.from_pass(self.info)
         self.dense = DenseModel.from_pass(self.info)
 
     def predict(self, context, model_input, params=None):
-        from elastic_control.scoring import score_lines
+        from elastic_control.inference.scoring import score_lines
 
         return score_lines(list(model_input["line"]), self.info, self.table.lookup, self.dense)
 

@@ -105,5 +105,8 @@ PROMOTION_GATE = _var(
 )
 CUBE_SERVER_WORKERS = _var("ELASTIC_CTR_CUBE_SERVER_WORKERS", int, 1, "cube-server worker processes sharing its port")
 TEMPLATE_DIR = _var(
-    "ELASTIC_CTR_TEMPLATE_DIR", str, None, "folder of the Jinja2 manifest templates (default: the project's templates/)"
+    "ELASTIC_CTR_TEMPLATE_DIR",
+    str,
+    None,
+    "folder of the Jinja2 manifest templates (default: the templates inside the package)",
 )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates ./.venv with the pinned dependencies and installs ElasticCTR into it
+# Creates ./.venv with the pinned dependencies (runtime, tests and tooling) and installs ElasticCTR into it
 # (editable). Safe to run again: it only installs what is missing or changed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,10 +17,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.elastic-ctr-installed
-want="$(cat requirements.txt setup.cfg | sha256sum | cut -d' ' -f1)"
+want="$(cat requirements.txt requirements-dev.txt setup.cfg | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing pinned dependencies (a few minutes the first time)" >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
   echo "$want" > "$stamp"
 fi

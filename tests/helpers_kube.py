@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ctr_foundation.names import MANIFEST_DIR, TOKEN_FILE
-from elastic_control import control
+from elastic_control import api
 from elastic_control.config import Resources
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ def render_plan(
     kwargs.setdefault("slot_conf", str(EXAMPLE_SLOT_CONF))
     kwargs.setdefault("data_config", str(EXAMPLE_DATA_CONFIG))
     kwargs.setdefault("backend", "k8s")
-    plan = control.configure_resource(
+    plan = api.configure_resource(
         resources=Resources(cpu=cpu, mem=mem, trainers=trainers, pservers=pservers, cube_shards=cube_shards),
         state_dir=str(state_dir),
         **kwargs,

@@ -74,7 +74,7 @@ def run_training(
 def score_pass(pass_dir: Path, lines: list[str]) -> np.ndarray:
     """Probabilities of ``lines`` under a saved pass: sparse table + padding rule + paddle.inference."""
     from ctr_foundation.pass_format import load_pass
-    from elastic_control import scoring
+    from elastic_control.inference import scoring
 
     info = load_pass(pass_dir)
     table = scoring.InMemoryTable.from_pass(info)

@@ -20,7 +20,7 @@ CRITEO = ROOT / ".." / "shared" / "data" / "criteo" / "criteo_real_distinct.txt"
 
 
 def test_synthetic_data_holds_out_the_hour_after_the_training_window(tmp_path):
-    from elastic_control.local.demo_data import DEMO_START, prepare_synthetic
+    from elastic_control.demo.data import DEMO_START, prepare_synthetic
 
     data = prepare_synthetic(tmp_path, train_hours=2, lines_per_hour=400)
     cfg = load_data_config(data.data_config, env={})
@@ -36,7 +36,7 @@ def test_synthetic_data_holds_out_the_hour_after_the_training_window(tmp_path):
 
 @pytest.mark.skipif(not CRITEO.exists(), reason=f"the real Criteo lines are not at {CRITEO}")
 def test_criteo_data_is_converted_and_split(tmp_path):
-    from elastic_control.local.demo_data import prepare_criteo
+    from elastic_control.demo.data import prepare_criteo
 
     data = prepare_criteo(tmp_path, str(CRITEO), train_hours=2, lines_per_hour=500)
     assert data.lines_total == 1500 and len(data.heldout_lines) == 500
@@ -46,7 +46,7 @@ def test_criteo_data_is_converted_and_split(tmp_path):
 
 
 def test_demo_refuses_bad_arguments(tmp_path):
-    from elastic_control.demo import run_demo
+    from elastic_control.demo.run import run_demo
 
     with pytest.raises(UsageError, match="at least 2 hourly passes"):
         run_demo(workdir=str(tmp_path), hours=1)
@@ -68,7 +68,7 @@ def test_demo_refuses_bad_arguments(tmp_path):
 def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
     """A --keep run still going in the workdir is never wiped by the next demo."""
     from ctr_foundation.names import StateFolder
-    from elastic_control.demo import _reset_workdir
+    from elastic_control.demo.run import _reset_workdir
     from elastic_control.local.process import process_identity
     from elastic_control.local.runtime import SupervisorLock, write_runtime
 
@@ -101,7 +101,7 @@ def test_demo_on_real_criteo_lines(tmp_path):
     """The main job on converted real Criteo lines, cleaned up at the end (no --keep)."""
     from helpers_local import processes_under
 
-    from elastic_control.demo import run_demo
+    from elastic_control.demo.run import run_demo
 
     report = run_demo(
         workdir=str(tmp_path / "demo"),

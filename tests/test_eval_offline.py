@@ -51,7 +51,7 @@ def _golden(pass_dir):
 def test_golden_lines_score_to_training_probabilities(world, which):
     from elastic_control.data.line_batch import parse_lines
     from elastic_control.evaluation.pass_scorer import PassScorer
-    from elastic_control.scoring import score_lines
+    from elastic_control.inference.scoring import score_lines
 
     lines, probs = _golden(world[which])
     scorer = PassScorer(world[which])

@@ -41,7 +41,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    from elastic_control.demo import run_demo
+    from elastic_control.demo.run import run_demo
     from elastic_control.local import runtime as rt
 
     workdir = tmp_path_factory.mktemp("pipeline") / "demo"
@@ -110,9 +110,9 @@ def test_served_predictions_match_the_last_pass(pipeline):
     import numpy as np
 
     from ctr_foundation.pass_format import load_pass
-    from elastic_control.demo import predict_through_client
-    from elastic_control.local.demo_data import DEMO_START
-    from elastic_control.scoring import DenseModel, InMemoryTable, score_lines
+    from elastic_control.demo.data import DEMO_START
+    from elastic_control.demo.run import predict_through_client
+    from elastic_control.inference.scoring import DenseModel, InMemoryTable, score_lines
 
     hour = workdir / "data" / f"{DEMO_START:%Y%m%d}" / f"{HOURS:02d}"
     lines = [ln for p in sorted(hour.glob("part-*")) for ln in p.read_text().splitlines() if ln.strip()][:300]
@@ -157,7 +157,7 @@ def _record(state: Path) -> dict:
 def test_killed_cube_server_restarts_with_the_active_version(pipeline):
     report, _, _ = pipeline
     state = state_of(pipeline)
-    from elastic_control.demo import predict_through_client
+    from elastic_control.demo.run import predict_through_client
 
     comp = _record(state)["components"]["cube-server-0"]
     port, old_pid = comp["port"], comp["pid"]

@@ -1,7 +1,7 @@
 import numpy as np
 
 from ctr_foundation.sample import PADDING_FEASIGN
-from elastic_control.scoring import InMemoryTable, batch_from_lines, pool
+from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, pool
 
 
 def test_pool_sums_per_slot_in_slot_conf_order_with_padding():

@@ -30,7 +30,7 @@ from helpers_serving import (
     wait_healthy,
 )
 
-from elastic_control.scoring import InMemoryTable, batch_from_lines, pool
+from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch
 from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from elastic_control.cli_options import state_dir_option
+from elastic_control.cli.options import state_dir_option
 from elastic_control.console import console, done, info, out
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ctr_foundation.pass_format import PassInfo, load_pass
 from elastic_control.data.line_batch import LineBatch, batch_slot_keys
-from elastic_control.scoring import DenseModel, InMemoryTable, KeyBatch, pool
+from elastic_control.inference.scoring import DenseModel, InMemoryTable, KeyBatch, pool
 
 
 def key_batch(batch: LineBatch, slots, sparse_dim: int | None) -> KeyBatch:

@@ -95,7 +95,7 @@ class ShadowScorer:
 
     def score_instances(self, instances: list) -> np.ndarray:
         """The candidate's probabilities for request instances (line or slots form)."""
-        from elastic_control.scoring import pool
+        from elastic_control.inference.scoring import pool
         from elastic_control.serving.instances import build_key_batch
 
         info = self.scorer.info

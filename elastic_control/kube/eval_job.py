@@ -1,6 +1,6 @@
 """Render a cluster evaluation: W worker pods scoring shares of a window, then one merge.
 
-``templates/eval-job.yaml.j2`` holds both Volcano jobs (see its header for why
+``kube/templates/eval-job.yaml.j2`` holds both Volcano jobs (see its header for why
 there are two). This module builds the command lines every pod runs and
 writes the rendered YAML into ``STATE/eval/RUN/`` (never into
 ``STATE/manifests/``, which ``-a`` applies wholesale). The run name is a hash
@@ -175,7 +175,7 @@ def render_eval_job(plan, inputs: RenderInputs, request: EvalJobRequest, state_d
         (WORKERS_FILE, docs[0], "apply first"),
         (MERGE_FILE, docs[1], f"apply after {WORKERS_FILE}'s job is Completed"),
     ):
-        header = f"# Rendered by `elastic-control eval submit` from templates/{TEMPLATE} ({note}).\n"
+        header = f"# Rendered by `elastic-control eval submit` from the template {TEMPLATE} ({note}).\n"
         atomic_write_text(
             folder / name,
             header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096),

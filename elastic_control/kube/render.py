@@ -1,4 +1,4 @@
-"""Render the Kubernetes manifests: Jinja2 templates in ``templates/`` -> plain YAML files.
+"""Render the Kubernetes manifests: Jinja2 templates in ``elastic_control/kube/templates/`` -> plain YAML files.
 
 One function does the rendering (``render_manifests``) with ``StrictUndefined``
 so a missing value fails loudly; every rendered document is parsed back and
@@ -21,7 +21,7 @@ from elastic_control.config import DataConfig
 from elastic_control.kube import constants as k
 from elastic_control.kube.volcano_rules import volcano_job_problems
 
-DEFAULT_TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
+DEFAULT_TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"  # package data: ships in the wheel
 
 
 def template_dir() -> Path:
@@ -57,7 +57,7 @@ MAX_RETRY = 3
 # libyaml's C loader/dumper when present: manifests are parsed and re-emitted on every -r.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-HEADER = "# Rendered by `elastic-control -r` from templates/{template}; apply with `elastic-control -a`.\n"
+HEADER = "# Rendered by `elastic-control -r` from the template {template}; apply with `elastic-control -a`.\n"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import sys
 import click
 
 from ctr_foundation.env_vars import TOKEN
-from elastic_control.cli_options import state_dir_option
+from elastic_control.cli.options import state_dir_option
 
 
 @click.command("supervise", hidden=True)

@@ -1,7 +1,7 @@
 """The local plan: every component of the pipeline as a process, on free loopback ports.
 
 Each component gets the SAME entry point and the SAME environment variables
-as its container in the Kubernetes manifests (templates/*.yaml.j2), with
+as its container in the Kubernetes manifests (elastic_control/kube/templates/*.yaml.j2), with
 loopback URLs and folders of the state directory in place of Services and
 volumes. The write token is not written here: the supervisor reads it from
 STATE/token and hands it to the children.

@@ -24,7 +24,7 @@ import numpy as np
 
 from ctr_foundation import names
 from ctr_foundation.http_protocol import Request, Response, Slot
-from elastic_control.scoring import KeyBatch, pool
+from elastic_control.inference.scoring import KeyBatch, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch, concat_batches, instances_of
 from elastic_control.serving.lookup import CubeUnavailable
 from elastic_control.serving.metrics import ServingMetrics

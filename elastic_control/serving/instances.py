@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ctr_foundation.sample import PADDING_FEASIGN, UINT64_MAX, MalformedLine, parse_sample_line, transform_keys
-from elastic_control.scoring import KeyBatch
+from elastic_control.inference.scoring import KeyBatch
 
 MAX_INSTANCES = 10_000
 

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from ctr_foundation.errors import ComponentError
-from elastic_control.scoring import InMemoryTable
+from elastic_control.inference.scoring import InMemoryTable
 
 
 class CubeUnavailable(ComponentError):

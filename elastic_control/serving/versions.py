@@ -27,7 +27,7 @@ from ctr_foundation.errors import ComponentError, DataError
 from ctr_foundation.names import CUBE_PREFIX, REMOTE_CURRENT
 from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, META_FILE, latest_complete_pass
 from ctr_foundation.records import CurrentVersion, read_current
-from elastic_control.scoring import DenseModel, InMemoryTable
+from elastic_control.inference.scoring import DenseModel, InMemoryTable
 from elastic_control.serving.lookup import CubeLookup, Lookup, TableLookup
 
 log = logging.getLogger("elastic_control.serving")

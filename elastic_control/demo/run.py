@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 import numpy as np
 
 from ctr_foundation.errors import ComponentError, UsageError
@@ -133,11 +132,11 @@ def run_demo(
     ``on_pass(event, layout)`` is called as each training pass completes (tests use it to inject failures).
     """
     from ctr_foundation.names import StateFolder
-    from elastic_control import control
+    from elastic_control import api
     from elastic_control.config import Resources
+    from elastic_control.demo.data import prepare_criteo, prepare_synthetic
+    from elastic_control.demo.pipeline_watch import wait_for_training, wait_until_served
     from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
-    from elastic_control.local.demo_data import prepare_criteo, prepare_synthetic
-    from elastic_control.local.pipeline_watch import wait_for_training, wait_until_served
     from elastic_control.local.spec import load_local_plan
 
     if hours < 2:
@@ -169,7 +168,7 @@ def run_demo(
     started = False
     try:
         with _timed(report, "render"):
-            control.configure_resource(
+            api.configure_resource(
                 resources=resources,
                 slot_conf=str(data.slot_conf),
                 data_config=str(data.data_config),
@@ -178,7 +177,7 @@ def run_demo(
             )
         with _timed(report, "startup"):
             started = True
-            control.apply(state_dir=str(state_dir))
+            api.apply(state_dir=str(state_dir))
         plan = load_local_plan(layout.components_file)
         report.mlflow_url = f"http://127.0.0.1:{plan.by_name('mlflow').port}"
         info(f"MLflow UI (live while the pipeline runs): {report.mlflow_url}")
@@ -214,7 +213,7 @@ def run_demo(
         fresh = rollout.get("freshness_s")
         done(f"serving answers with {last}" + (f" {fresh:.1f}s after its donefile line" if fresh is not None else ""))
 
-        control.configure_client(state_dir=str(state_dir))
+        api.configure_client(state_dir=str(state_dir))
         with _timed(report, "predict"):
             probs, versions, seconds = predict_through_client(state_dir, data.heldout_lines)
         report.predictions = len(probs)
@@ -241,7 +240,7 @@ def run_demo(
     finally:
         if started and not keep:
             try:
-                control.delete(state_dir=str(state_dir))
+                api.delete(state_dir=str(state_dir))
             except Exception as e:  # noqa: BLE001 - never hide the demo's own error behind a cleanup error
                 warn(f"cleanup failed: {e}; run `elastic-control delete --state-dir {state_dir}`")
         elif started:
@@ -291,46 +290,3 @@ def print_report(report: DemoReport, data) -> None:
         f".venv/bin/mlflow ui --backend-store-uri sqlite:///{report.state_dir}/mlflow/mlflow.db"
     )
     out(f"AUC {report.auc:.4f}" + (f" (Bayes-optimal {report.bayes_auc:.4f})" if report.bayes_auc is not None else ""))
-
-
-@click.command("demo", help="The whole pipeline on this machine: data, training, cube, serving, predictions and AUC.")
-@click.option(
-    "--workdir",
-    default=DEFAULT_WORKDIR,
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder for the data, models and state of this run (cleared at the start).",
-)
-@click.option("--hours", type=click.IntRange(2, 48), default=4, show_default=True, help="Hourly passes to train.")
-@click.option("--lines-per-hour", type=click.IntRange(100, 10_000_000), default=25_000, show_default=True)
-@click.option("--trainers", type=click.IntRange(1, 16), default=2, show_default=True)
-@click.option("--pservers", type=click.IntRange(1, 16), default=1, show_default=True)
-@click.option("--shards", type=click.IntRange(1, 16), default=2, show_default=True, help="Cube shards.")
-@click.option(
-    "--criteo",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Use real Criteo lines (raw TSV) instead of synthetic data.",
-)
-@click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic data.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(60),
-    default=900.0,
-    show_default=True,
-    help="Give up (and clean up) after this many seconds.",
-)
-@click.option("--keep", is_flag=True, help="Leave the pipeline running at the end (stop it with `delete`).")
-def demo_command(workdir, hours, lines_per_hour, trainers, pservers, shards, criteo, seed, timeout, keep):
-    run_demo(
-        workdir=workdir,
-        hours=hours,
-        lines_per_hour=lines_per_hour,
-        trainers=trainers,
-        pservers=pservers,
-        shards=shards,
-        criteo=criteo,
-        keep=keep,
-        seed=seed,
-        timeout=timeout,
-    )

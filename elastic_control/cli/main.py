@@ -1,7 +1,7 @@
 """The elastic-control command line: the original script's flags plus subcommands.
 
 Only click code lives here; the work is done by keyword-only functions in
-``elastic_control.control`` and the subsystems' own command modules.
+``elastic_control.api`` and the subsystems' own command modules.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import click
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ElasticControlError
 from elastic_control import __version__
-from elastic_control.cli_options import state_dir_option
+from elastic_control.cli.options import state_dir_option
 from elastic_control.config.resources import RANGES, Resources
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -22,9 +22,9 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # Subcommands live in their subsystem's module and are imported on first use,
 # so `elastic-control -h` stays fast and one broken subsystem cannot break the rest.
 LAZY_COMMANDS = {
-    "status": ("elastic_control.cli_lifecycle", "status"),
-    "delete": ("elastic_control.cli_lifecycle", "delete"),
-    "demo": ("elastic_control.demo", "demo_command"),
+    "status": ("elastic_control.cli.lifecycle", "status"),
+    "delete": ("elastic_control.cli.lifecycle", "delete"),
+    "demo": ("elastic_control.demo.cli", "demo_command"),
     "data": ("elastic_control.data.cli", "data_group"),
     "train": ("elastic_control.training.cli", "train_command"),
     "role": ("elastic_control.training.cli", "role_command"),
@@ -183,7 +183,7 @@ def cli(
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"state_dir": state_dir, "verbose": verbose}
         return
-    from elastic_control import control
+    from elastic_control import api
 
     verbs = [v for v in (do_render, do_apply, do_log, do_client) if v]
     if not verbs:
@@ -191,7 +191,7 @@ def cli(
         return
     if do_render:
         resources = Resources(cpu=cpu, mem=mem, trainers=trainers, pservers=pservers, cube_shards=cube_shards)
-        control.configure_resource(
+        api.configure_resource(
             resources=resources,
             slot_conf=slot_conf,
             data_config=datafile,
@@ -207,11 +207,11 @@ def cli(
             promotion_gate=promotion_gate,
         )
     if do_apply:
-        control.apply(state_dir=state_dir, dry_run=dry_run)
+        api.apply(state_dir=state_dir, dry_run=dry_run)
     if do_client:
-        control.configure_client(state_dir=state_dir)
+        api.configure_client(state_dir=state_dir)
     if do_log:
-        control.logs(state_dir=state_dir, follow=follow)
+        api.logs(state_dir=state_dir, follow=follow)
 
 
 def main(argv: list[str] | None = None) -> None:

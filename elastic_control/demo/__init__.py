@@ -1,0 +1,1 @@
+"""``elastic-control demo``: the whole local pipeline on generated (or Criteo) data, ending with predictions."""

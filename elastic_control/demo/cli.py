@@ -1,0 +1,50 @@
+"""``elastic-control demo``: click code only; the work is ``demo.run.run_demo``."""
+
+from __future__ import annotations
+
+import click
+
+from elastic_control.demo.run import DEFAULT_WORKDIR, run_demo
+
+
+@click.command("demo", help="The whole pipeline on this machine: data, training, cube, serving, predictions and AUC.")
+@click.option(
+    "--workdir",
+    default=DEFAULT_WORKDIR,
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for the data, models and state of this run (cleared at the start).",
+)
+@click.option("--hours", type=click.IntRange(2, 48), default=4, show_default=True, help="Hourly passes to train.")
+@click.option("--lines-per-hour", type=click.IntRange(100, 10_000_000), default=25_000, show_default=True)
+@click.option("--trainers", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option("--pservers", type=click.IntRange(1, 16), default=1, show_default=True)
+@click.option("--shards", type=click.IntRange(1, 16), default=2, show_default=True, help="Cube shards.")
+@click.option(
+    "--criteo",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Use real Criteo lines (raw TSV) instead of synthetic data.",
+)
+@click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic data.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(60),
+    default=900.0,
+    show_default=True,
+    help="Give up (and clean up) after this many seconds.",
+)
+@click.option("--keep", is_flag=True, help="Leave the pipeline running at the end (stop it with `delete`).")
+def demo_command(workdir, hours, lines_per_hour, trainers, pservers, shards, criteo, seed, timeout, keep):
+    run_demo(
+        workdir=workdir,
+        hours=hours,
+        lines_per_hour=lines_per_hour,
+        trainers=trainers,
+        pservers=pservers,
+        shards=shards,
+        criteo=criteo,
+        keep=keep,
+        seed=seed,
+        timeout=timeout,
+    )

@@ -1,0 +1,1 @@
+"""Scoring with a trained pass: its dense inference program and (in memory) its sparse table."""
