@@ -87,6 +87,12 @@ SERVING_URL = _var("ELASTIC_CTR_SERVING_URL", str, None, "base URL of the servin
 FILESERVER_PORT = _var("ELASTIC_CTR_FILESERVER_PORT", int, names.FILESERVER_PORT, "file server listening port")
 FILESERVER_ROOT = _var("ELASTIC_CTR_FILESERVER_ROOT", str, None, "folder the file server serves and writes")
 SERVING_PORT = _var("ELASTIC_CTR_SERVING_PORT", int, names.SERVING_PORT, "serving listening port")
+SERVING_GRPC_PORT = _var(
+    "ELASTIC_CTR_SERVING_GRPC_PORT", int, names.SERVING_GRPC_PORT, "serving's gRPC listening port (0: no gRPC)"
+)
+SERVING_SPLIT = _var(
+    "ELASTIC_CTR_SERVING_SPLIT", str, None, "serving's A/B split at start, e.g. 'challenger=pass-20200101-05:10'"
+)
 CUBE_SERVER_PORT = _var("ELASTIC_CTR_CUBE_SERVER_PORT", int, names.CUBE_SERVER_PORT, "cube-server listening port")
 CUBE_AGENT_PORT = _var("ELASTIC_CTR_CUBE_AGENT_PORT", int, names.CUBE_AGENT_PORT, "cube-agent listening port")
 CUBE_TRANSFER_PORT = _var(
@@ -109,4 +115,12 @@ TEMPLATE_DIR = _var(
     str,
     None,
     "folder of the Jinja2 manifest templates (default: the templates inside the package)",
+)
+
+# Third-party variables ElasticCTR sets a default for (read by the library itself).
+MKL_DEBUG_CPU_TYPE = _var(
+    "MKL_DEBUG_CPU_TYPE",
+    str,
+    None,
+    "Paddle's MKL kernel choice; set to 5 (AVX2) on AMD CPUs unless given (inference/scoring.py: prefer_fast_mkl)",
 )

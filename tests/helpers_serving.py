@@ -171,8 +171,12 @@ def serving_in_thread(source, wait_ready: bool = True, **kwargs):
     from elastic_control.serving.app import ServingApp
     from elastic_control.serving.http_server import ServingServer
 
+    grpc = kwargs.pop("grpc", False)
+    server_kwargs = {k: kwargs.pop(k) for k in ("drain_delay", "drain_timeout", "max_body") if k in kwargs}
     app = ServingApp(source, poll_interval=kwargs.pop("poll_interval", 0.2), **kwargs)
-    server = ServingServer(app, host="127.0.0.1", port=0).start_in_thread()
+    server = ServingServer(
+        app, host="127.0.0.1", port=0, grpc_port=0 if grpc else None, **server_kwargs
+    ).start_in_thread()
     try:
         deadline = time.monotonic() + 60
         while wait_ready and app.active is None and time.monotonic() < deadline:

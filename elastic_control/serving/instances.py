@@ -1,130 +1,274 @@
-"""Request instances -> one flat KeyBatch, with the training program's key rules.
+"""Request bodies and instances -> feature columns, validated per request before any merging.
 
 An instance is ``{"line": "<slot-format line>"}`` or ``{"slots": {"<slot>": [feasign, ...]}}``.
-Lines follow training exactly: features of slots outside slot.conf are
-ignored (the trainer ignores them too). The ``slots`` form is explicit, so an
-unknown slot there is an error. In both forms a slot with no feature gets the
-padding feasign (elastic_control/data/sample.py), and the key transform is
-``feasign % sparse_dim`` when the version has one.
+Every request is parsed and checked on its own (issue 15: one client's bad feasign must never fail
+another client's request of the same merged batch): feasigns are ASCII digits only (``str.isdigit``
+is true for "²"), at most 20 of them, value below 2**64; JSON too deep or with integers too long for
+Python to convert is a 400; too many instances a 413. What leaves here is a ``ParsedInstances``
+(feature columns, no model needed); ``to_key_batch`` turns it into the shared KeyBatch with a
+version's slots (inference/scoring.py: ``key_batch``, the one builder).
 
-This builds the KeyBatch of elastic_control/scoring.py directly (one numpy
-conversion per batch instead of one per slot and instance); a test checks it
-equals ``scoring.batch_from_lines``.
+Lines follow training exactly (features of slots outside slot.conf are ignored, the trainer ignores
+them too); the ``slots`` form is explicit, so an unknown slot there is an error. In both forms a slot
+with no feature gets the padding feasign, and the key transform is ``feasign % sparse_dim`` when the
+version has one.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from ctr_foundation.sample import PADDING_FEASIGN, UINT64_MAX, MalformedLine, parse_sample_line, transform_keys
-from elastic_control.inference.scoring import KeyBatch
+from ctr_foundation.sample import UINT64_MAX
+from elastic_control.data.line_batch import parse_lines
+from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
 MAX_INSTANCES = 10_000
+MAX_FEASIGN_DIGITS = 20
+MAX_SLOT_DIGITS = 9
+MAX_ROUTING_KEY = 256
+
+# One valid line, ASCII only (re.ASCII: \d would accept any Unicode digit): show, click, feasign:slot pairs.
+_LINE_OK = re.compile(r"[ \t]*[0-9]{1,20}[ \t]+[01](?:[ \t]+[0-9]{1,20}:[0-9]{1,9})*[ \t\r]*", re.ASCII)
+_ARM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}", re.ASCII)
 
 
 class InstanceError(ValueError):
     """A request that cannot be scored; the message names the instance and the problem (-> HTTP 400)."""
 
+    status = 400
 
-def instances_of(body: object) -> list:
-    """The ``instances`` list of a decoded request body, checked for shape."""
+
+class TooManyInstances(InstanceError):
+    status = 413
+
+
+@dataclass(frozen=True)
+class ParsedInstances:
+    """The features of one request's instances, as columns (line by line, in order)."""
+
+    n: int
+    feature_row: np.ndarray  # int64 [m]
+    feasigns: np.ndarray  # uint64 [m], raw (before the key transform)
+    feature_slots: np.ndarray  # int64 [m]
+    strict_rows: np.ndarray | None  # bool [n]: rows in the "slots" form (an unknown slot is an error); None: none
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    parsed: ParsedInstances
+    routing_key: str | None
+    arm: str | None  # forced arm (QA), else None
+    instances: list | None = None  # the raw JSON instances (after-response hooks), when parsed from JSON
+
+
+def decode_json(body: bytes) -> object:
+    """JSON of a request body; malformed, too deep or with integers too long to convert is an InstanceError."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise InstanceError("malformed JSON: nested too deeply") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InstanceError(f"malformed JSON: {e}") from None
+    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        raise InstanceError(f"malformed JSON: {e}") from None
+
+
+def predict_request(body: object) -> PredictRequest:
+    """A decoded ``/v1/predict`` body -> its validated PredictRequest."""
     if not isinstance(body, dict) or "instances" not in body:
         raise InstanceError('the body must be a JSON object {"instances": [...]}')
     instances = body["instances"]
     if not isinstance(instances, list):
         raise InstanceError('"instances" must be a list')
-    if not instances:
-        raise InstanceError('"instances" is empty: nothing to predict')
-    if len(instances) > MAX_INSTANCES:
-        raise InstanceError(f"{len(instances)} instances in one request; at most {MAX_INSTANCES}")
-    return instances
+    return PredictRequest(
+        parse_instances(instances),
+        routing_key_of(body.get("routing_key")),
+        arm_of(body.get("arm")),
+        instances,
+    )
 
 
-def _feasign(value: object, where: str) -> int:
-    # bool is an int in Python but never a feasign.
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise InstanceError(f"{where}: feasign {value!r} is not an integer")
-    if isinstance(value, str):
-        if not value.isdigit():
-            raise InstanceError(f"{where}: feasign {value!r} is not an unsigned integer")
-        value = int(value)
-    if not 0 <= value <= UINT64_MAX:
-        raise InstanceError(f"{where}: feasign {value} is outside the unsigned 64-bit range")
+def routing_key_of(value: object) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InstanceError('"routing_key" must be a string (or an integer)')
+    value = str(value)
+    if len(value) > MAX_ROUTING_KEY:
+        raise InstanceError(f'"routing_key" is longer than {MAX_ROUTING_KEY} characters')
     return value
 
 
-def build_key_batch(instances: Sequence[object], slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
-    """Flatten instances into a KeyBatch for ``slots`` (slot.conf order); raise InstanceError on bad input."""
-    pos = {s: i for i, s in enumerate(slots)}
-    num_slots = len(slots)
-    feasigns: list[int] = []
+def arm_of(value: object) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _ARM_NAME.fullmatch(value):
+        raise InstanceError('"arm" must be an arm name ([a-z0-9_-], at most 32 characters)')
+    return value
+
+
+def check_count(n: int) -> None:
+    if n == 0:
+        raise InstanceError('"instances" is empty: nothing to predict')
+    if n > MAX_INSTANCES:
+        raise TooManyInstances(f"{n} instances in one request; at most {MAX_INSTANCES}")
+
+
+def parse_instances(instances: Sequence[object]) -> ParsedInstances:
+    """Validate and flatten JSON instances; raise InstanceError naming the first bad one."""
+    check_count(len(instances))
+    lines: list[str] = []
+    line_rows: list[int] = []
     rows: list[int] = []
-    slot_pos: list[int] = []
+    feasigns: list[int] = []
+    slots: list[int] = []
+    strict = None
     for r, inst in enumerate(instances):
-        where = f"instance {r}"
         if not isinstance(inst, dict):
-            raise InstanceError(f'{where}: expected an object {{"line": ...}} or {{"slots": {{...}}}}')
-        present = [False] * num_slots
+            raise InstanceError(f'instance {r}: expected an object {{"line": ...}} or {{"slots": {{...}}}}')
         if "line" in inst:
             line = inst["line"]
             if not isinstance(line, str):
-                raise InstanceError(f'{where}: "line" must be a string')
-            try:
-                sample = parse_sample_line(line)
-            except MalformedLine as e:
-                raise InstanceError(f"{where}: {e}") from None
-            for f, s in zip(sample.feasigns, sample.slots, strict=True):
-                i = pos.get(s)
-                if i is not None:
-                    feasigns.append(f)
-                    rows.append(r)
-                    slot_pos.append(i)
-                    present[i] = True
+                raise InstanceError(f'instance {r}: "line" must be a string')
+            lines.append(line)
+            line_rows.append(r)
         elif "slots" in inst:
-            given = inst["slots"]
-            if not isinstance(given, dict) or not given:
-                raise InstanceError(f'{where}: "slots" must be a non-empty object {{"<slot>": [feasign, ...]}}')
-            for key, values in given.items():
-                try:
-                    i = pos[int(key)]
-                except (ValueError, KeyError):
-                    raise InstanceError(
-                        f"{where}: unknown slot {key!r}; this model's slots are "
-                        f"{list(slots)[:8]}{'...' if len(slots) > 8 else ''}"
-                    ) from None
-                if not isinstance(values, list):
-                    values = [values]
-                for v in values:
-                    feasigns.append(_feasign(v, f"{where} slot {key}"))
-                    rows.append(r)
-                    slot_pos.append(i)
-                    present[i] = True
+            if strict is None:
+                strict = np.zeros(len(instances), bool)
+            strict[r] = True
+            _flatten_slots(inst["slots"], r, rows, feasigns, slots)
         else:
-            raise InstanceError(f'{where} is empty: give "line" or "slots"')
-        for i, there in enumerate(present):
-            if not there:  # the padding rule: no empty slot sequences, as in training
-                feasigns.append(PADDING_FEASIGN)
-                rows.append(r)
-                slot_pos.append(i)
-    keys = transform_keys(np.array(feasigns, dtype=np.uint64), sparse_dim)
-    return KeyBatch(keys, np.array(rows, dtype=np.int64), np.array(slot_pos, dtype=np.int64), len(instances), num_slots)
+            raise InstanceError(f'instance {r} is empty: give "line" or "slots"')
+    return _columns(len(instances), lines, line_rows, rows, feasigns, slots, strict)
 
 
-def concat_batches(batches: Sequence[KeyBatch]) -> tuple[KeyBatch, list[int]]:
-    """One KeyBatch for several requests (rows renumbered) and each request's first row."""
+def _flatten_slots(given: object, r: int, rows: list, feasigns: list, slots: list) -> None:
+    where = f"instance {r}"
+    if not isinstance(given, dict) or not given:
+        raise InstanceError(f'{where}: "slots" must be a non-empty object {{"<slot>": [feasign, ...]}}')
+    for key, values in given.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_SLOT_DIGITS):
+            raise InstanceError(f"{where}: unknown slot {key!r}; slots are decimal integers")
+        slot = int(key)
+        if not isinstance(values, list):
+            values = [values]
+        for v in values:
+            feasigns.append(feasign_value(v, f"{where} slot {key}"))
+            rows.append(r)
+            slots.append(slot)
+
+
+def feasign_value(value: object, where: str) -> int:
+    """A feasign from JSON: an integer or a decimal string of ASCII digits, below 2**64."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):  # bool is an int in Python, never a feasign
+        raise InstanceError(f"{where}: feasign {value!r} is not an integer")
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit()):
+            raise InstanceError(f"{where}: feasign {value[:40]!r} is not an unsigned integer (ASCII digits)")
+        if len(value) > MAX_FEASIGN_DIGITS:
+            raise InstanceError(f"{where}: feasign {value[:40]!r}... has more than {MAX_FEASIGN_DIGITS} digits")
+        value = int(value)
+    if not 0 <= value <= UINT64_MAX:
+        raise InstanceError(f"{where}: feasign {str(value)[:40]} is outside the unsigned 64-bit range")
+    return value
+
+
+def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(feature_row, feasigns, feature_slots) of slot-format lines; raise InstanceError naming a bad one."""
+    for line, r in zip(lines, line_rows, strict=True):
+        if not _LINE_OK.fullmatch(line):
+            raise InstanceError(f"instance {r}: {_line_problem(line)}")
+    batch, bad = parse_lines(list(lines))
+    if bad:  # e.g. a 20-digit feasign above 2**64-1
+        raise InstanceError(f"instance {line_rows[bad[0].index]}: {bad[0].reason}")
+    return np.asarray(line_rows, np.int64)[batch.feature_line], batch.feasigns, batch.feature_slots
+
+
+def _line_problem(line: str) -> str:
+    parts = line.split()
+    if len(parts) < 2:
+        return "expected '$show $click $feasign:$slot ...'"
+    if not (parts[0].isascii() and parts[0].isdigit()) or parts[1] not in ("0", "1"):
+        return f"show/click {parts[0][:20]!r} {parts[1][:20]!r}: show is an unsigned integer, click 0 or 1"
+    for tok in parts[2:]:
+        f, sep, s = tok.partition(":")
+        if not sep or not (f.isascii() and f.isdigit() and s.isascii() and s.isdigit()):
+            return f"feature {tok[:60]!r} is not integer:integer (ASCII digits)"
+        if len(f) > MAX_FEASIGN_DIGITS or len(s) > MAX_SLOT_DIGITS:
+            return f"feature {tok[:60]!r}: feasign above 20 digits or slot above 9"
+    return "characters outside the slot format (spaces or tabs between fields, ASCII digits)"
+
+
+def _columns(n, lines, line_rows, rows, feasigns, slots, strict) -> ParsedInstances:
+    parts = []
+    if lines:
+        parts.append(parse_lines_strict(lines, line_rows))
+    if rows:
+        parts.append((np.asarray(rows, np.int64), np.asarray(feasigns, dtype=np.uint64), np.asarray(slots, np.int64)))
+    if not parts:
+        z = np.zeros(0, np.int64)
+        return ParsedInstances(n, z, np.zeros(0, np.uint64), z, strict)
+    if len(parts) == 1:
+        fr, fs, sl = parts[0]
+    else:  # both forms in one request: back in row order (stable keeps each row's feature order)
+        fr, fs, sl = (np.concatenate(c) for c in zip(*parts, strict=True))
+        order = np.argsort(fr, kind="stable")
+        fr, fs, sl = fr[order], fs[order], sl[order]
+    return ParsedInstances(n, fr, fs, sl, strict)
+
+
+def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, list[int]]:
+    """Several requests' instances as one (rows renumbered) and each request's first row."""
     offsets, n = [], 0
-    for b in batches:
+    for p in parts:
         offsets.append(n)
-        n += b.n
-    if len(batches) == 1:
-        return batches[0], offsets
-    merged = KeyBatch(
-        np.concatenate([b.keys for b in batches]),
-        np.concatenate([b.rows + off for b, off in zip(batches, offsets, strict=True)]),
-        np.concatenate([b.slot_pos for b in batches]),
+        n += p.n
+    if len(parts) == 1:
+        return parts[0], offsets
+    strict = None
+    if any(p.strict_rows is not None for p in parts):
+        strict = np.concatenate([p.strict_rows if p.strict_rows is not None else np.zeros(p.n, bool) for p in parts])
+    merged = ParsedInstances(
         n,
-        batches[0].num_slots,
+        np.concatenate([p.feature_row + off for p, off in zip(parts, offsets, strict=True)]),
+        np.concatenate([p.feasigns for p in parts]),
+        np.concatenate([p.feature_slots for p in parts]),
+        strict,
     )
     return merged, offsets
+
+
+def unknown_slot_rows(parsed: ParsedInstances, slots: Sequence[int]) -> dict[int, int]:
+    """Rows of the strict ("slots") form naming a slot outside ``slots``: {row: first such slot}."""
+    if parsed.strict_rows is None or not len(parsed.feature_slots):
+        return {}
+    pos = slot_positions(parsed.feature_slots, np.asarray(list(slots), np.int64))
+    bad = np.flatnonzero((pos < 0) & parsed.strict_rows[parsed.feature_row])
+    out: dict[int, int] = {}
+    for j in bad.tolist():
+        out.setdefault(int(parsed.feature_row[j]), int(parsed.feature_slots[j]))
+    return out
+
+
+def unknown_slot_message(row: int, slot: int, slots: Sequence[int]) -> str:
+    shown = list(slots)[:8]
+    return f"instance {row}: unknown slot '{slot}'; this model's slots are {shown}{'...' if len(slots) > 8 else ''}"
+
+
+def to_key_batch(parsed: ParsedInstances, slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
+    """The KeyBatch of one request's instances for a version's ``slots``; an unknown strict slot is an error."""
+    bad = unknown_slot_rows(parsed, slots)
+    if bad:
+        row, slot = min(bad.items())
+        raise InstanceError(unknown_slot_message(row, slot, slots))
+    return key_batch(parsed.feature_row, parsed.feasigns, parsed.feature_slots, parsed.n, slots, sparse_dim)
+
+
+def build_key_batch(instances: Sequence[object], slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
+    """JSON instances -> KeyBatch for ``slots`` (slot.conf order); raise InstanceError on bad input."""
+    return to_key_batch(parse_instances(instances), slots, sparse_dim)
