@@ -26,7 +26,7 @@ import numpy as np
 from ctr_foundation import names
 from elastic_control.serving.arms import Arm, Split, SplitError, make_split
 from elastic_control.serving.batcher import Batcher, Refusal
-from elastic_control.serving.cache import EmbeddingCache
+from elastic_control.serving.cache import EmbeddingCaches
 from elastic_control.serving.feedback import PredictionLog
 from elastic_control.serving.instances import PredictRequest
 from elastic_control.serving.lookup import CubeUnavailable
@@ -68,7 +68,7 @@ class ServingApp:
         monitor: Monitor | None = None,
         prediction_log: PredictionLog | None = None,
         token: str | None = None,
-        onednn: bool = True,
+        onednn: bool = False,
         probe_interval: float = 1.0,
     ):
         self.source = source
@@ -80,7 +80,7 @@ class ServingApp:
         self.metrics = ServingMetrics()
         self.monitor = monitor or Monitor()
         self.prediction_log = prediction_log or PredictionLog()
-        self.cache = EmbeddingCache(cache_entries) if cache_entries else None
+        self.cache = EmbeddingCaches(cache_entries) if cache_entries else None
         self.batcher = Batcher(self, workers=workers, max_batch_instances=max_batch_instances, onednn=onednn)
         self.active: LoadedVersion | None = None
         self.pinned: dict[str, LoadedVersion] = {}  # challengers' versions
@@ -198,6 +198,8 @@ class ServingApp:
         """Drop a version nothing routes to any more: predictors between batches, its lookup a bit later."""
         self.batcher.forget(old)
         self._probe.pop(old.load_id, None)
+        if self.cache is not None:
+            self.cache.drop(old.version, old.load_id)
         t = threading.Timer(30.0, old.lookup.close)
         t.daemon = True
         t.start()
@@ -264,24 +266,30 @@ class ServingApp:
     # ---- embeddings ---------------------------------------------------------------------------------
     def embeddings(self, version: LoadedVersion, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows float32 [m, width], found bool [m]) for every key of a batch: the cache, then cube for misses."""
-        cache = self.cache
-        if cache is None:
+        if self.cache is None:
             unique, inverse = np.unique(keys, return_inverse=True)
-            values, found = version.lookup.lookup(unique, version.version)
+            values, found = self._cube_rows(version, unique)
             return values[inverse], found[inverse]
-        tag = cache.tag(version.version)
-        hit, values, found = cache.get(tag, keys, version.width)
+        cache = self.cache.for_version(version.version, version.load_id, version.width)
+        hit, values, found = cache.get(keys)
         miss = np.flatnonzero(~hit)
+        self.cache.count(len(keys), len(keys) - len(miss))
         if len(miss):
             unique, inverse = np.unique(keys[miss], return_inverse=True)
-            v, f = version.lookup.lookup(unique, version.version)
-            if v.shape[1] != values.shape[1]:
-                raise CubeUnavailable(
-                    f"cube answered rows of {v.shape[1]} floats for version {version.version}, expected {version.width}"
-                )
+            v, f = self._cube_rows(version, unique)
             values[miss] = v[inverse]
             found[miss] = f[inverse]
-            cache.put(tag, unique, v, f)
+            cache.put(unique, v, f)
+        return values, found
+
+    @staticmethod
+    def _cube_rows(version: LoadedVersion, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        values, found = version.lookup.lookup(keys, version.version)
+        if values.shape[1] != version.width:
+            raise CubeUnavailable(
+                f"cube answered rows of {values.shape[1]} floats for version {version.version}, "
+                f"expected {version.width}"
+            )
         return values, found
 
     # ---- A/B split ------------------------------------------------------------------------------------

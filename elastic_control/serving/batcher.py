@@ -155,7 +155,7 @@ class _Worker:
 class Batcher:
     """The queue and the workers; ``app`` resolves arms and versions and does lookups (app.py)."""
 
-    def __init__(self, app, *, workers: int = 2, max_batch_instances: int = 2048, onednn: bool = True):
+    def __init__(self, app, *, workers: int = 2, max_batch_instances: int = 2048, onednn: bool = False):
         self.app = app
         self.max_batch_instances = max_batch_instances
         self.onednn = onednn
