@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -263,3 +264,91 @@ def switch_cube_version(urls: list[str], version: str, token: str = "t0ken") -> 
         for url in urls:
             r = requests.post(f"{url}/v1/{step}", json={"version": version}, headers=headers, timeout=60)
             assert r.status_code == 200, (step, url, r.text)
+
+
+def copy_pass(src: Path, model_path: Path, name: str, *, donefile: bool = True) -> Path:
+    """``src`` under a new pass name in ``model_path`` (same weights), recorded in its donefile."""
+    import json as _json
+    import shutil as _shutil
+
+    from ctr_foundation.atomic import append_line_durably
+
+    dst = model_path / name
+    _shutil.copytree(src, dst)
+    meta = _json.loads((dst / "meta.json").read_text())
+    (dst / "meta.json").write_text(_json.dumps({**meta, "pass": name}))
+    if donefile:
+        append_line_durably(
+            model_path / "donefile",
+            _json.dumps({"pass": name, "path": str(dst), "window": meta.get("window", {}), "time": time.time()}),
+        )
+    return dst
+
+
+_SHIFT_SCRIPT = r"""
+import sys
+import pyarrow  # before paddle
+import numpy as np
+import paddle
+
+paddle.enable_static()
+prefix, shift = sys.argv[1], float(sys.argv[2])
+exe = paddle.static.Executor(paddle.CPUPlace())
+program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
+scope = paddle.static.global_scope()
+shifted = 0
+for var in program.list_vars():
+    if var.persistable and var.name not in ("feed", "fetch") and tuple(var.shape) == (1,):
+        tensor = scope.find_var(var.name).get_tensor()
+        tensor.set(np.array(tensor) + np.float32(shift), paddle.CPUPlace())
+        shifted += 1
+assert shifted == 1, f"expected one bias of shape [1] (the output layer's), found {shifted}"
+block = program.global_block()
+paddle.static.save_inference_model(prefix, [block.var(n) for n in feeds], fetches, exe, program=program)
+"""
+
+
+def shift_output_logit(pass_dir: Path, shift: float) -> None:
+    """Add ``shift`` to the dense model's output-layer bias: a deliberately miscalibrated model."""
+    out = subprocess.run(
+        [PYTHON, "-c", _SHIFT_SCRIPT, str(pass_dir / "dense" / "inference"), str(shift)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (pass_dir / "golden.jsonl").unlink(missing_ok=True)  # its probabilities are not the shifted model's
+
+
+@dataclass(frozen=True)
+class ServedPasses:
+    """MODEL_PATH with three passes: A (trained), M = A with its output logit shifted by +1.5 (a
+    miscalibrated challenger), and C = A under the newest name (the control: what ModelDirSource serves)."""
+
+    models: Path
+    a: Path
+    miscalibrated: Path
+    control: Path
+
+
+def make_served_passes(root: Path) -> ServedPasses:
+    a = train_criteo_pass(root, "pass-20200101-00", seed=1)
+    m = copy_pass(a, root, "pass-20200101-01")
+    shift_output_logit(m, 1.5)
+    c = copy_pass(a, root, "pass-20200101-02")
+    return ServedPasses(root, a, m, c)
+
+
+def _served_fixture(tmp_path_factory):
+    return make_served_passes(tmp_path_factory.mktemp("served-models"))
+
+
+def _install_fixture():
+    import pytest
+
+    return pytest.fixture(scope="session", name="served")(_served_fixture)
+
+
+# Import this into a test module (``from helpers_serving import served_fixture``) for the session-scoped
+# fixture ``served``: one training run shared by every serving test module of the session.
+served_fixture = _install_fixture()

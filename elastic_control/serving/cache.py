@@ -62,17 +62,23 @@ class VersionCache:
     def put(self, keys: np.ndarray, values: np.ndarray, found: np.ndarray) -> None:
         """Remember the rows cube answered for ``keys`` (unique)."""
         sets = self._set_of(keys)
-        # one key per set per call (two keys of this call in one set: the first stays), so every written
-        # entry is the key, found flag and row of the same input position
-        s, first = np.unique(sets, return_index=True)
+        # at most two keys per set per call (one per way): rank keys within their set, keep ranks 0 and 1
+        order = np.argsort(sets, kind="stable")
+        ss = sets[order]
+        starts = np.r_[0, np.flatnonzero(ss[1:] != ss[:-1]) + 1]
+        rank = np.arange(len(ss)) - np.repeat(starts, np.diff(np.r_[starts, len(ss)]))
+        keep = rank < 2
+        pick, s, rank = order[keep], ss[keep], rank[keep]
         with self._lock:
-            way = self._older[s]
+            older = self._older[s]
+            way = np.where(rank == 0, older, 1 - older)
             at = 2 * s + way
             self.filled += int(np.count_nonzero(~self._used[at]))
             self._used[at] = True
-            self._keys[at] = keys[first]
-            self._found[at] = found[first]
-            self._values[at] = values[first]
+            self._keys[at] = keys[pick]
+            self._found[at] = found[pick]
+            self._values[at] = values[pick]
+            # the way filled last is the newer one: the next insert replaces the other
             self._older[s] = 1 - way
 
     @property
