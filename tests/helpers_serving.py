@@ -352,3 +352,32 @@ def _install_fixture():
 # Import this into a test module (``from helpers_serving import served_fixture``) for the session-scoped
 # fixture ``served``: one training run shared by every serving test module of the session.
 served_fixture = _install_fixture()
+
+
+def scale_embeddings(pass_dir: Path, factor: float) -> None:
+    """Multiply every embedding in the pass's sparse table by ``factor`` and rewrite golden.jsonl with the
+    probabilities offline scoring gives the changed pass (a version whose rows differ from its source's)."""
+    import gzip
+    import json as _json
+
+    import pyarrow  # noqa: F401  (before paddle)
+
+    from ctr_foundation.pass_format import load_pass, sparse_part_files
+    from elastic_control.inference.scoring import DenseModel, InMemoryTable, score_lines
+
+    info = load_pass(pass_dir)
+    cols = info.layout.embedding_column_indices()
+    for part in sparse_part_files(pass_dir):
+        opener = gzip.open if part.name.endswith(".gz") else open
+        with opener(part, "rt", encoding="ascii") as f:
+            rows = [ln.split() for ln in f if ln.strip()]
+        for toks in rows:
+            for i in cols:
+                toks[i] = f"{float(toks[i]) * factor:.8g}"
+        with opener(part, "wt", encoding="ascii") as f:
+            f.write("".join(" ".join(t) + "\n" for t in rows))
+    lines = [_json.loads(ln)["line"] for ln in (pass_dir / "golden.jsonl").read_text().splitlines() if ln.strip()]
+    probs = score_lines(lines, info, InMemoryTable.from_pass(info).lookup, DenseModel.from_pass(info))
+    (pass_dir / "golden.jsonl").write_text(
+        "".join(_json.dumps({"line": ln, "prob": float(p)}) + "\n" for ln, p in zip(lines, probs, strict=True))
+    )
