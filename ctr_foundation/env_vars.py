@@ -80,6 +80,7 @@ CUBE_SERVERS = _var("ELASTIC_CTR_CUBE_SERVERS", str, None, "comma-separated cube
 CUBE_AGENTS = _var("ELASTIC_CTR_CUBE_AGENTS", str, None, "comma-separated cube-agent URLs, shard order")
 CUBE_ROOT = _var("ELASTIC_CTR_CUBE_ROOT", str, None, "folder holding cube/VERSION/ shard files")
 SERVING_URL = _var("ELASTIC_CTR_SERVING_URL", str, None, "base URL of the serving process")
+SERVING_GRPC = _var("ELASTIC_CTR_SERVING_GRPC", str, None, "HOST:PORT of serving's gRPC API (the client)")
 
 # Listening ports and per-component settings; the Kubernetes manifests set
 # these (the defaults are the ports in DESIGN.md, so a program that only uses

@@ -62,8 +62,9 @@ def test_every_manifest_validates_strictly(tmp_path, flags):
     _, manifests = render_plan(tmp_path / "state", **flags)
     docs = load_manifests(manifests)
     shards = flags["cube_shards"]
-    # 3 shared + (pvc, deploy, svc) mlflow + (pvc, deploy, svc) file server + 2 per shard + transfer 2 + serving 2 + job
-    assert len(docs) == 3 + 3 + 3 + 2 * shards + 2 + 2 + 1
+    # 3 shared + (pvc, deploy, svc) mlflow + (pvc, deploy, svc) file server + 2 per shard + transfer 2
+    # + serving 2 + serving's alerting rules (ConfigMap) + job
+    assert len(docs) == 3 + 3 + 3 + 2 * shards + 2 + 2 + 1 + 1
     for doc in docs:
         validate_manifest(doc)
         labels = doc["metadata"]["labels"]
@@ -142,7 +143,10 @@ def test_components_get_their_contract_variables(tmp_path):
     assert server["command"] == ["cube-server", "--port", "8027", "--shard", "2", "--data", k.CUBE_DATA_DIR]
     assert _env(agent)["ELASTIC_CTR_CUBE_SHARD"] == "2"
     serving = deployments["elastic-ctr-serving"]["spec"]["template"]["spec"]["containers"][0]
-    assert serving["command"] == ["elastic-control", "serve", "--port", "8010"]
+    assert serving["command"] == ["elastic-control", "serve", "--port", "8010", "--drain-delay", "5"]
+    assert _env(serving)["ELASTIC_CTR_SERVING_GRPC_PORT"] == "8011"
+    assert [p["containerPort"] for p in serving["ports"]] == [8010, 8011]
+    assert serving["readinessProbe"]["httpGet"]["path"] == "/readyz"
     fileserver = deployments["elastic-ctr-fileserver"]["spec"]["template"]["spec"]
     assert fileserver["containers"][0]["command"] == [
         "elastic-control",

@@ -186,6 +186,7 @@ class KubeBackend(Backend):
             namespace=plan.namespace,
             serving_name=f"{plan.job_name}-serving",
             serving_port=k.SERVING_PORT,
+            serving_grpc_port=k.SERVING_GRPC_PORT,
             fileserver_name=f"{plan.job_name}-fileserver",
             fileserver_port=k.FILESERVER_PORT,
             state_dir=plan.state_path,

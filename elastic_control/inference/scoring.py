@@ -197,6 +197,22 @@ def prefer_fast_mkl() -> str | None:
     return None
 
 
+def import_paddle(*, keep_signals: bool = True) -> None:
+    """Import Paddle now (pyarrow first, MKL's fast kernels chosen), without its C++ signal handlers.
+
+    Paddle installs handlers for SIGTERM, SIGINT, SIGSEGV, ... when imported; its SIGTERM handler
+    prints a C++ stack and aborts, which would turn a graceful shutdown (serving's drain) into a crash.
+    Call this in the main thread before installing the process's own signal handlers.
+    """
+    import pyarrow  # noqa: F401  (must be imported before paddle)
+
+    prefer_fast_mkl()
+    import paddle
+
+    if keep_signals:
+        paddle.disable_signal_handler()
+
+
 class DenseModel:
     """The pass's dense inference program, run with paddle.inference (CPU).
 

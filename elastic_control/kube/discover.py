@@ -86,11 +86,14 @@ def configure_client(
     fileserver_port: int,
     state_dir: Path,
     fallback_slot_conf: str,
+    serving_grpc_port: int | None = None,
 ) -> Path:
     """Write STATE/client.json (docs/contracts.md) and the slot.conf it names; returns client.json's path."""
     serving = discover_service(namespace, serving_name, serving_port)
     files = discover_service(namespace, fileserver_name, fileserver_port)
-    for what, endpoint in (("serving", serving), ("file server", files)):
+    grpc = discover_service(namespace, serving_name, serving_grpc_port) if serving_grpc_port else None
+    found = [("serving", serving), ("file server", files)] + ([("serving gRPC", grpc)] if grpc else [])
+    for what, endpoint in found:
         if endpoint.port_forward:
             info(f"{what} is only reachable inside the cluster; run: {endpoint.port_forward}")
         else:
@@ -109,5 +112,6 @@ def configure_client(
     slot_path = state_dir / CLIENT_SLOT_CONF
     atomic_write_text(slot_path, slot_text)
     path = StateFolder(state_dir).client_config
-    ClientConfig(serving.url, files.url, str(slot_path.resolve()), tuple(slots.slots)).save(path)
+    grpc_target = grpc.url.split("://", 1)[1] if grpc else None  # HOST:PORT (gRPC has no URL scheme)
+    ClientConfig(serving.url, files.url, str(slot_path.resolve()), tuple(slots.slots), grpc_target).save(path)
     return path

@@ -89,7 +89,7 @@ def plan_components(
 ) -> LocalPlan:
     """Every component with its argv, environment and port; ``ports`` are drawn fresh when not given."""
     res = plan.resources
-    needed = 4 + 2 * res.cube_shards + res.pservers + res.trainers
+    needed = 5 + 2 * res.cube_shards + res.pservers + res.trainers
     ports = list(ports) if ports is not None else free_ports(needed)
     if len(ports) < needed:
         raise ValueError(f"need {needed} ports, got {len(ports)}")
@@ -98,6 +98,7 @@ def plan_components(
     cube_ports = [(next(take), next(take)) for _ in range(res.cube_shards)]
     pserver_ports = [next(take) for _ in range(res.pservers)]
     trainer_ports = [next(take) for _ in range(res.trainers)]
+    serving_grpc_port = next(take)
 
     def url(port: int) -> str:
         return f"http://{LOOPBACK}:{port}"
@@ -220,6 +221,7 @@ def plan_components(
             name=SERVING,
             kind="serving",
             port=serving_port,
+            extra_ports=[serving_grpc_port],
             ready="http:/healthz",
             after=[FILESERVER] + [cube_server_name(i) for i in range(res.cube_shards)],
             argv=elastic_control_argv(
@@ -228,6 +230,8 @@ def plan_components(
                 LOOPBACK,
                 "--port",
                 str(serving_port),
+                "--grpc-port",
+                str(serving_grpc_port),
                 "--cache-dir",
                 str(layout.state / "serving-cache"),
                 "--poll-interval",
@@ -235,6 +239,8 @@ def plan_components(
             ),
             env={
                 ev.SERVING_PORT.name: str(serving_port),
+                ev.SERVING_GRPC_PORT.name: str(serving_grpc_port),
+                ev.MLFLOW_TRACKING_URI.name: mlflow_url,
                 ev.CUBE_SERVERS.name: cube_servers,
                 ev.FILESERVER_URL.name: fileserver_url,
                 **config_env,

@@ -258,8 +258,6 @@ class ServingApp:
         return None
 
     def not_ready(self) -> Refusal:
-        if self.draining:
-            return Refusal(503, "serving is shutting down (draining)")
         why = self.last_reload_error or f"waiting for the first active version from {self.source.describe}"
         return Refusal(503, f"no model version is active yet: {why}")
 

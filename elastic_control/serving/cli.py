@@ -230,6 +230,7 @@ def serve_command(
 ):
     """Serve predictions: HTTP POST /v1/predict and /v1/feedback, gRPC Predict and Feedback; /v1/monitor,
     /v1/split, /healthz, /readyz, /metrics, /v1/status."""
+    from elastic_control.inference.scoring import import_paddle
     from elastic_control.serving.app import ServingApp
     from elastic_control.serving.arms import SplitError, split_from_flag
     from elastic_control.serving.feedback import PredictionLog
@@ -237,6 +238,8 @@ def serve_command(
     from elastic_control.serving.monitor import AlertRules, Monitor
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serving %(message)s")
+    import_paddle()  # before our SIGTERM handler: Paddle's own would abort instead of draining
+    logging.getLogger("elastic_control").setLevel(logging.INFO)  # importing paddle sets the root logger to WARNING
     try:
         low, high = AlertRules.parse_band(alert_calibration)
         split = split_from_flag(split_spec)

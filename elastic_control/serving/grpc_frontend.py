@@ -202,7 +202,7 @@ class _PredictionServicer(serving_pb2_grpc.PredictionServicer):
         except InstanceError as e:
             app.metrics.observe_request(e.status, time.perf_counter() - started)
             await context.abort(STATUS_CODES[e.status], str(e))
-        if app.active is None or app.draining:
+        if app.active is None:  # while draining, calls still reaching us are answered
             refusal = app.not_ready()
             app.metrics.observe_request(refusal.status, time.perf_counter() - started)
             await context.abort(grpc.StatusCode.UNAVAILABLE, refusal.message)

@@ -90,8 +90,8 @@ class _Bucket:
         self.fb = 0
         self.clicks = 0
         self.fb_p = self.fb_p2 = self.fb_py = self.ll = self.ll2 = 0.0
-        self.pos = np.zeros(AUC_BINS, np.int64)
-        self.neg = np.zeros(AUC_BINS, np.int64)
+        self.pos: np.ndarray | None = None  # score histograms, allocated with the first feedback
+        self.neg: np.ndarray | None = None
         self.slot_keys = np.zeros(num_slots, np.int64)
         self.slot_unknown = np.zeros(num_slots, np.int64)
 
@@ -172,8 +172,10 @@ class Monitor:
             b.fb_py += float((p * y).sum())
             b.ll += float(ll.sum())
             b.ll2 += float((ll * ll).sum())
-            np.add.at(b.pos, bins[y == 1], 1)
-            np.add.at(b.neg, bins[y == 0], 1)
+            if b.pos is None:
+                b.pos, b.neg = np.zeros(AUC_BINS, np.int64), np.zeros(AUC_BINS, np.int64)
+            b.pos += np.bincount(bins[y == 1], minlength=AUC_BINS)
+            b.neg += np.bincount(bins[y == 0], minlength=AUC_BINS)
             s.total_feedback += len(p)
             s.last_seen = now
 
@@ -186,8 +188,8 @@ class Monitor:
             for key, s in list(self._series.items()):
                 while s.buckets and s.buckets[0][0] < oldest:
                     s.buckets.popleft()
-                if not s.buckets and now - s.last_seen > 2 * self.window_s:
-                    del self._series[key]  # an arm/version gone for two windows
+                if not s.buckets and now - s.last_seen > self.window_s:
+                    del self._series[key]  # an arm/version with nothing left in the window
                     continue
                 out.append(_fold(s))
         return sorted(out, key=lambda d: (d["arm"], d["version"]))
@@ -250,8 +252,9 @@ def _fold(s: _Series) -> dict:
         fb_py += b.fb_py
         ll += b.ll
         ll2 += b.ll2
-        pos += b.pos
-        neg += b.neg
+        if b.pos is not None:
+            pos += b.pos
+            neg += b.neg
         if len(b.slot_keys) == len(keys):
             keys += b.slot_keys
             unknown += b.slot_unknown

@@ -117,7 +117,7 @@ class HttpRoutes:
         except InstanceError as e:
             app.metrics.observe_request(e.status, time.perf_counter() - started)
             return Response.error(e.status, str(e))
-        if app.active is None or app.draining:
+        if app.active is None:  # while draining, requests still reaching us are answered
             refusal = app.not_ready()
             app.metrics.observe_request(refusal.status, time.perf_counter() - started)
             return Response.error(refusal.status, refusal.message)
