@@ -204,7 +204,9 @@ def _dense_only_main(pass_dir: str, seconds: float) -> None:
 
 
 def _dense_rate(prefix: Path, x: np.ndarray, threads: int, seconds: float, onednn: bool) -> float:
-    from elastic_control.inference.scoring import DenseModel
+    from elastic_control.inference.scoring import DenseModel, import_paddle
+
+    import_paddle()  # what serving does: MKL's AVX2 kernels on AMD
 
     counts = [0] * threads
     barrier = threading.Barrier(threads + 1)

@@ -180,7 +180,7 @@ def serving_in_thread(source, wait_ready: bool = True, **kwargs):
     ).start_in_thread()
     try:
         deadline = time.monotonic() + 60
-        while wait_ready and app.active is None and time.monotonic() < deadline:
+        while wait_ready and not app.readiness()[0] and time.monotonic() < deadline:
             time.sleep(0.05)
         yield server
     finally:

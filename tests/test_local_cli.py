@@ -77,7 +77,7 @@ def test_render_plans_every_component_on_distinct_free_ports(rendered):
         "trainer-1",
     ]
     ports = [p for c in plan["components"] for p in ([c["port"]] if c["port"] else []) + c["extra_ports"]]
-    assert len(ports) == len(set(ports)) == len(names)
+    assert len(ports) == len(set(ports)) == len(names) + 1  # serving has two: HTTP and gRPC
     # The components read an expanded data.config with absolute paths and MODEL_PATH set.
     text = (state / "local" / "data.config").read_text()
     assert f'DATASET_PATH="{cwd / "data"}"' in text and f'MODEL_PATH="{state.resolve() / "models"}"' in text

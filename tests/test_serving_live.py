@@ -319,3 +319,54 @@ def _plain(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
+
+
+def test_client_over_both_transports_and_the_ab_report(served):
+    import json
+    import subprocess
+
+    from helpers_serving import PYTHON
+
+    from client.api import GrpcServingClient, PredictionError, ServingClient
+
+    lines, probs = golden(served.a)
+    challenger_v = served.miscalibrated.name
+    with serving_in_thread(ModelDirSource(served.models), grpc=True, token=TOKEN) as srv:
+        http, rpc = ServingClient(srv.url), GrpcServingClient(srv.grpc_target)
+        via_http = list(http.predict_lines(lines, batch_size=32))
+        via_grpc = list(rpc.predict_lines(lines, batch_size=32))
+        np.testing.assert_allclose(via_grpc, via_http, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(via_grpc, probs, rtol=0, atol=1e-5)
+        assert rpc.health() == "SERVING"
+        with pytest.raises(PredictionError, match="INVALID_ARGUMENT"):
+            rpc.predict_instances([{"line": "1 0 ²:1"}])
+        arms = [{"name": "control", "weight": 50}, {"name": "challenger", "version": challenger_v, "weight": 50}]
+        assert put_split(srv.url, arms).status_code == 200
+        rng = np.random.default_rng(5)
+        for i in range(200):
+            client = http if i % 2 else rpc
+            a = client.predict_instances([{"line": ln} for ln in lines[:5]], routing_key=f"r{i}")
+            events = [{"request_id": a["request_id"], "index": j, "click": int(rng.random() < 0.3)} for j in range(5)]
+            assert client.feedback(events)["joined"] == 5
+        rpc.close()
+        out = subprocess.run(
+            [PYTHON, "-m", "elastic_control", "ab-report", "--serving", srv.url, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert {a["arm"] for a in report["arms"]} == {"control", "challenger"}
+        assert sum(a["feedback"] for a in report["arms"]) == 1000
+        (cmp,) = report["comparisons"]
+        for key in ("ctr", "calibration", "logloss", "auc"):
+            lo, hi = cmp[key]["ci"]
+            assert lo <= cmp[key]["difference"] <= hi
+        text = subprocess.run(
+            [PYTHON, "-m", "elastic_control", "ab-report", "--serving", srv.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        assert "challenger - control" in text and "calibration" not in text.splitlines()[0]

@@ -182,6 +182,10 @@ def prefer_fast_mkl() -> str | None:
     machines Paddle's dense layers ran 10-20x slower than with ``MKL_DEBUG_CPU_TYPE=5`` (measured in
     bench/bench_serving.py's dense-only line). MKL reads the variable at its first call, so this must
     run before the first predictor is created; a value the user set is kept.
+
+    Serving opts in (``import_paddle``). Offline evaluation does not: with the AVX2 kernels a row's
+    probability depends in its last bits on how many rows share the GEMM call, and evaluation promises
+    bit-identical metrics whatever the number of workers.
     """
     current = MKL_DEBUG_CPU_TYPE.get()
     if current is not None:
@@ -225,7 +229,6 @@ class DenseModel:
     def __init__(self, model_prefix: str | Path, threads: int = 1, *, onednn: bool = True, bind_thread: bool = False):
         import pyarrow  # noqa: F401  (must be imported before paddle)
 
-        prefer_fast_mkl()
         from paddle import inference
 
         prefix = str(model_prefix)

@@ -140,7 +140,15 @@ class ServingApp:
         loaded = self.source.materialise(record)
         loaded.load_id = next(self._load_ids)
         self.batcher.prepare(loaded)  # every worker's own predictor, created and probed in its thread
+        self._probe_now(loaded)  # readiness knows at once whether cube answers for it
         return loaded
+
+    def _probe_now(self, v: LoadedVersion) -> None:
+        try:
+            reason = v.probe()
+        except Exception as e:  # noqa: BLE001 - a probe failure is a reason, not a crash
+            reason = f"{type(e).__name__}: {e}"
+        self._probe[v.load_id] = (reason, time.monotonic())
 
     def check_version_now(self, timeout: float | None = None) -> bool:
         """Load the source's current version if it differs from the active one; True if it switched."""
@@ -437,13 +445,8 @@ class ServingApp:
     def _probe_loop(self) -> None:
         while not self._stopping.is_set():
             for v in [self.active, *self.pinned.values()]:
-                if v is None:
-                    continue
-                try:
-                    reason = v.probe()
-                except Exception as e:  # noqa: BLE001 - a probe failure is a reason, not a crash
-                    reason = f"{type(e).__name__}: {e}"
-                self._probe[v.load_id] = (reason, time.monotonic())
+                if v is not None:
+                    self._probe_now(v)
             self._stopping.wait(self.probe_interval)
 
     def readiness(self) -> tuple[bool, str]:
