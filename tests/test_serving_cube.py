@@ -149,7 +149,7 @@ def test_a_challenger_is_pinned_while_its_arm_exists(served, scaled, tmp_path):
     with cube_servers(fs_root / "cube", 2, tmp_path) as urls, fileserver_in_thread(fs_root) as fs_url:
         vs = publish_version(fs_root, scaled, shards=2, make_current=False)  # after start: A stays active
         source = FileServerSource(fs_url, tmp_path / "cache", urls, token=TOKEN)
-        with serving_in_thread(source, token="split-token") as srv:
+        with serving_in_thread(source, token="split-token", pin_wait=1.0) as srv:
             auth = {"Authorization": "Bearer split-token"}
             arms = [{"name": "control", "weight": 50}, {"name": "challenger", "version": vs, "weight": 50}]
             r = requests.put(srv.url + "/v1/split", json={"arms": arms}, headers=auth, timeout=60)
@@ -171,7 +171,10 @@ def test_a_challenger_is_pinned_while_its_arm_exists(served, scaled, tmp_path):
 
 
 def _serving_pins(fs_root) -> list[str]:
+    """The versions cube-transfer pins (``versions``), checked against serving's own entries (``pins``)."""
     path = fs_root / "cube" / "pins.json"
     if not path.exists():
         return []
-    return [p["version"] for p in json.loads(path.read_text())["pins"] if p["owner"] == "serving"]
+    doc = json.loads(path.read_text())
+    assert doc["versions"] == sorted(p["version"] for p in doc["pins"] if p["owner"] == "serving")
+    return doc["versions"]

@@ -266,3 +266,17 @@ def test_monitor_figures_match_a_recomputation_and_alerts_fire():
     assert s["coverage"]["slots"]["2"]["unknown_share"] == 0.5
     kinds = {(a["kind"], a.get("slot")) for a in mon.alerts()}
     assert kinds == {("calibration", None), ("coverage", "2")}
+
+
+def test_pins_keep_other_writers_versions(tmp_path):
+    import json as _json
+
+    from elastic_control.serving.pins import PinStore
+
+    (tmp_path / "pins.json").write_text(_json.dumps({"versions": ["pass-ops"]}))  # pinned by someone else
+    store = PinStore.local(tmp_path)
+    store.set_serving_pins([("pass-b", "A/B challenger arm")])
+    doc = _json.loads((tmp_path / "pins.json").read_text())
+    assert doc["versions"] == ["pass-b", "pass-ops"] and store.serving_versions() == ["pass-b"]
+    store.set_serving_pins([])
+    assert _json.loads((tmp_path / "pins.json").read_text())["versions"] == ["pass-ops"]

@@ -70,12 +70,14 @@ class ServingApp:
         token: str | None = None,
         onednn: bool = False,
         probe_interval: float = 1.0,
+        pin_wait: float = 60.0,
     ):
         self.source = source
         self.workers = workers
         self.poll_interval = poll_interval
         self.reload_wait = reload_wait
         self.probe_interval = probe_interval
+        self.pin_wait = pin_wait  # how long a new challenger may take to be held by every cube shard
         self.token = token
         self.metrics = ServingMetrics()
         self.monitor = monitor or Monitor()
@@ -374,12 +376,15 @@ class ServingApp:
         except Exception as e:  # noqa: BLE001
             raise SplitConflict(f"version {version} failed to load: {e}") from e
         loaded.load_id = next(self._load_ids)
-        reason = loaded.probe()
+        # The pin is written: cube-transfer loads the version on every shard (pinned) at its next poll.
+        deadline = time.monotonic() + self.pin_wait
+        while (reason := loaded.probe()) is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
         if reason is not None:
             loaded.lookup.close()
             raise SplitConflict(
-                f"cube does not answer for version {version} on every shard ({reason}); it must be held by all "
-                "shards (pinned versions are kept loaded by cube, docs/contracts.md)"
+                f"cube does not answer for version {version} on every shard after {self.pin_wait:.0f}s ({reason}); "
+                "cube-transfer loads the versions of cube/pins.json on every shard (docs/contracts.md)"
             )
         self._probe[loaded.load_id] = (None, time.monotonic())
         self.batcher.prepare(loaded)

@@ -1,11 +1,12 @@
 """Pins: the cube versions serving's A/B challengers use, so that nothing removes them meanwhile.
 
 The contract with cube (docs/contracts.md, "Pinned versions"): ``cube/pins.json`` on the file server
-(``CUBE_ROOT/pins.json`` for a local cube root) is ``{"pins": [{"version", "owner", "reason",
-"since"}], "updated_at"}``. cube-transfer's garbage collection never deletes a pinned version, and
-cube keeps it held by every shard while it is pinned. Serving owns the entries with ``"owner":
-"serving"``: it writes them before a challenger arm starts taking traffic and removes them when the
-split ends; entries of other owners are kept as they are.
+(``CUBE_ROOT/pins.json`` for a local cube root) is ``{"versions": [VERSION, ...]}``: cube-transfer
+loads every listed version on every shard as pinned, and its garbage collection keeps them (other
+keys are ignored by cube). Serving adds ``"pins": [{"version", "owner": "serving", "reason",
+"since"}]`` and ``"updated_at"`` to say who pinned what: it owns the versions of its own entries,
+writes them before a challenger arm takes traffic (then waits until every shard answers for them)
+and removes them when the split ends; every other listed version is kept as it is.
 """
 
 from __future__ import annotations
@@ -59,28 +60,32 @@ class PinStore:
 
         return cls(read, write, f"{fs.base_url}/files/{REMOTE_PINS}" if hasattr(fs, "base_url") else REMOTE_PINS)
 
-    def pinned(self) -> list[dict]:
+    def document(self) -> dict:
         doc = self._read() or {}
-        pins = doc.get("pins") if isinstance(doc, dict) else None
-        return [p for p in pins or [] if isinstance(p, dict) and isinstance(p.get("version"), str)]
+        return doc if isinstance(doc, dict) else {}
+
+    def serving_versions(self) -> list[str]:
+        doc = self.document()
+        return sorted(p["version"] for p in doc.get("pins") or [] if isinstance(p, dict) and p.get("owner") == OWNER)
 
     def set_serving_pins(self, versions: Iterable[tuple[str, str]]) -> None:
         """Serving's pins become exactly ``versions`` ((version, reason) pairs); others' pins stay."""
         wanted = dict(versions)
         try:
-            current = self.pinned()
-            mine = {p["version"]: p for p in current if p.get("owner") == OWNER}
-            others = [p for p in current if p.get("owner") != OWNER]
+            doc = self.document()
+            entries = [p for p in doc.get("pins") or [] if isinstance(p, dict) and isinstance(p.get("version"), str)]
+            mine = {p["version"]: p for p in entries if p.get("owner") == OWNER}
+            others = [p for p in entries if p.get("owner") != OWNER]
+            listed = [v for v in doc.get("versions") or [] if isinstance(v, str)]
+            foreign = {v for v in listed if v not in mine} | {p["version"] for p in others}
+            if set(mine) == set(wanted) and set(listed) == foreign | set(wanted):
+                return  # unchanged: no write
             now = format_time(utc_now())
             pins = others + [
                 {"version": v, "owner": OWNER, "reason": reason, "since": mine.get(v, {}).get("since", now)}
                 for v, reason in sorted(wanted.items())
             ]
-            if {p["version"] for p in mine.values()} == set(wanted) and all(
-                mine[v].get("reason") == r for v, r in wanted.items()
-            ):
-                return  # unchanged: no write
-            self._write({"pins": pins, "updated_at": now})
+            self._write({"versions": sorted(foreign | set(wanted)), "pins": pins, "updated_at": now})
         except Exception as e:  # noqa: BLE001 - any failure means the same: the pin is not recorded
             raise ComponentError(f"could not write the version pins to {self.where}: {e}") from e
         log.info("pinned cube versions for serving: %s (%s)", sorted(wanted) or "none", self.where)
