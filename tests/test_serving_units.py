@@ -117,9 +117,11 @@ def test_fast_and_exact_line_paths_agree_on_random_lines():
     good += ["1 0 18446744073709551615:3", "0 1", "7 1 1:2\t3:4", "1 0  5:1 ", "1 1 00012:0001"]
     feats, bads = [], []
     for ln in good:
-        f = parse_lines_strict([ln], [0])
-        want = parse_sample_line(ln)
-        assert f[1].tolist() == list(want.feasigns) and f[2].tolist() == list(want.slots), ln
+        for many in (1, 6):  # the few-lines path and the vectorised path
+            f = parse_lines_strict([ln] * many, list(range(many)))
+            want = parse_sample_line(ln)
+            assert list(f[1]) == list(want.feasigns) * many and list(f[2]) == list(want.slots) * many, ln
+            assert list(f[0]) == [len(want.feasigns)] * many
         feats.append(f)
     alphabet = "0123456789 :\t²x-\n"
     for _ in range(400):  # mutations: either refused with InstanceError, or parsed like the reference
@@ -127,13 +129,14 @@ def test_fast_and_exact_line_paths_agree_on_random_lines():
         for _ in range(rng.randint(1, 3)):
             base[rng.randrange(len(base))] = rng.choice(alphabet)
         mutated = "".join(base)
-        try:
-            got = parse_lines_strict([mutated], [0])
-        except InstanceError:
-            bads.append(mutated)
-            continue
-        want = parse_sample_line(mutated)
-        assert got[1].tolist() == list(want.feasigns) and got[2].tolist() == list(want.slots), mutated
+        for many in (1, 6):
+            try:
+                got = parse_lines_strict([mutated] * many, list(range(many)))
+            except InstanceError:
+                bads.append(mutated)
+                continue
+            want = parse_sample_line(mutated)
+            assert list(got[1]) == list(want.feasigns) * many and list(got[2]) == list(want.slots) * many, mutated
     assert bads, "the mutations must produce some bad lines"
 
 
@@ -164,8 +167,8 @@ def test_bad_bodies_are_client_errors(body, status, words):
 def test_mixed_forms_keep_instance_order():
     parsed = parse_instances([{"slots": {"2": [5]}}, {"line": "1 0 7:1"}, {"slots": {"1": ["8"]}}])
     assert parsed.feature_row.tolist() == [0, 1, 2]
-    assert parsed.feasigns.tolist() == [5, 7, 8] and parsed.feature_slots.tolist() == [2, 1, 1]
-    assert parsed.strict_rows.tolist() == [True, False, True]
+    assert list(parsed.feasigns) == [5, 7, 8] and list(parsed.feature_slots) == [2, 1, 1]
+    assert list(parsed.strict_rows) == [True, False, True]
 
 
 # ---- the hot-key cache ------------------------------------------------------------------------
@@ -280,3 +283,21 @@ def test_pins_keep_other_writers_versions(tmp_path):
     assert doc["versions"] == ["pass-b", "pass-ops"] and store.serving_versions() == ["pass-b"]
     store.set_serving_pins([])
     assert _json.loads((tmp_path / "pins.json").read_text())["versions"] == ["pass-ops"]
+
+
+def test_a_batch_recorded_at_once_joins_like_requests_recorded_one_by_one():
+    log = PredictionLog(window_s=60, capacity=8, max_requests=16)
+    ids = log.record_batch("a", "v", np.array([0.1, 0.2, 0.3, 0.4, 0.5], np.float32), [2, 1, 2])
+    ids += log.record_batch("a", "v", np.array([0.6, 0.7, 0.8, 0.9], np.float32), [4])  # wraps the ring
+    seen = []
+    r = log.join([(ids[1], 0, 1), (ids[2], 1, 0), (ids[3], 3, 1), (ids[0], 0, 1)], lambda *a: seen.append(a))
+    assert (r.joined, r.unknown) == (3, 1)  # ids[0]'s probabilities were overwritten by the wrap
+    np.testing.assert_allclose(sorted(seen[0][2]), [0.3, 0.5, 0.9], rtol=1e-6)
+    assert len(set(ids)) == 4 and all(len(i) == 24 for i in ids)
+
+
+def test_answer_bytes_equal_json_dumps():
+    from elastic_control.serving.batcher import Answer
+
+    a = Answer(np.array([0.1, 1e-8, 0.99999994], np.float32), "ab" * 12, "control", 'pass-"x"', "pass-y")
+    assert json.loads(a.to_json_bytes()) == a.to_json()

@@ -58,6 +58,28 @@ class Answer:
             "cube_version": self.cube_version,
         }
 
+    def to_json_bytes(self) -> bytes:
+        """``json.dumps(self.to_json())`` + newline, written directly (hot path: one per answered request)."""
+        preds = ", ".join(map(float.__repr__, self.probabilities.tolist()))
+        return (
+            f'{{"predictions": [{preds}], "request_id": "{self.request_id}", "arm": "{self.arm}", '
+            f'"model_version": {_quoted(self.model_version)}, "cube_version": {_quoted(self.cube_version)}}}\n'
+        ).encode()
+
+
+_QUOTED: dict[str, str] = {}
+
+
+def _quoted(text: str) -> str:
+    q = _QUOTED.get(text)
+    if q is None:
+        import json
+
+        q = _QUOTED[text] = json.dumps(text)
+        if len(_QUOTED) > 1000:
+            _QUOTED.clear()
+    return q
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -229,13 +251,14 @@ class Batcher:
     def answer_all(self, items: list[tuple[Job, Outcome]]) -> None:
         if not items:
             return
-        metrics = self.app.metrics
         now = time.perf_counter()
         by_frontend: dict[int, tuple[Frontend, list]] = {}
+        observed = []
         for job, outcome in items:
             status = 200 if isinstance(outcome, Answer) else outcome.status
-            metrics.observe_request(status, now - job.started, job.n if status == 200 else 0)
+            observed.append((status, now - job.started, job.n if status == 200 else 0))
             by_frontend.setdefault(id(job.frontend), (job.frontend, []))[1].append((job, outcome))
+        self.app.metrics.observe_requests(observed)
         with self._inflight_lock:
             self.inflight -= len(items)
         for frontend, group in by_frontend.values():
@@ -283,13 +306,11 @@ class Batcher:
         slot_keys = np.bincount(kb.slot_pos, minlength=num_slots)
         slot_unknown = np.bincount(kb.slot_pos[~found], minlength=num_slots)
         app.monitor.observe_predictions(arm, version.version, version.slots, probs, slot_keys, slot_unknown)
-        items = []
-        log_ = app.prediction_log
-        now = time.time()
-        for job, off in zip(jobs, offsets, strict=True):
-            p = probs[off : off + job.n]
-            rid = log_.record(arm, version.version, p, now)
-            items.append((job, Answer(p, rid, arm, version.version, version.version)))
+        ids = app.prediction_log.record_batch(arm, version.version, probs, [j.n for j in jobs])
+        items = [
+            (job, Answer(probs[off : off + job.n], rid, arm, version.version, version.version))
+            for job, off, rid in zip(jobs, offsets, ids, strict=True)
+        ]
         self.answer_all(items)
         if self.hooks and arm == app.control_arm_name():
             instances = [i for j in jobs for i in (j.request.instances or ())]

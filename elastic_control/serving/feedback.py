@@ -93,9 +93,40 @@ class PredictionLog:
                 self._req_seq[r] = -1
         return f"{self.prefix}{seq:0{ID_DIGITS}x}"
 
-    def record_many(self, items: Sequence[tuple[str, str, np.ndarray]]) -> list[str]:
+    def record_batch(self, arm: str, version: str, probabilities: np.ndarray, sizes: Sequence[int]) -> list[str]:
+        """Remember the consecutive requests of one scored batch (``sizes`` instances each); their ids."""
+        total = len(probabilities)
+        if total > self.capacity or len(sizes) > self.max_requests:
+            now = time.time()
+            out, at = [], 0
+            for n in sizes:
+                out.append(self.record(arm, version, probabilities[at : at + n], now))
+                at += n
+            return out
         now = time.time()
-        return [self.record(arm, version, probs, now) for arm, version, probs in items]
+        with self._lock:
+            arm_id = self._arm_id(arm, version)
+            first_seq, start = self._next_seq, self._next_slot
+            self._next_seq += len(sizes)
+            self._next_slot += total
+            lo = start % self.capacity
+            if lo + total <= self.capacity:
+                self._probs[lo : lo + total] = probabilities
+                self._clicked[lo : lo + total] = False
+            else:
+                at = np.arange(start, start + total) % self.capacity
+                self._probs[at] = probabilities
+                self._clicked[at] = False
+            starts = start + np.concatenate(([0], np.cumsum(sizes[:-1], dtype=np.int64))) if len(sizes) > 1 else [start]
+            seqs = np.arange(first_seq, first_seq + len(sizes))
+            r = seqs % self.max_requests
+            self._req_seq[r] = seqs
+            self._req_time[r] = now
+            self._req_start[r] = starts
+            self._req_n[r] = sizes
+            self._req_arm[r] = arm_id
+        prefix = self.prefix
+        return [f"{prefix}{seq:0{ID_DIGITS}x}" for seq in range(first_seq, first_seq + len(sizes))]
 
     def join(
         self,

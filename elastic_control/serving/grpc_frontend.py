@@ -18,7 +18,6 @@ import threading
 import time
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -27,12 +26,12 @@ from ctr_foundation.grpc_api import SERVICE, serving_pb2, serving_pb2_grpc
 from elastic_control.serving.app import ServingApp
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
 from elastic_control.serving.instances import (
+    InstanceColumns,
     InstanceError,
     ParsedInstances,
     PredictRequest,
     arm_of,
     check_count,
-    parse_lines_strict,
     routing_key_of,
 )
 
@@ -55,42 +54,19 @@ MAX_FEEDBACK_EVENTS = 100_000
 def parse_proto_instances(instances) -> ParsedInstances:
     """Proto instances -> feature columns, with the HTTP route's rules (instances.py)."""
     check_count(len(instances))
-    lines, line_rows = [], []
-    rows, feasigns, slots = [], [], []
-    strict = None
+    columns = InstanceColumns(len(instances))
     for r, inst in enumerate(instances):
         kind = inst.WhichOneof("features")
         if kind == "line":
-            lines.append(inst.line)
-            line_rows.append(r)
+            columns.add_line(r, inst.line)
         elif kind == "slots":
             if not inst.slots.slots:
                 raise InstanceError(f'instance {r}: "slots" must name at least one slot')
-            if strict is None:
-                strict = np.zeros(len(instances), bool)
-            strict[r] = True
-            for slot, values in inst.slots.slots.items():
-                k = len(values.feasigns)
-                feasigns.extend(values.feasigns)  # uint64 already: nothing else to check
-                rows.extend([r] * k)
-                slots.extend([slot] * k)
+            for slot, values in sorted(inst.slots.slots.items()):
+                columns.add_slot(r, slot, list(values.feasigns))  # uint64 already: nothing else to check
         else:
             raise InstanceError(f'instance {r} is empty: give "line" or "slots"')
-    parts = []
-    if lines:
-        parts.append(parse_lines_strict(lines, line_rows))
-    if rows:
-        parts.append((np.asarray(rows, np.int64), np.asarray(feasigns, np.uint64), np.asarray(slots, np.int64)))
-    if not parts:
-        z = np.zeros(0, np.int64)
-        return ParsedInstances(len(instances), z, np.zeros(0, np.uint64), z, strict)
-    if len(parts) == 1:
-        fr, fs, sl = parts[0]
-    else:
-        fr, fs, sl = (np.concatenate(c) for c in zip(*parts, strict=True))
-        order = np.argsort(fr, kind="stable")
-        fr, fs, sl = fr[order], fs[order], sl[order]
-    return ParsedInstances(len(instances), fr, fs, sl, strict)
+    return columns.build()
 
 
 class GrpcFrontend(Frontend):

@@ -50,13 +50,21 @@ class TooManyInstances(InstanceError):
 
 @dataclass(frozen=True)
 class ParsedInstances:
-    """The features of one request's instances, as columns (line by line, in order)."""
+    """The features of one request's instances, instance after instance: ``counts[i]`` features of instance i.
+
+    Small requests keep Python lists (numpy's per-call cost would dominate); ``concat_parsed`` turns the
+    requests of a merged batch into arrays at once.
+    """
 
     n: int
-    feature_row: np.ndarray  # int64 [m]
-    feasigns: np.ndarray  # uint64 [m], raw (before the key transform)
-    feature_slots: np.ndarray  # int64 [m]
-    strict_rows: np.ndarray | None  # bool [n]: rows in the "slots" form (an unknown slot is an error); None: none
+    counts: list | np.ndarray  # int [n]: features per instance
+    feasigns: list | np.ndarray  # uint64 [m], raw (before the key transform)
+    feature_slots: list | np.ndarray  # int [m]
+    strict_rows: list | np.ndarray | None  # bool [n]: instances in the "slots" form (unknown slot = error); None: none
+
+    @property
+    def feature_row(self) -> np.ndarray:
+        return np.repeat(np.arange(self.n, dtype=np.int64), np.asarray(self.counts, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -123,12 +131,7 @@ def check_count(n: int) -> None:
 def parse_instances(instances: Sequence[object]) -> ParsedInstances:
     """Validate and flatten JSON instances; raise InstanceError naming the first bad one."""
     check_count(len(instances))
-    lines: list[str] = []
-    line_rows: list[int] = []
-    rows: list[int] = []
-    feasigns: list[int] = []
-    slots: list[int] = []
-    strict = None
+    columns = InstanceColumns(len(instances))
     for r, inst in enumerate(instances):
         if not isinstance(inst, dict):
             raise InstanceError(f'instance {r}: expected an object {{"line": ...}} or {{"slots": {{...}}}}')
@@ -136,32 +139,67 @@ def parse_instances(instances: Sequence[object]) -> ParsedInstances:
             line = inst["line"]
             if not isinstance(line, str):
                 raise InstanceError(f'instance {r}: "line" must be a string')
-            lines.append(line)
-            line_rows.append(r)
+            columns.add_line(r, line)
         elif "slots" in inst:
-            if strict is None:
-                strict = np.zeros(len(instances), bool)
-            strict[r] = True
-            _flatten_slots(inst["slots"], r, rows, feasigns, slots)
+            given = inst["slots"]
+            if not isinstance(given, dict) or not given:
+                raise InstanceError(f'instance {r}: "slots" must be a non-empty object {{"<slot>": [feasign, ...]}}')
+            for key, values in given.items():
+                if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_SLOT_DIGITS):
+                    raise InstanceError(f"instance {r}: unknown slot {key!r}; slots are decimal integers")
+                where = f"instance {r} slot {key}"
+                values = values if isinstance(values, list) else [values]
+                columns.add_slot(r, int(key), [feasign_value(v, where) for v in values])
         else:
             raise InstanceError(f'instance {r} is empty: give "line" or "slots"')
-    return _columns(len(instances), lines, line_rows, rows, feasigns, slots, strict)
+    return columns.build()
 
 
-def _flatten_slots(given: object, r: int, rows: list, feasigns: list, slots: list) -> None:
-    where = f"instance {r}"
-    if not isinstance(given, dict) or not given:
-        raise InstanceError(f'{where}: "slots" must be a non-empty object {{"<slot>": [feasign, ...]}}')
-    for key, values in given.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_SLOT_DIGITS):
-            raise InstanceError(f"{where}: unknown slot {key!r}; slots are decimal integers")
-        slot = int(key)
-        if not isinstance(values, list):
-            values = [values]
-        for v in values:
-            feasigns.append(feasign_value(v, f"{where} slot {key}"))
-            rows.append(r)
-            slots.append(slot)
+class InstanceColumns:
+    """Collects one request's instances (lines and slot features, any order) into a ParsedInstances."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.counts = [0] * n
+        self.feasigns: list[int] = []
+        self.slots: list[int] = []
+        self.strict: list[bool] | None = None
+        self.lines: list[str] = []
+        self.line_rows: list[int] = []
+
+    def add_line(self, row: int, line: str) -> None:
+        self.lines.append(line)
+        self.line_rows.append(row)
+
+    def add_slot(self, row: int, slot: int, feasigns: list[int]) -> None:
+        """Checked feasigns (ints below 2**64) of one slot of instance ``row`` (rows in order)."""
+        if self.strict is None:
+            self.strict = [False] * self.n
+        self.strict[row] = True
+        self.counts[row] += len(feasigns)
+        self.feasigns.extend(feasigns)
+        self.slots.extend([slot] * len(feasigns))
+
+    def build(self) -> ParsedInstances:
+        if not self.lines:
+            return ParsedInstances(self.n, self.counts, self.feasigns, self.slots, self.strict)
+        counts, feasigns, slots = parse_lines_strict(self.lines, self.line_rows)
+        if len(self.lines) == self.n:  # every instance is a line (the usual case)
+            return ParsedInstances(self.n, counts, feasigns, slots, None)
+        # both forms: put the lines' features among the slot features, in instance order
+        line_counts = np.asarray(counts, np.int64)
+        rows = np.concatenate(
+            [
+                np.repeat(np.asarray(self.line_rows, np.int64), line_counts),
+                np.repeat(np.arange(self.n, dtype=np.int64), np.asarray(self.counts, np.int64)),
+            ]
+        )
+        order = np.argsort(rows, kind="stable")
+        all_counts = np.asarray(self.counts, np.int64)
+        all_counts[np.asarray(self.line_rows, np.int64)] += line_counts
+        fs = np.concatenate([np.asarray(feasigns, np.uint64), np.asarray(self.feasigns, np.uint64)])[order]
+        sl = np.concatenate([np.asarray(slots, np.int64), np.asarray(self.slots, np.int64)])[order]
+        return ParsedInstances(self.n, all_counts, fs, sl, self.strict)
 
 
 def feasign_value(value: object, where: str) -> int:
@@ -184,14 +222,15 @@ _SLOT_LIMIT = 10**MAX_SLOT_DIGITS
 _COLON, _SPACE, _NEWLINE = ord(":"), ord(" "), ord("\n")
 
 
-def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(feature_row, feasigns, feature_slots) of slot-format lines; raise InstanceError naming a bad one.
+def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> tuple:
+    """(counts per line, feasigns, feature_slots) of slot-format lines; raise InstanceError naming a bad one
+    (``line_rows``: each line's instance number, for the message). Lists for a few lines, else arrays.
 
     Fast path (lines separated by single spaces, the usual case): a handful of C-speed string checks
     over all lines at once, then one ``np.fromstring``. Anything else, or anything wrong, takes the
     exact path, which checks line by line (ASCII-only regular expression) and names the bad line.
     """
-    parsed = _parse_lines_fast(lines, line_rows)
+    parsed = _parse_few_lines(lines, line_rows) if len(lines) <= 4 else _parse_lines_fast(lines, line_rows)
     if parsed is not None:
         return parsed
     for line, r in zip(lines, line_rows, strict=True):
@@ -200,7 +239,35 @@ def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> tuple[
     batch, bad = parse_lines(list(lines))
     if bad:  # e.g. a 20-digit feasign above 2**64-1
         raise InstanceError(f"instance {line_rows[bad[0].index]}: {bad[0].reason}")
-    return np.asarray(line_rows, np.int64)[batch.feature_line], batch.feasigns, batch.feature_slots
+    return np.bincount(batch.feature_line, minlength=len(lines)), batch.feasigns, batch.feature_slots
+
+
+def _parse_few_lines(lines: Sequence[str], line_rows: Sequence[int]):
+    """A few lines, token by token (numpy's per-call overhead dominates below a few thousand characters)."""
+    counts: list[int] = []
+    feasigns: list[int] = []
+    slots: list[int] = []
+    for line in lines:
+        if not line.isascii():
+            return None
+        tokens = line.split(" ")
+        if len(tokens) < 2 or not (tokens[0].isdigit() and len(tokens[0]) <= MAX_FEASIGN_DIGITS):
+            return None
+        if tokens[1] != "0" and tokens[1] != "1":
+            return None
+        for tok in tokens[2:]:
+            f, sep, slot = tok.partition(":")
+            if not (sep and f.isdigit() and slot.isdigit()):
+                return None  # tabs, \r, double spaces, a bad feature: the exact path decides and explains
+            if len(f) > MAX_FEASIGN_DIGITS or len(slot) > MAX_SLOT_DIGITS:
+                return None
+            v = int(f)
+            if v > UINT64_MAX:
+                return None
+            feasigns.append(v)
+            slots.append(int(slot))
+        counts.append(len(tokens) - 2)
+    return counts, feasigns, slots
 
 
 def _parse_lines_fast(lines: Sequence[str], line_rows: Sequence[int]):
@@ -224,8 +291,7 @@ def _parse_lines_fast(lines: Sequence[str], line_rows: Sequence[int]):
         if f:
             features.append(f)
     if not features:
-        z = np.zeros(0, np.int64)
-        return z, np.zeros(0, np.uint64), z
+        return counts, [], []
     text = "\n".join(features)
     if not text.isascii():
         return None
@@ -251,8 +317,7 @@ def _parse_lines_fast(lines: Sequence[str], line_rows: Sequence[int]):
     feasigns, slots = numbers[0::2], numbers[1::2]
     if (feasigns == np.uint64(UINT64_MAX)).any() or (slots >= np.uint64(_SLOT_LIMIT)).any():
         return None
-    rows = np.repeat(np.asarray(line_rows, np.int64), counts)
-    return rows, feasigns.copy(), slots.astype(np.int64)
+    return np.asarray(counts, np.int64), feasigns.copy(), slots.astype(np.int64)
 
 
 def _line_problem(line: str) -> str:
@@ -270,54 +335,43 @@ def _line_problem(line: str) -> str:
     return "characters outside the slot format (spaces or tabs between fields, ASCII digits)"
 
 
-def _columns(n, lines, line_rows, rows, feasigns, slots, strict) -> ParsedInstances:
-    parts = []
-    if lines:
-        parts.append(parse_lines_strict(lines, line_rows))
-    if rows:
-        parts.append((np.asarray(rows, np.int64), np.asarray(feasigns, dtype=np.uint64), np.asarray(slots, np.int64)))
-    if not parts:
-        z = np.zeros(0, np.int64)
-        return ParsedInstances(n, z, np.zeros(0, np.uint64), z, strict)
-    if len(parts) == 1:
-        fr, fs, sl = parts[0]
-    else:  # both forms in one request: back in row order (stable keeps each row's feature order)
-        fr, fs, sl = (np.concatenate(c) for c in zip(*parts, strict=True))
-        order = np.argsort(fr, kind="stable")
-        fr, fs, sl = fr[order], fs[order], sl[order]
-    return ParsedInstances(n, fr, fs, sl, strict)
-
-
 def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, list[int]]:
-    """Several requests' instances as one (rows renumbered) and each request's first row."""
+    """Several requests' instances as one (arrays) and each request's first row."""
     offsets, n = [], 0
     for p in parts:
         offsets.append(n)
         n += p.n
-    if len(parts) == 1:
+    if len(parts) == 1 and isinstance(parts[0].feasigns, np.ndarray):
         return parts[0], offsets
+    counts = _concat([p.counts for p in parts], np.int64)
+    feasigns = _concat([p.feasigns for p in parts], np.uint64)
+    slots = _concat([p.feature_slots for p in parts], np.int64)
     strict = None
     if any(p.strict_rows is not None for p in parts):
-        strict = np.concatenate([p.strict_rows if p.strict_rows is not None else np.zeros(p.n, bool) for p in parts])
-    merged = ParsedInstances(
-        n,
-        np.concatenate([p.feature_row + off for p, off in zip(parts, offsets, strict=True)]),
-        np.concatenate([p.feasigns for p in parts]),
-        np.concatenate([p.feature_slots for p in parts]),
-        strict,
-    )
-    return merged, offsets
+        strict = _concat([p.strict_rows if p.strict_rows is not None else [False] * p.n for p in parts], bool)
+    return ParsedInstances(n, counts, feasigns, slots, strict), offsets
+
+
+def _concat(columns: list, dtype) -> np.ndarray:
+    if all(isinstance(c, list) for c in columns):  # one conversion for the whole batch
+        flat: list = []
+        for c in columns:
+            flat.extend(c)
+        return np.array(flat, dtype=dtype)
+    return np.concatenate([np.asarray(c, dtype=dtype) for c in columns])
 
 
 def unknown_slot_rows(parsed: ParsedInstances, slots: Sequence[int]) -> dict[int, int]:
     """Rows of the strict ("slots") form naming a slot outside ``slots``: {row: first such slot}."""
     if parsed.strict_rows is None or not len(parsed.feature_slots):
         return {}
-    pos = slot_positions(parsed.feature_slots, np.asarray(list(slots), np.int64))
-    bad = np.flatnonzero((pos < 0) & parsed.strict_rows[parsed.feature_row])
+    feature_slots = np.asarray(parsed.feature_slots, np.int64)
+    pos = slot_positions(feature_slots, np.asarray(list(slots), np.int64))
+    rows = parsed.feature_row
+    bad = np.flatnonzero((pos < 0) & np.asarray(parsed.strict_rows, bool)[rows])
     out: dict[int, int] = {}
     for j in bad.tolist():
-        out.setdefault(int(parsed.feature_row[j]), int(parsed.feature_slots[j]))
+        out.setdefault(int(rows[j]), int(feature_slots[j]))
     return out
 
 
@@ -332,7 +386,8 @@ def to_key_batch(parsed: ParsedInstances, slots: Sequence[int], sparse_dim: int 
     if bad:
         row, slot = min(bad.items())
         raise InstanceError(unknown_slot_message(row, slot, slots))
-    return key_batch(parsed.feature_row, parsed.feasigns, parsed.feature_slots, parsed.n, slots, sparse_dim)
+    merged, _ = concat_parsed([parsed])
+    return key_batch(merged.feature_row, merged.feasigns, merged.feature_slots, merged.n, slots, sparse_dim)
 
 
 def build_key_batch(instances: Sequence[object], slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:

@@ -29,6 +29,15 @@ class ServingMetrics:
             self._buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
             self._latency_sum += seconds
 
+    def observe_requests(self, items) -> None:
+        """Many ``(status, seconds, instances)`` at once (one lock for a whole batch of answers)."""
+        with self._lock:
+            for status, seconds, instances in items:
+                self.requests[status] += 1
+                self.instances += instances
+                self._buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+                self._latency_sum += seconds
+
     def observe_batch(self, instances: int) -> None:
         with self._lock:
             self.batches += 1

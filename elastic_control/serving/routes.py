@@ -15,7 +15,6 @@ batch (instances.py); answers come back from the batch workers through ``HttpFro
 from __future__ import annotations
 
 import hmac
-import json
 import threading
 import time
 
@@ -50,7 +49,7 @@ def _deliver_all(encoded) -> None:
 
 def _response(outcome: Outcome) -> Response:
     if isinstance(outcome, Answer):
-        return Response(200, (json.dumps(outcome.to_json()) + "\n").encode())
+        return Response(200, outcome.to_json_bytes())
     return Response.error(outcome.status, outcome.message)
 
 
