@@ -16,6 +16,7 @@ in slot.conf order, whatever the row width.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -31,19 +32,27 @@ from ctr_foundation.sample import PADDING_FEASIGN, MalformedLine, transform_keys
 
 @dataclass(frozen=True)
 class KeyBatch:
-    """The keys of n instances, flattened and sorted by cell: key j belongs to row rows[j], slot slot_pos[j].
+    """The keys of n instances, flattened and sorted by cell: key j is in cell ``cells[j]`` = row * num_slots +
+    slot position (``rows[j]``, ``slot_pos[j]``).
 
     Keys of one (row, slot) cell are adjacent, cells in row-major order, so pooling is a segment sum
     (or, when every cell has exactly one key, a reshape).
     """
 
     keys: np.ndarray  # uint64 [m]
-    rows: np.ndarray  # int64 [m]
-    slot_pos: np.ndarray  # int64 [m]
+    cells: np.ndarray  # int64 [m], non-decreasing
     n: int
     num_slots: int
     # first key of each cell (n * num_slots starts), or None when every cell has exactly one key
     cell_starts: np.ndarray | None = field(default=None, compare=False)
+
+    @functools.cached_property
+    def rows(self) -> np.ndarray:
+        return self.cells // max(self.num_slots, 1)
+
+    @functools.cached_property
+    def slot_pos(self) -> np.ndarray:
+        return self.cells % max(self.num_slots, 1)
 
 
 def key_batch(
@@ -86,13 +95,26 @@ def key_batch(
     starts = None
     if len(cell) != cells:  # some cell has several keys: pooling sums segments
         starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]]) if len(cell) else np.zeros(0, np.int64)
-    return KeyBatch(keys, cell // max(num_slots, 1), cell % max(num_slots, 1), n, num_slots, starts)
+    return KeyBatch(keys, cell, n, num_slots, starts)
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_table(slots: tuple[int, ...]) -> np.ndarray | None:
+    """slot id -> position (and -1 past the end), for slot ids small enough to index a table."""
+    if not slots or min(slots) < 0 or max(slots) > 1 << 20:
+        return None
+    table = np.full(max(slots) + 2, -1, np.int64)
+    table[list(slots)] = np.arange(len(slots))
+    return table
 
 
 def slot_positions(feature_slots: np.ndarray, slots: np.ndarray) -> np.ndarray:
     """Position of each feature's slot in ``slots`` (slot.conf order), -1 for slots not in it."""
     if len(slots) == 0:
         return np.full(len(feature_slots), -1, np.int64)
+    table = _slot_table(tuple(int(x) for x in slots))
+    if table is not None and (not len(feature_slots) or feature_slots.min() >= 0):
+        return table.take(np.minimum(feature_slots, len(table) - 1))
     order = np.argsort(slots, kind="stable")
     sorted_slots = slots[order]
     at = np.minimum(np.searchsorted(sorted_slots, feature_slots), len(sorted_slots) - 1)
@@ -120,8 +142,7 @@ def concat_key_batches(batches: Sequence[KeyBatch]) -> tuple[KeyBatch, list[int]
         starts = np.concatenate(parts)
     merged = KeyBatch(
         np.concatenate([b.keys for b in batches]),
-        np.concatenate([b.rows + off for b, off in zip(batches, offsets, strict=True)]),
-        np.concatenate([b.slot_pos for b in batches]),
+        np.concatenate([b.cells + off * num_slots for b, off in zip(batches, offsets, strict=True)]),
         n,
         num_slots,
         starts,
