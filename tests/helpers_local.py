@@ -156,3 +156,31 @@ def kill_everything_under(state: Path) -> None:
 
 def component(record: dict, name: str) -> dict:
     return record["components"][name]
+
+
+def write_complete_hours(dataset: Path, *, start: str = "20191221/00", hours: int = 2) -> Path:
+    """Hour folders with one slot-format line and a donefile each: what `-r` needs to find (no training)."""
+    import datetime as dt
+
+    first = dt.datetime.strptime(start, "%Y%m%d/%H")
+    for i in range(hours):
+        hour = first + dt.timedelta(hours=i)
+        folder = dataset / f"{hour:%Y%m%d}" / f"{hour:%H}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "part-00000").write_text("1 0 17241709254077376921:1 132683728328325035:2\n")
+        (folder / "donefile").write_text("")
+    return dataset
+
+
+def example_data_config_with_data(root: Path) -> Path:
+    """examples/data.config with its DATASET_PATH pointed at complete hours under ``root`` (for local -r)."""
+    repo = Path(__file__).resolve().parents[1]
+    root.mkdir(parents=True, exist_ok=True)
+    dataset = write_complete_hours(root / "data")
+    lines = [
+        f'export DATASET_PATH="{dataset}"' if line.startswith("export DATASET_PATH=") else line
+        for line in (repo / "examples" / "data.config").read_text().splitlines()
+    ]
+    path = root / "data.config"
+    path.write_text("\n".join(lines) + "\n")
+    return path

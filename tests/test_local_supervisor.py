@@ -201,10 +201,11 @@ def test_killed_supervisor_leaves_a_stale_state_that_delete_and_apply_handle(lay
     wait_until(lambda: not alive(sup), what="supervisor gone")
     # Its children got the parent-death signal.
     wait_until(lambda: not any(alive(p) for p in children), timeout=10, what="children gone")
-    from elastic_control.local.status_view import collect_status
+    from elastic_control.local.status import collect_status
 
-    status = collect_status(layout, ask_serving=False)
-    assert status["stale"] and status["supervisor"] == "not running"
+    status = collect_status(layout, probe=False)
+    assert status.controller["stale"] and status.state == "not running"
+    assert any("without stopping cleanly" in a for a in status.alerts)
     # A new -a over the stale state works and starts fresh.
     record2 = lifecycle.apply(layout, show_progress=False)
     assert record2["supervisor"]["pid"] != sup
