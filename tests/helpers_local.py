@@ -66,6 +66,8 @@ def simple_plan(
     service_env: dict | None = None,
     member_env: dict | None = None,
     ready_timeout: float = 20.0,
+    model_path: str | None = None,
+    training_window: dict | None = None,
 ) -> LocalPlan:
     scripts = layout.state / "scripts"
     scripts.mkdir(parents=True, exist_ok=True)
@@ -101,7 +103,14 @@ def simple_plan(
                     env={**env, "TRAINING_ROLE": role, "PADDLE_TRAINER_ID": str(i)},
                 )
             )
-    plan = LocalPlan(components=comps, max_job_restarts=max_job_restarts, stop_grace=3.0, pserver_exit_grace=0.5)
+    plan = LocalPlan(
+        components=comps,
+        max_job_restarts=max_job_restarts,
+        stop_grace=3.0,
+        pserver_exit_grace=0.5,
+        model_path=model_path,
+        training_window=training_window,
+    )
     save_local_plan(plan, layout.components_file)
     (layout.state / "token").write_text("test-token\n")
     (layout.slot_conf).write_text("1\n")

@@ -222,7 +222,7 @@ def _cube(plan: LocalPlan, layout: StateFolder, rows: list[st.ComponentStatus], 
     actives = {s["active"] for s in probed}
     return {
         "active": active,
-        "activated_at": current.activated_at if current else None,
+        "activated_at": current.to_json()["activated_at"] if current else None,
         "shards": shards,
         "consistent": len(actives) <= 1 and len(probed) == len(shards),
         "rollout": rollout,
@@ -305,7 +305,8 @@ def _alerts(status: st.PipelineStatus) -> list[str]:
     if cube.get("transfer_error"):
         alerts.append(f"cube-transfer: {cube['transfer_error']}")
     serving = status.serving
-    if serving.get("version") and not serving.get("answers"):
+    row = next((c for c in status.components if c.kind == "serving"), None)
+    if serving.get("version") and not serving.get("answers") and not (row and row.state in (st.HUNG, st.DEGRADED)):
         alerts.append(f"serving {serving.get('reason')}")
     live = serving.get("live") or {}
     for alert in live.get("alerts") or []:
