@@ -8,7 +8,7 @@ stdout (``status > file`` keeps it); progress goes to stderr elsewhere.
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import sys
 
 from rich.console import Console
@@ -31,7 +31,8 @@ _STYLE = {
 
 
 def _console() -> Console:
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 160)
+    # Redirected (`status > file`): as wide as COLUMNS says, else 160 columns rather than 80.
+    width = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
     return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
 
 
