@@ -192,6 +192,37 @@ def test_status_probes_each_component_and_sees_a_stopped_one(pipeline):
     )
 
 
+def test_eval_submit_runs_where_the_plan_runs(pipeline):
+    """`eval submit` through the backend interface: locally, worker processes on the pipeline's data and passes."""
+    report, _, _ = pipeline
+    state = state_of(pipeline)
+    res = cli(
+        "eval",
+        "submit",
+        "--state-dir",
+        str(state),
+        "--model",
+        report.served_version,
+        "--workers",
+        "2",
+        "--start",
+        "20191221/00",
+        "--end",
+        "20191221/00",
+        "--run",
+        "t1",
+        "--json",
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    metrics = json.loads(res.stdout.strip().splitlines()[-1])
+    assert metrics["model"]["pass"] == report.served_version and metrics["data"]["lines"] == LINES_PER_HOUR
+    assert 0.5 < metrics["model"]["auc"] <= 1.0
+    out = state / "eval" / "t1" / "out"
+    assert json.loads((out / "metrics.json").read_text())["model"]["auc"] == metrics["model"]["auc"]
+    assert len(list((state / "eval" / "t1" / "partials").glob("share-*"))) == 2
+
+
 def _record(state: Path) -> dict:
     return json.loads((state / "local" / "runtime.json").read_text())
 
