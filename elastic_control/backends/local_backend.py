@@ -187,10 +187,17 @@ class LocalBackend(Backend):
             ) from e
         if proc.returncode != 0:
             raise ComponentError(f"the evaluation failed (exit code {proc.returncode}); its messages are above")
-        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-        try:
-            metrics = json.loads(lines[-1])
-        except (IndexError, json.JSONDecodeError) as e:
-            raise ComponentError(f"the evaluation printed no metrics document: {proc.stdout[-300:]!r}") from e
+        metrics = None
+        # The metrics document is one JSON line; MLflow may print its run links after it.
+        for line in reversed(proc.stdout.splitlines()):
+            try:
+                found = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(found, dict) and "model" in found:
+                metrics = found
+                break
+        if metrics is None:
+            raise ComponentError(f"the evaluation printed no metrics document: {proc.stdout[-300:]!r}")
         done(f"metrics.json, scored.parquet and plots are in {folder / 'out'}")
         return metrics
