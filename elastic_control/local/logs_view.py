@@ -84,7 +84,6 @@ def show_logs(
             f"nothing has been started in {layout.state}/ yet, so there are no logs: run `elastic-control -a` first"
         )
     width = max(len(n) for n in names)
-    offsets = {}
     for name in names:
         path = layout.log_path(name)
         lines, hidden = tail_without_noise(path, tail, raw=raw) if tail else ([], 0)
@@ -94,32 +93,18 @@ def show_logs(
             out.write(f"{name:<{width}} | ({hidden} lines of Paddle's internal logging hidden; all are in {path})\n")
         for line in lines:
             out.write(f"{name:<{width}} | {line}\n")
-        offsets[name] = path.stat().st_size if path.exists() else 0
     out.flush()
     if not follow:
         return
-    partial = {n: b"" for n in names}
+
+    def write(name: str, text: str) -> None:
+        if raw or not is_paddle_noise(text):
+            out.write(f"{name:<{width}} | {text}\n")
+
+    follower = LogFollower({name: layout.log_path(name) for name in names}, write)
     try:
         while True:
-            for name in names:
-                path = layout.log_path(name)
-                try:
-                    size = path.stat().st_size
-                except FileNotFoundError:
-                    continue
-                if size < offsets[name]:  # rotated by a new -a
-                    offsets[name], partial[name] = 0, b""
-                if size == offsets[name]:
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(offsets[name])
-                    data = partial[name] + f.read()
-                    offsets[name] = f.tell()
-                *complete, partial[name] = data.split(b"\n")
-                for line in complete:
-                    text = line.decode("utf-8", "replace")
-                    if raw or not is_paddle_noise(text):
-                        out.write(f"{name:<{width}} | {text}\n")
+            follower.poll()
             out.flush()
             if stop_when is not None and stop_when():
                 return
@@ -130,3 +115,34 @@ def show_logs(
             time.sleep(poll)
     except KeyboardInterrupt:
         return
+
+
+class LogFollower:
+    """New complete lines of several log files, from their current ends on: ``on_line(name, text)`` for each.
+
+    A file that shrank was rotated (a new -a): it is read again from its start.
+    """
+
+    def __init__(self, paths: dict[str, Path], on_line):
+        self.paths = paths
+        self.on_line = on_line
+        self.offsets = {name: (p.stat().st_size if p.exists() else 0) for name, p in paths.items()}
+        self.partial = {name: b"" for name in paths}
+
+    def poll(self) -> None:
+        for name, path in self.paths.items():
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size < self.offsets[name]:
+                self.offsets[name], self.partial[name] = 0, b""
+            if size == self.offsets[name]:
+                continue
+            with open(path, "rb") as f:
+                f.seek(self.offsets[name])
+                data = self.partial[name] + f.read()
+                self.offsets[name] = f.tell()
+            *complete, self.partial[name] = data.split(b"\n")
+            for line in complete:
+                self.on_line(name, line.decode("utf-8", "replace"))

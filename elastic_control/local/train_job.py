@@ -26,6 +26,7 @@ from elastic_control.backends.log_filter import is_paddle_noise
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import draw_ports, elastic_control_argv, training_job_components
 from elastic_control.local.daemon import tail_lines
+from elastic_control.local.logs_view import LogFollower
 from elastic_control.local.spec import LocalPlan
 from elastic_control.local.supervisor import Supervisor
 
@@ -47,34 +48,6 @@ def is_progress_line(line: str) -> bool:
     if is_paddle_noise(line):
         return False
     return line.startswith(("[trainer", "[pserver", "Traceback", "elastic-control: error")) or "Error" in line
-
-
-class _LogFollower:
-    """Reads what each role appended to its log since the job started; calls ``on_line`` per complete line."""
-
-    def __init__(self, paths: dict[str, Path], on_line: Callable[[str, str], None]):
-        self.paths = paths
-        self.on_line = on_line
-        self.offsets = {name: (p.stat().st_size if p.exists() else 0) for name, p in paths.items()}
-        self.partial = {name: b"" for name in paths}
-
-    def poll(self) -> None:
-        for name, path in self.paths.items():
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                continue
-            if size <= self.offsets[name]:
-                continue
-            with open(path, "rb") as f:
-                f.seek(self.offsets[name])
-                data = self.partial[name] + f.read()
-                self.offsets[name] = f.tell()
-            *complete, self.partial[name] = data.split(b"\n")
-            for raw in complete:
-                line = raw.decode("utf-8", "replace")
-                if not line.startswith("[supervisor ") and is_progress_line(line):
-                    self.on_line(name, line)
 
 
 def run_training_job(
@@ -130,7 +103,11 @@ def run_training_job(
         return log_dir / f"train-{name}.log"
 
     sup = Supervisor(layout, plan, base_env=base_env, log_path=log_path, foreground=True)
-    follower = _LogFollower({c.name: log_path(c.name) for c in components}, on_line or (lambda name, line: None))
+    show = on_line or (lambda name, line: None)
+    follower = LogFollower(
+        {c.name: log_path(c.name) for c in components},
+        lambda name, line: show(name, line) if not line.startswith("[supervisor ") and is_progress_line(line) else None,
+    )
     started = time.monotonic()
     timed_out = False
 
