@@ -111,9 +111,7 @@ def configure_resource(
         os.chmod(staging / TOKEN_FILE, 0o600)
         # Kubernetes manifests are always rendered, so users can read them and
         # `kubectl apply` them whatever the backend; the local backend adds its own plan.
-        from elastic_control.backends.kube_backend import KubeBackend
-
-        KubeBackend().render(plan, staging)
+        get_backend("k8s").render(plan, staging)
         if chosen == "local":
             get_backend("local").render(plan, staging)
         (staging / PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n")
