@@ -91,7 +91,7 @@ def test_render_plans_every_component_on_distinct_free_ports(rendered):
     # tests/test_env_parity.py checks they are those whose pods get it).
     token = (state / "token").read_text().strip()
     assert token not in (state / "local" / "components.json").read_text()
-    assert {c["name"] for c in plan["components"] if c["secrets"]} == set(names) - {"mlflow", "serving"}
+    assert {c["name"] for c in plan["components"] if c["secrets"]} == set(names) - {"mlflow"}  # serving: split control
     # Every component listens on loopback only.
     for c in plan["components"]:
         if c["kind"] in ("mlflow", "fileserver", "cube-server", "cube-agent", "cube-transfer", "serving"):
