@@ -301,3 +301,24 @@ def test_answer_bytes_equal_json_dumps():
 
     a = Answer(np.array([0.1, 1e-8, 0.99999994], np.float32), "ab" * 12, "control", 'pass-"x"', "pass-y")
     assert json.loads(a.to_json_bytes()) == a.to_json()
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--split", "foo"], "NAME=VERSION:WEIGHT"),
+        (["--split", "a=pass-1:70,b=pass-2:40"], "add up to 110%"),
+        (["--alert-calibration", "2..1"], "0 < LOW < 1 < HIGH"),
+    ],
+)
+def test_serve_refuses_bad_flags_in_one_line(tmp_path, flags, words):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "elastic_control", "serve", "--model-dir", str(tmp_path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
