@@ -53,6 +53,7 @@ log = logging.getLogger("ctr_foundation.http")
 MAX_HEADER_BYTES = 16 * 1024  # the default; HttpLimits.max_header_bytes decides per server
 LOOP, THREAD, STREAM = "loop", "thread", "stream"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LINGER_SECONDS = 2.0  # after an error answer that closes, input is read and discarded this long
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ class HttpProtocol(asyncio.Protocol):
         self._drained: asyncio.Event | None = None
         self.rejected = False
         self._eof = False
+        self._lingering = False
+        self._linger_since = 0.0
 
     # ---- connection events -------------------------------------------------------------------
     def connection_made(self, transport):
@@ -154,6 +157,8 @@ class HttpProtocol(asyncio.Protocol):
         """The client half-closed: answer what it sent (keep the transport open for that), then close."""
         self._eof = True
         self.closing = True
+        if self._lingering:
+            return None  # the client read our answer and closed: close too
         head, self._head = self._head, None
         if head is not None and head.__class__ is _Incoming and head.reader is not None:
             head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
@@ -176,6 +181,8 @@ class HttpProtocol(asyncio.Protocol):
 
     # ---- parsing -----------------------------------------------------------------------------
     def _receive(self, data: bytes) -> None:
+        if self._lingering:
+            return  # closing after an error answer: what still arrives is discarded
         if self.buffer:  # the tail of an earlier chunk: continue from it
             self.buffer += data
             if len(self.buffer) < self._want:
@@ -248,6 +255,8 @@ class HttpProtocol(asyncio.Protocol):
             return None
         try:
             route = self.server.app.route(req)
+            if route.token:  # first: an unauthenticated caller learns nothing else (not even the limits)
+                check_bearer(req.headers, self.server.token, self.server.name)
             if req.has_body:
                 if req.method in NO_BODY_METHODS:
                     raise HttpError(400, f"{req.method} requests carry no body", close=True)
@@ -258,8 +267,6 @@ class HttpProtocol(asyncio.Protocol):
                     raise HttpError(413, f"body of {req.content_length} bytes exceeds {limit}", close=True)
                 if req.chunked and not route.max_body:
                     raise HttpError(413, "this endpoint takes no body", close=True)
-            if route.token:
-                check_bearer(req.headers, self.server.token, self.server.name)
         except HttpError as e:
             self._refuse(req, e)
             return None
@@ -435,7 +442,7 @@ class HttpProtocol(asyncio.Protocol):
         while pending and pending[0].response is not None and not self._sending:
             done = pending.popleft()
             transport = self.transport
-            if transport is None:
+            if transport is None or self._lingering:
                 if done.__class__ is _BlockingSlot:
                     self._busy = False
                 _close_file(done.response)
@@ -454,15 +461,33 @@ class HttpProtocol(asyncio.Protocol):
                 _close_file(r)
                 transport.writelines(r.encode(keep, done.head_only))
             if not keep:
-                self.closing = True
-                transport.close()
-                self.transport = None
-            elif done.__class__ is _BlockingSlot:
+                self._close(linger=r.__class__ is not bytes and r.status >= 400)
+                continue
+            if done.__class__ is _BlockingSlot:
                 self._busy = False
                 self.server.loop.call_soon(self._continue)
         if self._eof and not pending and not self._sending and self.transport is not None:
             self.transport.close()  # the client half-closed and has every answer
             self.transport = None
+
+    def _close(self, *, linger: bool = False) -> None:
+        """Close after the answers written so far. ``linger``: an error answer, and the client may still be
+        sending (a refused upload): half-close, so it reads the answer instead of a reset, and discard what
+        still arrives for a moment (as web servers' "lingering close")."""
+        self.closing = True
+        t = self.transport
+        if t is None:
+            return
+        if linger and not self._eof and t.can_write_eof():
+            t.write_eof()
+            self._lingering = True
+            self._linger_since = self.server.loop.time()
+            if self._paused:
+                self._paused.clear()
+                t.resume_reading()
+            return
+        t.close()
+        self.transport = None
 
     async def _send_file(self, body: FileBody, keep: bool, slot: Slot) -> None:
         try:
@@ -548,6 +573,11 @@ class HttpProtocol(asyncio.Protocol):
             self._heard = False
             self._last_rx = now
         lim = self.limits
+        if self._lingering:
+            if now - self._linger_since > LINGER_SECONDS:
+                self.transport.close()
+                self.transport = None
+            return
         if self._write_paused:
             if now - self._write_paused_at > lim.write_timeout:
                 log.info(

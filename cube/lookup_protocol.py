@@ -27,12 +27,34 @@ _PLAIN_VERSION = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxy
 _PLAIN_HEADERS = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*")
 
 
+_CACHE: dict[bytes, tuple | None] = {}
+_CACHE_ENTRIES = 4096
+_CACHE_HEAD_BYTES = 512  # at most 2 MiB of cached heads
+_MISS = object()
+
+
 def parse_lookup_head(data: bytes, start: int, end: int) -> tuple | None:
     """(version or None, body length, keep_alive) of a plain binary lookup head, else None.
 
     ``data[start:end]`` is the head without its final blank line. None means
     "not for the fast path" (never "bad request"): the generic parser decides.
+    Clients send the same few heads over and over (only Content-Length
+    changes, and often not even that), so results are cached by the head's bytes.
     """
+    head = data[start:end]
+    known = _CACHE.get(head, _MISS)
+    if known is not _MISS:
+        return known
+    parsed = _parse_lookup_head(head)
+    if len(head) <= _CACHE_HEAD_BYTES:
+        if len(_CACHE) >= _CACHE_ENTRIES:
+            _CACHE.clear()
+        _CACHE[head] = parsed
+    return parsed
+
+
+def _parse_lookup_head(data: bytes) -> tuple | None:
+    start, end = 0, len(data)
     line_end = data.find(b"\r\n", start, end)
     if line_end < 0:
         line_end = end
