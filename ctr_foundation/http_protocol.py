@@ -156,13 +156,26 @@ class HttpProtocol(asyncio.Protocol):
     def eof_received(self):
         """The client half-closed: answer what it sent (keep the transport open for that), then close."""
         self._eof = True
-        self.closing = True
         if self._lingering:
             return None  # the client read our answer and closed: close too
-        head, self._head = self._head, None
-        if head is not None and head.__class__ is _Incoming and head.reader is not None:
-            head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
-        return bool(self.pending or self._busy or self._sending) or None
+        head = self._head
+        if head is not None:  # a body that can no longer be complete: nothing of it is answered
+            self._head = None
+            self.closing = True
+            self.buffer.clear()
+            if head.__class__ is _Incoming and head.reader is not None:
+                head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
+        if self.pending or self._busy or self._sending:
+            return True
+        if self.buffer and not self.closing:
+            self.server.loop.call_soon(self._continue)  # pipelined requests still to parse (e.g. after a pause)
+            return True
+        return None
+
+    def _finish_eof(self) -> None:
+        """After a half-close: close once every request that arrived complete has its answer."""
+        if self._eof and not self.pending and not self._busy and not self._sending and self.transport is not None:
+            self._close()
 
     def pause_writing(self):
         self._write_paused = True
@@ -241,6 +254,8 @@ class HttpProtocol(asyncio.Protocol):
             self.buffer += data[pos:] if pos else data
             if self._head is None and len(self.buffer) > self.limits.read_buffer:
                 self._pause("buffer")  # pipelined requests waiting: stop reading until they are parsed
+        if self._eof:
+            self._finish_eof()
 
     def _admit(self, raw: bytes, body_bytes_here: int) -> _Incoming | None:
         """Parse and admit one request head; None when it was answered (or needs no body)."""
@@ -467,8 +482,10 @@ class HttpProtocol(asyncio.Protocol):
                 self._busy = False
                 self.server.loop.call_soon(self._continue)
         if self._eof and not pending and not self._sending and self.transport is not None:
-            self.transport.close()  # the client half-closed and has every answer
-            self.transport = None
+            if self.buffer and not self.closing:
+                self.server.loop.call_soon(self._continue)  # parse the rest first; _receive closes after
+            else:
+                self._finish_eof()  # the client half-closed and has every answer
 
     def _close(self, *, linger: bool = False) -> None:
         """Close after the answers written so far. ``linger``: an error answer, and the client may still be
@@ -509,10 +526,6 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self.pending and self.pending[0].response is not None:
             self._deliver(self.pending[0], self.pending[0].response)
-        elif self._eof and not self.pending:
-            self.transport.close()
-            self.transport = None
-            return
         self._continue()
 
     async def _write_file(self, body: FileBody) -> None:
@@ -541,7 +554,7 @@ class HttpProtocol(asyncio.Protocol):
     def _continue(self) -> None:
         """Parse what waited in the buffer (after a blocking handler answered, or writes drained)."""
         self._resume("buffer")
-        if self.transport is not None and not self._busy:
+        if self.transport is not None and not self._busy and not self._lingering:
             self.data_received(b"")
 
     # ---- flow control and time-outs ----------------------------------------------------------
