@@ -185,8 +185,8 @@ def parse_head(raw: bytes, *, max_headers: int = 100) -> Request:
         raise HttpError(400, f"malformed request line {lines[0][:80]!r}", close=True)
     method_b, target_b, version_b = parts
     if version_b not in (b"HTTP/1.1", b"HTTP/1.0"):
-        if re.fullmatch(rb"HTTP/[0-9]\.[0-9]", version_b):
-            raise HttpError(505, f"{version_b.decode()} is not supported; use HTTP/1.1", close=True)
+        if re.fullmatch(rb"HTTP/[0-9]\.[0-9]", version_b):  # a 400, not 505: bad input is always a 4xx here
+            raise HttpError(400, f"{version_b.decode()} is not supported; use HTTP/1.1", close=True)
         raise HttpError(400, f"malformed request line {lines[0][:80]!r}", close=True)
     if not _TARGET.fullmatch(target_b):
         raise HttpError(400, f"request target must be a path starting with '/': {target_b[:80]!r}", close=True)

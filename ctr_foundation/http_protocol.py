@@ -158,19 +158,25 @@ class HttpProtocol(asyncio.Protocol):
         self._eof = True
         if self._lingering:
             return None  # the client read our answer and closed: close too
-        head = self._head
-        if head is not None:  # a body that can no longer be complete: nothing of it is answered
-            self._head = None
-            self.closing = True
-            self.buffer.clear()
-            if head.__class__ is _Incoming and head.reader is not None:
-                head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
+        self._drop_incomplete_body()
         if self.pending or self._busy or self._sending:
             return True
         if self.buffer and not self.closing:
             self.server.loop.call_soon(self._continue)  # pipelined requests still to parse (e.g. after a pause)
             return True
         return None
+
+    def _drop_incomplete_body(self) -> None:
+        """After a half-close, a body still arriving can never be complete: nothing of it is answered."""
+        head = self._head
+        if head is None:
+            return
+        self._head = None
+        self.closing = True
+        self.buffer.clear()
+        self._want = 0
+        if head.__class__ is _Incoming and head.reader is not None:
+            head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
 
     def _finish_eof(self) -> None:
         """After a half-close: close once every request that arrived complete has its answer."""
@@ -198,7 +204,7 @@ class HttpProtocol(asyncio.Protocol):
             return  # closing after an error answer: what still arrives is discarded
         if self.buffer:  # the tail of an earlier chunk: continue from it
             self.buffer += data
-            if len(self.buffer) < self._want:
+            if len(self.buffer) < self._want and not self._eof:
                 return  # a long body still arriving: do not copy the buffer for every chunk
             data = bytes(self.buffer)
             self.buffer.clear()
@@ -255,6 +261,7 @@ class HttpProtocol(asyncio.Protocol):
             if self._head is None and len(self.buffer) > self.limits.read_buffer:
                 self._pause("buffer")  # pipelined requests waiting: stop reading until they are parsed
         if self._eof:
+            self._drop_incomplete_body()
             self._finish_eof()
 
     def _admit(self, raw: bytes, body_bytes_here: int) -> _Incoming | None:

@@ -10,6 +10,7 @@ request is bound to one ShardIndex object when it is parsed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -28,6 +29,7 @@ from cube.lookup_protocol import LookupProtocol
 from cube.server_metrics import ServerMetrics
 from cube.version_store import ControlState, StateFile, VersionSet, load_index
 
+log = logging.getLogger("cube.server")
 WATCH_INTERVAL = 0.02  # seconds between state-file checks
 METRICS_INTERVAL = 1.0
 ACK_TIMEOUT = 60.0
@@ -201,11 +203,13 @@ class CubeWorker:
         endpoint = req.path.rsplit("/", 1)[1]
         try:
             body = parse_json_object(req.body, max_bytes=CONTROL_MAX_BODY)
-            version = body.get("version")
-            if not isinstance(version, str) or not version:
-                raise UsageError("body must be JSON with a non-empty string 'version'")
+            version, rel = body.get("version"), body.get("path")
+            if not isinstance(version, str) or not version or "\x00" in version:
+                raise HttpError(400, "body must be JSON with a non-empty string 'version' (no NUL)")
+            if rel is not None and (not isinstance(rel, str) or not rel or "\x00" in rel):
+                raise HttpError(400, "'path' must be a non-empty string (no NUL) relative to --data")
             if endpoint == "load":
-                rel = body.get("path") or f"{version}/shard-{self.shard}.arrow"
+                rel = rel or f"{version}/shard-{self.shard}.arrow"
                 # Validate here first, so a corrupt file is refused before any worker is told about it.
                 await asyncio.get_running_loop().run_in_executor(
                     None, lambda: load_index(self.data_dir, rel, version=version, shard=self.shard)
@@ -220,6 +224,9 @@ class CubeWorker:
             response = Response.error(422 if endpoint == "load" else 409, str(e))
         except TimeoutError as e:
             response = Response.error(504, str(e))
+        except Exception as e:  # noqa: BLE001 - a control call is always answered, never left hanging
+            log.exception("%s failed", req.path)
+            response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
         deliver(slot, self._count(endpoint, response))
 
     # ---- lookups -------------------------------------------------------------------------

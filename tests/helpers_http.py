@@ -29,7 +29,9 @@ class Answer:
 
 def parse_answers(data: bytes, *, head_request: bool = False) -> list[Answer]:
     """Every response in ``data``, in order; AssertionError naming the fault if ``data`` is not only
-    well-formed HTTP/1.1 responses (status line, CRLF headers, Content-Length, exactly that much body)."""
+    well-formed HTTP/1.1 responses (status line, CRLF headers, Content-Length, exactly that much body).
+
+    ``head_request``: some of the requests were HEAD, so an answer may have no body whatever its length."""
     out: list[Answer] = []
     pos = 0
     while pos < len(data):
@@ -50,8 +52,8 @@ def parse_answers(data: bytes, *, head_request: bool = False) -> list[Answer]:
             continue
         assert "content-length" in headers, f"answer {len(out)} ({status}) has no Content-Length: {headers}"
         n = int(headers["content-length"])
-        if head_request and pos == len(data):
-            n = 0
+        if head_request and (pos == len(data) or data.startswith(b"HTTP/1.1 ", pos)):
+            n = 0  # an answer to HEAD: the headers of a GET, no body
         body = data[pos : pos + n]
         assert len(body) == n, f"answer {len(out)} ({status}): {len(body)} body bytes of {n}"
         pos += n

@@ -46,7 +46,7 @@ BAD_HEADS = {
     b"GET  / HTTP/1.1": (400, "request line"),
     b"GET / HTTP/1.1 x": (400, "request line"),
     b"G(T / HTTP/1.1": (400, "request line"),
-    b"GET / HTTP/2.0": (505, "not supported"),
+    b"GET / HTTP/2.0": (400, "not supported"),
     b"GET / FTP/1.1": (400, "request line"),
     b"GET http://evil/ HTTP/1.1": (400, "target"),
     b"GET /\x80 HTTP/1.1": (400, "target"),
