@@ -140,6 +140,8 @@ TRAVERSALS = [
     "/files/link_out/outside.txt",
     "/files/link_file",
     "/files/%ff%fe",
+    "/files/" + "n" * 256,
+    "/files/cube/" + "/".join(["d" * 200] * 6),
 ]
 
 

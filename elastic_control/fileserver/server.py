@@ -16,6 +16,7 @@ write needs the token, checked before any body byte is read.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -82,6 +83,8 @@ def _fs_errors(fn):
         except (ConnectionError, TimeoutError):
             raise
         except OSError as e:
+            if e.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # the client's path, not our disk
+                raise HttpError(400, f"refused path: {e.strerror}") from None
             log.error("%s %s: %s", req.method, req.path, e)
             raise HttpError(500, f"file system error: {e.strerror or e}") from None
 
