@@ -483,7 +483,7 @@ class HttpProtocol(asyncio.Protocol):
                 _close_file(r)
                 transport.writelines(r.encode(keep, done.head_only))
             if not keep:
-                self._close(linger=r.__class__ is not bytes and r.status >= 400)
+                self._close(linger=True)
                 continue
             if done.__class__ is _BlockingSlot:
                 self._busy = False
@@ -495,9 +495,9 @@ class HttpProtocol(asyncio.Protocol):
                 self._finish_eof()  # the client half-closed and has every answer
 
     def _close(self, *, linger: bool = False) -> None:
-        """Close after the answers written so far. ``linger``: an error answer, and the client may still be
-        sending (a refused upload): half-close, so it reads the answer instead of a reset, and discard what
-        still arrives for a moment (as web servers' "lingering close")."""
+        """Close after the answers written so far. ``linger``: the client may still be sending (a refused
+        upload, pipelined requests after a ``Connection: close``): half-close, so it reads the answer instead
+        of a reset, and discard what still arrives for a moment (as web servers' "lingering close")."""
         self.closing = True
         t = self.transport
         if t is None:
@@ -527,9 +527,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is None:
             return
         if not keep:
-            self.closing = True
-            self.transport.close()
-            self.transport = None
+            self._close(linger=True)
             return
         if self.pending and self.pending[0].response is not None:
             self._deliver(self.pending[0], self.pending[0].response)

@@ -72,8 +72,8 @@ def exchange(port: int, data: bytes, *, timeout: float = 10.0, half_close: bool 
             s.sendall(data)
             if half_close:
                 s.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server refused early and closed; its answer may still be readable
+        except OSError:  # EPIPE, ECONNRESET, ENOTCONN: the server refused early and closed
+            pass  # its answer may still be readable
         chunks = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
