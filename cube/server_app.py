@@ -358,12 +358,9 @@ class CubeWorker:
 
     def _lookup_json(self, req: Request, index) -> Response:
         try:
-            body = parse_json(req.body or b"{}")
-            keys = np.array([int(k) for k in body["keys"]], dtype=np.uint64)
+            keys = np.array(_json_keys(parse_json(req.body or b"{}")), dtype=np.uint64)
         except HttpError as e:
             return e.response()
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
-            return Response.error(400, f'JSON lookup body must be {{"keys": [uint64, ...]}}: {e}')
         if len(keys) > self.max_batch:
             return Response.error(413, f"{len(keys)} keys exceed the batch limit {self.max_batch}")
         values, found = index.lookup(keys)
@@ -401,6 +398,24 @@ class CubeWorker:
             await server.serve()
         finally:
             watcher.cancel()
+
+
+def _json_keys(body) -> list[int]:
+    """The keys of a JSON lookup body: integers 0 <= k < 2^64 or their decimal strings, nothing coerced.
+
+    (-1 is not 2^64-1, 1.9 is not 1, true is not 1, and "123" is not the keys [1, 2, 3].)
+    """
+    keys = body.get("keys") if isinstance(body, dict) else None
+    if not isinstance(keys, list):
+        raise HttpError(400, 'JSON lookup body must be {"keys": [uint64 or decimal string, ...]}')
+    out = []
+    for i, k in enumerate(keys):
+        if isinstance(k, str) and 0 < len(k) <= 20 and k.isascii() and k.isdigit():
+            k = int(k)
+        if type(k) is not int or not 0 <= k < 1 << 64:
+            raise HttpError(400, f"keys[{i}] = {k!r}: a key is an unsigned 64-bit integer (or its decimal string)")
+        out.append(k)
+    return out
 
 
 def _split_bitmaps(found: np.ndarray, sizes: list[int]) -> list[bytes]:

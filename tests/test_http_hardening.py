@@ -236,6 +236,28 @@ def test_serving_and_cube_json_lookup_refuse_bad_json_with_400(stack, what):
         _alive(stack, name)
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [[-1], [1.9], [True], "123", ["-1"], ["+5"], ["1e3"], [2**64], ["18446744073709551616"], [None], [[1]], ["\u0661"]],
+)
+def test_cube_json_lookup_refuses_keys_it_would_coerce(stack, keys):
+    """-1 used to become 2^64-1, 1.9 -> 1, true -> 1, "123" -> the keys [1, 2, 3]."""
+    url, _ = stack["cube"]
+    r = requests.post(f"{url}/v1/lookup", json={"keys": keys}, timeout=10)
+    assert r.status_code == 400 and "keys" in r.json()["error"], (keys, r.status_code, r.text[:200])
+    good = [int(stack["keys"][0]), str(stack["keys"][1]), 2**64 - 1]
+    r = requests.post(f"{url}/v1/lookup", json={"keys": good}, timeout=10)
+    assert r.status_code == 200 and r.json()["found"] == [True, True, False]
+    assert r.json()["values"][0] == stack["values"][0].tolist()
+
+
+def test_serving_answers_413_for_too_many_instances(stack):
+    url, _ = stack["serving"]
+    body = json.dumps({"instances": [{"line": "1 0 1:1"}] * 10_001}).encode()
+    r = requests.post(f"{url}/v1/predict", data=body, timeout=30)
+    assert r.status_code == 413 and "at most 10000" in r.json()["error"]
+
+
 @pytest.mark.parametrize("name", ALL_SERVERS)
 def test_content_length_minus_one_is_400_at_once(stack, name):
     url, _ = stack[name]

@@ -295,7 +295,7 @@ class ServingApp:
         try:
             instances = instances_of(body)
         except InstanceError as e:
-            return self._refuse(400, str(e), started)
+            return self._refuse(e.status, str(e), started)  # 413 for too many instances (docs/contracts.md)
         if self.active is None:
             response = self._not_ready()
             self.metrics.observe_request(503, time.perf_counter() - started)
