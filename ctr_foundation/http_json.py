@@ -71,7 +71,7 @@ def parse_json(body: bytes, *, max_depth: int = DEFAULT_MAX_DEPTH, max_bytes: in
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise HttpError(400, f"the body is not valid UTF-8 (byte {e.start})") from None
+        raise HttpError(400, f"malformed JSON: the body is not valid UTF-8 (byte {e.start})") from None
     if body.count(b"[") + body.count(b"{") > max_depth and nesting_depth(body) > max_depth:
         raise HttpError(400, f"JSON nested deeper than {max_depth} levels")
     try:
