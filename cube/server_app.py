@@ -10,8 +10,10 @@ request is bound to one ShardIndex object when it is parsed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -393,6 +395,10 @@ class CubeWorker:
             protocol_factory=lambda srv: LookupProtocol(srv, self),
             backlog=2048,
         )
+        # SIGTERM stops the server from inside the loop: a plain signal.signal handler may not run while
+        # uvloop waits in C, which left workers running until they were killed.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, server.shutdown)
         watcher = loop.create_task(self.watch_state())
         try:
             await server.serve()

@@ -8,6 +8,7 @@ been, that memory stayed bounded, and that the server still answers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -405,3 +406,35 @@ def test_half_sent_requests_are_closed_after_the_header_timeout(stack):
         s.close()
     assert closed == len(socks) and time.monotonic() - t0 < 16
     assert proc.poll() is None
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_cube_server_on_uvloop_exits_promptly_on_sigterm(stack, tmp_path, workers):
+    """A SIGTERM used to wait for uvloop to give Python control back: killed after the grace period instead."""
+    args = server_args(
+        stack["tmp"] / "cube", 0, workers=workers, extra=["--event-loop", "uvloop", "--state-dir", str(tmp_path / "st")]
+    )
+    with cube_process("server", args, tmp_path, "uvloop-server") as (url, proc):
+        idle = socket.create_connection(("127.0.0.1", port_of(url)))
+        stop = threading.Event()
+        lookup = request("POST", "/v1/lookup", {}, stack["keys"][:26].astype("<u8").tobytes())
+
+        def busy():  # the signal must also stop a server that is answering lookups
+            with contextlib.suppress(OSError):
+                s = socket.create_connection(("127.0.0.1", port_of(url)), timeout=5)
+                while not stop.is_set():
+                    s.sendall(lookup * 20)
+                    s.recv(1 << 20)
+
+        threads = [threading.Thread(target=busy, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.terminate()
+        try:
+            proc.wait(15)
+        finally:
+            stop.set()
+            idle.close()
+        assert time.monotonic() - t0 < 5 and proc.returncode in (0, -15), proc.returncode
