@@ -348,7 +348,7 @@ def check_health(config: ClientConfig) -> dict[str, dict | str]:
     for name, url, probe in (
         ("serving", config.serving_url, lambda u: ServingClient(u).status()),
         ("serving_grpc", getattr(config, "serving_grpc", None), lambda t: {"health": _grpc_health(t)}),
-        ("fileserver", config.fileserver_url, lambda u: FileServerClient(u).health()),
+        ("fileserver", config.fileserver_url, lambda u: FileServerClient(u, token=config.token or "").health()),
     ):
         if not url:
             out[name] = "not configured"

@@ -137,7 +137,7 @@ def test_split_90_10_routes_2000_keys_within_3_percent_stably_and_ends_in_one_ca
         url = srv.url
         arms = [{"name": "control", "weight": 90}, {"name": "challenger", "version": challenger_v, "weight": 10}]
         assert put_split(url, arms, headers={}).status_code == 401
-        assert put_split(url, arms, headers={"Authorization": "Bearer wrong"}).status_code == 403
+        assert put_split(url, arms, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert (
             put_split(
                 url,
@@ -337,7 +337,7 @@ def test_client_over_both_transports_and_the_ab_report(served):
         via_grpc = list(rpc.predict_lines(lines, batch_size=32))
         np.testing.assert_allclose(via_grpc, via_http, rtol=0, atol=1e-6)
         np.testing.assert_allclose(via_grpc, probs, rtol=0, atol=1e-5)
-        assert rpc.health() == "SERVING"
+        assert rpc.health() == "SERVING", srv.app.readiness()
         with pytest.raises(PredictionError, match="INVALID_ARGUMENT"):
             rpc.predict_instances([{"line": "1 0 ²:1"}])
         arms = [{"name": "control", "weight": 50}, {"name": "challenger", "version": challenger_v, "weight": 50}]

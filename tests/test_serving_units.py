@@ -143,7 +143,7 @@ def test_fast_and_exact_line_paths_agree_on_random_lines():
 @pytest.mark.parametrize(
     "body, status, words",
     [
-        (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nested deeper than"),
         (b'{"instances": [{"slots": {"1": [' + b"9" * 5000 + b"]}}]}", 400, "malformed JSON"),
         (b'{"instances": [{"slots": {"1": [' + b"9" * 30 + b"]}}]}", 400, "unsigned 64-bit"),
         (b'{"instances": [{"slots": {"1": ["' + b"9" * 30 + b'"]}}]}', 400, "more than 20 digits"),

@@ -464,7 +464,7 @@ class ServingApp:
         reason, when = self._probe.get(a.load_id, ("not probed yet", 0.0))
         if reason is not None:
             return False, f"version {a.version} loaded but cube does not answer for it: {reason}"
-        if time.monotonic() - when > max(5.0, 5 * self.probe_interval):
+        if time.monotonic() - when > max(15.0, 5 * self.probe_interval):  # the probe itself hangs
             return False, f"version {a.version}: the last cube probe is {time.monotonic() - when:.0f}s old"
         return True, f"serving {a.version}"
 

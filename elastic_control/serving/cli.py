@@ -283,21 +283,21 @@ def serve_command(
         app.add_after_response_hook(ShadowScorer(shadow_pass, shadow_log))
     if split.challengers:
         app.start_split = split  # applied once the first version is active (app.py)
-    server = ServingServer(
-        app,
-        host=host,
-        port=port,
-        max_body=max_body,
-        grpc_port=None if no_grpc else grpc_port,
-        drain_delay=drain_delay,
-        drain_timeout=drain_timeout,
-    )
 
     def listening(s):
         grpc_text = f", gRPC {s.grpc_target}" if s.grpc is not None else ""
         done(f"serving on http://{host}:{s.port}{grpc_text} from {source.describe} (pid {os.getpid()})")
 
     try:
+        server = ServingServer(  # binds here
+            app,
+            host=host,
+            port=port,
+            max_body=max_body,
+            grpc_port=None if no_grpc else grpc_port,
+            drain_delay=drain_delay,
+            drain_timeout=drain_timeout,
+        )
         server.run_forever(on_listening=listening)
     except OSError as e:
         from ctr_foundation.errors import ComponentError

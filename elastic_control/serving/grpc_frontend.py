@@ -80,7 +80,7 @@ class GrpcFrontend(Frontend):
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._grace = 5.0
-        self.health = HealthServicer()
+        self.health = _Health(app)
         self.address: str | None = None
 
     # answers from batch workers -> this loop
@@ -154,6 +154,22 @@ class GrpcFrontend(Frontend):
         self._stopped.set()
         if self._thread:
             self._thread.join(grace + 5)
+
+
+class _Health(HealthServicer):
+    """grpc.health.v1.Health: Check answers from serving's readiness at the moment of the call; Watch
+    streams the changes (the status is refreshed every 0.2 s)."""
+
+    def __init__(self, app: ServingApp):
+        super().__init__()
+        self.app = app
+
+    async def Check(self, request, context):
+        if request.service not in ("", SERVICE):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        ready, _ = self.app.readiness()
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)
 
 
 def _resolve_all(items) -> None:

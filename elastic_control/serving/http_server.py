@@ -1,26 +1,48 @@
-"""Serving's listeners: HTTP (the foundation's raw asyncio HTTP/1.1 protocol) and gRPC, and the drain.
+"""Serving's listeners: HTTP (the one HTTP layer, ``ctr_foundation.http_server``) and gRPC, and the drain.
 
-The HTTP protocol lets a handler answer after the event loop moved on, which is what merged batches
-need: batch workers hand answers back to the loop (routes.HttpFrontend). gRPC runs on its own loop
-thread (grpc_frontend.py). SIGTERM drains: readiness turns false at once (``/readyz`` 503, gRPC
-health NOT_SERVING), after ``drain_delay`` seconds (time for a Service to take the endpoint out) both
-listeners stop accepting, every request already accepted is answered (at most ``drain_timeout``
-seconds), then the process exits: a serving restart behind a Service loses no request.
+Predictions are ``loop`` routes: routes.HttpRoutes.handle runs on the event loop and answers later,
+which is what merged batches need (batch workers hand answers back to the loop, routes.HttpFrontend).
+Split changes are ``thread`` routes that need the token (checked by the layer, before any body is
+read): loading a challenger downloads and prepares a model, off the event loop. Framing, time-outs
+and the connection cap are the layer's. gRPC runs on its own loop thread (grpc_frontend.py).
+
+SIGTERM drains: readiness turns false at once (``/readyz`` 503, gRPC health NOT_SERVING), after
+``drain_delay`` seconds (time for a Service to take the endpoint out) both listeners stop accepting,
+every request already accepted is answered (at most ``drain_timeout`` seconds), idle keep-alive
+connections are closed, then the process exits: a serving restart behind a Service loses no request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import socket
 import threading
 
-from ctr_foundation.http_protocol import HttpProtocol
+from ctr_foundation.http_messages import NO_BODY_METHODS, Request
+from ctr_foundation.http_protocol import THREAD, Route
+from ctr_foundation.http_server import HttpLimits, HttpServer
 from elastic_control.serving.app import DEFAULT_MAX_BODY, ServingApp
-from elastic_control.serving.routes import HttpFrontend, HttpRoutes
+from elastic_control.serving.routes import SPLIT_PATHS, HttpFrontend, HttpRoutes
 
 log = logging.getLogger("elastic_control.serving")
+
+# 1,000 idle clients beside the busy ones must not lock anyone out (issue 15's soak).
+LIMITS = HttpLimits(max_connections=4096)
+SPLIT_MAX_BODY = 1 << 20
+
+
+class _Routes:
+    """Which Route serves a request: bodies only where the routes read them, the token for split changes."""
+
+    def __init__(self, routes: HttpRoutes, max_body: int):
+        self.with_body = Route(routes.handle, max_body=max_body)
+        self.without_body = Route(routes.handle)
+        self.split_change = Route(routes.change_split, mode=THREAD, token=True, max_body=SPLIT_MAX_BODY)
+
+    def route(self, req: Request) -> Route:
+        if req.path in SPLIT_PATHS and req.method not in ("GET", "HEAD"):
+            return self.split_change
+        return self.without_body if req.method in NO_BODY_METHODS else self.with_body
 
 
 class ServingServer:
@@ -34,30 +56,30 @@ class ServingServer:
         grpc_port: int | None = None,
         drain_delay: float = 0.0,
         drain_timeout: float = 30.0,
+        limits: HttpLimits | None = None,
     ):
         self.app = app
         self.host = host
-        self.port = port
         self.max_body = max_body
         self.grpc_port = grpc_port
         self.drain_delay = drain_delay
         self.drain_timeout = drain_timeout
         self.frontend = HttpFrontend(app)
         self.routes = HttpRoutes(app, self.frontend)
+        self.http = HttpServer(
+            _Routes(self.routes, max_body),
+            host=host,
+            port=port,
+            token=app.token,
+            name="serving",
+            limits=limits or LIMITS,
+        )
+        self.port = self.http.port
         self.grpc = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server = None
-        self._thread: threading.Thread | None = None
-        self._protocols: set[HttpProtocol] = set()
+        self._drained = threading.Event()
 
-    async def _start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.frontend.loop = self._loop
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self._server = await self._loop.create_server(self._protocol, sock=sock, backlog=512)
-        self.port = sock.getsockname()[1]
+    def _started(self, http: HttpServer) -> None:
+        self.frontend.loop = http.loop
         self.frontend.address = f"{self.host}:{self.port}"
         self.app.frontends["http"] = self.frontend
         if self.grpc_port is not None:
@@ -68,96 +90,68 @@ class ServingServer:
             self.app.frontends["grpc"] = self.grpc
         self.app.start()
 
-    def _protocol(self) -> HttpProtocol:
-        proto = HttpProtocol(self.routes.handle, self.max_body)
-        lost = proto.connection_lost
-        protocols = self._protocols
-        protocols.add(proto)
-
-        def connection_lost(exc, _lost=lost, _proto=proto):
-            protocols.discard(_proto)
-            _lost(exc)
-
-        proto.connection_lost = connection_lost
-        return proto
-
     async def _drain(self) -> None:
         app = self.app
         app.begin_drain()
         log.info("draining: readiness is false; stop accepting in %.1fs", self.drain_delay)
         if self.drain_delay > 0:
             await asyncio.sleep(self.drain_delay)
-        self._server.close()
+        self.http.stop_accepting()
         grpc_stop = None
         if self.grpc is not None:
             grpc_stop = threading.Thread(target=self.grpc.stop, args=(self.drain_timeout,), daemon=True)
             grpc_stop.start()
         idle = await asyncio.to_thread(app.wait_idle, self.drain_timeout)
         await asyncio.sleep(0.05)  # answers handed to the loop are written before connections close
-        for proto in list(self._protocols):
-            if proto.transport is not None and not proto.pending:
-                proto.transport.close()
+        for conn in list(self.http.connections):
+            if conn.transport is not None and not conn.pending:
+                conn.transport.close()  # idle keep-alive connections: a clean close, nothing is lost
         if grpc_stop is not None:
             await asyncio.to_thread(grpc_stop.join, self.drain_timeout + 5)
         log.info("drained (%s): exiting", "every accepted request answered" if idle else "timed out")
-        app.stop()
+        self._drained.set()
 
     def run_forever(self, on_listening=None) -> None:
         """Serve until SIGTERM/SIGINT, then drain (the CLI)."""
+        import signal
 
-        async def main():
-            await self._start()
-            stop = asyncio.Event()
+        def started(http):
+            self._started(http)
+            loop = http.loop
             for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, lambda: loop.create_task(self._drain_then_stop()))
             if on_listening:
                 on_listening(self)
-            await stop.wait()
-            await self._drain()
 
-        asyncio.run(main())
+        try:
+            self.http.serve_forever(on_started=started)
+        finally:
+            self.app.stop()
+            self.http.server_close()
+
+    async def _drain_then_stop(self) -> None:
+        if self._drained.is_set() or self.app.draining:
+            return
+        try:
+            await self._drain()
+        finally:
+            self.http.shutdown()
 
     def start_in_thread(self) -> ServingServer:
         """Serve from a daemon thread (tests, benchmarks); ``self.port`` is bound when this returns."""
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def run():
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._start())
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="serving-http", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if errors:
-            raise errors[0]
+        self.http.start_in_thread(on_started=self._started)
         return self
 
     def drain_in_thread(self) -> None:
         """What SIGTERM does, for a server started with ``start_in_thread`` (tests)."""
-        asyncio.run_coroutine_threadsafe(self._drain(), self._loop).result(self.drain_timeout + 30)
+        asyncio.run_coroutine_threadsafe(self._drain(), self.http.loop).result(self.drain_timeout + 30)
 
     def stop(self) -> None:
         self.app.stop()
         if self.grpc is not None:
             self.grpc.stop(0.5)
-        if self._loop and self._thread:
-
-            def shutdown():
-                self._server.close()
-                self._loop.stop()
-
-            self._loop.call_soon_threadsafe(shutdown)
-            self._thread.join(5)
+        self.http.shutdown()
+        self.http.server_close()
 
     @property
     def url(self) -> str:

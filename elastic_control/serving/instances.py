@@ -16,7 +16,6 @@ version has one.
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from collections.abc import Sequence
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctr_foundation.http_json import parse_json
+from ctr_foundation.http_messages import HttpError
 from ctr_foundation.sample import UINT64_MAX
 from elastic_control.data.line_batch import parse_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
@@ -39,13 +40,16 @@ _ARM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}", re.ASCII)
 
 
 class InstanceError(ValueError):
-    """A request that cannot be scored; the message names the instance and the problem (-> HTTP 400)."""
+    """A request that cannot be scored; the message names the instance and the problem (-> HTTP ``status``)."""
 
-    status = 400
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
 
 
 class TooManyInstances(InstanceError):
-    status = 413
+    def __init__(self, message: str):
+        super().__init__(message, 413)
 
 
 @dataclass(frozen=True)
@@ -76,15 +80,12 @@ class PredictRequest:
 
 
 def decode_json(body: bytes) -> object:
-    """JSON of a request body; malformed, too deep or with integers too long to convert is an InstanceError."""
+    """JSON of a request body through the shared parser (ctr_foundation.http_json: UTF-8, nesting depth,
+    integer size); anything it refuses is an InstanceError with its status (400)."""
     try:
-        return json.loads(body)
-    except RecursionError:
-        raise InstanceError("malformed JSON: nested too deeply") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InstanceError(f"malformed JSON: {e}") from None
-    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
-        raise InstanceError(f"malformed JSON: {e}") from None
+        return parse_json(body)
+    except HttpError as e:
+        raise InstanceError(e.message, e.status) from None
 
 
 def predict_request(body: object) -> PredictRequest:

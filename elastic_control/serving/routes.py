@@ -14,17 +14,16 @@ batch (instances.py); answers come back from the batch workers through ``HttpFro
 
 from __future__ import annotations
 
-import hmac
-import threading
 import time
 
-from ctr_foundation.http_protocol import Request, Response, Slot
+from ctr_foundation.http_messages import Request, Response, Slot
 from elastic_control.serving.app import ServingApp, SplitConflict
 from elastic_control.serving.arms import SplitError, split_from_json
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
 from elastic_control.serving.instances import InstanceError, decode_json, predict_request
 
 MAX_FEEDBACK_EVENTS = 100_000
+SPLIT_PATHS = ("/v1/split", "/v1/split/end")
 
 
 class HttpFrontend(Frontend):
@@ -68,11 +67,8 @@ class HttpRoutes:
             if method != "POST":
                 return Response.error(405, "use POST /v1/feedback")
             return self._feedback(request)
-        if path in ("/v1/split", "/v1/split/end"):
-            if request.method in ("GET", "HEAD"):
-                return self._split(request)
-            # Loading a challenger downloads and prepares a model: off the event loop, so predictions go on.
-            return self._in_thread(lambda: self._split(request), slot, deliver)
+        if path in SPLIT_PATHS:  # GET here; changes come through change_split (a thread route with the token)
+            return self.change_split(request)
         if method not in ("GET", "HEAD"):
             return Response.error(405, f"{method} is not allowed on {path}")
         app = self.app
@@ -140,16 +136,15 @@ class HttpRoutes:
         return Response.json(self.app.feedback(triples))
 
     # ---- the A/B split -----------------------------------------------------------------------------
-    def _split(self, request: Request) -> Response:
+    def change_split(self, request: Request) -> Response:
+        """The split's routes. Changes run on the layer's thread pool (loading a challenger downloads and
+        prepares a model: predictions go on meanwhile), after the layer checked the token."""
         app, method, path = self.app, request.method, request.path
         if path == "/v1/split" and method in ("GET", "HEAD"):
             return Response.json({"split": app.split.to_json(), "arms": app.arms()})
-        allowed = {"/v1/split": ("PUT", "DELETE"), "/v1/split/end": ("POST",)}[path]
+        allowed = {"/v1/split": ("GET", "PUT", "DELETE"), "/v1/split/end": ("POST",)}[path]
         if method not in allowed:
             return Response.error(405, f"{method} is not allowed on {path}; use {' or '.join(allowed)}")
-        refused = self._check_token(request)
-        if refused is not None:
-            return refused
         try:
             if method == "PUT":
                 body = decode_json(request.body)
@@ -157,7 +152,7 @@ class HttpRoutes:
                 return Response.json({"split": split.to_json(), "arms": app.arms()})
             if method == "DELETE":
                 return Response.json(app.end_split(None))
-            body = decode_json(request.body or b"{}")
+            body = decode_json(request.body) if request.body.strip() else {}
             winner = body.get("winner") if isinstance(body, dict) else None
             if winner is not None and not isinstance(winner, str):
                 return Response.error(400, '"winner" must be an arm name (or null to drop every challenger)')
@@ -165,28 +160,4 @@ class HttpRoutes:
         except SplitConflict as e:
             return Response.error(409, str(e))
         except (SplitError, InstanceError) as e:
-            return Response.error(400, str(e))
-
-    def _in_thread(self, fn, slot: Slot, deliver) -> None:
-        loop = self.frontend.loop
-
-        def run():
-            try:
-                response = fn()
-            except Exception as e:  # noqa: BLE001 - answered, never lost
-                response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
-            loop.call_soon_threadsafe(deliver, slot, response)
-
-        threading.Thread(target=run, name="serving-control", daemon=True).start()
-        return None
-
-    def _check_token(self, request: Request) -> Response | None:
-        token = self.app.token
-        if not token:
-            return Response.error(403, "split control is disabled: serving runs without ELASTIC_CTR_TOKEN")
-        got = request.headers.get("authorization", "")
-        if not got.startswith("Bearer "):
-            return Response.error(401, "split control needs 'Authorization: Bearer $ELASTIC_CTR_TOKEN'")
-        if not hmac.compare_digest(got[7:].strip().encode(), token.encode()):
-            return Response.error(403, "wrong bearer token")
-        return None
+            return Response.error(getattr(e, "status", 400), str(e))
