@@ -31,7 +31,7 @@ TRAIN_HOURS = 2  # two consecutive passes: version switches are tested between r
 HOLDOUT_HOURS = 2  # hours after the training window, never trained on
 LINES_PER_HOUR = 8000
 SYNTH_SEED = 3
-CRITEO_LINES = 3000
+CRITEO_LINES = 2000
 CRITEO_SPARSE_DIM = 1000003
 
 
