@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from elastic_control.evaluation.grouped import GroupTotals, group_bucket, group_totals  # noqa: E402
-from elastic_control.evaluation.metrics import CountsBuilder, merge_counts, summarize  # noqa: E402
+from elastic_control.metrics import CountsBuilder, merge_counts, summarize  # noqa: E402
 
 K = 10
 CHUNK = 1_000_000

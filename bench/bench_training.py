@@ -28,8 +28,8 @@ import numpy as np  # noqa: E402
 
 from elastic_control.data.hourly_writer import hour_dir  # noqa: E402
 from elastic_control.data.synth import generate, read_truth  # noqa: E402
+from elastic_control.metrics import auc, log_loss  # noqa: E402
 from elastic_control.training.cli import hyperparameter_args  # noqa: E402
-from elastic_control.training.metrics import auc, log_loss  # noqa: E402
 from elastic_control.training.settings import Hyperparameters  # noqa: E402
 
 SLOTS = tuple(range(1, 9))

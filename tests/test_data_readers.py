@@ -198,7 +198,7 @@ def test_unsupported_filesystem_is_a_clear_error(tmp_path):
 
 def test_synthetic_generator_is_deterministic_and_knows_its_bayes_auc(tmp_path):
     from elastic_control.data.synth import generate, read_truth
-    from elastic_control.training.metrics import auc
+    from elastic_control.metrics import auc
 
     a = generate(tmp_path / "a", slots=(1, 2, 3), hours=2, lines_per_hour=3000, seed=5, start=START)
     b = generate(tmp_path / "b", slots=(1, 2, 3), hours=2, lines_per_hour=3000, seed=5, start=START)
