@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from helpers_common import CRITEO_FILE, REPO
@@ -38,7 +40,7 @@ ENVIRONMENT = {
         "the project's .venv is not set up (bash scripts/setup.sh)",
     ),
     "needs_ruff": (
-        lambda: not (REPO / ".venv" / "bin" / "ruff").exists(),
+        lambda: not Path(sys.executable).with_name("ruff").exists(),
         "ruff is installed by scripts/setup.sh (requirements-dev.txt)",
     ),
     "needs_volcano_schemas": (

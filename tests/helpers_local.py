@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -107,17 +106,6 @@ def simple_plan(
     (layout.slot_conf).write_text("1\n")
     (layout.state / "local" / "data.config").write_text('export START_DATE_HR="20200101/00"\n')
     return plan
-
-
-def wait_until(predicate, timeout: float = 30.0, poll: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {last!r})")
 
 
 def alive(pid: int | None) -> bool:

@@ -56,6 +56,7 @@ REQUESTS = [
 ]
 
 
+@pytest.mark.needs_volcano_schemas
 @pytest.mark.parametrize("fields", REQUESTS, ids=["one", "baseline-group-window", "max-workers"])
 def test_eval_jobs_validate_strictly_and_pass_the_webhook_rules(tmp_path, fields):
     _, files = _render(tmp_path, EvalJobRequest(**fields), job_name="a" * 40)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers_local import alive, kill_everything_under, processes_under, wait_until
+from helpers_common import wait_until
+from helpers_local import alive, kill_everything_under, processes_under
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

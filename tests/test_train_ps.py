@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from helpers_train import CRITEO_FILE, START, labels_of, read_golden, run_training, score_pass, write_job
+from helpers_common import CRITEO_FILE
+from helpers_train import START, labels_of, read_golden, run_training, score_pass, write_job
 
 from ctr_foundation import pass_format
 from ctr_foundation.errors import ComponentError
@@ -199,7 +200,7 @@ def test_synthetic_heldout_auc_close_to_bayes_optimal(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.skipif(not CRITEO_FILE.exists(), reason=f"real Criteo lines not found at {CRITEO_FILE}")
+@pytest.mark.needs_criteo
 def test_criteo_beats_the_positive_rate_constant(tmp_path):
     from elastic_control.data.criteo import convert_file
     from elastic_control.data.hourly_writer import hour_dir
