@@ -72,7 +72,7 @@ def synth_world(tmp_path_factory):
     two hours by `elastic-control train`; the last two hours are held out."""
     import helpers_passes
 
-    return helpers_passes.synth_world(tmp_path_factory.mktemp("synth-world"))
+    return helpers_passes.session_synth_world(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -14,12 +14,14 @@ from pathlib import Path
 import pyarrow  # noqa: F401  (before anything that may import paddle)
 
 import numpy as np
-from helpers_common import PYTHON, fileserver_in_thread, process, wait_ready_file
+from helpers_common import PYTHON, REPO, fileserver_in_thread, free_port, process, wait_ready_file
 
 from ctr_foundation.pass_format import SparseLayout
 from ctr_foundation.records import DonefileEntry, append_donefile, utc_now
 
 TOKEN = "cube-test-token"
+# Names other test modules import from here (their one definition is in helpers_common).
+__all__ = ["PYTHON", "REPO", "TOKEN", "free_port"]
 
 
 def write_synthetic_pass(
@@ -144,3 +146,10 @@ def cube_agent(data: Path, shard: int, server_url: str, log_dir: Path, name: str
 def fileserver(root: Path):
     """The project's real file server, in a thread, on a free loopback port, with the cube tests' token."""
     return fileserver_in_thread(root, token=TOKEN)
+
+
+def real_pass_dir(tmp_path_factory) -> Path:
+    """A pass `elastic-control train` wrote (the session's ``synth_world``; prefer that fixture)."""
+    from helpers_passes import session_synth_world
+
+    return session_synth_world(tmp_path_factory).passes[0]

@@ -215,3 +215,14 @@ def criteo_world(root: Path, *, lines: int = CRITEO_LINES, sparse_dim: int | Non
         root, data=data, slots=CRITEO_SLOTS, start=start, end=start, sparse_dim=sparse_dim
     )
     return TrainedWorld(root, data, models, config, slot_conf, tuple(CRITEO_SLOTS), passes, sparse_dim=sparse_dim)
+
+
+_SESSION_WORLDS: dict[str, TrainedWorld] = {}
+
+
+def session_synth_world(tmp_path_factory) -> TrainedWorld:
+    """The session's synthetic world, trained once however many callers ask (the ``synth_world`` fixture)."""
+    key = str(tmp_path_factory.getbasetemp())
+    if key not in _SESSION_WORLDS:
+        _SESSION_WORLDS[key] = synth_world(tmp_path_factory.mktemp("synth-world"))
+    return _SESSION_WORLDS[key]

@@ -14,12 +14,21 @@ import time
 from pathlib import Path
 
 import requests
-from helpers_common import wait_healthy
+from helpers_common import PYTHON, REPO, fileserver_in_thread, free_port, process, wait_healthy
 from helpers_cube import cube_processes, server_args
+from helpers_passes import criteo_slot_lines
 
-from ctr_foundation.records import CurrentVersion, utc_now, write_current
+from ctr_foundation.records import GOLDEN_FILE, CurrentVersion, read_golden, utc_now, write_current
+
+# Names serving tests import from here (their one definition is in helpers_common / helpers_passes).
+__all__ = ["PYTHON", "REPO", "criteo_slot_lines", "fileserver_in_thread", "free_port", "golden", "process"]
 
 SERVING_TOKEN = "t0ken"
+
+
+def golden(pass_dir: Path) -> tuple[list[str], list[float]]:
+    """(lines, probabilities) of a pass's golden.jsonl, read by records.py (the format's owner)."""
+    return read_golden(Path(pass_dir) / GOLDEN_FILE)
 
 
 def raw_request(port: int, data: bytes, timeout: float = 10.0) -> bytes:

@@ -15,18 +15,13 @@ import pytest
 import requests
 from helpers_common import CRITEO_FILE, CRITEO_SLOTS, PYTHON, fileserver_in_thread, free_port, process, wait_healthy
 from helpers_passes import criteo_slot_lines
-from helpers_serving import cube_servers, publish_version, serving_in_thread, set_current, switch_cube_version
+from helpers_serving import cube_servers, golden, publish_version, serving_in_thread, set_current, switch_cube_version
 
-from ctr_foundation.records import GOLDEN_FILE, read_golden
 from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch
 from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
 
 TOL = 1e-5
-
-
-def golden(pass_dir):
-    return read_golden(pass_dir / GOLDEN_FILE)
 
 
 @pytest.fixture(scope="module")
