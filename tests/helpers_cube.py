@@ -20,8 +20,23 @@ from ctr_foundation.pass_format import SparseLayout
 from ctr_foundation.records import DonefileEntry, append_donefile, utc_now
 
 TOKEN = "cube-test-token"
-# Names other test modules import from here (their one definition is in helpers_common).
-__all__ = ["PYTHON", "REPO", "TOKEN", "free_port"]
+# PYTHON, REPO and free_port are re-exported (their one definition is in helpers_common).
+__all__ = [
+    "PYTHON",
+    "REPO",
+    "TOKEN",
+    "add_done",
+    "agent_args",
+    "cube_agent",
+    "cube_process",
+    "cube_processes",
+    "cube_server",
+    "fileserver",
+    "free_port",
+    "real_pass_dir",
+    "server_args",
+    "write_synthetic_pass",
+]
 
 
 def write_synthetic_pass(

@@ -20,8 +20,25 @@ from helpers_passes import criteo_slot_lines
 
 from ctr_foundation.records import GOLDEN_FILE, CurrentVersion, read_golden, utc_now, write_current
 
-# Names serving tests import from here (their one definition is in helpers_common / helpers_passes).
-__all__ = ["PYTHON", "REPO", "criteo_slot_lines", "fileserver_in_thread", "free_port", "golden", "process"]
+# PYTHON, REPO, free_port, process, fileserver_in_thread and criteo_slot_lines are re-exported (their one
+# definition is in helpers_common / helpers_passes).
+__all__ = [
+    "PYTHON",
+    "REPO",
+    "SERVING_TOKEN",
+    "criteo_slot_lines",
+    "cube_servers",
+    "fileserver_in_thread",
+    "free_port",
+    "golden",
+    "process",
+    "publish_version",
+    "raw_request",
+    "serving_in_thread",
+    "set_current",
+    "status_of",
+    "switch_cube_version",
+]
 
 SERVING_TOKEN = "t0ken"
 
