@@ -188,7 +188,8 @@ def cube_servers(cube_root: Path, shards: int, log_dir: Path, token: str = "benc
 @contextlib.contextmanager
 def fileserver_in_thread(root: Path, token: str = "bench-token"):
     """The product's file server on 127.0.0.1:0 in this process; yields its URL."""
-    from elastic_control.fileserver.server import make_fileserver, serve_in_thread
+    from ctr_foundation.http_server import serve_in_thread
+    from elastic_control.fileserver.server import make_fileserver
 
     server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token)
     serve_in_thread(server)

@@ -20,8 +20,8 @@ from helpers_passes import criteo_slot_lines
 
 from ctr_foundation.records import GOLDEN_FILE, CurrentVersion, read_golden, utc_now, write_current
 
-# PYTHON, REPO, free_port, process, fileserver_in_thread and criteo_slot_lines are re-exported (their one
-# definition is in helpers_common / helpers_passes).
+# PYTHON, REPO, free_port, process, wait_healthy, fileserver_in_thread and criteo_slot_lines are re-exported
+# (their one definition is in helpers_common / helpers_passes).
 __all__ = [
     "PYTHON",
     "REPO",
@@ -38,6 +38,7 @@ __all__ = [
     "set_current",
     "status_of",
     "switch_cube_version",
+    "wait_healthy",
 ]
 
 SERVING_TOKEN = "t0ken"
