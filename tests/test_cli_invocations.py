@@ -44,10 +44,9 @@ def kube_env(tmp_path):
         api.__exit__(None, None, None)
 
 
+@pytest.mark.needs_venv
 @pytest.mark.parametrize("entry", [CONSOLE_SCRIPT, SHIM], ids=["console-script", "bash-shim"])
 def test_the_four_documented_invocations(kube_env, entry):
-    if not Path(CONSOLE_SCRIPT[0]).exists():
-        pytest.skip("the project's .venv is not set up (bash scripts/setup.sh)")
     api, env = kube_env(recreate_trainer=True)
     state = Path(env["ELASTIC_CTR_STATE_DIR"])
 

@@ -13,18 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from helpers_cube import (
-    PYTHON,
-    REPO,
-    TOKEN,
-    add_done,
-    agent_args,
-    cube_processes,
-    fileserver,
-    free_port,
-    server_args,
-    write_synthetic_pass,
-)
+from helpers_common import PYTHON, REPO, free_port
+from helpers_cube import TOKEN, add_done, agent_args, cube_processes, fileserver, server_args, write_synthetic_pass
 
 from cube.client import CubeClient
 from cube.promotion_gate import GateDecision

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers_common import free_port
 from helpers_kube import render_plan
 from helpers_kube_api import VOLCANO, FakeKubeAPI
 
@@ -51,9 +51,7 @@ def test_detect_cluster_without_config_or_with_a_dead_server(tmp_path, monkeypat
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     adaptor.reset()
     assert adaptor.detect_cluster() == (False, "no kubeconfig or in-cluster config found")
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     api = FakeKubeAPI()
     api.url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
@@ -305,9 +303,7 @@ def test_status_and_delete(cluster, tmp_path, monkeypatch, capsys):
 
 def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch):
     plan = _plan(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     api = FakeKubeAPI()
     api.url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))

@@ -57,6 +57,7 @@ def _env(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+@pytest.mark.needs_volcano_schemas
 @pytest.mark.parametrize("flags", COMBINATIONS, ids=lambda f: "-".join(f"{k}{v}" for k, v in list(f.items())[:5]))
 def test_every_manifest_validates_strictly(tmp_path, flags):
     _, manifests = render_plan(tmp_path / "state", **flags)
@@ -202,6 +203,7 @@ def rendered_job(tmp_path):
     return _job(load_manifests(manifests))
 
 
+@pytest.mark.needs_volcano_schemas
 def test_strict_schema_rejects_a_misspelt_field(rendered_job):
     bad = copy.deepcopy(rendered_job)
     bad["spec"]["minAvaliable"] = bad["spec"].pop("minAvailable")
