@@ -62,37 +62,119 @@ def test_detect_cluster_without_config_or_with_a_dead_server(tmp_path, monkeypat
     adaptor.reset()
 
 
-def test_apply_creates_everything_then_replaces_the_job_by_delete_wait_create(cluster, tmp_path, monkeypatch):
+def _writes(api):
+    return [(m, p) for m, p, _ in api.requests if m in ("POST", "PUT", "PATCH", "DELETE")]
+
+
+def _pod_uids(api):
+    return {p["metadata"]["uid"] for p in api.pods()}
+
+
+def test_apply_creates_everything_in_order(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    backend = KubeBackend()
-    backend.apply(plan)
-    assert len(cluster.pods()) == expected_pods(plan) == 2 + 2 + 1 + 1 + 2 + 1 + 1
+    KubeBackend().apply(plan)
+    # pservers, trainers, MLflow, file server, 2 shards, transfer, 2 serving replicas
+    assert len(cluster.pods()) == expected_pods(plan) == 2 + 2 + 1 + 1 + 2 + 1 + 2
     assert cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["spec"]["minAvailable"] == 4
-    first_job_uid = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"]
-    # Preflight came first: namespace, CRD, queue.
     paths = [p for _, p, _ in cluster.requests]
     assert (
         paths.index("/api/v1/namespaces/default")
         < paths.index("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobs.batch.volcano.sh")
         < paths.index("/apis/scheduling.volcano.sh/v1beta1/queues/default")
-        < paths.index("/api/v1/namespaces/default/configmaps")
+        < paths.index("/api/v1/namespaces/default/configmaps/elastic-ctr-config")
     )
+    # Built-in kinds go through server-side apply, never PUT (which would reset what others set).
+    patches = [(m, p, q) for m, p, q in cluster.requests if m == "PATCH"]
+    assert patches and all(q.get("fieldManager") == "elastic-control" and q.get("force") == "true" for *_, q in patches)
+    assert not _calls(cluster, "PUT")
 
+
+def test_second_apply_of_an_unchanged_plan_writes_nothing_and_restarts_nothing(cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    plan = _plan(tmp_path)
+    KubeBackend().apply(plan)
+    job_uid = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"]
+    pods, versions = _pod_uids(cluster), {k: o["metadata"]["resourceVersion"] for k, o in cluster.store.items()}
     cluster.requests.clear()
-    backend.apply(plan)
-    job_calls = [
-        (m, q)
-        for m, p, q in cluster.requests
-        if "/jobs" in p or ("/pods" in p and "volcano.sh/job-name" in q.get("labelSelector", ""))
-    ]
-    methods = [m for m, _ in job_calls]
-    # DELETE, then GETs until the job and its pods are gone, then POST.
-    assert methods.index("DELETE") < methods.index("POST")
-    assert cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"] != first_job_uid
-    puts = _calls(cluster, "PUT")
-    assert {p.split("/")[-2] for _, p, _ in puts} == {"configmaps", "secrets", "deployments", "services"}
-    assert not [c for c in _calls(cluster, "PUT") if "persistentvolumeclaims" in c[1]]  # claims are kept
+    capsys.readouterr()
+    KubeBackend().apply(_plan(tmp_path))  # -r again with the same flags, then -a
+    assert _writes(cluster) == []  # no DELETE, no PATCH, no POST: nothing to do
+    assert cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"] == job_uid
+    assert _pod_uids(cluster) == pods and cluster.restarts == 0
+    assert all(cluster.store[k]["metadata"]["resourceVersion"] == v for k, v in versions.items() if k in cluster.store)
+    err = capsys.readouterr().err
+    assert "Job default/elastic-ctr unchanged" in err and "nothing changed" in err
+
+
+def test_changed_job_spec_recreates_the_job_delete_wait_create(cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    KubeBackend().apply(_plan(tmp_path))
+    first = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"]
+    cluster.requests.clear()
+    plan, _ = render_plan(tmp_path / "state", cpu=4, mem=20, trainers=3, pservers=2, cube_shards=2)
+    KubeBackend().apply(plan)
+    job_calls = [m for m, p, _ in cluster.requests if "/jobs" in p and m != "GET"]
+    assert job_calls == ["DELETE", "POST"]  # Volcano refuses updates: delete, wait for the pods, create
+    job = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")
+    assert job["metadata"]["uid"] != first and job["spec"]["minAvailable"] == 5
+    assert "Job default/elastic-ctr recreated (its spec changed)" in capsys.readouterr().err
+    assert cluster.restarts == 0  # nothing else changed, so no Deployment rolled
+
+
+def test_config_change_rolls_exactly_the_pods_that_read_it(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    KubeBackend().apply(_plan(tmp_path))
+    mlflow = {p["metadata"]["uid"] for p in cluster.pods(**{"app.kubernetes.io/component": "mlflow"})}
+    serving = {p["metadata"]["uid"] for p in cluster.pods(**{"app.kubernetes.io/component": "serving"})}
+    slot_conf = tmp_path / "slot.conf"
+    slot_conf.write_text("1\n2\n3\n")
+    cluster.requests.clear()
+    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf)))
+    assert cluster.get("v1", "configmaps", "default", "elastic-ctr-config")["data"]["slot.conf"] == "1\n2\n3\n"
+    now_serving = {p["metadata"]["uid"] for p in cluster.pods(**{"app.kubernetes.io/component": "serving"})}
+    assert now_serving and not now_serving & serving  # serving mounts the ConfigMap: rolled
+    assert {p["metadata"]["uid"] for p in cluster.pods(**{"app.kubernetes.io/component": "mlflow"})} == mlflow
+    patched = {p.rsplit("/", 1)[-1] for m, p in _writes(cluster) if m == "PATCH"}
+    assert "elastic-ctr-mlflow" not in patched and "elastic-ctr-serving" in patched
+
+
+def test_b5_then_b2_prunes_to_two_shards(cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    plan, _ = render_plan(tmp_path / "state", cpu=4, mem=20, trainers=2, pservers=2, cube_shards=5)
+    KubeBackend().apply(plan)
+    assert len(cluster.items("apps/v1", "deployments", "default")) == 3 + 5 + 1
+    plan, _ = render_plan(tmp_path / "state", cpu=4, mem=20, trainers=2, pservers=2, cube_shards=2)
+    capsys.readouterr()
+    KubeBackend().apply(plan)
+    shards = sorted(
+        d["metadata"]["name"]
+        for d in cluster.items("apps/v1", "deployments", "default")
+        if "-cube-" in d["metadata"]["name"] and "transfer" not in d["metadata"]["name"]
+    )
+    assert shards == ["elastic-ctr-cube-0", "elastic-ctr-cube-1"]
+    services = {s["metadata"]["name"] for s in cluster.items("v1", "services", "default")}
+    assert not {f"elastic-ctr-cube-{i}" for i in range(2, 5)} & services
+    assert not {f"elastic-ctr-cube-agent-{i}" for i in range(2, 5)} & services
+    assert len(cluster.pods(**{"app.kubernetes.io/component": "cube"})) == 2
+    err = capsys.readouterr().err
+    assert "Deployment default/elastic-ctr-cube-4 pruned (no longer rendered)" in err
+    assert f"{expected_pods(plan)}/{expected_pods(plan)} pods running" in err
+    # The plan's claims are never pruned, and the transfer's agent list follows the new shard count.
+    assert len(cluster.items("v1", "persistentvolumeclaims", "default")) == 3
+
+
+def test_scaled_deployment_keeps_its_replicas_until_the_plan_changes_them(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    KubeBackend().apply(_plan(tmp_path))
+    serving = cluster.get("apps/v1", "deployments", "default", "elastic-ctr-serving")
+    serving["spec"]["replicas"] = 5  # `kubectl scale` (or an HPA)
+    slot_conf = tmp_path / "slot.conf"
+    slot_conf.write_text("4\n5\n")
+    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf)))  # serving's template changes: it is applied
+    assert cluster.get("apps/v1", "deployments", "default", "elastic-ctr-serving")["spec"]["replicas"] == 5
+    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf), kube={"serving_replicas": 3}))
+    assert cluster.get("apps/v1", "deployments", "default", "elastic-ctr-serving")["spec"]["replicas"] == 3
 
 
 def test_dry_run_server_sends_dry_run_all_and_changes_nothing(cluster, tmp_path):
@@ -108,7 +190,7 @@ def test_dry_run_client_never_contacts_the_cluster(cluster, tmp_path, capsys):
     cluster.requests.clear()
     KubeBackend().apply(plan, dry_run="client")
     assert cluster.requests == []
-    assert "Job default/elastic-ctr (would be created or replaced)" in capsys.readouterr().out
+    assert "Job default/elastic-ctr (would be created, or updated if its spec changed)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -140,7 +222,7 @@ def test_unschedulable_pods_are_explained_from_events(cluster, tmp_path, monkeyp
     plan = _plan(tmp_path)
     with pytest.raises(
         ApplyError,
-        match=r"6/10 pods running, not running after 1s: pod elastic-ctr-pserver-0 cannot "
+        match=r"7/11 pods running, not running after 1s: pod elastic-ctr-pserver-0 cannot "
         r"be scheduled: 0/3 nodes are available: 3 Insufficient cpu; lower -u "
         r"\(now 4\), or add nodes",
     ):
@@ -196,6 +278,7 @@ def test_logs_follow_reattaches_to_a_recreated_trainer(cluster, tmp_path, monkey
         "[elastic-ctr-trainer-0] restarted by RestartJob, resuming from the last pass",
         "[elastic-ctr-trainer-0] pass-20191221-01 step 10 loss 0.47",
         "[elastic-ctr-trainer-0] training finished",
+        "[trainer-0] (stream ended: pod elastic-ctr-trainer-0 Succeeded; job Completed)",
     ]
     # Two different pods were streamed (the second under the same name, new uid).
     assert cluster.trainer_generations == 2
@@ -213,9 +296,9 @@ def test_logs_show_trainer0_fileserver_and_transfer(cluster, tmp_path, monkeypat
     trainer_query = next(
         q for m, p, q in cluster.requests if p.endswith("/pods") and "task-spec" in q.get("labelSelector", "")
     )
-    assert trainer_query["labelSelector"] == (
-        "volcano.sh/job-name=elastic-ctr,volcano.sh/task-spec=trainer,volcano.sh/task-index=0"
-    )
+    # By name: the task-index label exists only since Volcano 1.9.
+    assert trainer_query["labelSelector"] == "volcano.sh/job-name=elastic-ctr,volcano.sh/task-spec=trainer"
+    assert trainer_query["fieldSelector"] == "metadata.name=elastic-ctr-trainer-0"
 
 
 class _SlotConfServer(BaseHTTPRequestHandler):
@@ -265,7 +348,7 @@ def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, 
     # Port 8080 on this machine may be anything; make sure the fetch cannot reach a stranger's server.
     monkeypatch.setattr(
         "elastic_control.kube.discover.fetch_slot_conf",
-        lambda url: (_ for _ in ()).throw(__import__("requests").ConnectionError("refused")),
+        lambda url, token=None: (_ for _ in ()).throw(__import__("requests").ConnectionError("refused")),
     )
     path = KubeBackend().configure_client(plan)
     err = capsys.readouterr().err
@@ -296,6 +379,7 @@ def test_status_and_delete(cluster, tmp_path, monkeypatch, capsys):
     assert cluster.items(VOLCANO, "jobs") == [] and cluster.items("apps/v1", "deployments") == []
     assert cluster.items("v1", "services", "default") == [] and cluster.items("v1", "configmaps", "default") == []
     assert len(cluster.items("v1", "persistentvolumeclaims", "default")) == 3  # data stays
+    assert cluster.items("policy/v1", "poddisruptionbudgets", "default") == []
     KubeBackend().status(plan)
     assert "absent" in capsys.readouterr().out
 
