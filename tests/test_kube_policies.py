@@ -9,6 +9,7 @@ import copy
 import pytest
 import yaml
 from helpers_kube import render_plan
+from pod_harness.admission import restricted_violations
 
 from ctr_foundation.errors import ConfigError, UsageError
 from elastic_control.config.data_config import parse_data_config
@@ -18,7 +19,6 @@ from elastic_control.kube.options import KubeOptions, pull_policy_for
 from elastic_control.kube.pod_overlay import pod_templates
 from elastic_control.kube.render import RenderInputs, load_manifests
 from elastic_control.kube.volcano_rules import volcano_job_problems
-from pod_harness.admission import restricted_violations
 
 
 @pytest.fixture(autouse=True)
@@ -252,10 +252,10 @@ def test_a_config_change_rolls_exactly_the_pods_that_read_it(tmp_path):
     assert old["elastic-ctr-mlflow"] is None and new["elastic-ctr-mlflow"] is None  # reads neither
     changed = {name for name in old if old[name] != new[name]}
     assert changed == set(old) - {"elastic-ctr-mlflow"}
+
     def hashes(docs):
         return {(d["kind"], d["metadata"]["name"]): d["metadata"]["annotations"][k.SPEC_HASH_ANNOTATION] for d in docs}
-        (d["kind"], d["metadata"]["name"]): d["metadata"]["annotations"][k.SPEC_HASH_ANNOTATION] for d in docs
-    }  # noqa: E731
+
     assert hashes(before)[("Deployment", "elastic-ctr-mlflow")] == hashes(after)[("Deployment", "elastic-ctr-mlflow")]
     assert hashes(before)[("Job", "elastic-ctr")] != hashes(after)[("Job", "elastic-ctr")]
     # The checksum is keyed with the token: it says "changed" without letting anyone test a guess.
