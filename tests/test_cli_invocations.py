@@ -158,3 +158,15 @@ def test_status_and_delete_subcommands_honour_the_group_state_dir(tmp_path, monk
         assert "Volcano job default/elastic-ctr deleted" in capfd.readouterr().err
         assert api.items(VOLCANO, "jobs") == []
     adaptor.reset()
+
+
+@pytest.mark.parametrize("verb, deny", [(["status"], {"GET /deployments": 403}), (["delete"], {"DELETE /jobs": 403}),
+                                        (["-l"], {"GET /pods": 401})])  # fmt: skip
+def test_refused_api_calls_print_one_line(kube_env, verb, deny):
+    api, env = kube_env(deny=deny)
+    assert run(CONSOLE_SCRIPT, [*DOCUMENTED_R.split(), "--backend", "k8s"], env).returncode == 0
+    r = run(CONSOLE_SCRIPT, verb, env)
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("elastic-control: error: the Kubernetes API server at http://127.0.0.1:")
+    assert ("HTTP 401 Unauthorized" if "-l" in verb else "HTTP 403 Forbidden") in line

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 from helpers_kube import render_plan
 from helpers_kube_api import VOLCANO, FakeKubeAPI
 
-from ctr_foundation.errors import ApplyError, ClusterUnavailableError
+from ctr_foundation.errors import ApplyError, ClusterUnavailableError, UsageError
 from elastic_control.backends.kube_backend import KubeBackend, expected_pods
 from elastic_control.kube import adaptor
 
@@ -399,4 +401,148 @@ def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch):
         rf"http://127.0.0.1:{port} while reading namespace default",
     ):
         KubeBackend().apply(plan)
+    adaptor.reset()
+
+
+# ---- why pods are missing: PodGroups, ReplicaSets, claims -------------------------------------------------------
+
+
+@pytest.mark.parametrize("cluster", [{"podgroup_pending": True}], indirect=True)
+def test_a_pending_podgroup_is_explained(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "2")
+    with pytest.raises(ApplyError) as err:
+        KubeBackend().apply(_plan(tmp_path))
+    message = str(err.value)
+    assert message.startswith("7/11 pods running, not running after 2s: PodGroup elastic-ctr-")
+    assert "is Pending: 4/4 tasks in gang unschedulable" in message and "3 Insufficient cpu" in message
+    assert "all 4 pods fit at once (gang scheduling): lower -t/-p or -u/-m" in message
+    assert "not created yet" not in message
+
+
+@pytest.mark.parametrize("cluster", [{"quota_exceeded": True}], indirect=True)
+def test_a_quota_refusal_is_explained_at_once(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "120")
+    started = time.monotonic()
+    with pytest.raises(ApplyError, match=r"pods are refused: Deployment elastic-ctr-\S+ cannot create its pods: "
+                       r"pods \"\S+\" is forbidden: exceeded quota: compute-resources.*a ResourceQuota refuses it: "
+                       r"lower -u/-m, or ask for more quota"):  # fmt: skip
+        KubeBackend().apply(_plan(tmp_path))
+    assert time.monotonic() - started < 30  # a refusal does not wait out the timeout
+
+
+@pytest.mark.parametrize("cluster", [{"claims_pending": True, "unschedulable": True}], indirect=True)
+def test_unbound_claims_are_explained_with_the_option_that_fixes_them(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "2")
+    with pytest.raises(ApplyError):
+        KubeBackend().apply(_plan(tmp_path))
+    from elastic_control.kube.diagnose import claim_findings
+
+    findings = [f.message for f in claim_findings("default", "elastic-ctr")]
+    shared = next(f for f in findings if f.startswith("claim elastic-ctr-shared"))
+    assert "(ReadWriteMany, class default) is Pending: no persistent volumes available for this claim" in shared
+    assert "pass --storage-class NAME to -r" in shared and "--access-mode ReadWriteOnce" in shared
+
+
+# ---- API errors are one line --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cluster, verb",
+    [({"deny": {"GET /deployments": 403}}, "status"), ({"deny": {"DELETE /jobs": 403}}, "delete"),
+     ({"deny": {"GET /pods": 401}}, "logs")],
+    indirect=["cluster"],
+)  # fmt: skip
+def test_refused_api_calls_are_one_clear_error(cluster, tmp_path, verb):
+    plan = _plan(tmp_path)
+    call = {"status": KubeBackend().status, "delete": KubeBackend().delete, "logs": KubeBackend().logs}[verb]
+    with pytest.raises(ClusterUnavailableError) as err:
+        call(plan)
+    message = str(err.value)
+    assert "\n" not in message and f"answered HTTP {401 if verb == 'logs' else 403}" in message
+    hint = "credentials of the kubeconfig were refused" if verb == "logs" else "lacks the RBAC rights"
+    assert hint in message
+
+
+# ---- -l --follow: reattach, or say why it stopped ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [{"end_stream_early": True, "trainer_log": [f"step {i} loss 0.{90 - i}" for i in range(8)]}],
+    indirect=True,
+)
+def test_a_stream_closed_while_the_pod_runs_is_reopened_without_repeating_lines(cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    plan = _plan(tmp_path)
+    KubeBackend().apply(plan)
+    capsys.readouterr()
+    KubeBackend().logs(plan, follow=True, components=["trainer-0"])
+    out = capsys.readouterr().out.splitlines()
+    steps = [line for line in out if " step " in line]
+    assert steps == [f"[elastic-ctr-trainer-0] step {i} loss 0.{90 - i}" for i in range(8)]  # each once, in order
+    assert "[trainer-0] (stream closed while elastic-ctr-trainer-0 runs: reattached)" in out
+    assert out[-1] == "[trainer-0] (stream ended: pod elastic-ctr-trainer-0 Succeeded; job Completed)"
+
+
+@pytest.mark.parametrize("cluster", [{"task_index_label": False}], indirect=True)
+def test_trainer0_logs_on_volcano_before_1_9(cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    plan = _plan(tmp_path)
+    KubeBackend().apply(plan)
+    assert not any("volcano.sh/task-index" in p["metadata"]["labels"] for p in cluster.pods())
+    capsys.readouterr()
+    KubeBackend().logs(plan, components=["trainer-0"])
+    assert "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52" in capsys.readouterr().out
+
+
+# ---- the cluster a plan targets -----------------------------------------------------------------------------------
+
+
+def _two_context_kubeconfig(path, url_a, url_b, namespace_b="team-b"):
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "a",
+                "clusters": [{"name": "a", "cluster": {"server": url_a}}, {"name": "b", "cluster": {"server": url_b}}],
+                "contexts": [
+                    {"name": "a", "context": {"cluster": "a", "user": "u"}},
+                    {"name": "b", "context": {"cluster": "b", "user": "u", "namespace": namespace_b}},
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
+    )
+    return path
+
+
+def test_context_namespace_and_target_are_recorded_and_checked(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
+    with FakeKubeAPI(namespaces=("default", "team-b")) as b, FakeKubeAPI() as other:
+        config = _two_context_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9", b.url)
+        monkeypatch.setenv("KUBECONFIG", str(config))
+        adaptor.reset()
+        plan = _plan(tmp_path, kube={"context": "b"})
+        assert plan.namespace == "team-b"  # the context's namespace, not "default"
+        assert plan.kube["context"] == "b" and plan.kube["cluster_server"] == b.url
+        KubeBackend().apply(plan)  # on b, though the current context is a
+        assert b.items(VOLCANO, "jobs", "team-b") and not other.requests
+        # The kubeconfig now points context b at another cluster: nothing is done there.
+        _two_context_kubeconfig(config, "http://127.0.0.1:9", other.url)
+        adaptor.reset()
+        for call in (KubeBackend().status, KubeBackend().delete, KubeBackend().apply):
+            with pytest.raises(UsageError, match=rf"rendered for the cluster at {b.url} \(context b\), but the "
+                               rf"kubeconfig now points at {other.url}"):  # fmt: skip
+                call(plan)
+        assert [r for r in other.requests if r[0] != "GET"] == []
+    adaptor.reset()
+
+
+def test_an_unknown_context_is_a_usage_error(tmp_path, monkeypatch):
+    config = _two_context_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9", "http://127.0.0.1:10")
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    adaptor.reset()
+    with pytest.raises(UsageError, match=r"--context 'c' is not in the kubeconfig .* \(contexts: a, b\)"):
+        _plan(tmp_path, kube={"context": "c"})
     adaptor.reset()

@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -53,7 +54,7 @@ from pod_harness.admission import restricted_violations
 from pod_harness.image import SYSTEM_PATH, interpreter_exposure, load_image, venv_bin
 from pod_harness.network import NODE_IP, Network
 from pod_harness.node_agent import pod_ready
-from pod_harness.runtime import Container, Kubelet, Pod
+from pod_harness.runtime import Container, Kubelet, Pod, die_with_parent
 
 AGENT = str(Path(__file__).resolve().parent / "node_agent.py")
 VOLCANO_API = "batch.volcano.sh/"
@@ -64,6 +65,10 @@ TERMINAL_JOB_PHASES = {"Completed", "Failed", "Aborted", "Terminated"}
 
 class HarnessError(RuntimeError):
     pass
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt("SIGTERM")
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -324,6 +329,9 @@ class Cluster:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def __enter__(self) -> Cluster:
+        # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the namespaces are removed either way.
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
         try:
             self.start()
         except BaseException:
@@ -332,7 +340,11 @@ class Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            if getattr(self, "_old_sigterm", None) is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
 
     def start(self) -> None:
         self.network.create()
@@ -355,6 +367,7 @@ class Cluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             env={"PATH": SYSTEM_PATH},
+            preexec_fn=die_with_parent,
         )
         self.client_ip = self.network.next_pod_ip()
         self.client_ns = self.network.add_pod(self.client_ip)

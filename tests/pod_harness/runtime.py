@@ -21,6 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ENTRY = str(Path(__file__).resolve().parent / "container_entry.py")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGKILL this process when the harness thread that started it dies (then unshare's
+    --kill-child takes the container), so a harness killed hard leaves no pod running."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 BACKOFF_START, BACKOFF_MAX = 1.0, 10.0  # the kubelet's is 10 s doubling to 5 min: shorter, for tests
 
 
@@ -180,7 +191,12 @@ class Kubelet:
             argv = ["ip", "netns", "exec", pod.netns, "unshare", "-m", "-u", "-p", "-f", "--mount-proc",
                     "--kill-child", "--propagation", "private", sys.executable, ENTRY, str(spec_path)]  # fmt: skip
             c.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.root_env
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.root_env,
+                preexec_fn=die_with_parent,
             )
         c.state, c.reason, c.exit_code, c.started_at, c.killed_for = "running", "", None, time.monotonic(), None
 
