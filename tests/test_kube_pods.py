@@ -145,22 +145,16 @@ def test_credentials_stay_in_secrets(cluster):
     configmap = cluster.config_maps[f"{JOB}-config"]
     assert UGI not in json.dumps(configmap) and 'HDFS_UGI="${HDFS_UGI:-}"' in configmap["data.config"]
     files = cluster.claim_dir(f"{JOB}-fileserver")
-    leaked = [p for p in files.rglob("*") if p.is_file() and UGI.encode() in p.read_bytes()]
-    assert leaked == [] and (files / "config" / "data.config").exists()
+    assert (files / "config" / "data.config").exists()
+    assert [p for p in files.rglob("*") if p.is_file() and UGI.encode() in p.read_bytes()] == []
     assert cluster.secrets[f"{JOB}-credentials"] == {"HDFS_UGI": UGI}
-    trainer = (
-        next(p for p in cluster.jobs[JOB].pods.values() if p.task == "trainer") if cluster.jobs[JOB].pods else None
-    )
-    spec = (
-        trainer.spec["containers"][0]
-        if trainer
-        else cluster.jobs[JOB].spec["tasks"][1]["template"]["spec"]["containers"][0]
-    )
-    # The trainer gets it from the Secret, and data.config reads it from the environment.
-    assert {
-        "name": "HDFS_UGI",
-        "valueFrom": {"secretKeyRef": {"name": f"{JOB}-credentials", "key": "HDFS_UGI"}},
-    } in spec["env"]
+    # The trainer's container got it from the Secret: its reference in the manifest, its value in the process.
+    template = cluster.jobs[JOB].spec["tasks"][1]["template"]
+    ref = {"name": "HDFS_UGI", "valueFrom": {"secretKeyRef": {"name": f"{JOB}-credentials", "key": "HDFS_UGI"}}}
+    assert ref in template["spec"]["containers"][0]["env"]
+    trainer = next(p for p in cluster.jobs[JOB].pods.values() if p.task == "trainer")
+    started = json.loads(next(trainer.dir.glob("trainer.spec-*.json")).read_text())
+    assert started["env"]["HDFS_UGI"] == UGI
 
 
 def test_every_container_ran_as_restricted_pod_security_allows(cluster):
@@ -207,26 +201,23 @@ def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(clust
 
     try:
         cluster.wait(lambda: sum(r["ok"] for r in records()) >= 20, timeout=60, what="predictions flowing")
-        # 1. A cube shard pod deleted: its replacement re-seeds itself with the active version before it is ready.
-        shard0 = cluster.component("cube", **{"elastic-ctr/shard": "0"})[0]
-        cut = time.time()
-        cluster.delete_pod(shard0)
+        # 1. A cube shard pod deleted: its replacement re-seeds itself with the active version before it is
+        #    ready; the lookups of shard 0 fail only between the old pod's exit and the new one's readiness.
+        shard = {"elastic-ctr/shard": "0"}
+        old_shard = cluster.component("cube", **shard)[0]
+        cluster.delete_pod(old_shard)
         cluster.wait(
-            lambda: any(
-                p is not shard0 and cluster.is_ready(p) for p in cluster.component("cube", **{"elastic-ctr/shard": "0"})
-            ),
+            lambda: any(p is not old_shard and cluster.is_ready(p) for p in cluster.component("cube", **shard)),
             timeout=180,
             what="a new shard-0 pod ready",
         )
-        cluster.wait(lambda: shard0.gone, timeout=60, what="the old shard-0 pod gone")
-        cluster.wait(
-            lambda: sum(r["ok"] for r in records() if r["t"] > time.time() - 3) >= 10, timeout=60, what="recovered"
-        )
-        after_cube = [r for r in records() if r["t"] > cut]
-        recovered = [r for r in after_cube if r["t"] > shard0_gone_time(after_cube)]
-        assert recovered and all(
-            r["ok"] and r["model_version"] == version == r["cube_version"] for r in recovered[-10:]
-        )
+        cluster.wait(lambda: old_shard.gone, timeout=60, what="the old shard-0 pod gone")
+        back = time.time()
+        cluster.wait(lambda: sum(r["ok"] for r in records() if r["t"] > back) >= 20, timeout=60, what="recovered")
+        after = [r for r in records() if r["t"] > back]
+        assert all(r["ok"] and r["model_version"] == version == r["cube_version"] for r in after), after[:3]
+        server = next(c for c in old_shard.containers if c.name == "cube-server")
+        assert server.exit_after_sigterm is not None and server.exit_after_sigterm < 5, old_shard.events
 
         # 2. A serving pod deleted: the other replica answers everything while it drains and is replaced.
         victim = [p for p in cluster.component("serving") if not p.terminating][0]
@@ -246,9 +237,3 @@ def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(clust
     finally:
         (box / "stop").write_text("")
         load.wait(30)
-
-
-def shard0_gone_time(rows: list[dict]) -> float:
-    """When predictions were answered again after the shard's failures (the first success after the last failure)."""
-    last_failure = max((r["t"] for r in rows if not r["ok"]), default=0.0)
-    return last_failure
