@@ -182,8 +182,8 @@ def test_scaled_deployment_keeps_its_replicas_until_the_plan_changes_them(cluste
 def test_dry_run_server_sends_dry_run_all_and_changes_nothing(cluster, tmp_path):
     plan = _plan(tmp_path)
     KubeBackend().apply(plan, dry_run="server")
-    posts = _calls(cluster, "POST")
-    assert posts and all(q.get("dryRun") == "All" for _, _, q in posts)
+    writes = _calls(cluster, "POST") + _calls(cluster, "PATCH")
+    assert writes and all(q.get("dryRun") == "All" for _, _, q in writes)
     assert cluster.items("apps/v1", "deployments") == [] and cluster.items(VOLCANO, "jobs") == []
 
 

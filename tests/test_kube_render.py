@@ -35,6 +35,22 @@ COMBINATIONS = [
     dict(
         cpu=2, mem=4, trainers=512, pservers=256, cube_shards=2, service_type="NodePort", hdfs_address="hdfs://nn:9000"
     ),
+    dict(
+        cpu=2,
+        mem=8,
+        trainers=2,
+        pservers=1,
+        cube_shards=2,
+        image="reg.io/ctr@sha256:" + "0" * 64,
+        kube={
+            "serving_replicas": 4,
+            "max_retry": 0,
+            "storage_class": "standard-rwo",
+            "access_mode": "ReadWriteOnce",
+            "image_pull_secrets": ("regcred", "mirror"),
+            "pod_overlay": str(REPO / "tests" / "data" / "pod-overlay.yaml"),
+        },
+    ),
 ]
 
 
