@@ -8,16 +8,31 @@ ELASTIC_CTR_DEBUG=1 to see tracebacks of ElasticControlError.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import click
 
 from ctr_foundation.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
 
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+def _exit_on_sigterm(*_) -> None:
+    raise SystemExit(EXIT_SIGTERM)
+
 
 def run_cli(command: click.Command, prog: str, argv: list[str] | None = None) -> None:
-    """Run ``command``; turn errors into ``prog: error: ...`` on stderr and an exit code."""
+    """Run ``command``; turn errors into ``prog: error: ...`` on stderr and an exit code.
+
+    SIGTERM ends the command (exit 143) unless the command installs its own
+    handler: as PID 1 of a container, a process with the default disposition
+    never sees SIGTERM at all, and Kubernetes kills it only after the whole
+    grace period (30 s by default) on every rollout, drain or job restart.
+    """
     debug = os.environ.get("ELASTIC_CTR_DEBUG", "").lower() in ("1", "true", "yes")
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:
