@@ -7,12 +7,12 @@ ELASTIC_CTR_DEBUG=1 to see tracebacks of ElasticControlError.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
 import click
 
+from ctr_foundation.env_vars import DEBUG
 from ctr_foundation.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
@@ -30,7 +30,7 @@ def run_cli(command: click.Command, prog: str, argv: list[str] | None = None) ->
     never sees SIGTERM at all, and Kubernetes kills it only after the whole
     grace period (30 s by default) on every rollout, drain or job restart.
     """
-    debug = os.environ.get("ELASTIC_CTR_DEBUG", "").lower() in ("1", "true", "yes")
+    debug = _debug()
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -59,3 +59,11 @@ def run_cli(command: click.Command, prog: str, argv: list[str] | None = None) ->
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(0)
+
+
+def _debug() -> bool:
+    """ELASTIC_CTR_DEBUG; an unparsable value counts as off (it must never hide the real error)."""
+    try:
+        return bool(DEBUG.get())
+    except ElasticControlError:
+        return False

@@ -15,6 +15,7 @@ from helpers_kube_api import VOLCANO, FakeKubeAPI
 
 from ctr_foundation.errors import ApplyError, ClusterUnavailableError, UsageError
 from elastic_control.backends.kube_backend import KubeBackend, expected_pods
+from elastic_control.cli.status_view import print_status
 from elastic_control.kube import adaptor
 
 pytestmark = pytest.mark.e2e
@@ -75,7 +76,7 @@ def _pod_uids(api):
 def test_apply_creates_everything_in_order(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     # pservers, trainers, MLflow, file server, 2 shards, transfer, 2 serving replicas
     assert len(cluster.pods()) == expected_pods(plan) == 2 + 2 + 1 + 1 + 2 + 1 + 2
     assert cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["spec"]["minAvailable"] == 4
@@ -95,12 +96,12 @@ def test_apply_creates_everything_in_order(cluster, tmp_path, monkeypatch):
 def test_second_apply_of_an_unchanged_plan_writes_nothing_and_restarts_nothing(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     job_uid = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"]
     pods, versions = _pod_uids(cluster), {k: o["metadata"]["resourceVersion"] for k, o in cluster.store.items()}
     cluster.requests.clear()
     capsys.readouterr()
-    KubeBackend().apply(_plan(tmp_path))  # -r again with the same flags, then -a
+    KubeBackend().apply(_plan(tmp_path)).wait()  # -r again with the same flags, then -a
     assert _writes(cluster) == []  # no DELETE, no PATCH, no POST: nothing to do
     assert cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"] == job_uid
     assert _pod_uids(cluster) == pods and cluster.restarts == 0
@@ -111,11 +112,11 @@ def test_second_apply_of_an_unchanged_plan_writes_nothing_and_restarts_nothing(c
 
 def test_changed_job_spec_recreates_the_job_delete_wait_create(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
-    KubeBackend().apply(_plan(tmp_path))
+    KubeBackend().apply(_plan(tmp_path)).wait()
     first = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"]
     cluster.requests.clear()
     plan, _ = render_plan(tmp_path / "state", cpu=4, mem=20, trainers=3, pservers=2, cube_shards=2)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     job_calls = [m for m, p, _ in cluster.requests if "/jobs" in p and m != "GET"]
     assert job_calls == ["DELETE", "POST"]  # Volcano refuses updates: delete, wait for the pods, create
     job = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")
@@ -126,13 +127,13 @@ def test_changed_job_spec_recreates_the_job_delete_wait_create(cluster, tmp_path
 
 def test_config_change_rolls_exactly_the_pods_that_read_it(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
-    KubeBackend().apply(_plan(tmp_path))
+    KubeBackend().apply(_plan(tmp_path)).wait()
     mlflow = {p["metadata"]["uid"] for p in cluster.pods(**{"app.kubernetes.io/component": "mlflow"})}
     serving = {p["metadata"]["uid"] for p in cluster.pods(**{"app.kubernetes.io/component": "serving"})}
     slot_conf = tmp_path / "slot.conf"
     slot_conf.write_text("1\n2\n3\n")
     cluster.requests.clear()
-    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf)))
+    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf))).wait()
     assert cluster.get("v1", "configmaps", "default", "elastic-ctr-config")["data"]["slot.conf"] == "1\n2\n3\n"
     now_serving = {p["metadata"]["uid"] for p in cluster.pods(**{"app.kubernetes.io/component": "serving"})}
     assert now_serving and not now_serving & serving  # serving mounts the ConfigMap: rolled
@@ -144,11 +145,11 @@ def test_config_change_rolls_exactly_the_pods_that_read_it(cluster, tmp_path, mo
 def test_b5_then_b2_prunes_to_two_shards(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan, _ = render_plan(tmp_path / "state", cpu=4, mem=20, trainers=2, pservers=2, cube_shards=5)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     assert len(cluster.items("apps/v1", "deployments", "default")) == 3 + 5 + 1
     plan, _ = render_plan(tmp_path / "state", cpu=4, mem=20, trainers=2, pservers=2, cube_shards=2)
     capsys.readouterr()
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     shards = sorted(
         d["metadata"]["name"]
         for d in cluster.items("apps/v1", "deployments", "default")
@@ -168,14 +169,14 @@ def test_b5_then_b2_prunes_to_two_shards(cluster, tmp_path, monkeypatch, capsys)
 
 def test_scaled_deployment_keeps_its_replicas_until_the_plan_changes_them(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
-    KubeBackend().apply(_plan(tmp_path))
+    KubeBackend().apply(_plan(tmp_path)).wait()
     serving = cluster.get("apps/v1", "deployments", "default", "elastic-ctr-serving")
     serving["spec"]["replicas"] = 5  # `kubectl scale` (or an HPA)
     slot_conf = tmp_path / "slot.conf"
     slot_conf.write_text("4\n5\n")
-    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf)))  # serving's template changes: it is applied
+    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf))).wait()  # serving's template changes: it is applied
     assert cluster.get("apps/v1", "deployments", "default", "elastic-ctr-serving")["spec"]["replicas"] == 5
-    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf), kube={"serving_replicas": 3}))
+    KubeBackend().apply(_plan(tmp_path, slot_conf=str(slot_conf), kube={"serving_replicas": 3})).wait()
     assert cluster.get("apps/v1", "deployments", "default", "elastic-ctr-serving")["spec"]["replicas"] == 3
 
 
@@ -214,7 +215,7 @@ def test_dry_run_client_never_contacts_the_cluster(cluster, tmp_path, capsys):
 def test_preflight_explains_how_to_fix(cluster, tmp_path, message):
     plan = _plan(tmp_path)
     with pytest.raises(ClusterUnavailableError, match=message):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
     assert _calls(cluster, "POST") == []  # nothing was created
 
 
@@ -228,7 +229,7 @@ def test_unschedulable_pods_are_explained_from_events(cluster, tmp_path, monkeyp
         r"be scheduled: 0/3 nodes are available: 3 Insufficient cpu; lower -u "
         r"\(now 4\), or add nodes",
     ):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
     assert _calls(cluster, "GET", "/events")
 
 
@@ -262,16 +263,16 @@ def test_image_pull_failure_is_explained(cluster, tmp_path, monkeypatch):
         match=r"a pod cannot start: pod elastic-ctr-serving-.* cannot pull image "
         r"'registry.invalid/elastic-ctr:nope' \(ImagePullBackOff: Failed to pull image",
     ):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
 
 
 @pytest.mark.parametrize("cluster", [{"recreate_trainer": True}], indirect=True)
 def test_logs_follow_reattaches_to_a_recreated_trainer(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
-    KubeBackend().logs(plan, follow=True, components=["trainer-0"])
+    KubeBackend().attach(plan).stream_logs(follow=True, components=["trainer-0"])
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52",
@@ -289,9 +290,9 @@ def test_logs_follow_reattaches_to_a_recreated_trainer(cluster, tmp_path, monkey
 def test_logs_show_trainer0_fileserver_and_transfer(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
-    KubeBackend().logs(plan)
+    KubeBackend().attach(plan).stream_logs()
     out = capsys.readouterr().out
     assert "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52" in out
     assert "[elastic-ctr-fileserver-" in out and "[elastic-ctr-cube-transfer-" in out
@@ -332,7 +333,7 @@ def test_configure_client_via_nodeport_fetches_slot_conf(tmp_path, monkeypatch, 
         monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
         adaptor.reset()
         plan = _plan(tmp_path, service_type="NodePort")
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
         path = KubeBackend().configure_client(plan)
     adaptor.reset()
     config = json.loads(path.read_text())
@@ -345,7 +346,7 @@ def test_configure_client_via_nodeport_fetches_slot_conf(tmp_path, monkeypatch, 
 def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
     # Port 8080 on this machine may be anything; make sure the fetch cannot reach a stranger's server.
     monkeypatch.setattr(
@@ -372,17 +373,19 @@ def test_configure_client_before_apply_says_so(cluster, tmp_path):
 def test_status_and_delete(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
-    KubeBackend().status(plan)
+    print_status(KubeBackend().attach(plan).status())
     out = capsys.readouterr().out
     assert "Running (running 4)" in out and "elastic-ctr-cube-1" in out and "1/1" in out
-    KubeBackend().delete(plan)
+    KubeBackend().attach(plan).delete()
     assert cluster.items(VOLCANO, "jobs") == [] and cluster.items("apps/v1", "deployments") == []
     assert cluster.items("v1", "services", "default") == [] and cluster.items("v1", "configmaps", "default") == []
     assert len(cluster.items("v1", "persistentvolumeclaims", "default")) == 3  # data stays
     assert cluster.items("policy/v1", "poddisruptionbudgets", "default") == []
-    KubeBackend().status(plan)
+    status = KubeBackend().attach(plan).status()
+    assert status.state == "not deployed" and status.components[0].state == "missing"
+    print_status(status)
     assert "absent" in capsys.readouterr().out
 
 
@@ -400,7 +403,7 @@ def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch):
         match=rf"cannot reach the Kubernetes API server at "
         rf"http://127.0.0.1:{port} while reading namespace default",
     ):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
     adaptor.reset()
 
 
@@ -411,7 +414,7 @@ def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch):
 def test_a_pending_podgroup_is_explained(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "2")
     with pytest.raises(ApplyError) as err:
-        KubeBackend().apply(_plan(tmp_path))
+        KubeBackend().apply(_plan(tmp_path)).wait()
     message = str(err.value)
     assert message.startswith("7/11 pods running, not running after 2s: PodGroup elastic-ctr-")
     assert "is Pending: 4/4 tasks in gang unschedulable" in message and "3 Insufficient cpu" in message
@@ -426,7 +429,7 @@ def test_a_quota_refusal_is_explained_at_once(cluster, tmp_path, monkeypatch):
     with pytest.raises(ApplyError, match=r"pods are refused: Deployment elastic-ctr-\S+ cannot create its pods: "
                        r"pods \"\S+\" is forbidden: exceeded quota: compute-resources.*a ResourceQuota refuses it: "
                        r"lower -u/-m, or ask for more quota"):  # fmt: skip
-        KubeBackend().apply(_plan(tmp_path))
+        KubeBackend().apply(_plan(tmp_path)).wait()
     assert time.monotonic() - started < 30  # a refusal does not wait out the timeout
 
 
@@ -434,7 +437,7 @@ def test_a_quota_refusal_is_explained_at_once(cluster, tmp_path, monkeypatch):
 def test_unbound_claims_are_explained_with_the_option_that_fixes_them(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "2")
     with pytest.raises(ApplyError):
-        KubeBackend().apply(_plan(tmp_path))
+        KubeBackend().apply(_plan(tmp_path)).wait()
     from elastic_control.kube.diagnose import claim_findings
 
     findings = [f.message for f in claim_findings("default", "elastic-ctr")]
@@ -454,9 +457,9 @@ def test_unbound_claims_are_explained_with_the_option_that_fixes_them(cluster, t
 )  # fmt: skip
 def test_refused_api_calls_are_one_clear_error(cluster, tmp_path, verb):
     plan = _plan(tmp_path)
-    call = {"status": KubeBackend().status, "delete": KubeBackend().delete, "logs": KubeBackend().logs}[verb]
     with pytest.raises(ClusterUnavailableError) as err:
-        call(plan)
+        handle = KubeBackend().attach(plan)
+        {"status": handle.status, "delete": handle.delete, "logs": handle.stream_logs}[verb]()
     message = str(err.value)
     assert "\n" not in message and f"answered HTTP {401 if verb == 'logs' else 403}" in message
     hint = "credentials of the kubeconfig were refused" if verb == "logs" else "lacks the RBAC rights"
@@ -474,9 +477,9 @@ def test_refused_api_calls_are_one_clear_error(cluster, tmp_path, verb):
 def test_a_stream_closed_while_the_pod_runs_is_reopened_without_repeating_lines(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
-    KubeBackend().logs(plan, follow=True, components=["trainer-0"])
+    KubeBackend().attach(plan).stream_logs(follow=True, components=["trainer-0"])
     out = capsys.readouterr().out.splitlines()
     steps = [line for line in out if " step " in line]
     assert steps == [f"[elastic-ctr-trainer-0] step {i} loss 0.{90 - i}" for i in range(8)]  # each once, in order
@@ -488,10 +491,10 @@ def test_a_stream_closed_while_the_pod_runs_is_reopened_without_repeating_lines(
 def test_trainer0_logs_on_volcano_before_1_9(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     assert not any("volcano.sh/task-index" in p["metadata"]["labels"] for p in cluster.pods())
     capsys.readouterr()
-    KubeBackend().logs(plan, components=["trainer-0"])
+    KubeBackend().attach(plan).stream_logs(components=["trainer-0"])
     assert "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52" in capsys.readouterr().out
 
 
@@ -526,12 +529,12 @@ def test_context_namespace_and_target_are_recorded_and_checked(tmp_path, monkeyp
         plan = _plan(tmp_path, kube={"context": "b"})
         assert plan.namespace == "team-b"  # the context's namespace, not "default"
         assert plan.kube["context"] == "b" and plan.kube["cluster_server"] == b.url
-        KubeBackend().apply(plan)  # on b, though the current context is a
+        KubeBackend().apply(plan).wait()  # on b, though the current context is a
         assert b.items(VOLCANO, "jobs", "team-b") and not other.requests
         # The kubeconfig now points context b at another cluster: nothing is done there.
         _two_context_kubeconfig(config, "http://127.0.0.1:9", other.url)
         adaptor.reset()
-        for call in (KubeBackend().status, KubeBackend().delete, KubeBackend().apply):
+        for call in (KubeBackend().attach, KubeBackend().apply):
             with pytest.raises(UsageError, match=rf"rendered for the cluster at {b.url} \(context b\), but the "
                                rf"kubeconfig now points at {other.url}"):  # fmt: skip
                 call(plan)

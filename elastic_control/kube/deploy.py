@@ -39,7 +39,8 @@ def expected_pods(plan) -> int:
     return r.pservers + r.trainers + 1 + 1 + r.cube_shards + 1 + plan_options(plan).serving_replicas
 
 
-def apply_plan(plan, *, dry_run: str | None = None) -> None:
+def apply_plan(plan, *, dry_run: str | None = None) -> bool:
+    """Converge the cluster on the plan; True when something was really applied (not a dry run)."""
     from elastic_control.kube.converge import converge_object, prune
     from elastic_control.kube.objects import describe
     from elastic_control.kube.preflight import preflight
@@ -53,7 +54,7 @@ def apply_plan(plan, *, dry_run: str | None = None) -> None:
         for doc in docs:
             sys.stdout.write(f"{describe(doc)} (would be created, or updated if its spec changed)\n")
         info(f"dry run: nothing sent to the cluster; the manifests are in {plan.state_path / MANIFEST_DIR}/")
-        return
+        return False
     connect(plan)
     preflight(namespace=plan.namespace, queue=plan.queue)
     done(f"preflight: namespace {plan.namespace}, Volcano ({k.VOLCANO_JOB_CRD}), queue {plan.queue} Open")
@@ -65,11 +66,11 @@ def apply_plan(plan, *, dry_run: str | None = None) -> None:
     for change in changes:
         done(f"{change.describe()}{' (server dry run)' if server else ''}")
     if server:
-        return
+        return False
     untouched = sum(c.action == "unchanged" for c in changes)
     if untouched == len(docs) and not any("pruned" in c.action for c in changes):
         done("nothing changed: the cluster already runs this plan")
-    wait_for_plan(plan)
+    return True
 
 
 def _job_finished(plan) -> str | None:
@@ -80,13 +81,14 @@ def _job_finished(plan) -> str | None:
     return phase if phase in ("Completed", "Failed", "Aborted", "Terminated") else None
 
 
-def wait_for_plan(plan) -> None:
+def wait_for_plan(plan, *, timeout: float | None = None) -> None:
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from elastic_control.kube.diagnose import missing_pod_findings
     from elastic_control.kube.pods import count_started, explain_pod, fatal_reason, pod_events
 
-    expected, timeout = expected_pods(plan), APPLY_TIMEOUT.get()
+    expected = expected_pods(plan)
+    timeout = APPLY_TIMEOUT.get() if timeout is None else timeout
     selector = f"{k.LABEL_INSTANCE}={plan.job_name}"
     training = plan.resources.pservers + plan.resources.trainers
     deadline = time.monotonic() + timeout
@@ -148,15 +150,20 @@ def wait_for_plan(plan) -> None:
     raise ApplyError(f"{started}/{expected} pods running, {why}: {reasons[0] if reasons else 'unknown'}")
 
 
-def delete_plan(plan) -> None:
+def delete_plan(plan) -> list[str]:
+    """Delete the job and every object of the instance but the claims; returns what was deleted."""
     from elastic_control.kube.objects import delete_labelled, delete_volcano_job
 
     connect(plan)
+    deleted = []
     if delete_volcano_job(plan.job_name, plan.namespace, wait=120.0):
         done(f"Volcano job {plan.namespace}/{plan.job_name} deleted")
+        deleted.append(f"Volcano job {plan.namespace}/{plan.job_name}")
     for what in delete_labelled(plan.namespace, plan.job_name):
         done(f"{what} deleted")
+        deleted.append(what)
     info(
         f"persistent volume claims (models, files, MLflow runs) are kept; remove them with "
         f"`kubectl delete pvc -n {plan.namespace} -l app.kubernetes.io/instance={plan.job_name}`"
     )
+    return deleted

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from ctr_foundation import env_vars
 from ctr_foundation.errors import ClusterUnavailableError, UsageError
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -34,7 +35,7 @@ class Target:
 
 def kubeconfig_path() -> Path | None:
     """The kubeconfig the adaptor loads: the first existing file of KUBECONFIG, else ~/.kube/config."""
-    raw = os.environ.get("KUBECONFIG", "")
+    raw = env_vars.KUBECONFIG.get() or ""
     for entry in filter(None, raw.split(os.pathsep)):
         if Path(entry).expanduser().exists():
             return Path(entry).expanduser()
@@ -43,7 +44,7 @@ def kubeconfig_path() -> Path | None:
 
 
 def in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    return bool(env_vars.KUBERNETES_SERVICE_HOST.get())
 
 
 def _load(path: Path) -> dict:
@@ -70,7 +71,7 @@ def resolve_target(context: str | None = None) -> Target:
         if context is not None:
             raise UsageError(f"--context {context!r}: no kubeconfig found (set KUBECONFIG or create ~/.kube/config)")
         if in_cluster():
-            host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            host, port = env_vars.KUBERNETES_SERVICE_HOST.get(), env_vars.KUBERNETES_SERVICE_PORT.get()
             namespace = None
             if SERVICE_ACCOUNT_NAMESPACE.exists():
                 namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
