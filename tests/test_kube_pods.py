@@ -77,6 +77,39 @@ def cluster(tmp_path_factory):
         yield harness
 
 
+def render_small(work: Path, data_config_text: str) -> Path:
+    (work / "slot.conf").write_text("".join(f"{s}\n" for s in SLOTS))
+    (work / "data.config").write_text(data_config_text)
+    cli("-r", "--backend", "k8s", "-u", "1", "-m", "1", "-t", "1", "-p", "1", "-b", "2", "--serving-replicas", "2",
+        "-s", str(work / "slot.conf"), "-f", str(work / "data.config"), "--state-dir", str(work / "state"))  # fmt: skip
+    return work / "state" / "manifests"
+
+
+def test_a_configuration_error_aborts_the_training_job_at_once(tmp_path):
+    """Exit code 2 (a usage or configuration error) matches the job's first policy: AbortJob, no restart."""
+    manifests = render_small(
+        tmp_path,
+        "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n"
+        'export DATASET_PATH="/var/lib/elastic-ctr/data"\n',
+    )
+    import yaml
+
+    docs = [d for p in sorted(manifests.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    keep = [d for d in docs if d["kind"] in ("ConfigMap", "Secret") or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
+    configmap = next(d for d in keep if d["kind"] == "ConfigMap")
+    # The ConfigMap edited behind the plan's back (kubectl edit): every training pod's data.config is now bad.
+    configmap["data"]["data.config"] = configmap["data"]["data.config"].replace("20191221/01", "2019-12-21 01h")
+    started = time.monotonic()
+    with Cluster(keep, tmp_path / "cluster") as harness:
+        job = harness.jobs[JOB]
+        harness.wait(lambda: job.phase in ("Aborted", "Failed", "Completed"), timeout=180, what="the job ended")
+        assert job.phase == "Aborted" and job.retry_count == 0, job.events
+        assert any("(exit code 2): AbortJob" in e for e in job.events), job.events
+        logs = "".join(harness.log(p) for p in job.pods.values())
+        assert "END_DATE_HR='2019-12-21 01h' is not a date and hour" in logs
+    assert time.monotonic() - started < 120
+
+
 def ready(cluster, component: str, count: int = 1) -> bool:
     pods = [p for p in cluster.component(component) if not p.terminating]
     return len(pods) >= count and all(cluster.is_ready(p) for p in pods)
