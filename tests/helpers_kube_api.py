@@ -23,7 +23,8 @@ log streams) so the real `kubernetes` client parses them. Scenarios:
 - ``quota_exceeded``: Deployments' ReplicaSets create no pods and record FailedCreate
   "exceeded quota" events; ``podgroup_pending``: the job's PodGroup stays Pending
   with an Unschedulable condition and no pod is created; ``claims_pending``: claims
-  stay Pending with a ProvisioningFailed event.
+  stay Pending with a ProvisioningFailed event; ``job_pods_forbidden``: admission refuses the
+  job's pods and Volcano records FailedCreatePod on the Job.
 
 Server-side apply (PATCH application/apply-patch+yaml) creates or updates; an
 apply that changes nothing keeps the resourceVersion (as the API server does),
@@ -96,6 +97,7 @@ class FakeKubeAPI:
         claims_pending: bool = False,
         trainer_log: list[str] | None = None,
         end_stream_early: bool = False,
+        job_pods_forbidden: bool = False,
     ):
         self.crd_installed, self.queue_state = crd_installed, queue_state
         self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
@@ -110,6 +112,7 @@ class FakeKubeAPI:
             claims_pending,
         )
         self.trainer_log, self.end_stream_early = trainer_log, end_stream_early
+        self.job_pods_forbidden = job_pods_forbidden
         self.restarts = 0  # pods replaced because a Deployment's template changed
         self.streams_cut: set[str] = set()
         self.stopping = False
@@ -400,6 +403,15 @@ class FakeKubeAPI:
                     "pending": 0,
                     "minAvailable": obj["spec"]["minAvailable"],
                 }
+                return
+            if self.job_pods_forbidden:  # what Volcano's job controller records when admission refuses its pods
+                self.event(
+                    ns, job, "FailedCreatePod",
+                    f'Error creating pods: [failed to create pod pod {job}-pserver-0, err: pods "{job}-pserver-0" is '
+                    'forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false]',
+                    kind="Job",
+                )  # fmt: skip
+                obj["status"] = {"state": {"phase": "Pending"}, "minAvailable": obj["spec"]["minAvailable"]}
                 return
             for task in obj["spec"]["tasks"]:
                 for i in range(task.get("replicas", 1)):

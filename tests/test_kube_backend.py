@@ -433,6 +433,19 @@ def test_a_quota_refusal_is_explained_at_once(cluster, tmp_path, monkeypatch):
     assert time.monotonic() - started < 30  # a refusal does not wait out the timeout
 
 
+@pytest.mark.parametrize("cluster", [{"job_pods_forbidden": True}], indirect=True)
+def test_refused_job_pods_are_explained_at_once(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "120")
+    started = time.monotonic()
+    refused = (
+        r"pods are refused: Volcano job elastic-ctr: FailedCreatePod: Error creating pods: .*violates PodSecurity.*; "
+        r"the namespace's Pod Security admission refuses it"
+    )
+    with pytest.raises(ApplyError, match=refused):
+        KubeBackend().apply(_plan(tmp_path)).wait()
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.parametrize("cluster", [{"claims_pending": True, "unschedulable": True}], indirect=True)
 def test_unbound_claims_are_explained_with_the_option_that_fixes_them(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "2")
