@@ -126,7 +126,8 @@ def test_readiness_means_loaded_and_pods_drain_before_sigterm(tmp_path):
     server, agent = shard["containers"]
     assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "cube"}  # nothing loaded: not ready
     assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "agent"}  # holds the active version
-    assert "preStop" in server["lifecycle"]
+    assert server["lifecycle"]["preStop"]["exec"]["command"][-1] == f"sleep {k.CUBE_PRESTOP_SLEEP_SECONDS}"
+    assert shard["terminationGracePeriodSeconds"] > k.CUBE_PRESTOP_SLEEP_SECONDS + 5
     # Lookups only reach ready shards; the agents (how a first version gets in) are reachable before.
     lookup, control = (
         by_name(docs, "Service", "elastic-ctr-cube-1"),

@@ -79,6 +79,10 @@ CONFIG_ERROR_EXIT_CODE = 2
 # Seconds a pod keeps serving after it was taken out of its Service (endpoints propagate to every
 # node's proxy meanwhile), before it gets SIGTERM.
 PRESTOP_SLEEP_SECONDS = 5
+# A cube shard is one pod: while its replacement re-seeds (start, download, load: about 8 s for the
+# test sizes here) kube-proxy keeps sending the shard's lookups to the terminating pod, which still
+# answers (Kubernetes 1.28+ uses terminating endpoints that are still ready when no other exists).
+CUBE_PRESTOP_SLEEP_SECONDS = 15
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 
 # Longest a pod/host name may be: Volcano names pods JOB-TASK-INDEX and the svc

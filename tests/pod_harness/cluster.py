@@ -27,6 +27,10 @@ kube-proxy and cluster DNS of one node:
 What it does not emulate: resource limits (no cgroups), seccomp profiles,
 image pulls, multiple nodes (ReadWriteOnce is always satisfiable), and probe
 types other than httpGet/tcpSocket.
+
+``POD_HARNESS_PYTHONPATH`` (a test hook) is put first on every container's
+PYTHONPATH: the pods then run another checkout's modules (a branch under review)
+with this checkout's manifests.
 """
 
 from __future__ import annotations
@@ -602,6 +606,8 @@ class Cluster:
             HOSTNAME=pod.hostname,
             HOME=self.image.home or "/",
         )
+        if os.environ.get("POD_HARNESS_PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["POD_HARNESS_PYTHONPATH"]
         env.update({k: v for k, v in services.items() if k not in own})
         env.update(own)
         return env

@@ -6,9 +6,11 @@ this process:
 
 - listens on every Service's cluster IP and port and forwards each accepted
   connection to one endpoint, round-robin: a pod the Service selects that is
-  ready and not terminating (with ``publishNotReadyAddresses``: any pod that runs,
-  as Kubernetes publishes them), on the Service port's ``targetPort`` (a number,
-  or a container port's name). No endpoint: the connection is closed at once.
+  ready and not terminating; when there is none, a terminating pod that is still
+  ready ("serving"), as kube-proxy does since Kubernetes 1.28 (KEP-1669); with
+  ``publishNotReadyAddresses``: any pod that runs. On the Service port's
+  ``targetPort`` (a number, or a container port's name). No endpoint: the
+  connection is closed at once.
   Connections are forwarded whole (as kube-proxy's conntrack entries are), so an
   open keep-alive connection stays with its pod; new ones follow readiness.
 - runs every container's readiness, liveness and startup probes (httpGet and
@@ -80,22 +82,24 @@ class NodeAgent:
 
     # ---- proxy -------------------------------------------------------------------------------------
     def endpoints(self, service: dict, port: dict) -> list[tuple[str, int]]:
-        out = []
+        ready, serving_terminating = [], []
         for pod in self.state["pods"]:
             if not selects(service["selector"], pod["labels"]) or not pod.get("ip"):
-                continue
-            if service.get("publishNotReadyAddresses"):
-                if not any(c.get("running") for c in pod["containers"]):
-                    continue
-            elif not pod_ready(pod, self.statuses):
                 continue
             target = port["targetPort"]
             if isinstance(target, str) and not target.isdigit():
                 target = pod["ports"].get(target)
                 if target is None:
                     continue
-            out.append((pod["ip"], int(target)))
-        return out
+            address = (pod["ip"], int(target))
+            if service.get("publishNotReadyAddresses"):
+                if any(c.get("running") for c in pod["containers"]):
+                    ready.append(address)
+            elif pod_ready(pod, self.statuses):
+                ready.append(address)
+            elif pod.get("terminating") and pod_ready({**pod, "terminating": False}, self.statuses):
+                serving_terminating.append(address)
+        return ready or serving_terminating
 
     async def sync_listeners(self) -> None:
         wanted = {}
