@@ -25,8 +25,8 @@ from ctr_foundation import env_vars, names
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.http_json import JsonRoute, make_json_server, require_str
 from cube.control_client import ControlCallError, call_json
-from cube.json_service import Route, make_json_server, require_str
 from cube.shard_format import MANIFEST, CorruptShardError, open_shard, sha256_file, shard_file_name
 
 DEFAULT_PORT = names.CUBE_AGENT_PORT
@@ -174,10 +174,10 @@ class Agent:
 
     def routes(self) -> dict:
         return {
-            ("POST", "/v1/prepare"): Route(self.prepare, write=True),
-            ("POST", "/v1/activate"): Route(self.activate, write=True),
-            ("GET", "/v1/status"): Route(self.status),
-            ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok", "shard": self.shard})),
+            ("POST", "/v1/prepare"): JsonRoute(self.prepare, write=True),
+            ("POST", "/v1/activate"): JsonRoute(self.activate, write=True),
+            ("GET", "/v1/status"): JsonRoute(self.status),
+            ("GET", "/healthz"): JsonRoute(lambda _b: (200, {"status": "ok", "shard": self.shard})),
         }
 
 
@@ -230,9 +230,9 @@ def agent_command(port, host, shard, data, server_url, keep, timeout, ready_file
         atomic_write_json(ready_file, {"port": real_port, "pid": os.getpid()})
     print(f"cube-agent: shard {shard} on http://{host}:{real_port}, server {server_url}", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.serve_forever(handle_signals=True)
+    finally:
+        server.server_close()
 
 
 def main(argv: list[str] | None = None) -> None:

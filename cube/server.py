@@ -32,9 +32,6 @@ from cube.version_store import ControlState, StateFile, load_index
 DEFAULT_PORT = names.CUBE_SERVER_PORT
 DEFAULT_MAX_BATCH = 1_000_000
 READY_TIMEOUT = 300.0
-# After SIGTERM a worker is gone within this many seconds, whatever it was doing: clients holding
-# keep-alive connections (serving does) kept the event loop from closing, sometimes for good.
-TERM_GRACE_SECONDS = 2.0
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
@@ -123,7 +120,7 @@ def run_worker(
     event_loop: str = "auto",
 ) -> None:
     """Body of one worker process (also the whole server when --workers 1)."""
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = CubeWorker(
         data_dir=Path(data_dir),
         state_dir=Path(state_dir),
@@ -142,21 +139,6 @@ def run_worker(
             runner.run(app.serve(sock, max_body=max_batch * 8 + 1024))
     except KeyboardInterrupt:
         pass
-
-
-def _exit_on_sigterm(*_) -> None:
-    """Stop at once (SystemExit), and in any case within TERM_GRACE_SECONDS.
-
-    SystemExit raised inside one of uvloop's protocol callbacks is reported
-    and swallowed, and the loop serves on; the state file is only ever
-    replaced atomically, so a hard exit loses nothing.
-    """
-    import threading
-
-    timer = threading.Timer(TERM_GRACE_SECONDS, os._exit, args=(0,))
-    timer.daemon = True
-    timer.start()
-    sys.exit(0)
 
 
 class Supervisor:
