@@ -1,4 +1,4 @@
-"""Batched key lookup over a memory-mapped shard: a top-bits offset table over sorted keys.
+"""Batched key lookup over one shard's sorted keys: a top-bits offset table over sorted keys.
 
 ``np.searchsorted`` on millions of sorted keys is slower than Redis: each of
 its ~23 probes is a dependent cache miss. Keys are hashes (or ``feasign %
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cube.shard_format import MappedShard
+from cube.shard_format import ShardData
 
 WINDOW_MAX_WIDTH = 32  # widest bucket for which small batches use the window gather
 WINDOW_MAX_KEYS = 128  # above this many keys the fixed-depth search is cheaper per key
 
 
 class ShardIndex:
-    """Read-only lookup structure over one mapped shard (thread-safe: nothing mutates)."""
+    """Read-only lookup structure over one loaded shard (thread-safe: nothing mutates)."""
 
-    def __init__(self, shard: MappedShard, bucket_bits: int | None = None):
+    def __init__(self, shard: ShardData, bucket_bits: int | None = None):
         self.shard = shard
         self.version, self.dim = shard.version, shard.dim
         keys = shard.keys
@@ -42,7 +42,7 @@ class ShardIndex:
         self.row_bytes = 4 * self.dim
         # Rows as opaque bytes: take() copies each as one chunk instead of dim strided floats.
         self._row_bytes = shard.values.reshape(n, self.dim).view(np.uint8)
-        # A padded copy of the keys is NOT made: probes are clamped instead, keeping lookup zero-copy.
+        # A padded copy of the keys is NOT made: probes are clamped instead (the keys stay shared).
         self._top_bucket = np.uint64(len(self._start) - 2)
         self._shift_0d = np.array(self._shift)  # a 0-d array: cheaper for a ufunc than a scalar
         # Hashed keys use all 64 bits, so no query can land past the last bucket: skip the clamp.

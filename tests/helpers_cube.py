@@ -183,21 +183,10 @@ def server_args(data: Path, shard: int, *, port: int = 0, workers: int = 1, extr
     ]
 
 
-def agent_args(data: Path, shard: int, server_url: str):
-    return [
-        "--port",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--shard",
-        str(shard),
-        "--data",
-        str(data),
-        "--server",
-        server_url,
-        "--timeout",
-        "10",
-    ]
+def agent_args(data: Path, shard: int, server_url: str, fileserver: str | None = None, extra: list[str] | None = None):
+    args = ["--port", "0", "--host", "127.0.0.1", "--shard", str(shard), "--data", str(data), "--server", server_url]
+    args += ["--timeout", "10", "--reseed-interval", "0.5"]
+    return args + (["--fileserver", fileserver] if fileserver else []) + (extra or [])
 
 
 def cube_server(
@@ -208,8 +197,10 @@ def cube_server(
     )
 
 
-def cube_agent(data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None):
-    return cube_process("agent", agent_args(data, shard, server_url), log_dir, name or f"agent-{shard}")
+def cube_agent(
+    data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None, fileserver: str | None = None
+):
+    return cube_process("agent", agent_args(data, shard, server_url, fileserver), log_dir, name or f"agent-{shard}")
 
 
 def fileserver(root: Path):
