@@ -99,7 +99,7 @@ def verified_state(data_dir: Path, state: ControlState) -> ControlState:
             bad[version] = str(e)
     for version, reason in bad.items():
         _say(f"dropping version {version} (was {', '.join(_roles(state, version))}): {reason}")
-    return state.dropping(set(bad)) if bad else state
+    return state.dropping(bad) if bad else state
 
 
 def _roles(state: ControlState, version: str) -> list[str]:

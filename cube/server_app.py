@@ -226,7 +226,7 @@ class CubeWorker:
             "pinned": [v for v in vs.state.pinned if v in loaded],
             "generation": vs.state.generation,
             "error": self._last_error,
-            "dropped": dict(vs.errors),
+            "dropped": {**vs.state.dropped, **vs.errors},
             "versions": {
                 v: {
                     "role": vs.role(v),

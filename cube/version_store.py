@@ -65,6 +65,7 @@ class ControlState:
     pinned: list[str] = field(default_factory=list)
     paths: dict[str, str] = field(default_factory=dict)  # version -> shard file, relative to the data dir
     stamps: dict[str, str] = field(default_factory=dict)  # version -> file_stamp() of that file when loaded
+    dropped: dict[str, str] = field(default_factory=dict)  # version -> why it was dropped at start-up
 
     def held(self) -> set[str]:
         return {v for v in (self.active, self.prepared, self.previous) if v} | set(self.pinned)
@@ -81,13 +82,30 @@ class ControlState:
             "pinned": list(self.pinned),
             "paths": {v: p for v, p in self.paths.items() if v in held},
             "stamps": {v: s for v, s in self.stamps.items() if v in held},
+            "dropped": {v: r for v, r in self.dropped.items() if v not in held},
         }
 
     @classmethod
     def from_json(cls, obj: dict) -> ControlState:
-        fields = ("generation", "workers", "shard", "active", "prepared", "previous", "pinned", "paths", "stamps")
+        fields = (
+            "generation",
+            "workers",
+            "shard",
+            "active",
+            "prepared",
+            "previous",
+            "pinned",
+            "paths",
+            "stamps",
+            "dropped",
+        )
         out = cls(**{k: obj[k] for k in fields if k in obj})
-        out.pinned, out.paths, out.stamps = list(out.pinned), dict(out.paths), dict(out.stamps)
+        out.pinned, out.paths, out.stamps, out.dropped = (
+            list(out.pinned),
+            dict(out.paths),
+            dict(out.stamps),
+            dict(out.dropped),
+        )
         return out
 
     def copy(self) -> ControlState:
@@ -127,14 +145,15 @@ class ControlState:
         nxt.pinned = [v for v in nxt.pinned if v != version]
         return nxt
 
-    def dropping(self, versions: set[str]) -> ControlState:
-        """Next state without ``versions`` in any role (their files failed to verify)."""
+    def dropping(self, reasons: dict[str, str]) -> ControlState:
+        """Next state without the versions of ``reasons`` in any role (their files failed to verify)."""
         nxt = self.copy()
         nxt.generation += 1
         for role in ROLES:
-            if getattr(nxt, role) in versions:
+            if getattr(nxt, role) in reasons:
                 setattr(nxt, role, None)
-        nxt.pinned = [v for v in nxt.pinned if v not in versions]
+        nxt.pinned = [v for v in nxt.pinned if v not in reasons]
+        nxt.dropped.update(reasons)
         return nxt
 
 
