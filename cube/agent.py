@@ -206,9 +206,16 @@ class Agent:
             did = []
             if version not in held:
                 self.seed["state"] = "seeding"
+                t0 = time.time()
                 got = self._prepare(version, self._chain_of(version), pin=False)
                 server = self._server("POST", "/v1/activate", {"version": version})
                 self._gc(server)
+                self.last = {
+                    "seeded": version,
+                    "seconds": round(time.time() - t0, 3),
+                    "downloaded": got["downloaded"],
+                    "downloaded_bytes": got["downloaded_bytes"],
+                }
                 did.append(f"activated {version} (downloaded {got['downloaded_bytes']} bytes)")
                 log.info(
                     "shard %d re-seeded with %s: downloaded %s", self.shard, version, got["downloaded"] or "nothing"

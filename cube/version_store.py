@@ -50,6 +50,7 @@ from cube.shard_format import (
 )
 
 STATE_FILE = "state.json"
+COMPACTED = "compacted"  # VERSION/compacted/: a full copy of a delta version (cube roots of cube-transfer)
 ROLES = ("active", "prepared", "previous")
 MAX_CHAIN = 10_000  # a longer parent chain is a loop in the manifests
 
@@ -244,8 +245,14 @@ class LocalVersion:
         return self.rows_file.with_name(deleted_file_name(self.shard))
 
     def parent_rows_file(self) -> Path:
-        """Where the parent version's rows of this shard are: its folder beside this version's."""
-        return self.rows_file.parent.parent / self.parent / shard_file_name(self.shard)
+        """Where the parent version's rows of this shard are: its folder beside this version's (its
+        ``compacted/`` full copy when a cube root has one: the chain ends there)."""
+        folder = self.rows_file.parent
+        if folder.name == COMPACTED:
+            folder = folder.parent
+        parent = folder.parent / self.parent
+        compacted = parent / COMPACTED / shard_file_name(self.shard)
+        return compacted if compacted.is_file() else parent / shard_file_name(self.shard)
 
     def files(self) -> list[tuple[Path, dict]]:
         out = [(self.rows_file, self.rows_entry)]
