@@ -126,11 +126,14 @@ class Agent:
             if state != "same":
                 needed.append(item)
         downloaded, nbytes = [], 0
+        t0 = time.monotonic()
         for item in reversed(needed):  # oldest first
             nbytes += self.store.install(item)
             downloaded.append(item.version)
+        t1 = time.monotonic()
         server = self._server("POST", "/v1/load", {"version": version, "pin": pin})
-        return {"downloaded": downloaded, "downloaded_bytes": nbytes, "server": server}
+        timings = {"install_s": round(t1 - t0, 3), "load_s": round(time.monotonic() - t1, 3)}
+        return {"downloaded": downloaded, "downloaded_bytes": nbytes, "timings": timings, "server": server}
 
     def activate(self, body: dict) -> tuple[int, dict]:
         return self._switch("activate", require_str(body, "version"), "active")

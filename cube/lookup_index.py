@@ -32,10 +32,13 @@ class ShardIndex:
         bits = bucket_bits if bucket_bits is not None else max(1, min(26, max(n, 1).bit_length() - 1))
         bits = min(bits, top)
         self._shift = np.uint64(top - bits)
-        # start[b] = first row whose key >> shift >= b; start[2**bits] = n.
-        buckets = (keys >> self._shift).astype(np.int64) if n else np.zeros(0, np.int64)
-        self._start = np.searchsorted(buckets, np.arange(2**bits + 1, dtype=np.int64)).astype(np.int64)
-        widest = int(np.diff(self._start).max()) if n else 0
+        # start[b] = first row whose key >> shift >= b; start[2**bits] = n. The keys are sorted, so that
+        # is the number of keys in lower buckets: a count per bucket and a running sum (one pass over the
+        # keys, instead of a binary search per bucket).
+        counts = np.bincount((keys >> self._shift).astype(np.int64), minlength=2**bits) if n else np.zeros(2**bits)
+        self._start = np.zeros(2**bits + 1, dtype=np.int64)
+        np.cumsum(counts, out=self._start[1:])
+        widest = int(counts.max()) if n else 0
         self._steps = max(1, widest.bit_length())  # 2**steps > widest bucket
         self._keys = keys
         self._n = n

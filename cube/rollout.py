@@ -34,6 +34,7 @@ from cube.shard_format import MANIFEST, deleted_file_name, manifest_kind, read_m
 from cube.version_store import COMPACTED, MAX_CHAIN
 
 CHAIN_FILE = "chain.json"
+UPLOAD_THREADS = 4
 
 FILESERVER_PREFIX = names.CUBE_PREFIX
 # Test hook: crash the transfer right after the first shard switched (tests/test_cube_transfer.py).
@@ -74,18 +75,26 @@ def publish_version(fs: FileServerClient, version_dir: Path, pass_dir: Path | No
         ]
     if pass_dir and (Path(pass_dir) / META_FILE).exists():
         uploads.append((f"{prefix}/{META_FILE}", Path(pass_dir) / META_FILE))
-    uploads.append((f"{prefix}/{MANIFEST}", version_dir / MANIFEST))  # last: its presence means complete
-    for remote, local in uploads:
-        retry.run(lambda r=remote, p=local: fs.put_file(r, p), f"upload {remote}")
-    return {Path(r).name: r for r, _ in uploads}
+    _upload_all(fs, uploads, retry)
+    manifest = f"{prefix}/{MANIFEST}"  # last: its presence means the version is complete
+    retry.run(lambda: fs.put_file(manifest, version_dir / MANIFEST), f"upload {manifest}")
+    return {Path(r).name: r for r, _ in [*uploads, (manifest, None)]}
+
+
+def _upload_all(fs: FileServerClient, uploads: list[tuple[str, Path]], retry: RetryPolicy) -> None:
+    """Upload files a few at a time (each a round trip to the file server); raise the first failure."""
+    with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="cube-publish") as pool:
+        futures = [pool.submit(retry.run, lambda r=r, p=p: fs.put_file(r, p), f"upload {r}") for r, p in uploads]
+        for f in futures:
+            f.result()
 
 
 def publish_compacted(fs: FileServerClient, version_dir: Path, retry: RetryPolicy) -> None:
     """Upload ``VERSION/compacted/`` (shards first, its manifest last)."""
     local = version_dir / COMPACTED
     prefix = f"{FILESERVER_PREFIX}/{version_dir.name}/{COMPACTED}"
-    for p in [*sorted(local.glob("shard-*.arrow")), local / MANIFEST]:
-        retry.run(lambda p=p: fs.put_file(f"{prefix}/{p.name}", p), f"upload {prefix}/{p.name}")
+    _upload_all(fs, [(f"{prefix}/{p.name}", p) for p in sorted(local.glob("shard-*.arrow"))], retry)
+    retry.run(lambda: fs.put_file(f"{prefix}/{MANIFEST}", local / MANIFEST), f"upload {prefix}/{MANIFEST}")
 
 
 def chain_doc(cube_root: Path, version: str) -> dict:
@@ -238,6 +247,7 @@ def roll_out(
     info["prepare_s"] = round(time.time() - t0, 3)
     info["shipped_bytes"] = sum(r.get("downloaded_bytes", 0) for r in results.values())
     info["shipped"] = {str(i): r.get("downloaded", []) for i, r in sorted(results.items())}
+    info["shard_timings"] = {str(i): r.get("timings", {}) for i, r in sorted(results.items())}
     if errors:
         info["error"] = "prepare failed, old version kept everywhere: " + "; ".join(
             f"shard {i}: {e}" for i, e in sorted(errors.items())

@@ -1,4 +1,4 @@
-"""cube-server: serves one shard of the cube over HTTP, from memory-mapped shard files.
+"""cube-server: serves one shard of the cube over HTTP, from verified private copies of its shard files.
 
 ``cube-server --port P --shard I --data DIR [--workers N]``. DIR is a version
 folder (holding manifest.json) or a cube root (the newest complete version

@@ -114,6 +114,7 @@ class Transfer:
         self._compactor: threading.Thread | None = None
         self.compaction: dict = {}  # the last (or running) compaction
         self.pins_error: str | None = None
+        self._published: set[str] = set()  # file-server folders (cube/V/, cube/V/compacted/) known complete
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -229,13 +230,16 @@ class Transfer:
         """Publish every version of the chain the file server lacks, then ``cube/VERSION/chain.json``."""
         doc = chain_doc(self.cfg.cube_root, version)
         for item in doc["chain"]:
-            v = item["version"]
+            v, folder = item["version"], item["path"]
+            if folder in self._published and v != version:
+                continue  # published by this process (and not collected since)
             if v == version or not self.fs.exists(f"{FILESERVER_PREFIX}/{v}/{MANIFEST}"):
                 publish_version(
                     self.fs, self.cfg.cube_root / v, pass_dir if v == version else self._pass_dir(v), self.cfg.retry
                 )
-            if item["path"].endswith(f"/{COMPACTED}/") and not self.fs.exists(f"{item['path']}{MANIFEST}"):
+            if folder.endswith(f"/{COMPACTED}/") and not self.fs.exists(f"{folder}{MANIFEST}"):
                 publish_compacted(self.fs, self.cfg.cube_root / v, self.cfg.retry)
+            self._published.add(folder)
         publish_chain(self.fs, doc, self.cfg.retry)
         return doc
 
@@ -428,6 +432,7 @@ class Transfer:
         versions = complete_versions(self.cfg.cube_root)
         doomed = [v for v in versions[: -self.cfg.keep] if v not in protect]
         for v in doomed:
+            self._published -= {f"{FILESERVER_PREFIX}/{v}/", f"{FILESERVER_PREFIX}/{v}/{COMPACTED}/"}
             shutil.rmtree(self.cfg.cube_root / v, ignore_errors=True)
             try:
                 self.fs.delete(f"{FILESERVER_PREFIX}/{v}/")
