@@ -236,8 +236,9 @@ class Agent:
             try:
                 self.seed_once()
             except (ElasticControlError, OSError, ValueError) as e:
+                if str(e) != self.seed.get("error"):  # say it once, not every interval
+                    log.warning("re-seed of shard %d: %s (retrying every %.0fs)", self.shard, e, self.reseed_interval)
                 self.seed.update(state="retrying", error=str(e), at=time.time())
-                log.warning("re-seed of shard %d: %s (retry in %.0fs)", self.shard, e, self.reseed_interval)
             self._stop.wait(self.reseed_interval)
 
     def stop(self) -> None:

@@ -53,6 +53,7 @@ STATE_FILE = "state.json"
 COMPACTED = "compacted"  # VERSION/compacted/: a full copy of a delta version (cube roots of cube-transfer)
 ROLES = ("active", "prepared", "previous")
 MAX_CHAIN = 10_000  # a longer parent chain is a loop in the manifests
+MAX_DROPPED = 20  # start-up drops remembered in the state file (newest)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class ControlState:
             "pinned": list(self.pinned),
             "paths": {v: p for v, p in self.paths.items() if v in held},
             "stamps": {v: s for v, s in self.stamps.items() if v in held},
-            "dropped": {v: r for v, r in self.dropped.items() if v not in held},
+            "dropped": dict(list((v, r) for v, r in self.dropped.items() if v not in held)[-MAX_DROPPED:]),
         }
 
     @classmethod

@@ -260,6 +260,10 @@ def test_json_lookup_never_coerces_and_control_calls_always_answer(shard):
         for endpoint in ("load", "activate", "unpin"):
             r = requests.post(f"{url}/v1/{endpoint}", data=raw, headers=AUTH, timeout=5)
             assert r.status_code == 400, (endpoint, raw[:20], r.status_code, r.text)
+    for raw in (b"\xff\xfe{", deep, b"[]", b'{"version": 5}', b"{"):  # the agent's control calls too
+        for endpoint in ("prepare", "activate", "unpin"):
+            r = requests.post(f"{shard.agent_url}/v1/{endpoint}", data=raw, headers=AUTH, timeout=5)
+            assert r.status_code == 400, (endpoint, raw[:20], r.status_code, r.text)
     r = requests.post(f"{url}/v1/load", data=b"\xff", timeout=5)
     assert r.status_code == 401  # the token first
     r = requests.post(f"{url}/v1/load", json={"version": V1, "path": f"{V1}/missing.arrow"}, headers=AUTH, timeout=5)
