@@ -70,6 +70,7 @@ class CubeWorker:
         self._last_error: str | None = None
         self._apply_lock = threading.Lock()  # the watcher and a control call may both apply
         self._preloaded: dict = {}  # version -> ((path, stamp), index) validated by a control call
+        self.last_load: dict = {}  # the last load this worker took: how long reading and committing took
         self.started = time.time()
 
     # ---- state ---------------------------------------------------------------------------
@@ -238,6 +239,7 @@ class CubeWorker:
                 }
                 for v, i in sorted(loaded.items())
             },
+            "last_load": self.last_load,
             "uptime_seconds": round(time.time() - self.started, 3),
         }
 
@@ -279,8 +281,16 @@ class CubeWorker:
                 rel = body.get("path") or f"{version}/{shard_file_name(self.shard)}"
                 pin = body.get("pin", False)
                 # Validate here first, so a corrupt file is refused before any worker is told about it.
+                t0 = perf_counter()
                 stamp = await loop.run_in_executor(None, self._validate_load, version, rel)
+                t1 = perf_counter()
                 await self._commit(lambda cur: cur.with_prepared(version, rel, stamp, pin=pin), must_load=version)
+                self.last_load = {
+                    "version": version,
+                    "read_s": round(t1 - t0, 3),
+                    "commit_s": round(perf_counter() - t1, 3),
+                    "at": time.time(),
+                }
             elif endpoint == "activate":
                 await self._commit(lambda cur: cur.with_active(version))
             else:
