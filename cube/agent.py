@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -363,16 +365,18 @@ def agent_command(port, host, shard, data, server_url, fileserver, keep, timeout
     except OSError as e:
         raise ComponentError(f"cube-agent cannot listen on {host}:{port}: {e.strerror}") from e
     real_port = server.server_address[1]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop serving at once (staging is cleared at start)
     threading.Thread(target=agent.seed_forever, name="cube-agent-seed", daemon=True).start()
     if ready_file:
         atomic_write_json(ready_file, {"port": real_port, "pid": os.getpid()})
     print(f"cube-agent: shard {shard} on http://{host}:{real_port}, server {server_url}", flush=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         pass
     finally:
         agent.stop()
+        server.server_close()
 
 
 def main(argv: list[str] | None = None) -> None:
