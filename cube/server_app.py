@@ -442,7 +442,8 @@ class CubeWorker:
         return prefixes
 
     def _lookup_json(self, req: Request, index) -> Response:
-        """The JSON debugging variant: keys must be JSON integers in [0, 2**64); nothing is coerced."""
+        """The JSON debugging variant: keys are JSON integers in [0, 2**64) or their decimal strings; nothing
+        else is coerced (-1 is not 2**64-1, 1.9 is not 1, true is not 1, "123" is not the keys [1, 2, 3])."""
         try:
             body = json.loads(req.body or b"{}")
         except (ValueError, RecursionError) as e:
@@ -453,9 +454,11 @@ class CubeWorker:
         if len(keys) > self.max_batch:
             return Response.error(413, f"{len(keys)} keys exceed the batch limit {self.max_batch}")
         for i, k in enumerate(keys):
+            if isinstance(k, str) and 0 < len(k) <= 20 and k.isascii() and k.isdigit():
+                k = keys[i] = int(k)  # a decimal string says the same as the number (JSON loses 2**53+)
             if type(k) is not int or not 0 <= k < MAX_KEY:  # bool is an int subclass: refused too
                 shown = json.dumps(k)[:40] if not isinstance(k, (dict, list)) else type(k).__name__
-                return Response.error(400, f"keys[{i}] = {shown} is not an integer in [0, 2**64)")
+                return Response.error(400, f"keys[{i}] = {shown} is not an integer in [0, 2**64) or its decimal string")
         keys = np.array(keys, dtype=np.uint64)
         values, found = index.lookup(keys)
         self.metrics.observe_lookup(len(keys), int(len(keys) - found.sum()), None)

@@ -245,13 +245,13 @@ def test_unread_answers_do_not_pile_up_in_server_memory(shard):
 def test_json_lookup_never_coerces_and_control_calls_always_answer(shard):
     shard.roll_out(V1, 1.0)
     url = shard.server_url
-    for bad in (-1, 1.9, True, "123", 2**64, None, [1], {"k": 1}):
+    for bad in (-1, 1.9, True, 2**64, None, [1], {"k": 1}, "-1", "1.9", "0x10", " 7", "\u0661\u0662", str(2**64), ""):
         r = requests.post(f"{url}/v1/lookup", json={"keys": [int(KEYS[0]), bad]}, timeout=5)
         assert r.status_code == 400 and "keys[1]" in r.json()["error"], (bad, r.text)
     for body in ({"keys": "123"}, {"keys": 5}, [1, 2], {}):
         assert requests.post(f"{url}/v1/lookup", json=body, timeout=5).status_code == 400, body
-    r = requests.post(f"{url}/v1/lookup", json={"keys": [0, 2**64 - 1, int(KEYS[0])]}, timeout=5)
-    assert r.status_code == 200 and r.json()["found"] == [False, False, True]
+    r = requests.post(f"{url}/v1/lookup", json={"keys": [0, 2**64 - 1, int(KEYS[0]), str(KEYS[0])]}, timeout=5)
+    assert r.status_code == 200 and r.json()["found"] == [False, False, True, True]
     deep = b"[" * 100_000 + b"]" * 100_000
     r = requests.post(f"{url}/v1/lookup", data=b'{"keys": ' + deep + b"}", headers={"Content-Type": "application/json"})
     assert r.status_code == 400
