@@ -7,17 +7,17 @@ ELASTIC_CTR_DEBUG=1 to see tracebacks of ElasticControlError.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
+from ctr_foundation.env_vars import DEBUG
 from ctr_foundation.errors import EXIT_FAILURE, EXIT_USAGE, ElasticControlError
 
 
 def run_cli(command: click.Command, prog: str, argv: list[str] | None = None) -> None:
     """Run ``command``; turn errors into ``prog: error: ...`` on stderr and an exit code."""
-    debug = os.environ.get("ELASTIC_CTR_DEBUG", "").lower() in ("1", "true", "yes")
+    debug = _debug()
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -44,3 +44,11 @@ def run_cli(command: click.Command, prog: str, argv: list[str] | None = None) ->
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(0)
+
+
+def _debug() -> bool:
+    """ELASTIC_CTR_DEBUG; an unparsable value counts as off (it must never hide the real error)."""
+    try:
+        return bool(DEBUG.get())
+    except ElasticControlError:
+        return False

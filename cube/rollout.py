@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctr_foundation import names
+from ctr_foundation.env_vars import CUBE_TEST_CRASH
 from ctr_foundation.errors import ComponentError
 from ctr_foundation.fileserver_client import FileServerClient
 from ctr_foundation.pass_format import DENSE_DIR, META_FILE
@@ -38,7 +39,6 @@ UPLOAD_THREADS = 4
 
 FILESERVER_PREFIX = names.CUBE_PREFIX
 # Test hook: crash the transfer right after the first shard switched (tests/test_cube_transfer.py).
-CRASH_ENV = "ELASTIC_CTR_CUBE_TEST_CRASH"
 
 
 @dataclass
@@ -200,7 +200,7 @@ class ShardFleet:
         return self._each(one)
 
     def activate(self, version: str, shards=None) -> dict[int, str]:
-        crash = os.environ.get(CRASH_ENV) == "after-first-activate"
+        crash = CUBE_TEST_CRASH.get() == "after-first-activate"
 
         def one(i):
             self.retry.run(

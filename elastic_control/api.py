@@ -1,7 +1,16 @@
-"""The four verbs of elastic-control, as keyword-only library functions.
+"""The verbs of elastic-control, as keyword-only library functions.
 
-The CLI (cli.py) only parses flags and calls these; a Python user can call
-them directly.
+The CLI (elastic_control/cli/) only parses flags and calls these; a Python
+user can call them directly::
+
+    from elastic_control import api
+    plan = api.configure_resource(resources=Resources(trainers=2), slot_conf="slot.conf", data_config="data.config")
+    pipeline = api.apply(state_dir=plan.state_dir)      # a Deployment handle, components up
+    pipeline.status().serving["version"]                 # the status document, probed now
+    pipeline.stream_logs(components=["trainer-0"])
+    pipeline.delete()
+
+``attach`` gives the same handle from another process.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from ctr_foundation.atomic import replace_path
 from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE
 from elastic_control.backends import get_backend
+from elastic_control.backends.base import Deployment
+from elastic_control.backends.status import PipelineStatus
 from elastic_control.config import Resources, load_data_config, load_slot_conf
 from elastic_control.console import done
 from elastic_control.plan import Plan, load_plan, new_token
@@ -100,9 +111,7 @@ def configure_resource(
         os.chmod(staging / TOKEN_FILE, 0o600)
         # Kubernetes manifests are always rendered, so users can read them and
         # `kubectl apply` them whatever the backend; the local backend adds its own plan.
-        from elastic_control.backends.kube_backend import KubeBackend
-
-        KubeBackend().render(plan, staging)
+        get_backend("k8s").render(plan, staging)
         if chosen == "local":
             get_backend("local").render(plan, staging)
         (staging / PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n")
@@ -124,17 +133,33 @@ def _swap_in(staging: Path, state: Path) -> None:
         replace_path(entry, state / entry.name)
 
 
-def apply(*, state_dir: str = ".elastic-ctr", dry_run: str | None = None) -> Plan:
-    """``-a``: start everything ``-r`` rendered."""
+def apply(*, state_dir: str = ".elastic-ctr", dry_run: str | None = None, wait: bool = True) -> Deployment | None:
+    """``-a``: start everything ``-r`` rendered; with ``wait``, until every component is up.
+
+    Returns the handle on the running pipeline (None for a dry run).
+    """
     plan = load_plan(state_dir)
-    get_backend(plan.backend).apply(plan, dry_run=dry_run)
-    return plan
+    deployment = get_backend(plan.backend).apply(plan, dry_run=dry_run)
+    if deployment is not None and wait:
+        deployment.wait()
+    return deployment
 
 
-def logs(*, state_dir: str = ".elastic-ctr", follow: bool = False, components: list[str] | None = None) -> None:
-    """``-l``: trainer 0's, the file server's and cube-transfer's logs."""
+def attach(*, state_dir: str = ".elastic-ctr") -> Deployment:
+    """The handle on what ``-a`` started from ``state_dir`` (usable from any process)."""
     plan = load_plan(state_dir)
-    get_backend(plan.backend).logs(plan, follow=follow, components=components)
+    return get_backend(plan.backend).attach(plan)
+
+
+def logs(
+    *,
+    state_dir: str = ".elastic-ctr",
+    follow: bool = False,
+    components: list[str] | None = None,
+    raw: bool = False,
+) -> None:
+    """``-l``: trainer 0's, the file server's and cube-transfer's logs (Paddle's glog lines only with ``raw``)."""
+    attach(state_dir=state_dir).stream_logs(components=components, follow=follow, raw=raw)
 
 
 def configure_client(*, state_dir: str = ".elastic-ctr") -> Path:
@@ -143,11 +168,17 @@ def configure_client(*, state_dir: str = ".elastic-ctr") -> Path:
     return get_backend(plan.backend).configure_client(plan)
 
 
-def status(*, state_dir: str = ".elastic-ctr") -> None:
-    plan = load_plan(state_dir)
-    get_backend(plan.backend).status(plan)
+def status(*, state_dir: str = ".elastic-ctr", probe: bool = True) -> PipelineStatus:
+    """``status``: every component, training, cube, serving, rollouts and alerts, as one document."""
+    return attach(state_dir=state_dir).status(probe=probe)
 
 
-def delete(*, state_dir: str = ".elastic-ctr") -> None:
+def delete(*, state_dir: str = ".elastic-ctr") -> list[str]:
+    """``delete``: stop everything ``-a`` started; data, models and MLflow runs stay. Idempotent."""
+    return attach(state_dir=state_dir).delete()
+
+
+def submit_evaluation(*, state_dir: str = ".elastic-ctr", request, timeout: float, poll: float = 2.0) -> dict:
+    """``eval submit``: evaluate a pass where the plan runs (a Volcano job, or local processes)."""
     plan = load_plan(state_dir)
-    get_backend(plan.backend).delete(plan)
+    return get_backend(plan.backend).submit_evaluation(plan, request, timeout=timeout, poll=poll)

@@ -50,16 +50,18 @@ def run_training(
     timeout: float = 600,
     env: dict | None = None,
 ):
-    """Run `elastic-control train` in-process through the launcher; returns the TrainResult."""
+    """Run what `elastic-control train` runs, in-process (the local supervisor, in the foreground); the TrainResult."""
     import os
 
+    from elastic_control.config import load_data_config
+    from elastic_control.local.components import training_window
+    from elastic_control.local.train_job import run_training_job
     from elastic_control.training.cli import hyperparameter_args
-    from elastic_control.training.launcher import run_local_job
     from elastic_control.training.settings import Hyperparameters
 
     role_args = args if args is not None else hyperparameter_args(Hyperparameters(log_every=20))
     base_env = dict(os.environ, **(env or {}))
-    return run_local_job(
+    return run_training_job(
         trainers=trainers,
         pservers=pservers,
         data_config=str(job.data_config),
@@ -68,6 +70,7 @@ def run_training(
         role_args=role_args,
         base_env=base_env,
         timeout=timeout,
+        window=training_window(load_data_config(job.data_config)),
     )
 
 

@@ -67,11 +67,22 @@ def test_demo_refuses_bad_arguments(tmp_path):
 
 def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
     """A --keep run still going in the workdir is never wiped by the next demo."""
+    from helpers_local import example_data_config_with_data
+
     from ctr_foundation.names import StateFolder
+    from elastic_control import api
+    from elastic_control.config import Resources
     from elastic_control.demo.run import _reset_workdir
     from elastic_control.local.process import process_identity
     from elastic_control.local.runtime import SupervisorLock, write_runtime
 
+    api.configure_resource(
+        resources=Resources(trainers=1, pservers=1, cube_shards=1),
+        slot_conf=str(ROOT / "examples" / "slot.conf"),
+        data_config=str(example_data_config_with_data(tmp_path / "input")),
+        backend="local",
+        state_dir=str(tmp_path / "state"),
+    )
     layout = StateFolder.of(tmp_path / "state")
     lock = SupervisorLock(layout)
     assert lock.acquire()

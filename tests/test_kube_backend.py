@@ -13,6 +13,7 @@ from helpers_kube_api import VOLCANO, FakeKubeAPI
 
 from ctr_foundation.errors import ApplyError, ClusterUnavailableError
 from elastic_control.backends.kube_backend import KubeBackend, expected_pods
+from elastic_control.cli.status_view import print_status
 from elastic_control.kube import adaptor
 
 pytestmark = pytest.mark.e2e
@@ -66,7 +67,7 @@ def test_apply_creates_everything_then_replaces_the_job_by_delete_wait_create(cl
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
     backend = KubeBackend()
-    backend.apply(plan)
+    backend.apply(plan).wait()
     assert len(cluster.pods()) == expected_pods(plan) == 2 + 2 + 1 + 1 + 2 + 1 + 1
     assert cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["spec"]["minAvailable"] == 4
     first_job_uid = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["uid"]
@@ -80,7 +81,7 @@ def test_apply_creates_everything_then_replaces_the_job_by_delete_wait_create(cl
     )
 
     cluster.requests.clear()
-    backend.apply(plan)
+    backend.apply(plan).wait()
     job_calls = [
         (m, q)
         for m, p, q in cluster.requests
@@ -130,7 +131,7 @@ def test_dry_run_client_never_contacts_the_cluster(cluster, tmp_path, capsys):
 def test_preflight_explains_how_to_fix(cluster, tmp_path, message):
     plan = _plan(tmp_path)
     with pytest.raises(ClusterUnavailableError, match=message):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
     assert _calls(cluster, "POST") == []  # nothing was created
 
 
@@ -144,7 +145,7 @@ def test_unschedulable_pods_are_explained_from_events(cluster, tmp_path, monkeyp
         r"be scheduled: 0/3 nodes are available: 3 Insufficient cpu; lower -u "
         r"\(now 4\), or add nodes",
     ):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
     assert _calls(cluster, "GET", "/events")
 
 
@@ -178,16 +179,16 @@ def test_image_pull_failure_is_explained(cluster, tmp_path, monkeypatch):
         match=r"a pod cannot start: pod elastic-ctr-serving-.* cannot pull image "
         r"'registry.invalid/elastic-ctr:nope' \(ImagePullBackOff: Failed to pull image",
     ):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
 
 
 @pytest.mark.parametrize("cluster", [{"recreate_trainer": True}], indirect=True)
 def test_logs_follow_reattaches_to_a_recreated_trainer(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
-    KubeBackend().logs(plan, follow=True, components=["trainer-0"])
+    KubeBackend().attach(plan).stream_logs(follow=True, components=["trainer-0"])
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52",
@@ -204,9 +205,9 @@ def test_logs_follow_reattaches_to_a_recreated_trainer(cluster, tmp_path, monkey
 def test_logs_show_trainer0_fileserver_and_transfer(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
-    KubeBackend().logs(plan)
+    KubeBackend().attach(plan).stream_logs()
     out = capsys.readouterr().out
     assert "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52" in out
     assert "[elastic-ctr-fileserver-" in out and "[elastic-ctr-cube-transfer-" in out
@@ -247,7 +248,7 @@ def test_configure_client_via_nodeport_fetches_slot_conf(tmp_path, monkeypatch, 
         monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
         adaptor.reset()
         plan = _plan(tmp_path, service_type="NodePort")
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
         path = KubeBackend().configure_client(plan)
     adaptor.reset()
     config = json.loads(path.read_text())
@@ -260,7 +261,7 @@ def test_configure_client_via_nodeport_fetches_slot_conf(tmp_path, monkeypatch, 
 def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
     # Port 8080 on this machine may be anything; make sure the fetch cannot reach a stranger's server.
     monkeypatch.setattr(
@@ -287,16 +288,18 @@ def test_configure_client_before_apply_says_so(cluster, tmp_path):
 def test_status_and_delete(cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
     plan = _plan(tmp_path)
-    KubeBackend().apply(plan)
+    KubeBackend().apply(plan).wait()
     capsys.readouterr()
-    KubeBackend().status(plan)
+    print_status(KubeBackend().attach(plan).status())
     out = capsys.readouterr().out
     assert "Running (running 4)" in out and "elastic-ctr-cube-1" in out and "1/1" in out
-    KubeBackend().delete(plan)
+    KubeBackend().attach(plan).delete()
     assert cluster.items(VOLCANO, "jobs") == [] and cluster.items("apps/v1", "deployments") == []
     assert cluster.items("v1", "services", "default") == [] and cluster.items("v1", "configmaps", "default") == []
     assert len(cluster.items("v1", "persistentvolumeclaims", "default")) == 3  # data stays
-    KubeBackend().status(plan)
+    status = KubeBackend().attach(plan).status()
+    assert status.state == "not deployed" and status.components[0].state == "missing"
+    print_status(status)
     assert "absent" in capsys.readouterr().out
 
 
@@ -314,5 +317,5 @@ def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch):
         match=rf"cannot reach the Kubernetes API server at "
         rf"http://127.0.0.1:{port} while reading namespace default",
     ):
-        KubeBackend().apply(plan)
+        KubeBackend().apply(plan).wait()
     adaptor.reset()

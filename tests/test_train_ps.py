@@ -137,8 +137,8 @@ def test_role_settings_name_the_missing_variable(tmp_path, monkeypatch):
 def test_coordinator_barrier_collects_every_rank(tmp_path):
     import threading
 
+    from elastic_control.local.ports import free_ports
     from elastic_control.training.coordinator import Coordinator, CoordinatorClient
-    from elastic_control.training.launcher import free_ports
 
     (port,) = free_ports(1)
     coord = Coordinator(2, hello=lambda: {"resume_after": None})

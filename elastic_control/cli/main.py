@@ -7,11 +7,11 @@ Only click code lives here; the work is done by keyword-only functions in
 from __future__ import annotations
 
 import importlib
-import os
 
 import click
 
 from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.env_vars import DEBUG
 from ctr_foundation.errors import ElasticControlError
 from elastic_control import __version__
 from elastic_control.cli.options import state_dir_option
@@ -47,7 +47,7 @@ class LazyGroup(click.Group):
             try:
                 return getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError) as e:
-                if os.environ.get("ELASTIC_CTR_DEBUG"):
+                if DEBUG.get():
                     raise
                 return _unavailable(name, e)
         return super().get_command(ctx, name)
@@ -150,6 +150,9 @@ def _range_help(name: str) -> str:
     help="With -a: show what would be applied (server: ask the API server).",
 )
 @click.option("--follow", is_flag=True, help="With -l: keep streaming.")
+@click.option(
+    "--raw", is_flag=True, help="With -l: every line, Paddle's internal glog lines too (the log files keep them)."
+)
 @state_dir_option
 @click.version_option(__version__, "--version")
 @click.pass_context
@@ -177,6 +180,7 @@ def cli(
     promotion_gate,
     dry_run,
     follow,
+    raw,
     state_dir,
 ):
     """ElasticCTR: train a CTR model on Paddle's parameter server, roll it out to cube, serve it."""
@@ -211,7 +215,7 @@ def cli(
     if do_client:
         api.configure_client(state_dir=state_dir)
     if do_log:
-        api.logs(state_dir=state_dir, follow=follow)
+        api.logs(state_dir=state_dir, follow=follow, raw=raw)
 
 
 def main(argv: list[str] | None = None) -> None:

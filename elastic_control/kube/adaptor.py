@@ -19,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from ctr_foundation import env_vars
 from ctr_foundation.errors import ClusterUnavailableError
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
 
 
 def _kubeconfig_path() -> Path | None:
-    raw = os.environ.get("KUBECONFIG", "")
+    raw = env_vars.KUBECONFIG.get() or ""
     # KUBECONFIG may be a list of files; the first existing one is enough to say "configured".
     for entry in filter(None, raw.split(os.pathsep)):
         if Path(entry).expanduser().exists():
@@ -48,7 +49,7 @@ def _kubeconfig_path() -> Path | None:
 
 
 def _in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    return bool(env_vars.KUBERNETES_SERVICE_HOST.get())
 
 
 @functools.lru_cache(maxsize=1)
