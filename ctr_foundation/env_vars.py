@@ -94,7 +94,13 @@ PADDLE_TRAINER_ENDPOINTS = _var("PADDLE_TRAINER_ENDPOINTS", str, None, "host:por
 DATA_CONFIG = _var("ELASTIC_CTR_DATA_CONFIG", str, None, "path of data.config", PATH)
 SLOT_CONF = _var("ELASTIC_CTR_SLOT_CONF", str, None, "path of slot.conf", PATH)
 MODEL_PATH = _var("MODEL_PATH", str, None, "where training writes pass folders and the donefile", PATH)
-TOKEN = _var("ELASTIC_CTR_TOKEN", str, None, "bearer token required for writes (file server, cube agent)", SECRET)
+TOKEN = _var(
+    "ELASTIC_CTR_TOKEN",
+    str,
+    None,
+    "bearer token of every control call and file-server write, and of file-server reads outside cube/",
+    SECRET,
+)
 DEBUG = _var("ELASTIC_CTR_DEBUG", _bool, False, "show tracebacks for errors", inherit=True)
 STATE_DIR = _var("ELASTIC_CTR_STATE_DIR", str, ".elastic-ctr", "state folder of rendered manifests and local runs")
 MLFLOW_TRACKING_URI = _var("MLFLOW_TRACKING_URI", str, None, "MLflow tracking server or store URI", ADDRESS)

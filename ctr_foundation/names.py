@@ -28,6 +28,9 @@ REMOTE_DATA_CONFIG = "config/data.config"
 CUBE_PREFIX = "cube"  # cube/VERSION/{shard-I.arrow, manifest.json, dense/, meta.json}
 CURRENT_FILE = "current.json"  # the active cube version record, in CUBE_ROOT and on the file server
 REMOTE_CURRENT = f"{CUBE_PREFIX}/{CURRENT_FILE}"
+# Folders the file server lets anyone read (agents and serving fetch models and shards there);
+# every other read (config/ holds data.config with credentials) needs the token.
+FILESERVER_PUBLIC_PREFIXES = (CUBE_PREFIX,)
 
 # ---- the state folder (``-r`` writes it, ``-a``/``-l``/``-c``/``status`` read it) -----------
 DEFAULT_STATE_DIR = ".elastic-ctr"

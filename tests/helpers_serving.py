@@ -25,7 +25,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def fileserver_in_thread(root, token: str | None = "t0ken", max_bytes: int | None = None):
     """A real file server bound to 127.0.0.1:0 in this process; yields its base URL."""
-    from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, make_fileserver, serve_in_thread
+    from ctr_foundation.http_server import serve_in_thread
+    from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, make_fileserver
 
     server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
     serve_in_thread(server)

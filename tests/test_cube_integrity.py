@@ -255,7 +255,8 @@ def test_json_lookup_never_coerces_and_control_calls_always_answer(shard):
     deep = b"[" * 100_000 + b"]" * 100_000
     r = requests.post(f"{url}/v1/lookup", data=b'{"keys": ' + deep + b"}", headers={"Content-Type": "application/json"})
     assert r.status_code == 400
-    # Control calls: bad bodies get a 400 at once (issue 15 item 10: these hung).
+    # Control calls: bad bodies get a 400 at once (issue 15 item 10: these hung); a big one a 413.
+    deep = b"[" * 5000 + b"]" * 5000
     for raw in (b"\xff\xfe{", b'{"version": "v", "path": "a\\u0000b"}', deep, b"[]", b'{"version": 5}', b"{"):
         for endpoint in ("load", "activate", "unpin"):
             r = requests.post(f"{url}/v1/{endpoint}", data=raw, headers=AUTH, timeout=5)
@@ -264,6 +265,8 @@ def test_json_lookup_never_coerces_and_control_calls_always_answer(shard):
         for endpoint in ("prepare", "activate", "unpin"):
             r = requests.post(f"{shard.agent_url}/v1/{endpoint}", data=raw, headers=AUTH, timeout=5)
             assert r.status_code == 400, (endpoint, raw[:20], r.status_code, r.text)
+    r = requests.post(f"{url}/v1/load", data=b"[" * 100_000, headers=AUTH, timeout=5)
+    assert r.status_code == 413
     r = requests.post(f"{url}/v1/load", data=b"\xff", timeout=5)
     assert r.status_code == 401  # the token first
     r = requests.post(f"{url}/v1/load", json={"version": V1, "path": f"{V1}/missing.arrow"}, headers=AUTH, timeout=5)

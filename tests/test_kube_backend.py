@@ -266,7 +266,7 @@ def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, 
     # Port 8080 on this machine may be anything; make sure the fetch cannot reach a stranger's server.
     monkeypatch.setattr(
         "elastic_control.kube.discover.fetch_slot_conf",
-        lambda url: (_ for _ in ()).throw(__import__("requests").ConnectionError("refused")),
+        lambda url, **_kw: (_ for _ in ()).throw(__import__("requests").ConnectionError("refused")),
     )
     path = KubeBackend().configure_client(plan)
     err = capsys.readouterr().err

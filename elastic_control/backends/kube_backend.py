@@ -303,6 +303,7 @@ class KubeBackend(Backend):
             fileserver_port=k.FILESERVER_PORT,
             state_dir=plan.state_path,
             fallback_slot_conf=plan.slot_conf_text,
+            token=plan.token(),
         )
         done(f"client configured: {path}")
         return path

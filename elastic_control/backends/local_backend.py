@@ -106,7 +106,9 @@ class LocalBackend(Backend):
         fileserver_url = f"http://127.0.0.1:{local_plan.by_name(FILESERVER).port}"
         serving_url = f"http://127.0.0.1:{local_plan.by_name(SERVING).port}"
         try:
-            text = FileServerClient(fileserver_url, timeout=10).get_bytes(REMOTE_SLOT_CONF).decode("utf-8")
+            # config/ is readable only with the deployment's token (docs/contracts.md, "HTTP rules").
+            fs = FileServerClient(fileserver_url, token=plan.token(), timeout=10)
+            text = fs.get_bytes(REMOTE_SLOT_CONF).decode("utf-8")
         except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
             raise ComponentError(
                 f"could not fetch slot.conf from the file server at {fileserver_url}: {e}; see `elastic-control status`"

@@ -9,6 +9,7 @@ import requests
 
 from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import ApplyError, ConfigError
+from ctr_foundation.http_auth import auth_headers
 from ctr_foundation.names import CLIENT_SLOT_CONF, REMOTE_SLOT_CONF, StateFolder
 from ctr_foundation.records import ClientConfig
 from elastic_control.config import parse_slot_conf
@@ -68,9 +69,12 @@ def discover_service(namespace: str, name: str, port: int) -> Endpoint:
     return Endpoint(f"http://127.0.0.1:{port}", "port-forward", command)
 
 
-def fetch_slot_conf(fileserver_url: str, timeout: float = 5.0) -> str:
-    """slot.conf as published on the file server (raises requests/ConfigError when unavailable)."""
-    resp = requests.get(fileserver_url.rstrip("/") + SLOT_CONF_URL_PATH, timeout=timeout)
+def fetch_slot_conf(fileserver_url: str, timeout: float = 5.0, token: str | None = None) -> str:
+    """slot.conf as published on the file server (raises requests/ConfigError when unavailable).
+
+    Reads outside cube/ need the deployment's token (docs/contracts.md, "HTTP rules").
+    """
+    resp = requests.get(fileserver_url.rstrip("/") + SLOT_CONF_URL_PATH, timeout=timeout, headers=auth_headers(token))
     resp.raise_for_status()
     text = resp.text
     parse_slot_conf(text, fileserver_url + SLOT_CONF_URL_PATH)
@@ -86,6 +90,7 @@ def configure_client(
     fileserver_port: int,
     state_dir: Path,
     fallback_slot_conf: str,
+    token: str | None = None,
 ) -> Path:
     """Write STATE/client.json (docs/contracts.md) and the slot.conf it names; returns client.json's path."""
     serving = discover_service(namespace, serving_name, serving_port)
@@ -96,7 +101,7 @@ def configure_client(
         else:
             info(f"{what}: {endpoint.url} ({endpoint.how})")
     try:
-        slot_text = fetch_slot_conf(files.url)
+        slot_text = fetch_slot_conf(files.url, token=token)
         source = files.url + SLOT_CONF_URL_PATH
     except (requests.RequestException, ConfigError) as e:
         reason = type(e).__name__ if isinstance(e, requests.ConnectionError) else f"{type(e).__name__}: {e}"
