@@ -44,14 +44,15 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import mlflow  # noqa: E402,F401
 import pyarrow  # noqa: E402,F401  (before paddle)
 
-from helpers_serving import (  # noqa: E402  (bench still borrows test helpers; issue 10 removes this)
-    CRITEO,
+from bench_support import (  # noqa: E402
+    CRITEO_FILE,
     PYTHON,
+    criteo_pass,
     cube_servers,
     fileserver_in_thread,
     free_port,
@@ -234,31 +235,6 @@ def _dense_rate(prefix: Path, x: np.ndarray, threads: int, seconds: float, onedn
 # ---- setup ------------------------------------------------------------------------------------------
 
 
-def train_product_pass(work: Path, lines: int) -> Path:
-    """`elastic-control data criteo` + `elastic-control train` (1 pserver, 1 trainer) on real Criteo lines."""
-    from helpers_serving import CRITEO_SLOTS
-
-    if not CRITEO.exists():
-        raise SystemExit(f"real Criteo lines not found at {CRITEO}; pass --pass PASS_DIR")
-    print(f"training a pass on {lines} real Criteo lines (elastic-control data criteo + train)...", file=sys.stderr)
-    with open(CRITEO, encoding="utf-8") as f, open(work / "raw.txt", "w") as out:
-        for _ in range(lines):
-            out.write(next(f))
-    (work / "slot.conf").write_text("\n".join(map(str, CRITEO_SLOTS)) + "\n")
-    (work / "data.config").write_text(
-        f"export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n"
-        f'export DATASET_PATH="{work / "data"}"\nexport MODEL_PATH="{work / "models"}"\n'
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
-    for cmd in (
-        ["data", "criteo", "--input", str(work / "raw.txt"), "--output", str(work / "data"), "--hours", "1"]
-        + ["--start", "20200101/00"],
-        ["train", "-f", str(work / "data.config"), "-s", str(work / "slot.conf"), "-t", "1", "-p", "1"],
-    ):
-        subprocess.run([PYTHON, "-m", "elastic_control", *cmd], check=True, env=env, stdout=subprocess.DEVNULL)
-    return work / "models" / "pass-20200101-00"
-
-
 def held_out_lines(skip: int, count: int) -> list[str]:
     """Real Criteo lines after the first ``skip`` (not trained on), in the slot format."""
     import itertools
@@ -266,7 +242,7 @@ def held_out_lines(skip: int, count: int) -> list[str]:
     from elastic_control.data.criteo import CriteoConverter
 
     conv = CriteoConverter()
-    with open(CRITEO, encoding="utf-8") as f:
+    with open(CRITEO_FILE, encoding="utf-8") as f:
         return [conv.convert_line(raw) for raw in itertools.islice(f, skip, skip + count)]
 
 
@@ -333,7 +309,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     print(f"work folder {work}", file=sys.stderr)
     trained = TRAIN_LINES_QUICK if args.quick else TRAIN_LINES
-    pass_dir = Path(args.pass_dir) if args.pass_dir else train_product_pass(work, lines=trained)
+    pass_dir = Path(args.pass_dir) if args.pass_dir else criteo_pass(work / "train", lines=trained)
     lines, probs = golden(pass_dir)
     load_lines = held_out_lines(TRAIN_LINES + 1000, args.load_lines)
     fs_root = work / "fs"

@@ -167,11 +167,15 @@ MKL_DEBUG_CPU_TYPE = _var(
     "MKL_DEBUG_CPU_TYPE", str, None, "MKL's kernel choice; serving sets 5 (AVX2) on AMD CPUs unless given", inherit=True
 )
 
-# Where the Kubernetes client finds a cluster (read by kube/adaptor.py only).
+# Where the Kubernetes client finds a cluster (read by kube/target.py and kube/adaptor.py only).
 KUBECONFIG = _var("KUBECONFIG", str, None, "kubeconfig file(s), os.pathsep-separated", PATH, inherit=True)
 KUBERNETES_SERVICE_HOST = _var(
     "KUBERNETES_SERVICE_HOST", str, None, "set inside a pod: the in-cluster API server", ADDRESS
 )
+KUBERNETES_SERVICE_PORT = _var("KUBERNETES_SERVICE_PORT", str, "443", "set inside a pod: the API server's port")
+
+# Data credentials: from the Secret JOB-credentials in pods (data.config there reads it as ${HDFS_UGI:-}).
+HDFS_UGI = _var("HDFS_UGI", str, None, "HDFS user (and password) as 'user,password'", SECRET)
 
 # Test hooks: a component exits at a given point, as a machine failure would (tests set them, never a plan).
 TEST_CRASH_EXPORT = _var(

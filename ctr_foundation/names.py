@@ -54,6 +54,7 @@ class StateFolder:
       client.json, client/slot.conf                 written by -c
       local/components.json                         the local plan: processes, ports, variables (-r)
       local/data.config                             data.config as local components read it (-r)
+      local/credentials.json                        its credentials (HDFS_UGI), mode 0600, when it has any
       local/runtime.json                            the supervisor's live record (-a)
       local/rollouts.json                           each model version served and its freshness
       local/supervisor.lock                         held by the running supervisor
@@ -109,6 +110,11 @@ class StateFolder:
     @property
     def local_data_config(self) -> Path:
         return self.local_dir / DATA_CONFIG_FILE
+
+    @property
+    def credentials_file(self) -> Path:
+        """data.config's credentials (HDFS_UGI), mode 0600: the supervisor hands them to the components."""
+        return self.local_dir / "credentials.json"
 
     @property
     def runtime_file(self) -> Path:

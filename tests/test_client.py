@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import requests
-from helpers_serving import PYTHON, REPO, fileserver_in_thread, free_port
+from helpers_common import PYTHON, REPO, fileserver_in_thread, free_port
 
 from client.api import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, ServingClient, resolve_client_settings, upload_configs
 from client.cli import main

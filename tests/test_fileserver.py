@@ -10,7 +10,8 @@ import time
 
 import pytest
 import requests
-from helpers_serving import PYTHON, fileserver_in_thread, free_port, process, raw_request, status_of, wait_healthy
+from helpers_common import PYTHON, fileserver_in_thread, free_port, process, wait_healthy
+from helpers_serving import raw_request, status_of
 
 from ctr_foundation.fileserver_client import FileServerClient, FileServerError, NotFound
 from elastic_control.fileserver.paths import STAGING_DIR

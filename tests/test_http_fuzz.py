@@ -186,27 +186,17 @@ def test_fuzz_cube_transfer(cube_stack, seconds):
 
 
 @pytest.fixture(scope="module")
-def serving(tmp_path_factory):
-    """serving on a real (small) pass of the PS trainer, from its model folder."""
-    import helpers_eval
-
-    from ctr_foundation.atomic import append_line_durably
+def serving(tmp_path_factory, synth_world):
+    """serving on the session's passes of the product trainer, from their (read-only) model folder."""
+    from helpers_serving import golden
 
     tmp = tmp_path_factory.mktemp("http-fuzz-serving")
-    planted = helpers_eval.PlantedModel(seed=3)
-    pass_dir = helpers_eval.train_pass(
-        tmp / "models" / "pass-20200101-00", planted.lines(800, 1), planted.lines(40, 2), epochs=1, seed=3
-    )
-    append_line_durably(
-        tmp / "models" / "donefile",
-        json.dumps({"pass": pass_dir.name, "path": str(pass_dir), "window": {}, "time": 0, "metrics": {}}),
-    )
     port = free_port()
-    args = [PYTHON, "-m", "elastic_control", "serve", "--model-dir", str(tmp / "models"), "--host", "127.0.0.1"]
+    args = [PYTHON, "-m", "elastic_control", "serve", "--model-dir", str(synth_world.models), "--host", "127.0.0.1"]
     with process([*args, "--port", str(port)], {}, tmp / "serving.log") as proc:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc)
-        yield url, proc, planted.lines(5, 9)
+        yield url, proc, golden(synth_world.latest)[0][:5]
 
 
 @pytest.mark.parametrize("seconds", SECONDS)
@@ -229,7 +219,7 @@ def test_fuzz_serving(serving, seconds):
             import time
 
             time.sleep(0.3)
-    slots = json.dumps({"instances": [{"slots": {"0": [1, "2"], "3": [18446744073709551615]}}]}).encode()
+    slots = json.dumps({"instances": [{"slots": {"1": [1, "2"], "4": [18446744073709551615]}}]}).encode()
     seeds = [
         request("POST", "/v1/predict", {"Content-Type": "application/json"}, body),
         request("POST", "/v1/predict", {}, slots),

@@ -27,6 +27,7 @@ from helpers_serving import (  # noqa: F401  (served_fixture: the session's pass
 
 from elastic_control.serving.versions import FileServerSource
 
+pytestmark = pytest.mark.needs_criteo  # the session's passes are trained on real Criteo lines
 TOL = 1e-5
 TOKEN = "t0ken"  # the file server's and cube's write token in helpers_serving
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

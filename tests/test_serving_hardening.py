@@ -28,6 +28,7 @@ from helpers_serving import (  # noqa: F401  (served_fixture: the session's pass
 from client.api import ServingClient
 from elastic_control.serving.versions import ModelDirSource
 
+pytestmark = pytest.mark.needs_criteo  # the session's passes are trained on real Criteo lines
 TOL = 1e-5
 BAD_INSTANCES = [
     [{"slots": {"1": ["²"]}}],

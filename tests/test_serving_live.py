@@ -20,6 +20,7 @@ from helpers_serving import golden, served_fixture, serving_in_thread  # noqa: F
 from ctr_foundation.grpc_api import SERVICE, serving_pb2, serving_pb2_grpc
 from elastic_control.serving.versions import ModelDirSource
 
+pytestmark = pytest.mark.needs_criteo  # the session's passes are trained on real Criteo lines
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -43,7 +43,7 @@ def _node_address() -> str | None:
     return None
 
 
-def discover_service(namespace: str, name: str, port: int) -> Endpoint:
+def discover_service(namespace: str, name: str, port: int, *, scheme: str = "http") -> Endpoint:
     """How to reach Service ``name`` on ``port`` from outside the cluster."""
     with adaptor.reachable(f"reading Service {namespace}/{name}"):
         try:
@@ -59,14 +59,14 @@ def discover_service(namespace: str, name: str, port: int) -> Endpoint:
         for ingress in (svc.status.load_balancer.ingress or []) if svc.status and svc.status.load_balancer else []:
             host = ingress.ip or ingress.hostname
             if host:
-                return Endpoint(f"http://{host}:{spec_port.port}", "LoadBalancer")
+                return Endpoint(f"{scheme}://{host}:{spec_port.port}", "LoadBalancer")
     if svc.spec.type in ("NodePort", "LoadBalancer") and spec_port is not None and spec_port.node_port:
         node = _node_address()
         if node:
-            return Endpoint(f"http://{node}:{spec_port.node_port}", "NodePort")
+            return Endpoint(f"{scheme}://{node}:{spec_port.node_port}", "NodePort")
     # Reachable only inside the cluster: tell the user the port-forward to run.
     command = f"kubectl port-forward -n {namespace} svc/{name} {port}:{port}"
-    return Endpoint(f"http://127.0.0.1:{port}", "port-forward", command)
+    return Endpoint(f"{scheme}://127.0.0.1:{port}", "port-forward", command)
 
 
 def fetch_slot_conf(fileserver_url: str, timeout: float = 5.0, token: str | None = None) -> str:
@@ -96,9 +96,15 @@ def configure_client(
     """Write STATE/client.json (docs/contracts.md) and the slot.conf it names; returns client.json's path."""
     serving = discover_service(namespace, serving_name, serving_port)
     files = discover_service(namespace, fileserver_name, fileserver_port)
-    grpc = discover_service(namespace, serving_name, serving_grpc_port) if serving_grpc_port else None
-    found = [("serving", serving), ("file server", files)] + ([("serving gRPC", grpc)] if grpc else [])
-    for what, endpoint in found:
+    grpc = None
+    if serving_grpc_port is not None:
+        endpoint = discover_service(namespace, serving_name, serving_grpc_port, scheme="grpc")
+        grpc = endpoint.url.split("://", 1)[1]
+        if serving.port_forward and endpoint.port_forward:  # one port-forward for both of serving's ports
+            serving = Endpoint(
+                serving.url, serving.how, f"{serving.port_forward} {serving_grpc_port}:{serving_grpc_port}"
+            )
+    for what, endpoint in (("serving", serving), ("file server", files)):
         if endpoint.port_forward:
             info(f"{what} is only reachable inside the cluster; run: {endpoint.port_forward}")
         else:
@@ -117,6 +123,5 @@ def configure_client(
     slot_path = state_dir / CLIENT_SLOT_CONF
     atomic_write_text(slot_path, slot_text)
     path = StateFolder(state_dir).client_config
-    grpc_target = grpc.url.split("://", 1)[1] if grpc else None  # HOST:PORT (gRPC has no URL scheme)
-    ClientConfig(serving.url, files.url, str(slot_path.resolve()), tuple(slots.slots), grpc_target).save(path)
+    ClientConfig(serving.url, files.url, str(slot_path.resolve()), tuple(slots.slots), serving_grpc=grpc).save(path)
     return path
