@@ -355,7 +355,7 @@ def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, 
     path = KubeBackend().configure_client(plan)
     err = capsys.readouterr().err
     assert "kubectl port-forward -n default svc/elastic-ctr-serving 8010:8010" in err
-    assert "kubectl port-forward -n default svc/elastic-ctr-serving 8011:8011" in err
+    assert "svc/elastic-ctr-serving 8010:8010 8011:8011" in err  # one port-forward for both of serving's ports
     assert "using the copy in the state folder" in err
     config = json.loads(path.read_text())
     assert config["serving_url"] == "http://127.0.0.1:8010"

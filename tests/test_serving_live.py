@@ -285,6 +285,56 @@ def test_feedback_metrics_match_a_recomputation_and_the_miscalibrated_arm_alerts
         assert f'serving_alert{{kind="calibration",arm="challenger",version="{challenger_v}"}} 1' in metrics
         status = s.get(url + "/v1/status").json()
         assert {a["name"] for a in status["arms"]} == {"control", "challenger"}
+        shown = _status_as_elastic_control_shows_it(srv)
+    # `elastic-control status --json` and `status`: the same per-arm figures, probed from the live server.
+    js = {x["arm"]: x for x in shown["json"]["serving"]["live"]["series"]}
+    assert any("serving monitor" in a and "challenger" in a for a in shown["json"]["alerts"]), shown["json"]["alerts"]
+    rows = {r[0]: r for r in shown["table"]}
+    for arm, pairs in mine.items():
+        p = np.array([x for x, _ in pairs])
+        y = np.array([c for _, c in pairs])
+        assert js[arm]["feedback"]["count"] == len(pairs) and js[arm]["feedback"]["clicks"] == int(y.sum())
+        assert js[arm]["feedback"]["calibration"] == pytest.approx(p.mean() / y.mean(), rel=1e-6)
+        # arm, version, predictions, mean prediction, feedback, clicks, observed CTR, calibration, ...
+        row = rows[arm]
+        assert int(row[4]) == len(pairs) and int(row[5]) == int(y.sum())
+        assert float(row[6]) == pytest.approx(y.mean(), rel=1e-5)
+        assert float(row[7]) == pytest.approx(p.mean() / y.mean(), rel=1e-5)
+
+
+def _status_as_elastic_control_shows_it(srv) -> dict:
+    """The local backend's status of this serving process: its probe (/readyz, /v1/status, /v1/monitor), the
+    serving section built from it, then the status views (`status --json` and the tables of `status`)."""
+    import contextlib
+    import io
+    import json as _json
+    import os
+
+    from elastic_control.backends import status as st
+    from elastic_control.cli import status_view
+    from elastic_control.local import status as local_status
+    from elastic_control.local.health import probe_component
+    from elastic_control.local.spec import ComponentSpec, LocalPlan
+
+    spec = ComponentSpec(name="serving", kind="serving", argv=["serve"], port=srv.port)
+    probe = probe_component(spec, os.getpid())
+    row = st.ComponentStatus(name="serving", kind="serving", state=st.RUNNING)
+    plan = LocalPlan(components=[spec], serving_url=srv.url)
+    status = st.PipelineStatus(backend="local", state_dir="-", target="local processes", state=st.RUNNING)
+    status.components = [row]
+    status.serving = local_status._serving(plan, [row], {"serving": probe}, {})
+    status.alerts = local_status._alerts(status)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status_view.print_status_json(status)
+    doc = _json.loads(out.getvalue())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status_view.print_status(status)
+    text = out.getvalue()
+    assert "serving live metrics" in text, text
+    table = [ln.replace("│", " ").split() for ln in text.split("serving live metrics", 1)[1].splitlines()]
+    return {"json": doc, "table": [r for r in table if r and r[0] in ("control", "challenger")]}
 
 
 def _gauge(text: str, name: str, labels: str) -> float:
