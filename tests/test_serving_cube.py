@@ -110,7 +110,7 @@ def test_readiness_means_cube_answers(served, tmp_path):
                 assert time.monotonic() < deadline, requests.get(srv.url + "/readyz").text
                 time.sleep(0.1)
             # shard 1 goes away: the model is loaded, but serving cannot answer -> not ready, with the reason
-            procs = [p for p in _children_serving(urls)]
+            procs = _cube_server_processes(fs_root / "cube", 2)
             procs[1].kill()
             procs[1].wait()
             deadline = time.monotonic() + 20
@@ -123,22 +123,20 @@ def test_readiness_means_cube_answers(served, tmp_path):
             assert p.status_code == 503 and "cube unavailable" in p.json()["error"]
 
 
-def _children_serving(urls):
-    """The cube-server processes behind ``urls`` (started by helpers_serving.cube_servers), in shard order."""
+def _cube_server_processes(cube_root, shards):
+    """The cube-server processes serving ``cube_root`` (started by helpers_serving.cube_servers on port 0),
+    in shard order."""
     import psutil
 
-    ports = [int(u.rsplit(":", 1)[1]) for u in urls]
     found = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             cmd = proc.cmdline()
         except psutil.Error:
             continue
-        if "--port" in cmd and "from cube.server import main; main()" in cmd:
-            port = int(cmd[cmd.index("--port") + 1])
-            if port in ports:
-                found[port] = proc
-    return [found[p] for p in ports]
+        if "cube.server" in cmd and "--data" in cmd and cmd[cmd.index("--data") + 1] == str(cube_root):
+            found[int(cmd[cmd.index("--shard") + 1])] = proc
+    return [found[i] for i in range(shards)]
 
 
 def test_a_challenger_is_pinned_while_its_arm_exists(served, scaled, tmp_path):

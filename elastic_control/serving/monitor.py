@@ -27,6 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from elastic_control.metrics import ScoreCounts, auc_from_counts
+
+
+def _histogram_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
+    """AUC of per-bin click/no-click counts in score order (the one AUC: elastic_control.metrics)."""
+    return auc_from_counts(ScoreCounts(np.arange(len(pos), dtype=np.uint32), pos, neg))[0]
+
+
 AUC_BINS = 9600
 LOGIT_RANGE = 12.0  # scores are binned by logit in [-12, 12]
 EPS = float(np.finfo(np.float32).eps)
@@ -57,14 +65,6 @@ def logit_bins(p: np.ndarray) -> np.ndarray:
     z = np.log(p) - np.log1p(-p)
     b = np.floor((z + LOGIT_RANGE) * (AUC_BINS / (2 * LOGIT_RANGE))).astype(np.int64)
     return np.clip(b, 0, AUC_BINS - 1)
-
-
-def auc_from_histograms(pos: np.ndarray, neg: np.ndarray) -> float | None:
-    P, N = int(pos.sum()), int(neg.sum())
-    if P == 0 or N == 0:
-        return None
-    neg_below = np.cumsum(neg) - neg
-    return float((pos * neg_below).sum() + 0.5 * (pos * neg).sum()) / (P * N)
 
 
 class _Bucket:
@@ -276,7 +276,7 @@ def _fold(s: _Series) -> dict:
             "mean_prediction": mean_fb,
             "calibration": (mean_fb / ctr) if ctr else None,
             "logloss": ll / fb if fb else None,
-            "auc": auc_from_histograms(pos, neg),
+            "auc": _histogram_auc(pos, neg),
             "total": s.total_feedback,
             # raw sums, for confidence intervals (A/B report)
             "sums": {"p": fb_p, "p2": fb_p2, "py": fb_py, "logloss": ll, "logloss2": ll2},
