@@ -31,6 +31,7 @@ COMBINATIONS = [
         queue="ads",
         job_name="ctr-daily",
         service_type="LoadBalancer",
+        kube={"data_secrets": ("s3-data",)},  # envFrom in the Volcano job's tasks, against its real schema
     ),
     dict(
         cpu=2, mem=4, trainers=512, pservers=256, cube_shards=2, service_type="NodePort", hdfs_address="hdfs://nn:9000"

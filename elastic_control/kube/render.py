@@ -212,6 +212,7 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "shared_access_mode": options.shared_access_mode,
         "image_pull_policy": options.image_pull_policy,
         "image_pull_secrets": list(options.image_pull_secrets),
+        "data_secrets": list(options.data_secrets),
         "pservers": res.pservers,
         "trainers": res.trainers,
         "cube_shards": res.cube_shards,
