@@ -99,6 +99,8 @@ def test_every_container_of_every_pod_passes_pod_security_restricted(tmp_path, f
         (lambda s: s.update(hostNetwork=True), "hostNetwork"),
         (lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "hostPath"),
         (lambda s: s["containers"][0]["securityContext"].update(privileged=True), "privileged"),
+        (lambda s: s["securityContext"].update(seLinuxOptions={"user": "system_u"}), "seLinuxOptions.user"),
+        (lambda s: s["containers"][0]["securityContext"].update(appArmorProfile={"type": "Unconfined"}), "AppArmor"),
     ],
 )
 def test_the_restricted_check_catches_each_rule(tmp_path, breaks, rule):
