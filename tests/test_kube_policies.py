@@ -73,6 +73,7 @@ def test_every_container_of_every_pod_passes_pod_security_restricted(tmp_path, f
         assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] == 10001 and pod_sc["runAsGroup"] == 10001
         assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["enableServiceLinks"] is False, owner
+        assert spec["automountServiceAccountToken"] is False, owner  # no pod calls the API: no token to steal
         for c in containers(template):
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, (owner, c["name"])
