@@ -70,7 +70,7 @@ def configure_resource(
 
     ``kube``: the Kubernetes options (keywords of ``kube.plan_checks.kube_plan_options``:
     context, storage_class, access_mode, serving_replicas, max_retry,
-    image_pull_policy, image_pull_secrets, pod_overlay). ``namespace`` defaults
+    image_pull_policy, image_pull_secrets, data_secrets, pod_overlay). ``namespace`` defaults
     to the kubeconfig context's, else ``default``. Nothing in ``state_dir``
     changes unless every step succeeds.
     """

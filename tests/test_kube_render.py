@@ -31,6 +31,7 @@ COMBINATIONS = [
         queue="ads",
         job_name="ctr-daily",
         service_type="LoadBalancer",
+        kube={"data_secrets": ("s3-data",)},  # envFrom in the Volcano job's tasks, against its real schema
     ),
     dict(
         cpu=2, mem=4, trainers=512, pservers=256, cube_shards=2, service_type="NodePort", hdfs_address="hdfs://nn:9000"
@@ -124,7 +125,9 @@ def test_volcano_job_matches_the_design(tmp_path):
         assert env["ELASTIC_CTR_TOKEN"] == {"secretKeyRef": {"name": "elastic-ctr-token", "key": "token"}}
         shell = container["command"][2]
         # The trainer id comes from the env plugin at run time, in the shell (not $(VC_TASK_INDEX)).
-        assert 'PADDLE_TRAINER_ID="${VC_TASK_INDEX' in shell and shell.endswith("exec elastic-control role")
+        # Trainers check the window first: an offline one with no complete hour is a configuration error.
+        entry = "exec elastic-control role --check-window" if role == "trainer" else "exec elastic-control role"
+        assert 'PADDLE_TRAINER_ID="${VC_TASK_INDEX' in shell and shell.endswith(entry)
     pserver_shell = tasks["pserver"]["template"]["spec"]["containers"][0]["command"][2]
     assert 'POD_IP="elastic-ctr-pserver-${VC_TASK_INDEX}.elastic-ctr"' in pserver_shell
 
@@ -137,7 +140,7 @@ def test_entry_shell_really_sets_the_trainer_id(tmp_path):
     tasks = {t["name"]: t for t in _job(load_manifests(manifests))["spec"]["tasks"]}
     for role, expected in (("trainer", "1 "), ("pserver", "1 elastic-ctr-pserver-1.elastic-ctr")):
         shell = tasks[role]["template"]["spec"]["containers"][0]["command"][2]
-        probe = shell.replace("exec elastic-control role", 'echo "$PADDLE_TRAINER_ID ${POD_IP:-}"')
+        probe = shell[: shell.index("exec elastic-control role")] + 'echo "$PADDLE_TRAINER_ID ${POD_IP:-}"'
         out = subprocess.run(
             ["/bin/sh", "-c", probe],
             env={"VC_TASK_INDEX": "1", "PATH": os.environ["PATH"]},
