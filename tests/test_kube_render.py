@@ -8,10 +8,11 @@ import os
 import jsonschema
 import pytest
 import yaml
-from helpers_kube import REPO, render_plan
+from helpers_kube import EXAMPLE_DATA_CONFIG, REPO, render_plan
 from helpers_kube_schema import validate_builtin, validate_manifest, validate_volcano_job
 
 from ctr_foundation.errors import UsageError
+from ctr_foundation.names import DATA_CONFIG_FILE
 from elastic_control.kube import constants as k
 from elastic_control.kube.render import MANIFEST_FILES, load_manifests
 from elastic_control.kube.volcano_rules import volcano_job_problems
@@ -216,6 +217,15 @@ def test_token_file_mode_and_secret(tmp_path):
     assert (manifests / "30-cube.yaml").stat().st_mode & 0o044 == 0o044
     secret = _by_kind(load_manifests(manifests), "Secret")[0]
     assert secret["stringData"] == {"token": "abc123"}
+
+
+def test_the_state_folders_data_config_is_readable_by_its_owner_only(tmp_path):
+    """It may carry HDFS_UGI (user and password), whatever the mode of the file it was copied from."""
+    source = tmp_path / "data.config"
+    source.write_text(EXAMPLE_DATA_CONFIG.read_text() + 'export HDFS_UGI="alice,s3cr3t"\n')
+    source.chmod(0o644)
+    render_plan(tmp_path / "state", data_config=str(source))
+    assert (tmp_path / "state" / DATA_CONFIG_FILE).stat().st_mode & 0o077 == 0
 
 
 # ---- the strict schema and the webhook rules catch what they should ------------------------------------------
