@@ -57,7 +57,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import pyarrow  # noqa: E402,F401  (before paddle)
 
-from bench_rollout import TOKEN, Procs, append_done, wait_http  # noqa: E402
+from bench_rollout import TOKEN, Procs, append_done  # noqa: E402
 from bench_support import (  # noqa: E402
     CRITEO_FILE,
     CRITEO_SLOTS,
@@ -300,23 +300,7 @@ def main() -> int:
     procs = Procs(work)
     ok = False
     try:
-        fs_port = free_port()
-        procs.start(
-            "fileserver",
-            [sys.executable, "-m", "elastic_control", "fileserver", "--root", str(work / "files"), "--host",
-             "127.0.0.1", "--port", str(fs_port)],
-        )  # fmt: skip
-        fs_url = f"http://127.0.0.1:{fs_port}"
-        wait_http(f"{fs_url}/healthz")
-        servers, agents = [], []
-        for i in range(2):
-            data = work / f"shard-{i}"
-            data.mkdir()
-            common = ["--host", "127.0.0.1", "--port", "0", "--shard", str(i), "--data", str(data)]
-            servers.append(procs.cube("server", f"cube-server-{i}", common))
-            agents.append(
-                procs.cube("agent", f"cube-agent-{i}", [*common, "--server", servers[-1], "--fileserver", fs_url])
-            )
+        fs_url, servers, agents = procs.cluster(2, ("cube-server", "cube-agent"))
         transfer = procs.cube(
             "transfer",
             "cube-transfer",
