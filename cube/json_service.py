@@ -70,8 +70,8 @@ def make_json_server(
                 body = json.loads(raw) if raw else {}
                 if not isinstance(body, dict):
                     raise ValueError("expected a JSON object")
-            except ValueError as e:
-                return self._send(400, {"error": f"body must be a JSON object: {e}"})
+            except (ValueError, RecursionError) as e:  # bad JSON, invalid UTF-8, too deeply nested
+                return self._send(400, {"error": f"body must be a JSON object: {str(e)[:200]}"})
             try:
                 status, obj = route.fn(body)
             except UsageError as e:

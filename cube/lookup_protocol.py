@@ -20,6 +20,10 @@ LOOKUP_PREFIX = b"POST /v1/lookup"
 _VERSION_QUERY = b"/v1/lookup?version="
 _PLAIN_VERSION = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
 _FAST = object()  # marks a parsed head that belongs to the fast path
+# Unsent answer bytes per connection above which its requests are no longer read (and below which
+# reading resumes). One 1M-key answer (36 MB at dim 9) is always sent whole; this bounds what piles up.
+WRITE_HIGH_WATER = 4 << 20
+WRITE_LOW_WATER = 1 << 20
 
 
 def parse_lookup_head(data: bytes, start: int, end: int) -> tuple | None:
@@ -73,14 +77,32 @@ class LookupProtocol(HttpProtocol):
     def __init__(self, worker, max_body: int):
         super().__init__(worker.handle, max_body)
         self.worker = worker
+        self._reading_paused = False
 
     def connection_made(self, transport):
         super().connection_made(transport)
         self.worker.connections += 1
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
 
     def connection_lost(self, exc):
         super().connection_lost(exc)
         self.worker.connections -= 1
+
+    # Backpressure: a client that sends lookups but does not read the answers must not make the
+    # server buffer them without bound. Once the unsent answers of a connection exceed the high-water
+    # mark, stop reading its requests until the client has read them down to the low-water mark
+    # (what it already sent waits in the kernel's socket buffers, which are bounded).
+    def pause_writing(self):
+        super().pause_writing()
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self):
+        super().resume_writing()
+        if self.transport is not None and self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -25,12 +25,19 @@ from ctr_foundation.errors import ElasticControlError, UsageError
 from ctr_foundation.http_protocol import Request, Response, Slot
 from cube.lookup_protocol import LookupProtocol
 from cube.server_metrics import ServerMetrics
-from cube.version_store import ControlState, StateFile, VersionSet, load_index
+from cube.shard_format import shard_file_name, valid_version_name
+from cube.version_store import ControlState, StateFile, VersionSet, load_index, stamp_of
 
 WATCH_INTERVAL = 0.02  # seconds between state-file checks
 METRICS_INTERVAL = 1.0
 ACK_TIMEOUT = 60.0
 VERSION_HEADER = "X-Cube-Version"
+MAX_KEY = 2**64
+CONTROL_ENDPOINTS = ("/v1/load", "/v1/activate", "/v1/unpin")
+
+
+class BadRequest(UsageError):
+    """A control call whose body is not what the endpoint takes (400)."""
 
 
 class CubeWorker:
@@ -62,6 +69,8 @@ class CubeWorker:
         self._stamp: tuple = ()
         self._last_error: str | None = None
         self._apply_lock = threading.Lock()  # the watcher and a control call may both apply
+        self._preloaded: dict = {}  # version -> ((path, stamp), index) validated by a control call
+        self.last_load: dict = {}  # the last load this worker took: how long reading and committing took
         self.started = time.time()
 
     # ---- state ---------------------------------------------------------------------------
@@ -73,25 +82,32 @@ class CubeWorker:
 
     def _apply_state_file(self) -> None:
         stamp = self.store.stamp()
-        state = self.store.read()
-        if state is None:
-            return
         try:
-            self.versions = self.versions.materialise(state, self.data_dir)
-            self._last_error = None
+            state = self.store.read()
         except ElasticControlError as e:
             self._last_error = str(e)
+            return
+        if state is None:
+            return
+        preloaded, self._preloaded = self._preloaded, {}
+        self.versions = self.versions.materialise(state, self.data_dir, preloaded)
+        errors = self.versions.errors
+        self._last_error = "; ".join(f"{v}: {e}" for v, e in sorted(errors.items())) or None
         self._stamp = stamp
         self.store.write_ack(
             self.worker,
             {
-                "generation": state.generation if self._last_error is None else -1,
-                "seen": state.generation,
+                "generation": state.generation,
                 "pid": os.getpid(),
-                "active": self.versions.state.active,
-                "error": self._last_error,
+                "active": self.active_version,
+                "errors": errors,
             },
         )
+
+    @property
+    def active_version(self) -> str | None:
+        """The active version this worker really holds (None if it is not loaded)."""
+        return self.versions.state.active if self.versions.active is not None else None
 
     async def watch_state(self) -> None:
         loop = asyncio.get_running_loop()
@@ -106,35 +122,41 @@ class CubeWorker:
                 last_metrics = now
                 self.metrics.snapshot(self.store.dir, self.worker)
 
-    async def _commit(self, change) -> ControlState:
-        """Apply ``change(current) -> next`` to the state file and wait until every worker has it."""
+    async def _commit(self, change, *, must_load: str | None = None) -> ControlState:
+        """Apply ``change(current) -> next`` to the state file and wait until every worker has it.
+
+        With ``must_load``, a worker that could not load that version fails the call, and the
+        version is taken out of the state again (so no worker is left holding it alone).
+        """
         loop = asyncio.get_running_loop()
         async with self._control_lock:
 
-            def write():
+            def write(fn):
                 with self.store.locked():
                     current = self.store.read() or ControlState(shard=self.shard, workers=self.workers)
-                    nxt = change(current)
+                    nxt = fn(current)
                     self.store.write(nxt)
                     return nxt
 
-            nxt = await loop.run_in_executor(None, write)
-            await loop.run_in_executor(None, self.apply_state_file)
-            deadline = time.monotonic() + ACK_TIMEOUT
-            while True:
-                acks = self.store.read_acks(self.workers)
-                errors = [
-                    f"worker {k}: {a['error']}"
-                    for k, a in acks.items()
-                    if a.get("seen", 0) >= nxt.generation and a.get("error")
-                ]
-                if errors:
-                    raise UsageError("; ".join(errors))
-                if len(acks) == self.workers and all(a.get("generation", 0) >= nxt.generation for a in acks.values()):
-                    return nxt
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"workers did not apply generation {nxt.generation} within {ACK_TIMEOUT}s")
-                await asyncio.sleep(WATCH_INTERVAL / 2)
+            nxt = await loop.run_in_executor(None, write, change)
+            acks = await self._wait_acks(nxt.generation)
+            failed = [f"worker {k}: {a['errors'][must_load]}" for k, a in acks.items() if must_load in a["errors"]]
+            if failed:
+                await loop.run_in_executor(None, write, lambda cur: cur.without(must_load))
+                raise UsageError("; ".join(failed))
+            return nxt
+
+    async def _wait_acks(self, generation: int) -> dict[int, dict]:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.apply_state_file)
+        deadline = time.monotonic() + ACK_TIMEOUT
+        while True:
+            acks = self.store.read_acks(self.workers)
+            if len(acks) == self.workers and all(a.get("generation", 0) >= generation for a in acks.values()):
+                return acks
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers did not apply generation {generation} within {ACK_TIMEOUT}s")
+            await asyncio.sleep(WATCH_INTERVAL / 2)
 
     # ---- HTTP ----------------------------------------------------------------------------
 
@@ -143,25 +165,37 @@ class CubeWorker:
         if path == "/v1/lookup" and req.method == "POST":
             return self.lookup(req, slot, deliver)
         if req.method == "GET":
-            if path == "/healthz":
-                return self._count("healthz", Response.json({"status": "ok", "active": self.versions.state.active}))
+            if path == "/healthz":  # liveness: the process answers (readiness is /readyz)
+                return self._count("healthz", Response.json({"status": "ok", "active": self.active_version}))
+            if path == "/readyz":
+                return self._count("readyz", self.readiness())
             if path == "/v1/status":
                 return self._count("status", Response.json(self.status()))
             if path == "/metrics":
                 text = self.metrics.render(
-                    self.store.dir, self.worker, self.workers, shard=self.shard, active=self.versions.state.active
+                    self.store.dir, self.worker, self.workers, shard=self.shard, active=self.active_version
                 )
                 return self._count("metrics", Response(200, text.encode(), "text/plain; version=0.0.4"))
-        if req.method == "POST" and path in ("/v1/load", "/v1/activate"):
+        if req.method == "POST" and path in CONTROL_ENDPOINTS:
             denied = self._check_token(req)
             if denied:
                 return self._count(path.rsplit("/", 1)[1], denied)
             asyncio.get_running_loop().create_task(self._control(req, slot, deliver))
             return None
-        known = {"/v1/lookup", "/healthz", "/v1/status", "/metrics", "/v1/load", "/v1/activate"}
+        known = {"/v1/lookup", "/healthz", "/readyz", "/v1/status", "/metrics", *CONTROL_ENDPOINTS}
         if path in known:
             return self._count("other", Response.error(405, f"{req.method} is not allowed on {path}"))
         return self._count("other", Response.error(404, f"no such endpoint {path}; see cube/README.md"))
+
+    def readiness(self) -> Response:
+        """200 only when this server can answer un-pinned lookups: an active version is loaded."""
+        if self.versions.active is not None:
+            return Response.json({"ready": True, "active": self.active_version})
+        wanted = self.versions.state.active
+        reason = "no active version loaded yet"
+        if wanted:
+            reason = f"active version {wanted!r} could not be loaded: {self.versions.errors.get(wanted, 'loading')}"
+        return Response.json({"ready": False, "reason": reason}, status=503)
 
     def _count(self, endpoint: str, response: Response) -> Response:
         self.metrics.count_request(endpoint, response.status)
@@ -176,45 +210,109 @@ class CubeWorker:
         return None
 
     def status(self) -> dict:
+        """What this worker really holds: a role is named only when its version is loaded."""
         vs = self.versions
+        loaded = vs.indexes
+
+        def have(v):
+            return v if v in loaded else None
+
         return {
             "shard": self.shard,
             "worker": self.worker,
             "workers": self.workers,
             "pid": os.getpid(),
-            **{r: getattr(vs.state, r) for r in ("active", "prepared", "previous")},
+            "ready": vs.active is not None,
+            **{r: have(getattr(vs.state, r)) for r in ("active", "prepared", "previous")},
+            "pinned": [v for v in vs.state.pinned if v in loaded],
             "generation": vs.state.generation,
             "error": self._last_error,
+            "dropped": {**vs.state.dropped, **vs.errors},
             "versions": {
-                v: {"rows": i.rows, "dim": i.dim, "path": vs.state.paths.get(v)} for v, i in vs.indexes.items()
+                v: {
+                    "role": vs.role(v),
+                    "rows": i.rows,
+                    "dim": i.dim,
+                    "kind": i.shard.kind,
+                    "parent": i.shard.parent,
+                    "path": vs.state.paths.get(v),
+                }
+                for v, i in sorted(loaded.items())
             },
+            "last_load": self.last_load,
             "uptime_seconds": round(time.time() - self.started, 3),
         }
 
+    @staticmethod
+    def _control_body(req: Request) -> dict:
+        try:
+            body = json.loads(req.body) if req.body else {}
+        except (ValueError, RecursionError) as e:  # invalid UTF-8 and bad JSON are ValueErrors
+            raise BadRequest(f"body must be a JSON object: {str(e)[:200]}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        version = body.get("version")
+        if not valid_version_name(version):
+            raise BadRequest("body must have a 'version': a non-empty name of letters, digits, '-', '_' and '.'")
+        if "path" in body and not (isinstance(body["path"], str) and body["path"] and "\x00" not in body["path"]):
+            raise BadRequest("'path' must be a non-empty string (relative to the server's data folder)")
+        if not isinstance(body.get("pin", False), bool):
+            raise BadRequest("'pin' must be true or false")
+        return body
+
+    def _validate_load(self, version: str, rel: str) -> str:
+        """Load (and keep) ``version`` from ``rel`` unless this worker already holds that very file; its stamp."""
+        stamp = stamp_of(self.data_dir, rel)
+        vs = self.versions
+        if version in vs.indexes and vs.state.paths.get(version) == rel and vs.stamps.get(version, "") == stamp:
+            return stamp  # the same file, verified when it was loaded: nothing to read again
+        have = {v: i.shard for v, i in vs.indexes.items() if v != version}
+        index = load_index(self.data_dir, rel, version=version, shard=self.shard, have=have)
+        self._preloaded[version] = ((rel, stamp), index)
+        return stamp
+
     async def _control(self, req: Request, slot: Slot, deliver) -> None:
         endpoint = req.path.rsplit("/", 1)[1]
+        loop = asyncio.get_running_loop()
         try:
-            body = json.loads(req.body or b"{}")
-            version = body.get("version")
-            if not isinstance(version, str) or not version:
-                raise UsageError("body must be JSON with a non-empty string 'version'")
+            body = self._control_body(req)
+            version = body["version"]
             if endpoint == "load":
-                rel = body.get("path") or f"{version}/shard-{self.shard}.arrow"
+                rel = body.get("path") or f"{version}/{shard_file_name(self.shard)}"
+                pin = body.get("pin", False)
                 # Validate here first, so a corrupt file is refused before any worker is told about it.
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: load_index(self.data_dir, rel, version=version, shard=self.shard)
-                )
-                await self._commit(lambda cur: cur.with_prepared(version, rel))
-            else:
+                t0 = perf_counter()
+                stamp = await loop.run_in_executor(None, self._validate_load, version, rel)
+                t1 = perf_counter()
+                await self._commit(lambda cur: cur.with_prepared(version, rel, stamp, pin=pin), must_load=version)
+                self.last_load = {
+                    "version": version,
+                    "read_s": round(t1 - t0, 3),
+                    "commit_s": round(perf_counter() - t1, 3),
+                    "at": time.time(),
+                }
+            elif endpoint == "activate":
                 await self._commit(lambda cur: cur.with_active(version))
+            else:
+                await self._commit(lambda cur: self._unpinned(cur, version))
             response = Response.json(self.status())
-        except (json.JSONDecodeError, AttributeError) as e:
-            response = Response.error(400, f"body must be a JSON object: {e}")
+        except BadRequest as e:
+            response = Response.error(400, str(e))
         except ElasticControlError as e:
             response = Response.error(422 if endpoint == "load" else 409, str(e))
         except TimeoutError as e:
             response = Response.error(504, str(e))
+        except Exception as e:  # noqa: BLE001 - a control call is always answered
+            response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            self._preloaded.clear()
         deliver(slot, self._count(endpoint, response))
+
+    @staticmethod
+    def _unpinned(cur: ControlState, version: str) -> ControlState:
+        if version not in cur.pinned:
+            raise UsageError(f"version {version!r} is not pinned (pinned: {cur.pinned or 'none'})")
+        return cur.without(version)
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -344,13 +442,21 @@ class CubeWorker:
         return prefixes
 
     def _lookup_json(self, req: Request, index) -> Response:
+        """The JSON debugging variant: keys must be JSON integers in [0, 2**64); nothing is coerced."""
         try:
             body = json.loads(req.body or b"{}")
-            keys = np.array([int(k) for k in body["keys"]], dtype=np.uint64)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as e:
-            return Response.error(400, f'JSON lookup body must be {{"keys": [uint64, ...]}}: {e}')
+        except (ValueError, RecursionError) as e:
+            return Response.error(400, f'JSON lookup body must be {{"keys": [uint64, ...]}}: {str(e)[:200]}')
+        keys = body.get("keys") if isinstance(body, dict) else None
+        if not isinstance(keys, list):
+            return Response.error(400, 'JSON lookup body must be {"keys": [uint64, ...]} with a list of integers')
         if len(keys) > self.max_batch:
             return Response.error(413, f"{len(keys)} keys exceed the batch limit {self.max_batch}")
+        for i, k in enumerate(keys):
+            if type(k) is not int or not 0 <= k < MAX_KEY:  # bool is an int subclass: refused too
+                shown = json.dumps(k)[:40] if not isinstance(k, (dict, list)) else type(k).__name__
+                return Response.error(400, f"keys[{i}] = {shown} is not an integer in [0, 2**64)")
+        keys = np.array(keys, dtype=np.uint64)
         values, found = index.lookup(keys)
         self.metrics.observe_lookup(len(keys), int(len(keys) - found.sum()), None)
         return Response.json(

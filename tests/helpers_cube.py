@@ -183,21 +183,18 @@ def server_args(data: Path, shard: int, *, port: int = 0, workers: int = 1, extr
     ]
 
 
-def agent_args(data: Path, shard: int, server_url: str):
-    return [
-        "--port",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--shard",
-        str(shard),
-        "--data",
-        str(data),
-        "--server",
-        server_url,
-        "--timeout",
-        "10",
-    ]
+def agent_args(
+    data: Path,
+    shard: int,
+    server_url: str,
+    fileserver: str | None = None,
+    extra: list[str] | None = None,
+    port: int = 0,
+):
+    args = ["--port", str(port), "--host", "127.0.0.1", "--shard", str(shard), "--data", str(data)]
+    args += ["--server", server_url]
+    args += ["--timeout", "10", "--reseed-interval", "0.5"]
+    return args + (["--fileserver", fileserver] if fileserver else []) + (extra or [])
 
 
 def cube_server(
@@ -208,8 +205,10 @@ def cube_server(
     )
 
 
-def cube_agent(data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None):
-    return cube_process("agent", agent_args(data, shard, server_url), log_dir, name or f"agent-{shard}")
+def cube_agent(
+    data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None, fileserver: str | None = None
+):
+    return cube_process("agent", agent_args(data, shard, server_url, fileserver), log_dir, name or f"agent-{shard}")
 
 
 def fileserver(root: Path):
@@ -225,3 +224,89 @@ def real_pass_dir(tmp_path_factory) -> Path:
     if not (pass_dir / "meta.json").exists():
         make_real_paddle_pass(pass_dir)
     return pass_dir
+
+
+class DeltaPasses:
+    """A real saved pass as the base, and delta passes derived from it in the layout of docs/contracts.md
+    ("Delta passes"), each with the full table it amounts to (``expected()``).
+
+    The changed lines are the real table's lines (all 34 columns of the SparseAccessor/Adam layout) with
+    new embedding values; added keys copy a real line under a new key; deleted keys are listed one per
+    line in ``deleted/part-*`` (keys above 2**63 written as their int64 text, as Paddle prints them).
+    """
+
+    def __init__(self, real_pass: Path, model_path: Path, base_name: str):
+        from ctr_foundation.pass_format import load_pass, sparse_part_files
+
+        self.model_path = model_path
+        info = load_pass(real_pass)
+        self.layout = info.layout
+        self.cols = list(self.layout.embedding_column_indices())
+        self.lines: dict[int, list[str]] = {}
+        for part in sparse_part_files(real_pass):
+            opener = gzip.open if part.name.endswith(".gz") else open
+            with opener(part, "rt") as f:
+                for line in f:
+                    toks = line.split()
+                    if toks:
+                        self.lines[int(toks[0]) % 2**64] = toks
+        base = model_path / base_name
+        import shutil
+
+        shutil.copytree(real_pass, base)
+        meta = {**info.meta, "pass": base_name, "kind": "base", "parent": None}
+        (base / "meta.json").write_text(json.dumps(meta))
+        self.meta = meta
+        self.names = [base_name]
+        self.gone: set[int] = set()  # keys deleted by some delta
+        add_done(model_path, base_name)
+
+    def delta(
+        self, name: str, *, change: int, add: int, delete: int, seed: int, readd: int = 0, done: bool = True
+    ) -> Path:
+        """Write delta pass ``name`` on the last pass: ``change`` keys get new values, ``add`` new keys (and
+        ``readd`` keys deleted earlier) appear, ``delete`` keys go."""
+        rng = np.random.default_rng(seed)
+        keys = np.array(sorted(self.lines), dtype=np.uint64)
+        pick = rng.permutation(len(keys))
+        changed, deleted = keys[pick[:change]], keys[pick[change : change + delete]]
+        added = rng.integers(1, 2**64 - 1, add, dtype=np.uint64)
+        added = added[~np.isin(added, keys)]
+        back = sorted(self.gone - set(self.lines))[:readd]
+        added = np.concatenate([added, np.array(back, dtype=np.uint64)])
+        self.gone.update(int(k) for k in deleted)
+        out_lines = []
+        for k in [*changed, *added]:
+            k = int(k)
+            toks = list(self.lines.get(k) or self.lines[int(keys[rng.integers(len(keys))])])
+            toks[0] = str(k)
+            for c in self.cols:
+                toks[c] = repr(float(np.float32(rng.standard_normal())))
+            self.lines[k] = toks
+            out_lines.append(" ".join(toks))
+        for k in deleted:
+            del self.lines[int(k)]
+        folder = self.model_path / name
+        (folder / "sparse" / "000").mkdir(parents=True)
+        with gzip.open(folder / "sparse" / "000" / "part-000-00000.gz", "wt") as f:
+            f.write("".join(line + "\n" for line in rng.permutation(out_lines)))
+        (folder / "deleted").mkdir()
+        text = [str(int(np.uint64(k).view(np.int64))) if int(k) >= 2**63 else str(int(k)) for k in deleted]
+        (folder / "deleted" / "part-00000").write_text("".join(t + "\n" for t in text))
+        dense = self.model_path / self.names[0] / "dense"
+        if dense.is_dir():
+            import shutil
+
+            shutil.copytree(dense, folder / "dense")
+        meta = {**self.meta, "pass": name, "kind": "delta", "parent": self.names[-1]}
+        (folder / "meta.json").write_text(json.dumps(meta))
+        self.names.append(name)
+        if done:
+            add_done(self.model_path, name)
+        return folder
+
+    def expected(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted keys, values) of the full table after every pass so far."""
+        keys = np.array(sorted(self.lines), dtype=np.uint64)
+        values = np.array([[float(self.lines[int(k)][c]) for c in self.cols] for k in keys], dtype=np.float32)
+        return keys, values

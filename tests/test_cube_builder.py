@@ -13,7 +13,7 @@ from ctr_foundation.pass_format import SparseLayout, iter_sparse_table, read_spa
 from ctr_foundation.sparse_table_reader import iter_sparse_table_fast
 from cube.builder import build_version
 from cube.lookup_index import WINDOW_MAX_KEYS, ShardIndex
-from cube.shard_format import CorruptShardError, open_shard, verify_version_dir, write_shard
+from cube.shard_format import CorruptShardError, read_shard, verify_version_dir, write_shard
 
 
 def _concat(chunks):
@@ -75,7 +75,7 @@ def test_build_real_pass_shards_sorted_unique_with_exact_vectors(real_pass, tmp_
     assert manifest["rows"] == len(keys) and manifest["dim"] == 8 and manifest["shards"] == 3
     seen = 0
     for i in range(3):
-        s = open_shard(vdir / f"shard-{i}.arrow")
+        s = read_shard(vdir / f"shard-{i}.arrow")
         assert (s.shard, s.shards, s.dim, s.version) == (i, 3, 8, "pass-20240101-00")
         assert np.all(s.keys[1:] > s.keys[:-1]) and np.all(s.keys % np.uint64(3) == i)
         idx = np.searchsorted(keys, s.keys)
@@ -96,7 +96,7 @@ def test_build_is_deterministic_applies_sparse_dim_and_keeps_the_last_duplicate(
             tmp_path / "b" / m2["version"] / name
         ).read_bytes()
     assert m1["rows"] == 3 and m1["input_rows"] == 5
-    s1 = open_shard(tmp_path / "a" / "pass-20240101-05" / "shard-1.arrow")
+    s1 = read_shard(tmp_path / "a" / "pass-20240101-05" / "shard-1.arrow")
     np.testing.assert_array_equal(s1.keys, [5, 7])
     np.testing.assert_array_equal(s1.values[0], values[1])  # the later line of key 5 wins
     with pytest.raises(UsageError, match="already exists"):
@@ -112,7 +112,7 @@ def test_truncated_or_corrupt_shard_files_are_refused(tmp_path):
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptShardError):
-        open_shard(shard)
+        read_shard(shard)
     with pytest.raises(CorruptShardError, match="size"):
         verify_version_dir(vdir)
     flipped = bytearray(data)
@@ -123,7 +123,7 @@ def test_truncated_or_corrupt_shard_files_are_refused(tmp_path):
     bad = tmp_path / "unsorted.arrow"
     write_shard(bad, np.array([3, 1], np.uint64), np.zeros((2, 2), np.float32), version="v", shard=0, shards=1)
     with pytest.raises(CorruptShardError, match="sorted"):
-        open_shard(bad)
+        read_shard(bad)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_lookup_index_matches_a_plain_set_lookup(tmp_path, keys):
     keys = np.unique(keys)
     values = np.random.default_rng(1).standard_normal((len(keys), 3)).astype(np.float32)
     write_shard(tmp_path / "s.arrow", keys, values, version="v", shard=0, shards=1)
-    index = ShardIndex(open_shard(tmp_path / "s.arrow"))
+    index = ShardIndex(read_shard(tmp_path / "s.arrow"))
     rng = np.random.default_rng(2)
     query = np.concatenate(
         [

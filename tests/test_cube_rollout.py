@@ -77,7 +77,7 @@ def cluster(tmp_path):
             data = tmp_path / f"shard-{i}"
             data.mkdir()
             specs.append(("server", server_args(data, i, port=ports[i], workers=2 if i == 0 else 1), f"server-{i}"))
-            specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}"), f"agent-{i}"))
+            specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}", fs_url), f"agent-{i}"))
         started = stack.enter_context(cube_processes(specs, tmp_path))
         yield Cluster(tmp_path, fs_url, [started[0][0], started[2][0]], [started[1][0], started[3][0]])
 

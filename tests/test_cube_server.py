@@ -51,7 +51,7 @@ def test_every_key_of_a_real_paddle_table_comes_back_exactly(real_pass, tmp_path
             after = _metric(u0, "cube_lookup_misses_total") + _metric(u1, "cube_lookup_misses_total")
             assert after - before == len(missing)
         # the JSON debugging variant gives the same vector
-        r = requests.post(f"{u1}/v1/lookup", json={"keys": [str(keys[keys % np.uint64(2) == 1][0])]}, timeout=5)
+        r = requests.post(f"{u1}/v1/lookup", json={"keys": [int(keys[keys % np.uint64(2) == 1][0])]}, timeout=5)
         k1 = keys[keys % np.uint64(2) == 1][0]
         assert r.json()["found"] == [True]
         np.testing.assert_array_equal(np.array(r.json()["values"][0], np.float32), values[keys == k1][0])

@@ -359,7 +359,7 @@ def test_rejected_pass_never_reaches_cube(world, tmp_path, monkeypatch):
             cube_processes(
                 [
                     ("server", server_args(data, 0, port=port), "server-0"),
-                    ("agent", agent_args(data, 0, f"http://127.0.0.1:{port}"), "agent-0"),
+                    ("agent", agent_args(data, 0, f"http://127.0.0.1:{port}", fs_url), "agent-0"),
                 ],
                 tmp_path,
             )
