@@ -131,7 +131,7 @@ class IncrementalExport:
         if len(np.unique(all_pushed.keys)) != len(all_pushed):
             raise DataError(f"{raw}: a key appears twice in one delta save")
         admit = self._qualifies(all_pushed)
-        admitted, stats = self.state.observe(all_pushed.keys, admit)
+        admitted, stats = self.state.observe(all_pushed.keys, admit, all_pushed.shows())
         evicted, evicted_admitted = np.zeros(0, np.uint64), np.zeros(0, bool)
         if self.config.evict_after_passes:
             evicted, evicted_admitted = self.state.evict(self.config.evict_after_passes)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ctr_foundation.pass_format import PassInfo, load_pass
 from elastic_control.config.data_config import DataConfig
-from elastic_control.training.admission import AdmissionMask, embedding_hook
+from elastic_control.training.admission import AdmissionMask, TrainingAdmission, embedding_hook
 from elastic_control.training.delta_export import IncrementalExport, PassPlan, accessor_overrides, plan_next
 from elastic_control.training.key_state import KeyState
 
@@ -21,7 +21,10 @@ class Incremental:
         self.config, self.is_chief, self.log = config, is_chief, log
         self.state = KeyState()
         self.last: PassInfo | None = None
-        self.mask = AdmissionMask(self.state) if config.admit_min_count else None
+        n = config.admit_min_count
+        # Golden scoring uses the admitted keys of the pass's table; training also admits within the pass.
+        self.mask = AdmissionMask(self.state, n) if n else None
+        self.train_mask = TrainingAdmission(self.state, n) if n else None
 
     @classmethod
     def for_role(cls, config: DataConfig, *, is_chief: bool, log=print) -> Incremental | None:
@@ -41,8 +44,13 @@ class Incremental:
 
     def _set_state(self, state: KeyState) -> None:
         self.state = state
-        if self.mask is not None:
-            self.mask.state = state
+        for mask in (self.mask, self.train_mask):
+            if mask is not None:
+                mask.state = state
+
+    def start_pass(self) -> None:
+        if self.train_mask is not None:
+            self.train_mask.start_pass()
 
     def resume(self, last_pass_dir: str | Path) -> None:
         """Rebuild the key state after the last complete pass (its chain down to its base)."""

@@ -180,6 +180,8 @@ class Trainer:
 
         stats = PassStats()
         counter = BadLineCounter(self.s.data_config.max_bad_line_fraction)
+        if self.incremental:
+            self.incremental.start_pass()
         golden_need = self.s.hyper.golden_lines if self.s.is_chief else 0
         stride = self.s.hyper.golden_stride
         seen = 0
@@ -202,7 +204,7 @@ class Trainer:
                 yield chunk
 
         def feeds():
-            mask = self.incremental.mask if self.incremental else None
+            mask = self.incremental.train_mask if self.incremental else None
             for b in rebatch(batches(), self.s.hyper.batch_size):
                 yield b, make_feed(self.paddle, b, self.spec.slots, self.spec.sparse_dim, self.place, mask)
 
