@@ -191,7 +191,7 @@ class Shards:
         self.pods[i] = pod
         self.stack.callback(pod.close)
 
-    def transfer(self):
+    def transfer(self, gate=None):
         from cube.rollout import RetryPolicy
         from cube.transfer import Transfer, TransferConfig
 
@@ -204,6 +204,7 @@ class Shards:
                 token=TOKEN,
                 retry=RetryPolicy(attempts=2, backoff=0.1, timeout=60),
                 compact_after=0,
+                gate=gate,
             )
         )
 
@@ -216,13 +217,18 @@ def _answers(servers, keys):
 
 
 @pytest.mark.e2e
-def test_cube_serves_pass_three_as_its_latest_delta_or_base_and_a_restarted_shard_catches_up(trained, tmp_path):
+def test_cube_serves_pass_three_as_its_latest_delta_or_base_and_a_restarted_shard_catches_up(
+    trained, tmp_path, monkeypatch
+):
     import shutil
     import time
 
     import requests
 
+    from cube.promotion_gate import CommandGate
+
     job, _ = trained
+    monkeypatch.setenv("ELASTIC_CTR_DATA_CONFIG", str(job.data_config))  # the gate's hold-out data
     # cube-transfer sees the passes one at a time, as they were published.
     models = tmp_path / "models"
     models.mkdir()
@@ -237,11 +243,13 @@ def test_cube_serves_pass_three_as_its_latest_delta_or_base_and_a_restarted_shar
     assert served and pending and deleted
     with contextlib.ExitStack() as stack:
         shards = Shards(tmp_path, models, stack)
-        t = shards.transfer()
+        # With the promotion gate on: it scores each delta with its whole table (a delta's own rows alone
+        # would answer zeros for most keys) against the active pass.
+        t = shards.transfer(gate=CommandGate("auc_drop<=0.05,min_examples>=50"))
         for n, name in enumerate(PASSES):
             shutil.copytree(job.models / name, models / name)
             (models / "donefile").write_text("".join(json.dumps(e.to_json()) + "\n" for e in entries[: n + 1]))
-            assert t.poll_once() == name, t.last_error
+            assert t.poll_once() == name, (t.last_error, t.status()[1]["passes"].get(name))
         timings = t.status()[1]["active"]["timings"]
         assert timings["shipped"] == {"0": [PASSES[2]], "1": [PASSES[2]]}  # only the delta
         manifest = json.loads((tmp_path / "built" / PASSES[2] / "manifest.json").read_text())
@@ -262,15 +270,81 @@ def test_cube_serves_pass_three_as_its_latest_delta_or_base_and_a_restarted_shar
         shutil.rmtree(tmp_path / "shard-1")
         shards.start(1, tag="-new")
         deadline = time.monotonic() + 90
-        while True:
+        while True:  # the agent records its re-seed right after activating it
             try:
-                st = requests.get(f"{shards.servers[1]}/v1/status", timeout=5).json()
-                if st.get("active") == PASSES[2]:
+                seeded = requests.get(f"{shards.agents[1]}/v1/status", timeout=5).json()["last"]
+                if seeded.get("seeded") == PASSES[2]:
                     break
             except requests.RequestException:
                 pass
             assert time.monotonic() < deadline, "shard 1 did not come back on the active version"
             time.sleep(0.3)
-        seeded = requests.get(f"{shards.agents[1]}/v1/status", timeout=5).json()["last"]
+        assert requests.get(f"{shards.servers[1]}/v1/status", timeout=5).json()["active"] == PASSES[2]
         assert seeded["downloaded"] == PASSES
         check()
+
+
+def _reference_scores(job, name, lines):
+    """Scores of ``lines`` under pass ``name`` with its table assembled by the test itself (_chain_view)."""
+    from elastic_control.inference import scoring
+
+    info = pass_format.load_pass(job.models / name)
+    view = {k: v for k, (v, kind) in _chain_view(job, name).items() if kind == "sparse"}
+    keys = np.array(sorted(view), dtype=np.uint64)
+    table = scoring.InMemoryTable(keys, np.array([view[k] for k in keys.tolist()], dtype=np.float32))
+    return scoring.score_lines(lines, info, table.lookup, scoring.DenseModel.from_pass(info))
+
+
+@pytest.mark.e2e
+def test_eval_and_the_promotion_gate_score_a_delta_with_its_whole_table(trained, tmp_path):
+    import subprocess
+    import sys
+
+    from elastic_control.data.hourly_writer import hour_dir
+    from elastic_control.evaluation.gate import evaluate_candidate
+    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
+
+    job, _ = trained
+    hour = hour_dir(job.data, START + dt.timedelta(hours=2))
+    lines = [ln for p in sorted(hour.glob("part-*")) for ln in p.read_text().splitlines() if ln.strip()]
+    labels = np.array([int(ln.split()[1]) for ln in lines])
+    want, _ = auc_from_counts(counts_from_arrays(labels, _reference_scores(job, PASSES[2], lines)))
+    out = tmp_path / "eval"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elastic_control",
+            "eval",
+            "--model",
+            str(job.models / PASSES[2]),
+            "-f",
+            str(job.data_config),
+            "--start",
+            "20191221/02",
+            "--end",
+            "20191221/02",
+            "--workers",
+            "1",
+            "--output",
+            str(out),
+            "--no-mlflow",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())["model"]
+    assert metrics["examples"] == len(lines) and metrics["auc"] == pytest.approx(want, abs=1e-9)
+    decision = evaluate_candidate(
+        job.models / PASSES[2],
+        job.models / PASSES[1],
+        "auc_drop<=1,min_examples>=1",
+        data_config=job.data_config,
+        workers=1,
+        record=False,
+    )
+    assert decision.passed, decision.reason
+    assert decision.metrics["model"]["auc"] == pytest.approx(want, abs=1e-9)
