@@ -20,31 +20,32 @@ from pathlib import Path
 
 import pyarrow  # noqa: F401  (before paddle, imported by the scoring helpers)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-import helpers_train as H  # noqa: E402
+import bench_support as B  # noqa: E402
 import numpy as np  # noqa: E402
 
 from elastic_control.data.hourly_writer import hour_dir  # noqa: E402
 from elastic_control.data.synth import generate, read_truth  # noqa: E402
-from elastic_control.training.cli import hyperparameter_args  # noqa: E402
-from elastic_control.training.metrics import auc, log_loss  # noqa: E402
-from elastic_control.training.settings import Hyperparameters  # noqa: E402
+from elastic_control.metrics import auc, log_loss  # noqa: E402
 
 SLOTS = tuple(range(1, 9))
 
 
-def throughput(root: Path, hours: int, lines: int, trainers: int) -> tuple[float, object]:
-    """examples/s summed over trainers (training time of the passes, as the trainers report it)."""
+def throughput(root: Path, hours: int, lines: int, trainers: int) -> tuple[float, Path]:
+    """examples/s summed over trainers (training time of the passes, as the trainers report it); the last pass."""
     from ctr_foundation.records import read_donefile
 
-    job = H.write_job(root / f"t{trainers}", slots=SLOTS, hours=hours, data=root / "data")
-    result = H.run_training(
-        job, trainers=trainers, args=hyperparameter_args(Hyperparameters(log_every=1000)), timeout=3600
+    config, slot_conf, models = B.write_job(
+        root / f"t{trainers}", data=root / "data", slots=SLOTS, start=B.START, hours=hours
     )
-    rates = [e.metrics["examples_per_sec"] for e in read_donefile(job.models)]
-    return float(np.mean(rates)), (job, result)
+    passes = B.train(config, slot_conf, models, trainers=trainers, args=["--log-every", "1000"])
+    rates = [e.metrics["examples_per_sec"] for e in read_donefile(models)]
+    return float(np.mean(rates)), passes[-1]
+
+
+def labels_of(lines: list[str]) -> np.ndarray:
+    return np.array([int(ln.split()[1]) for ln in lines])
 
 
 def parse_rate(path: Path) -> tuple[float, float]:
@@ -93,8 +94,8 @@ def logistic_regression_auc(train_lines: list[str], test_lines: list[str]) -> fl
     hasher = FeatureHasher(n_features=2**20, input_type="string", alternate_sign=False)
     x_train, x_test = hasher.transform(feats(train_lines)), hasher.transform(feats(test_lines))
     model = LogisticRegression(C=0.1, max_iter=300, solver="liblinear")
-    model.fit(x_train, H.labels_of(train_lines))
-    return auc(H.labels_of(test_lines), model.predict_proba(x_test)[:, 1])
+    model.fit(x_train, labels_of(train_lines))
+    return auc(labels_of(test_lines), model.predict_proba(x_test)[:, 1])
 
 
 def read_hour_lines(folder: Path) -> list[str]:
@@ -109,57 +110,59 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         root = Path(tmp)
         summary = generate(
-            root / "data", slots=SLOTS, hours=hours + 1, lines_per_hour=lines, seed=1, start=H.START, vocab=50
+            root / "data", slots=SLOTS, hours=hours + 1, lines_per_hour=lines, seed=1, start=B.START, vocab=50
         )
         print(
             f"synthetic data: {hours} training hours x {lines} lines, {len(SLOTS)} slots "
             f"(+1 held-out hour); CTR {summary['ctr']:.3f}"
         )
 
-        reader, bare = parse_rate(hour_dir(root / "data", H.START) / "part-00000")
+        reader, bare = parse_rate(hour_dir(root / "data", B.START) / "part-00000")
         print(
             f"reader parse rate: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
             f"(reader = {reader / bare:.2f}x of the limit)"
         )
 
         one, _ = throughput(root, hours, lines, 1)
-        two, (job2, res2) = throughput(root, hours, lines, 2)
+        two, last_pass = throughput(root, hours, lines, 2)
         print(
             f"training throughput: 1 trainer {one:,.0f} examples/s; 2 trainers + 1 pserver {two:,.0f} examples/s "
             f"({two / one:.2f}x) on 2 shared cores"
         )
 
-        held = hour_dir(root / "data", H.START + dt.timedelta(hours=hours))
+        held = hour_dir(root / "data", B.START + dt.timedelta(hours=hours))
         test_lines, truth = read_truth(held)
-        labels = H.labels_of(test_lines)
-        model_auc = auc(labels, H.score_pass(job2.models / res2.passes[-1], test_lines))
+        labels = labels_of(test_lines)
+        model_auc = auc(labels, B.score_pass(last_pass, test_lines))
         bayes = auc(labels, truth)
         print(
             f"synthetic held-out AUC {model_auc:.4f} vs Bayes-optimal {bayes:.4f} (gap {bayes - model_auc:.4f}, "
             f"ratio {model_auc / bayes:.3f})"
         )
 
-        if not H.CRITEO_FILE.exists():
-            print(f"Criteo comparison skipped: {H.CRITEO_FILE} not found")
+        if not B.CRITEO_FILE.exists():
+            print(f"Criteo comparison skipped: {B.CRITEO_FILE} not found")
             return
         from elastic_control.data.criteo import convert_file
 
         c_hours = 4
-        convert_file(H.CRITEO_FILE, root / "criteo", hours=c_hours, start=H.START)
+        convert_file(B.CRITEO_FILE, root / "criteo", hours=c_hours, start=B.START)
         train_hours = 1 if args.quick else c_hours - 1
-        cjob = H.write_job(root / "criteo-job", slots=range(1, 40), hours=train_hours, data=root / "criteo")
-        cres = H.run_training(cjob, trainers=2, args=hyperparameter_args(Hyperparameters(log_every=1000)), timeout=3600)
-        test_lines = read_hour_lines(hour_dir(root / "criteo", H.START + dt.timedelta(hours=c_hours - 1)))
+        cjob = B.write_job(
+            root / "criteo-job", data=root / "criteo", slots=B.CRITEO_SLOTS, start=B.START, hours=train_hours
+        )
+        cpass = B.train(*cjob, trainers=2, args=["--log-every", "1000"])[-1]
+        test_lines = read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=c_hours - 1)))
         train_lines = [
             ln
             for h in range(train_hours)
-            for ln in read_hour_lines(hour_dir(root / "criteo", H.START + dt.timedelta(hours=h)))
+            for ln in read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=h)))
         ]
-        labels = H.labels_of(test_lines)
-        probs = H.score_pass(cjob.models / cres.passes[-1], test_lines)
+        labels = labels_of(test_lines)
+        probs = B.score_pass(cpass, test_lines)
         ours = auc(labels, probs)
         lr = logistic_regression_auc(train_lines, test_lines)
-        const = log_loss(labels, np.full(len(labels), H.labels_of(train_lines).mean()))
+        const = log_loss(labels, np.full(len(labels), labels_of(train_lines).mean()))
         print(
             f"Criteo ({len(train_lines)} train / {len(test_lines)} test lines): AUC {ours:.4f}, log loss "
             f"{log_loss(labels, probs):.4f} (positive-rate constant {const:.4f}); scikit-learn logistic "

@@ -94,7 +94,13 @@ PADDLE_TRAINER_ENDPOINTS = _var("PADDLE_TRAINER_ENDPOINTS", str, None, "host:por
 DATA_CONFIG = _var("ELASTIC_CTR_DATA_CONFIG", str, None, "path of data.config", PATH)
 SLOT_CONF = _var("ELASTIC_CTR_SLOT_CONF", str, None, "path of slot.conf", PATH)
 MODEL_PATH = _var("MODEL_PATH", str, None, "where training writes pass folders and the donefile", PATH)
-TOKEN = _var("ELASTIC_CTR_TOKEN", str, None, "bearer token required for writes (file server, cube agent)", SECRET)
+TOKEN = _var(
+    "ELASTIC_CTR_TOKEN",
+    str,
+    None,
+    "bearer token of every control call and file-server write, and of file-server reads outside cube/",
+    SECRET,
+)
 DEBUG = _var("ELASTIC_CTR_DEBUG", _bool, False, "show tracebacks for errors", inherit=True)
 STATE_DIR = _var("ELASTIC_CTR_STATE_DIR", str, ".elastic-ctr", "state folder of rendered manifests and local runs")
 MLFLOW_TRACKING_URI = _var("MLFLOW_TRACKING_URI", str, None, "MLflow tracking server or store URI", ADDRESS)
@@ -149,11 +155,15 @@ MLFLOW_SERVER_ENABLE_JOB_EXECUTION = _var(
     "MLflow server: 'false' turns off its background job runner (a pool of processes the pipeline never uses)",
 )
 
-# Where the Kubernetes client finds a cluster (read by kube/adaptor.py only).
+# Where the Kubernetes client finds a cluster (read by kube/target.py and kube/adaptor.py only).
 KUBECONFIG = _var("KUBECONFIG", str, None, "kubeconfig file(s), os.pathsep-separated", PATH, inherit=True)
 KUBERNETES_SERVICE_HOST = _var(
     "KUBERNETES_SERVICE_HOST", str, None, "set inside a pod: the in-cluster API server", ADDRESS
 )
+KUBERNETES_SERVICE_PORT = _var("KUBERNETES_SERVICE_PORT", str, "443", "set inside a pod: the API server's port")
+
+# Data credentials: from the Secret JOB-credentials in pods (data.config there reads it as ${HDFS_UGI:-}).
+HDFS_UGI = _var("HDFS_UGI", str, None, "HDFS user (and password) as 'user,password'", SECRET)
 
 # Test hooks: a component exits at a given point, as a machine failure would (tests set them, never a plan).
 TEST_CRASH_EXPORT = _var(

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -34,8 +32,8 @@ from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ComponentError, ElasticControlError, UsageError
 from ctr_foundation.fileserver_client import FileServerClient, NotFound
+from ctr_foundation.http_json import JsonRoute, make_json_server, require_str
 from cube.control_client import ControlCallError, call_json
-from cube.json_service import Route, make_json_server, require_str
 from cube.shard_fetch import (
     LocalStore,
     PrepareRefused,
@@ -280,12 +278,12 @@ class Agent:
 
     def routes(self) -> dict:
         return {
-            ("POST", "/v1/prepare"): Route(self.prepare, write=True),
-            ("POST", "/v1/activate"): Route(self.activate, write=True),
-            ("POST", "/v1/unpin"): Route(self.unpin, write=True),
-            ("GET", "/v1/status"): Route(self.status),
-            ("GET", "/readyz"): Route(self.readiness),
-            ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok", "shard": self.shard})),
+            ("POST", "/v1/prepare"): JsonRoute(self.prepare, write=True),
+            ("POST", "/v1/activate"): JsonRoute(self.activate, write=True),
+            ("POST", "/v1/unpin"): JsonRoute(self.unpin, write=True),
+            ("GET", "/v1/status"): JsonRoute(self.status),
+            ("GET", "/readyz"): JsonRoute(self.readiness),
+            ("GET", "/healthz"): JsonRoute(lambda _b: (200, {"status": "ok", "shard": self.shard})),
         }
 
 
@@ -365,15 +363,12 @@ def agent_command(port, host, shard, data, server_url, fileserver, keep, timeout
     except OSError as e:
         raise ComponentError(f"cube-agent cannot listen on {host}:{port}: {e.strerror}") from e
     real_port = server.server_address[1]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop serving at once (staging is cleared at start)
     threading.Thread(target=agent.seed_forever, name="cube-agent-seed", daemon=True).start()
     if ready_file:
         atomic_write_json(ready_file, {"port": real_port, "pid": os.getpid()})
     print(f"cube-agent: shard {shard} on http://{host}:{real_port}, server {server_url}", flush=True)
     try:
-        server.serve_forever()
-    except (KeyboardInterrupt, SystemExit):
-        pass
+        server.serve_forever(handle_signals=True)
     finally:
         agent.stop()
         server.server_close()

@@ -10,9 +10,10 @@ request is bound to one ShardIndex object when it is parsed.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
+import contextlib
+import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -22,22 +23,24 @@ from time import perf_counter
 import numpy as np
 
 from ctr_foundation.errors import ElasticControlError, UsageError
-from ctr_foundation.http_protocol import Request, Response, Slot
+from ctr_foundation.http_json import parse_json, parse_json_object
+from ctr_foundation.http_messages import HttpError, Request, Response, Slot
+from ctr_foundation.http_protocol import Route
+from ctr_foundation.http_server import HttpLimits, HttpServer
 from cube.lookup_protocol import LookupProtocol
 from cube.server_metrics import ServerMetrics
 from cube.shard_format import shard_file_name, valid_version_name
 from cube.version_store import ControlState, StateFile, VersionSet, load_index, stamp_of
 
+log = logging.getLogger("cube.server")
 WATCH_INTERVAL = 0.02  # seconds between state-file checks
 METRICS_INTERVAL = 1.0
 ACK_TIMEOUT = 60.0
 VERSION_HEADER = "X-Cube-Version"
-MAX_KEY = 2**64
 CONTROL_ENDPOINTS = ("/v1/load", "/v1/activate", "/v1/unpin")
-
-
-class BadRequest(UsageError):
-    """A control call whose body is not what the endpoint takes (400)."""
+CONTROL_MAX_BODY = 64 << 10  # {"version", "path", "pin"}: a control call body is small
+# Serving keeps a pool of connections per shard; 1,000 idle clients must not lock anyone out.
+LIMITS = HttpLimits(max_connections=4096)
 
 
 class CubeWorker:
@@ -63,6 +66,10 @@ class CubeWorker:
         self._flush_scheduled = False
         self._head_prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         self._max_body_bytes = max_batch * 8
+        self.max_body = max_batch * 8 + 1024  # framing limit of a lookup body (413 and close above)
+        self._lookup_route = Route(self.handle, max_body=self.max_body)
+        self._control_route = Route(self.handle, token=True, max_body=CONTROL_MAX_BODY)
+        self._other_route = Route(self.handle)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connections = 0  # open connections of this worker (LookupProtocol counts them)
         self._control_lock = asyncio.Lock()
@@ -160,6 +167,15 @@ class CubeWorker:
 
     # ---- HTTP ----------------------------------------------------------------------------
 
+    def route(self, req: Request) -> Route:
+        """Decided from the head: lookups take big bodies, control calls need the token (checked before the body)."""
+        if req.method == "POST":
+            if req.path == "/v1/lookup":
+                return self._lookup_route
+            if req.path in CONTROL_ENDPOINTS:
+                return self._control_route
+        return self._other_route
+
     def handle(self, req: Request, slot: Slot, deliver) -> Response | None:
         path = req.path
         if path == "/v1/lookup" and req.method == "POST":
@@ -176,10 +192,7 @@ class CubeWorker:
                     self.store.dir, self.worker, self.workers, shard=self.shard, active=self.active_version
                 )
                 return self._count("metrics", Response(200, text.encode(), "text/plain; version=0.0.4"))
-        if req.method == "POST" and path in CONTROL_ENDPOINTS:
-            denied = self._check_token(req)
-            if denied:
-                return self._count(path.rsplit("/", 1)[1], denied)
+        if req.method == "POST" and path in CONTROL_ENDPOINTS:  # the token was checked by the protocol
             asyncio.get_running_loop().create_task(self._control(req, slot, deliver))
             return None
         known = {"/v1/lookup", "/healthz", "/readyz", "/v1/status", "/metrics", *CONTROL_ENDPOINTS}
@@ -200,14 +213,6 @@ class CubeWorker:
     def _count(self, endpoint: str, response: Response) -> Response:
         self.metrics.count_request(endpoint, response.status)
         return response
-
-    def _check_token(self, req: Request) -> Response | None:
-        if not self.token:
-            return Response.error(403, "control calls are disabled: the server has no ELASTIC_CTR_TOKEN")
-        got = req.headers.get("authorization", "")
-        if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].encode(), self.token.encode()):
-            return Response.error(401, "missing or wrong bearer token (Authorization: Bearer $ELASTIC_CTR_TOKEN)")
-        return None
 
     def status(self) -> dict:
         """What this worker really holds: a role is named only when its version is loaded."""
@@ -245,19 +250,15 @@ class CubeWorker:
 
     @staticmethod
     def _control_body(req: Request) -> dict:
-        try:
-            body = json.loads(req.body) if req.body else {}
-        except (ValueError, RecursionError) as e:  # invalid UTF-8 and bad JSON are ValueErrors
-            raise BadRequest(f"body must be a JSON object: {str(e)[:200]}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("body must be a JSON object")
-        version = body.get("version")
-        if not valid_version_name(version):
-            raise BadRequest("body must have a 'version': a non-empty name of letters, digits, '-', '_' and '.'")
-        if "path" in body and not (isinstance(body["path"], str) and body["path"] and "\x00" not in body["path"]):
-            raise BadRequest("'path' must be a non-empty string (relative to the server's data folder)")
+        """The JSON object of a control call, checked; HttpError 400 naming what is wrong."""
+        body = parse_json_object(req.body, max_bytes=CONTROL_MAX_BODY)
+        if not valid_version_name(body.get("version")):
+            raise HttpError(400, "body must have a 'version': a non-empty name of letters, digits, '-', '_' and '.'")
+        rel = body.get("path")
+        if rel is not None and (not isinstance(rel, str) or not rel or "\x00" in rel):
+            raise HttpError(400, "'path' must be a non-empty string (no NUL) relative to --data")
         if not isinstance(body.get("pin", False), bool):
-            raise BadRequest("'pin' must be true or false")
+            raise HttpError(400, "'pin' must be true or false")
         return body
 
     def _validate_load(self, version: str, rel: str) -> str:
@@ -296,13 +297,14 @@ class CubeWorker:
             else:
                 await self._commit(lambda cur: self._unpinned(cur, version))
             response = Response.json(self.status())
-        except BadRequest as e:
-            response = Response.error(400, str(e))
+        except HttpError as e:
+            response = e.response()
         except ElasticControlError as e:
             response = Response.error(422 if endpoint == "load" else 409, str(e))
         except TimeoutError as e:
             response = Response.error(504, str(e))
-        except Exception as e:  # noqa: BLE001 - a control call is always answered
+        except Exception as e:  # noqa: BLE001 - a control call is always answered, never left hanging
+            log.exception("%s failed", req.path)
             response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
         finally:
             self._preloaded.clear()
@@ -442,21 +444,14 @@ class CubeWorker:
         return prefixes
 
     def _lookup_json(self, req: Request, index) -> Response:
-        """The JSON debugging variant: keys must be JSON integers in [0, 2**64); nothing is coerced."""
+        """The JSON debugging variant: keys are JSON integers in [0, 2**64) or their decimal strings; nothing
+        else is coerced (-1 is not 2**64-1, 1.9 is not 1, true is not 1, "123" is not the keys [1, 2, 3])."""
         try:
-            body = json.loads(req.body or b"{}")
-        except (ValueError, RecursionError) as e:
-            return Response.error(400, f'JSON lookup body must be {{"keys": [uint64, ...]}}: {str(e)[:200]}')
-        keys = body.get("keys") if isinstance(body, dict) else None
-        if not isinstance(keys, list):
-            return Response.error(400, 'JSON lookup body must be {"keys": [uint64, ...]} with a list of integers')
+            keys = np.array(_json_keys(parse_json(req.body or b"{}")), dtype=np.uint64)
+        except HttpError as e:
+            return e.response()
         if len(keys) > self.max_batch:
             return Response.error(413, f"{len(keys)} keys exceed the batch limit {self.max_batch}")
-        for i, k in enumerate(keys):
-            if type(k) is not int or not 0 <= k < MAX_KEY:  # bool is an int subclass: refused too
-                shown = json.dumps(k)[:40] if not isinstance(k, (dict, list)) else type(k).__name__
-                return Response.error(400, f"keys[{i}] = {shown} is not an integer in [0, 2**64)")
-        keys = np.array(keys, dtype=np.uint64)
         values, found = index.lookup(keys)
         self.metrics.observe_lookup(len(keys), int(len(keys) - found.sum()), None)
         return Response.json(
@@ -475,13 +470,45 @@ class CubeWorker:
     async def serve(self, sock: socket.socket, max_body: int) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self.max_body = max_body
         self._max_body_bytes = min(max_body, self.max_batch * 8)
-        server = await loop.create_server(lambda: LookupProtocol(self, max_body), sock=sock)
+        self._lookup_route = Route(self.handle, max_body=max_body)
+        server = HttpServer(
+            self,
+            sock=sock,
+            token=self.token,
+            name=f"cube-server shard {self.shard}",
+            limits=LIMITS,
+            protocol_factory=lambda srv: LookupProtocol(srv, self),
+            backlog=2048,
+        )
+        # SIGTERM stops the server from inside the loop: a plain signal.signal handler may not run while
+        # uvloop waits in C, which left workers running until they were killed.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, server.shutdown)
         watcher = loop.create_task(self.watch_state())
         try:
-            await server.serve_forever()
+            await server.serve()
         finally:
             watcher.cancel()
+
+
+def _json_keys(body) -> list[int]:
+    """The keys of a JSON lookup body: integers 0 <= k < 2^64 or their decimal strings, nothing coerced.
+
+    (-1 is not 2^64-1, 1.9 is not 1, true is not 1, and "123" is not the keys [1, 2, 3].)
+    """
+    keys = body.get("keys") if isinstance(body, dict) else None
+    if not isinstance(keys, list):
+        raise HttpError(400, 'JSON lookup body must be {"keys": [uint64 or decimal string, ...]}')
+    out = []
+    for i, k in enumerate(keys):
+        if isinstance(k, str) and 0 < len(k) <= 20 and k.isascii() and k.isdigit():
+            k = int(k)
+        if type(k) is not int or not 0 <= k < 1 << 64:
+            raise HttpError(400, f"keys[{i}] = {k!r}: a key is an unsigned 64-bit integer (or its decimal string)")
+        out.append(k)
+    return out
 
 
 def _split_bitmaps(found: np.ndarray, sizes: list[int]) -> list[bytes]:

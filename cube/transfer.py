@@ -43,10 +43,11 @@ from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ComponentError, DataError, ElasticControlError, UsageError
 from ctr_foundation.fileserver_client import FileServerClient, FileServerError, NotFound
+from ctr_foundation.http_json import JsonRoute, make_json_server
+from ctr_foundation.http_server import serve_in_thread
 from ctr_foundation.pass_format import load_pass
 from ctr_foundation.records import CurrentVersion, DonefileEntry, read_donefile, utc_now, write_current
 from cube.builder import build_version, compact_version
-from cube.json_service import Route, make_json_server
 from cube.promotion_gate import DEFAULT_GATE_COMMAND, CommandGate, Gate
 from cube.rollout import (
     FILESERVER_PREFIX,
@@ -471,10 +472,10 @@ class Transfer:
             return 202, {"status": "poll requested"}
 
         return {
-            ("GET", "/v1/status"): Route(self.status),
-            ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok", "active": self.journal.active_version})),
-            ("POST", "/v1/poll"): Route(poll, write=True),
-            ("GET", "/v1/shards"): Route(lambda _b: (200, {"shards": self.fleet.statuses()})),
+            ("GET", "/v1/status"): JsonRoute(self.status),
+            ("GET", "/healthz"): JsonRoute(lambda _b: (200, {"status": "ok", "active": self.journal.active_version})),
+            ("POST", "/v1/poll"): JsonRoute(poll, write=True),
+            ("GET", "/v1/shards"): JsonRoute(lambda _b: (200, {"shards": self.fleet.statuses()})),
         }
 
 
@@ -586,8 +587,6 @@ def transfer_command(
         server = make_json_server(host=host, port=port, routes=transfer.routes(), token=cfg.token, name="cube-transfer")
     except OSError as e:
         raise ComponentError(f"cube-transfer cannot listen on {host}:{port}: {e.strerror}") from e
-    from cube.json_service import serve_in_thread
-
     serve_in_thread(server)
     if ready_file:
         atomic_write_json(ready_file, {"port": server.server_address[1], "pid": os.getpid()})

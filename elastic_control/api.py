@@ -55,7 +55,7 @@ def configure_resource(
     data_config: str,
     hdfs_address: str = "",
     backend: str = "auto",
-    namespace: str = "default",
+    namespace: str | None = None,
     image: str | None = None,
     state_dir: str = ".elastic-ctr",
     verbose: bool = False,
@@ -64,10 +64,15 @@ def configure_resource(
     service_type: str = "ClusterIP",
     promotion_gate: str | None = None,
     extra: dict | None = None,
+    kube: dict | None = None,
 ) -> Plan:
     """``-r``: validate everything, then render the plan and manifests into ``state_dir``.
 
-    Nothing in ``state_dir`` changes unless every step succeeds.
+    ``kube``: the Kubernetes options (keywords of ``kube.plan_checks.kube_plan_options``:
+    context, storage_class, access_mode, serving_replicas, max_retry,
+    image_pull_policy, image_pull_secrets, pod_overlay). ``namespace`` defaults
+    to the kubeconfig context's, else ``default``. Nothing in ``state_dir``
+    changes unless every step succeeds.
     """
     slots = load_slot_conf(slot_conf)
     data_cfg = load_data_config(data_config)
@@ -76,9 +81,25 @@ def configure_resource(
         from elastic_control.evaluation.gate import GateRule
 
         extra["promotion_gate"] = GateRule.parse(promotion_gate).text  # a bad rule fails here, not in a pod
+    kube = dict(kube or {})
+    from elastic_control.kube.adaptor import use_context
+
+    use_context(kube.get("context"))  # `auto` asks the cluster of --context
     chosen, reason = choose_backend(backend)
     state = Path(state_dir)
-    from elastic_control.plan import DEFAULT_IMAGE
+    from elastic_control.console import warn
+    from elastic_control.kube.plan_checks import kube_plan_options
+    from elastic_control.plan import DEFAULT_IMAGE, DEFAULT_NAMESPACE
+
+    kube_options, context_namespace = kube_plan_options(
+        backend=chosen,
+        data_cfg=data_cfg,
+        hdfs_address=hdfs_address or data_cfg.hdfs_address,
+        image=image or DEFAULT_IMAGE,
+        default_image=DEFAULT_IMAGE,
+        job_name=job_name,
+        **kube,
+    )
 
     plan = Plan(
         backend=chosen,
@@ -87,7 +108,7 @@ def configure_resource(
         slot_conf_text=slots.to_text(),
         data_config_path=str(Path(data_config).resolve()),
         hdfs_address=hdfs_address or data_cfg.hdfs_address,
-        namespace=namespace,
+        namespace=namespace or context_namespace or DEFAULT_NAMESPACE,
         image=image or DEFAULT_IMAGE,
         job_name=job_name,
         queue=queue,
@@ -95,6 +116,7 @@ def configure_resource(
         verbose=verbose,
         state_dir=str(state),
         extra=extra,
+        kube=kube_options.to_json(),
     )
 
     created_state = not state.exists()
@@ -123,6 +145,8 @@ def configure_resource(
             # A failed first -r leaves no state folder behind, not an empty one.
             shutil.rmtree(state, ignore_errors=True)
     done(f"rendered plan for the {chosen} backend into {state}/ ({reason})")
+    for warning in kube_options.warnings:
+        warn(warning)
     return plan
 
 

@@ -1,72 +1,42 @@
-"""Shared helpers for the cube tests: real and synthetic passes, and real cube processes."""
+"""Shared helpers for the cube tests: synthetic passes (for fast rollout tests) and real cube processes.
+
+Real passes come from the product trainer: the ``synth_world`` fixture (conftest.py).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gzip
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow  # noqa: F401  (before anything that may import paddle)
 
 import numpy as np
+from helpers_common import PYTHON, REPO, fileserver_in_thread, free_port, process, wait_ready_file
 
-from ctr_foundation.atomic import append_line_durably
 from ctr_foundation.pass_format import SparseLayout
+from ctr_foundation.records import DonefileEntry, append_donefile, utc_now
 
-REPO = Path(__file__).resolve().parent.parent
-PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 TOKEN = "cube-test-token"
-PADDLE_JOB = Path(__file__).with_name("helpers_cube_paddle_job.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_real_paddle_pass(pass_dir: Path, seed: int = 7, timeout: float = 240) -> Path:
-    """Run one pserver + one trainer of a short real Paddle PS job that saves ``pass_dir``."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{port}",
-        "PADDLE_TRAINERS_NUM": "1",
-        "PADDLE_TRAINER_ENDPOINTS": f"127.0.0.1:{free_port()}",
-        "POD_IP": "127.0.0.1",
-        "PADDLE_PORT": str(port),
-        "OUT": str(pass_dir),
-        "SEED": str(seed),
-        "GLOG_v": "0",
-    }
-    pass_dir.mkdir(parents=True, exist_ok=True)
-    logs = pass_dir.parent / f"{pass_dir.name}.logs"
-    logs.mkdir(exist_ok=True)
-    with open(logs / "pserver.log", "wb") as ps_log, open(logs / "trainer.log", "wb") as tr_log:
-        ps = subprocess.Popen(
-            [PYTHON, str(PADDLE_JOB)], env={**env, "TRAINING_ROLE": "PSERVER"}, stdout=ps_log, stderr=subprocess.STDOUT
-        )
-        try:
-            tr = subprocess.run(
-                [PYTHON, str(PADDLE_JOB)],
-                env={**env, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0"},
-                stdout=tr_log,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-            )
-        finally:
-            ps.kill()
-            ps.wait()
-    if tr.returncode != 0 or not (pass_dir / "meta.json").exists():
-        tail = (logs / "trainer.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"the Paddle fixture run failed (rc={tr.returncode}):\n{tail}")
-    return pass_dir
+# PYTHON, REPO and free_port are re-exported (their one definition is in helpers_common).
+__all__ = [
+    "PYTHON",
+    "REPO",
+    "TOKEN",
+    "add_done",
+    "agent_args",
+    "cube_agent",
+    "cube_process",
+    "cube_processes",
+    "cube_server",
+    "fileserver",
+    "free_port",
+    "real_pass_dir",
+    "server_args",
+    "write_synthetic_pass",
+]
 
 
 def write_synthetic_pass(
@@ -108,10 +78,11 @@ def write_synthetic_pass(
 
 
 def add_done(model_path: Path, name: str, t: float | None = None) -> None:
-    append_line_durably(
-        model_path / "donefile",
-        json.dumps({"pass": name, "path": name, "window": {}, "time": time.time() if t is None else t, "metrics": {}}),
-    )
+    """Record pass ``name`` as complete in MODEL_PATH/donefile (the trainer's record, written by records.py)."""
+    import datetime as dt
+
+    when = utc_now() if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc)
+    append_donefile(model_path, DonefileEntry(pass_name=name, path=name, window={}, time=when))
 
 
 @contextlib.contextmanager
@@ -119,43 +90,18 @@ def cube_processes(
     specs: list[tuple[str, list[str], str]], log_dir: Path, env_extra: dict | None = None, timeout: float = 90
 ):
     """Start several ``cube-<kind>`` processes at once (each with ``--ready-file``); yield [(url, Popen)]."""
-    env = {**os.environ, "ELASTIC_CTR_TOKEN": TOKEN, **(env_extra or {})}
-    started = []
-    try:
+    env_extra = {"ELASTIC_CTR_TOKEN": TOKEN, **(env_extra or {})}
+    with contextlib.ExitStack() as stack:
+        started = []
         for kind, args, name in specs:
             ready = log_dir / f"{name}.ready.json"
             ready.unlink(missing_ok=True)
-            log = open(log_dir / f"{name}.log", "ab")
-            proc = subprocess.Popen(
-                [PYTHON, "-m", f"cube.{kind}", *args, "--ready-file", str(ready)],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            started.append((kind, name, ready, proc, log))
+            log = log_dir / f"{name}.log"
+            argv = [PYTHON, "-m", f"cube.{kind}", *args, "--ready-file", ready]
+            started.append((ready, log, stack.enter_context(process(argv, env_extra, log))))
         deadline = time.monotonic() + timeout
-        for kind, name, ready, proc, _ in started:
-            while not ready.exists():
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"cube-{kind} exited with {proc.returncode}: {(log_dir / f'{name}.log').read_text()[-1500:]}"
-                    )
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"cube-{kind} did not get ready in {timeout}s")
-                time.sleep(0.05)
-        yield [(f"http://127.0.0.1:{json.loads(r.read_text())['port']}", p) for _, _, r, p, _ in started]
-    finally:
-        for *_, proc, _ in started:
-            if proc.poll() is None:
-                proc.terminate()
-        for *_, proc, log in started:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+        urls = [f"http://127.0.0.1:{wait_ready_file(r, p, log, deadline)['port']}" for r, log, p in started]
+        yield [(url, p) for url, (_, _, p) in zip(urls, started, strict=True)]
 
 
 @contextlib.contextmanager
@@ -213,17 +159,14 @@ def cube_agent(
 
 def fileserver(root: Path):
     """The project's real file server, in a thread, on a free loopback port, with the cube tests' token."""
-    from helpers_serving import fileserver_in_thread
-
     return fileserver_in_thread(root, token=TOKEN)
 
 
 def real_pass_dir(tmp_path_factory) -> Path:
-    """One real Paddle pass per test session, shared by the cube test modules."""
-    pass_dir = tmp_path_factory.getbasetemp() / "cube-real-paddle" / "pass-20240101-00"
-    if not (pass_dir / "meta.json").exists():
-        make_real_paddle_pass(pass_dir)
-    return pass_dir
+    """A pass `elastic-control train` wrote (the session's ``synth_world``; prefer that fixture)."""
+    from helpers_passes import session_synth_world
+
+    return session_synth_world(tmp_path_factory).passes[0]
 
 
 class DeltaPasses:

@@ -9,14 +9,27 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 
 import psutil
+from helpers_common import wait_until
 
 from ctr_foundation.names import StateFolder
 from elastic_control.local.ports import free_ports
 from elastic_control.local.spec import JOB, SERVICE, ComponentSpec, LocalPlan, save_local_plan
+
+__all__ = [
+    "MEMBER_SCRIPT",
+    "SERVICE_SCRIPT",
+    "alive",
+    "component",
+    "example_data_config_with_data",
+    "kill_everything_under",
+    "processes_under",
+    "simple_plan",
+    "wait_until",
+    "write_complete_hours",
+]  # local tests import it from here; its one definition is in helpers_common
 
 # A service: answers GET /healthz with 200 and exits with code EXIT_CODE if the file STOP_FILE appears.
 SERVICE_SCRIPT = r"""
@@ -116,17 +129,6 @@ def simple_plan(
     (layout.slot_conf).write_text("1\n")
     (layout.state / "local" / "data.config").write_text('export START_DATE_HR="20200101/00"\n')
     return plan
-
-
-def wait_until(predicate, timeout: float = 30.0, poll: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {last!r})")
 
 
 def alive(pid: int | None) -> bool:

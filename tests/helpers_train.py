@@ -1,16 +1,16 @@
-"""Helpers for training tests and the training benchmark: small jobs on synthetic or Criteo data."""
+"""Helpers for the product-trainer tests (tests/test_train_*.py): small jobs on synthetic or Criteo data.
+
+Other tests get their passes from the session fixtures in conftest.py (helpers_passes.py).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-CRITEO_FILE = REPO.parent / "shared" / "data" / "criteo" / "criteo_real_distinct.txt"
 START = dt.datetime(2019, 12, 21, 0)
 
 
@@ -89,8 +89,12 @@ def score_pass(pass_dir: Path, lines: list[str]) -> np.ndarray:
 
 
 def read_golden(pass_dir: Path) -> tuple[list[str], np.ndarray]:
-    rows = [json.loads(ln) for ln in (Path(pass_dir) / "golden.jsonl").read_text().splitlines() if ln.strip()]
-    return [r["line"] for r in rows], np.array([r["prob"] for r in rows])
+    """(lines, probabilities) of a pass's golden.jsonl (read by records.py, the format's owner)."""
+    from ctr_foundation.records import GOLDEN_FILE
+    from ctr_foundation.records import read_golden as read_golden_file
+
+    lines, probs = read_golden_file(Path(pass_dir) / GOLDEN_FILE)
+    return lines, np.array(probs)
 
 
 def labels_of(lines: list[str]) -> np.ndarray:

@@ -6,10 +6,11 @@ import subprocess
 
 import numpy as np
 import pytest
-from helpers_cube import PYTHON, REPO, real_pass_dir, write_synthetic_pass
+from helpers_common import PYTHON, REPO
+from helpers_cube import write_synthetic_pass
 
 from ctr_foundation.errors import DataError, UsageError
-from ctr_foundation.pass_format import SparseLayout, iter_sparse_table, read_sparse_table
+from ctr_foundation.pass_format import SparseLayout, iter_sparse_table, load_pass, read_sparse_table
 from ctr_foundation.sparse_table_reader import iter_sparse_table_fast
 from cube.builder import build_version
 from cube.lookup_index import WINDOW_MAX_KEYS, ShardIndex
@@ -22,13 +23,14 @@ def _concat(chunks):
 
 
 @pytest.fixture(scope="module")
-def real_pass(tmp_path_factory):
-    return real_pass_dir(tmp_path_factory)
+def real_pass(synth_world):
+    """A pass `elastic-control train` wrote (full 64-bit feasigns, no SPARSE_DIM)."""
+    return synth_world.passes[0]
 
 
 def test_fast_reader_agrees_with_pass_format_on_a_real_paddle_table(real_pass):
-    layout = SparseLayout(8, "adam")
-    assert 1 + layout.value_columns == 34
+    # The layout meta.json declares; both readers check every line's column count against it.
+    layout = load_pass(real_pass).layout
     k1, v1 = _concat(iter_sparse_table(real_pass, layout))
     k2, v2 = _concat(iter_sparse_table_fast(real_pass, layout))
     o1, o2 = np.argsort(k1), np.argsort(k2)
@@ -68,15 +70,17 @@ def test_fast_reader_names_the_file_on_a_wrong_column_count(tmp_path):
 
 
 def test_build_real_pass_shards_sorted_unique_with_exact_vectors(real_pass, tmp_path):
+    info = load_pass(real_pass)
     manifest = build_version(pass_dir=real_pass, shards=3, output=tmp_path / "cube")
-    keys, values = read_sparse_table(real_pass, SparseLayout(8, "adam"))
-    vdir = tmp_path / "cube" / "pass-20240101-00"
+    keys, values = read_sparse_table(real_pass, info.layout)
+    dim = info.embedding_dim
+    vdir = tmp_path / "cube" / info.name
     assert manifest == verify_version_dir(vdir)
-    assert manifest["rows"] == len(keys) and manifest["dim"] == 8 and manifest["shards"] == 3
+    assert manifest["rows"] == len(keys) and manifest["dim"] == dim and manifest["shards"] == 3
     seen = 0
     for i in range(3):
         s = read_shard(vdir / f"shard-{i}.arrow")
-        assert (s.shard, s.shards, s.dim, s.version) == (i, 3, 8, "pass-20240101-00")
+        assert (s.shard, s.shards, s.dim, s.version) == (i, 3, dim, info.name)
         assert np.all(s.keys[1:] > s.keys[:-1]) and np.all(s.keys % np.uint64(3) == i)
         idx = np.searchsorted(keys, s.keys)
         np.testing.assert_array_equal(keys[idx], s.keys)

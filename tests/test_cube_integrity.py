@@ -245,17 +245,18 @@ def test_unread_answers_do_not_pile_up_in_server_memory(shard):
 def test_json_lookup_never_coerces_and_control_calls_always_answer(shard):
     shard.roll_out(V1, 1.0)
     url = shard.server_url
-    for bad in (-1, 1.9, True, "123", 2**64, None, [1], {"k": 1}):
+    for bad in (-1, 1.9, True, 2**64, None, [1], {"k": 1}, "-1", "1.9", "0x10", " 7", "\u0661\u0662", str(2**64), ""):
         r = requests.post(f"{url}/v1/lookup", json={"keys": [int(KEYS[0]), bad]}, timeout=5)
         assert r.status_code == 400 and "keys[1]" in r.json()["error"], (bad, r.text)
     for body in ({"keys": "123"}, {"keys": 5}, [1, 2], {}):
         assert requests.post(f"{url}/v1/lookup", json=body, timeout=5).status_code == 400, body
-    r = requests.post(f"{url}/v1/lookup", json={"keys": [0, 2**64 - 1, int(KEYS[0])]}, timeout=5)
-    assert r.status_code == 200 and r.json()["found"] == [False, False, True]
+    r = requests.post(f"{url}/v1/lookup", json={"keys": [0, 2**64 - 1, int(KEYS[0]), str(KEYS[0])]}, timeout=5)
+    assert r.status_code == 200 and r.json()["found"] == [False, False, True, True]
     deep = b"[" * 100_000 + b"]" * 100_000
     r = requests.post(f"{url}/v1/lookup", data=b'{"keys": ' + deep + b"}", headers={"Content-Type": "application/json"})
     assert r.status_code == 400
-    # Control calls: bad bodies get a 400 at once (issue 15 item 10: these hung).
+    # Control calls: bad bodies get a 400 at once (issue 15 item 10: these hung); a big one a 413.
+    deep = b"[" * 5000 + b"]" * 5000
     for raw in (b"\xff\xfe{", b'{"version": "v", "path": "a\\u0000b"}', deep, b"[]", b'{"version": 5}', b"{"):
         for endpoint in ("load", "activate", "unpin"):
             r = requests.post(f"{url}/v1/{endpoint}", data=raw, headers=AUTH, timeout=5)
@@ -264,6 +265,8 @@ def test_json_lookup_never_coerces_and_control_calls_always_answer(shard):
         for endpoint in ("prepare", "activate", "unpin"):
             r = requests.post(f"{shard.agent_url}/v1/{endpoint}", data=raw, headers=AUTH, timeout=5)
             assert r.status_code == 400, (endpoint, raw[:20], r.status_code, r.text)
+    r = requests.post(f"{url}/v1/load", data=b"[" * 100_000, headers=AUTH, timeout=5)
+    assert r.status_code == 413
     r = requests.post(f"{url}/v1/load", data=b"\xff", timeout=5)
     assert r.status_code == 401  # the token first
     r = requests.post(f"{url}/v1/load", json={"version": V1, "path": f"{V1}/missing.arrow"}, headers=AUTH, timeout=5)

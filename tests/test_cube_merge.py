@@ -148,7 +148,7 @@ def test_pipelined_requests_are_merged_and_each_gets_its_own_keys_and_version(tw
         if i == 10:
             plan.append((_lookup(keys[:0]), "empty", None, OLD))
         if i == 20:  # the generic path in the middle of merged fast-path requests
-            body = b'{"keys": [%d, 12345]}' % int(keys[5])
+            body = b'{"keys": ["%d", "12345"]}' % int(keys[5])
             plan.append(
                 (
                     b"POST /v1/lookup?version=%s HTTP/1.1\r\nContent-Type: application/json\r\n"

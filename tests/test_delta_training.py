@@ -302,7 +302,7 @@ def test_eval_and_the_promotion_gate_score_a_delta_with_its_whole_table(trained,
 
     from elastic_control.data.hourly_writer import hour_dir
     from elastic_control.evaluation.gate import evaluate_candidate
-    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
+    from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     job, _ = trained
     hour = hour_dir(job.data, START + dt.timedelta(hours=2))

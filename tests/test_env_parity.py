@@ -90,7 +90,7 @@ class Cluster:
                     continue
                 if doc["kind"] == "Deployment":
                     template = doc["spec"]["template"]
-                    assert doc["spec"].get("replicas", 1) == 1
+                    # Replicas (serving has 2) are copies of one template: one local process stands for them.
                     self.pods.append(Pod(doc["metadata"]["name"], template["metadata"]["labels"], template["spec"]))
                 elif doc["kind"] == "Job":
                     job = doc["metadata"]["name"]

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers_local import alive, kill_everything_under, processes_under, wait_until
+from helpers_common import wait_until
+from helpers_local import alive, kill_everything_under, processes_under
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -246,13 +247,12 @@ def test_killed_cube_server_restarts_with_the_active_version(pipeline):
     )
     status = requests.get(f"http://127.0.0.1:{port}/v1/status", timeout=5).json()
     assert report.served_version in json.dumps(status), status
-    golden = [
-        json.loads(ln)
-        for ln in (Path(report.workdir) / "models" / report.served_version / "golden.jsonl").read_text().splitlines()
-    ][:50]
-    served, versions, _ = predict_through_client(state, [g["line"] for g in golden])
+    from ctr_foundation.records import GOLDEN_FILE, read_golden
+
+    lines, probs = read_golden(Path(report.workdir) / "models" / report.served_version / GOLDEN_FILE)
+    served, versions, _ = predict_through_client(state, lines[:50])
     assert {v[0] for v in versions} == {report.served_version}
-    assert max(abs(s - g["prob"]) for s, g in zip(served, golden, strict=True)) < 1e-5
+    assert max(abs(s - p) for s, p in zip(served, probs[:50], strict=True)) < 1e-5
 
 
 def test_serving_killed_during_predictions_loses_nothing(pipeline):

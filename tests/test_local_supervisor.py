@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan, wait_until
+from helpers_common import wait_until
+from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan
 
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.names import StateFolder

@@ -11,14 +11,13 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
-from ctr_foundation.env_vars import APPLY_TIMEOUT
-from ctr_foundation.errors import ApplyError, UsageError
+from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, MANIFEST_DIR, TOKEN_FILE
 from elastic_control.backends import status as st
 from elastic_control.backends.base import Backend, Deployment
 from elastic_control.backends.log_filter import is_paddle_noise
 from elastic_control.config import load_data_config
-from elastic_control.console import console, done, failed, info
+from elastic_control.console import console, done
 from elastic_control.plan import Plan
 
 LOG_COMPONENTS = ("trainer-0", "fileserver", "cube-transfer")
@@ -42,58 +41,19 @@ _DEPLOYMENT_STATES = {"Ready": st.RUNNING, "Starting": st.STARTING}
 
 def expected_pods(plan: Plan) -> int:
     """Pods -a waits for: the job's pservers and trainers, MLflow, file server, cube shards, transfer, serving."""
-    r = plan.resources
-    return r.pservers + r.trainers + 1 + 1 + r.cube_shards + 1 + 1
+    from elastic_control.kube.deploy import expected_pods as expected
+
+    return expected(plan)
 
 
 class KubeDeployment(Deployment):
     """The objects of one plan in its namespace."""
 
     def wait(self, timeout: float | None = None) -> None:
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        """Until every pod of the plan runs; explains what keeps pods from existing or starting (kube/deploy.py)."""
+        from elastic_control.kube.deploy import wait_for_plan
 
-        from elastic_control.kube import constants as k
-        from elastic_control.kube.pods import explain_pod, fatal_reason, pod_events, wait_for_pods
-
-        plan = self.plan
-        expected = expected_pods(plan)
-        timeout = APPLY_TIMEOUT.get() if timeout is None else timeout
-        selector = f"{k.LABEL_INSTANCE}={plan.job_name}"
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task("pods starting", total=expected)
-            ok, count = wait_for_pods(
-                plan.namespace,
-                selector,
-                expected,
-                timeout=timeout,
-                on_progress=lambda c: progress.update(task, completed=c.started),
-            )
-        if ok:
-            done(
-                f"{count.started}/{expected} pods running in namespace {plan.namespace}; "
-                "follow training with `elastic-control -l --follow`"
-            )
-            return
-        r = plan.resources
-        reasons = [
-            explain_pod(p, pod_events(plan.namespace, p.metadata.name), cpu=r.cpu, mem=r.mem)
-            for p in sorted(count.stuck, key=lambda p: (fatal_reason(p) is None, p.metadata.name))
-        ]
-        missing = expected - count.started - len(count.stuck)
-        if missing > 0:
-            reasons.append(f"{missing} pod(s) not created yet")
-        for reason in reasons[1:]:
-            failed(reason)
-        why = "a pod cannot start" if any(fatal_reason(p) for p in count.stuck) else f"not running after {timeout:g}s"
-        raise ApplyError(f"{count.started}/{expected} pods running, {why}: {reasons[0] if reasons else 'unknown'}")
+        wait_for_plan(self.plan, timeout=timeout)
 
     def status(self, *, probe: bool = True) -> st.PipelineStatus:
         """The Volcano job and every Deployment of the instance, as the status document."""
@@ -182,21 +142,9 @@ class KubeDeployment(Deployment):
             raise errors[0]
 
     def delete(self) -> list[str]:
-        from elastic_control.kube.objects import delete_labelled, delete_volcano_job
+        from elastic_control.kube.deploy import delete_plan
 
-        plan = self.plan
-        deleted = []
-        if delete_volcano_job(plan.job_name, plan.namespace, wait=120.0):
-            done(f"Volcano job {plan.namespace}/{plan.job_name} deleted")
-            deleted.append(f"Volcano job {plan.namespace}/{plan.job_name}")
-        for what in delete_labelled(plan.namespace, plan.job_name):
-            done(f"{what} deleted")
-            deleted.append(what)
-        info(
-            f"persistent volume claims (models, files, MLflow runs) are kept; remove them with "
-            f"`kubectl delete pvc -n {plan.namespace} -l app.kubernetes.io/instance={plan.job_name}`"
-        )
-        return deleted
+        return delete_plan(self.plan)
 
 
 def _log_writer(out: TextIO | None, raw: bool):
@@ -216,50 +164,47 @@ class KubeBackend(Backend):
     name = "k8s"
 
     def render(self, plan: Plan, staging: Path) -> list[Path]:
+        from elastic_control.kube.options import KubeOptions
         from elastic_control.kube.render import RenderInputs, render_manifests
 
         inputs = RenderInputs(
             token=(staging / TOKEN_FILE).read_text().strip(),
             data_config=load_data_config(staging / DATA_CONFIG_FILE),
             service_type=plan.service_type,
+            options=KubeOptions.from_json(plan.kube),
         )
         return render_manifests(plan, staging / MANIFEST_DIR, inputs)
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> KubeDeployment | None:
-        from elastic_control.kube import constants as k
-        from elastic_control.kube.objects import apply_typed, apply_volcano_job, describe, is_volcano_job
-        from elastic_control.kube.preflight import preflight
-        from elastic_control.kube.render import load_manifests
+        """Converge the cluster on the rendered manifests (kube/converge.py); the handle, None for a dry run."""
+        from elastic_control.kube.deploy import apply_plan
 
-        if dry_run not in (None, "client", "server"):
-            raise UsageError(f"--dry-run {dry_run!r} must be client or server")
-        docs = load_manifests(plan.state_path / MANIFEST_DIR)
-        if dry_run == "client":
-            for doc in docs:
-                sys.stdout.write(f"{describe(doc)} (would be created or replaced)\n")
-            info(f"dry run: nothing sent to the cluster; the manifests are in {plan.state_path / MANIFEST_DIR}/")
-            return None
-        preflight(namespace=plan.namespace, queue=plan.queue)
-        done(f"preflight: namespace {plan.namespace}, Volcano ({k.VOLCANO_JOB_CRD}), queue {plan.queue} Open")
-        for doc in docs:
-            result = (apply_volcano_job if is_volcano_job(doc) else apply_typed)(doc, dry_run=dry_run == "server")
-            done(f"{describe(doc)} would be {result} (server dry run)" if dry_run else f"{describe(doc)} {result}")
-        if dry_run == "server":
-            return None
-        return KubeDeployment(plan)
+        return KubeDeployment(plan) if apply_plan(plan, dry_run=dry_run) else None
 
     def attach(self, plan: Plan) -> KubeDeployment:
+        """The handle on the plan's objects, after checking its context still points at its cluster."""
+        from elastic_control.kube.deploy import connect
+
+        connect(plan)
         return KubeDeployment(plan)
 
     def submit_evaluation(self, plan: Plan, request, *, timeout: float, poll: float = 2.0) -> dict:
         """`eval submit`: render the evaluation's Volcano jobs into STATE/eval/RUN/, run them, return the metrics."""
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        from elastic_control.kube.deploy import connect
         from elastic_control.kube.eval_job import render_eval_job
         from elastic_control.kube.eval_run import submit_eval_job
+        from elastic_control.kube.options import KubeOptions
         from elastic_control.kube.render import RenderInputs
 
-        inputs = RenderInputs(token=plan.token(), data_config=plan.data_config(), service_type=plan.service_type)
+        connect(plan)
+        inputs = RenderInputs(
+            token=plan.token(),
+            data_config=plan.data_config(),
+            service_type=plan.service_type,
+            options=KubeOptions.from_json(plan.kube),
+        )
         files = render_eval_job(plan, inputs, request, plan.state_path)
         done(f"rendered {files.workers_path} and {files.merge_path}")
         with Progress(
@@ -293,8 +238,10 @@ class KubeBackend(Backend):
 
     def configure_client(self, plan: Plan) -> Path:
         from elastic_control.kube import constants as k
+        from elastic_control.kube.deploy import connect
         from elastic_control.kube.discover import configure_client
 
+        connect(plan)
         path = configure_client(
             namespace=plan.namespace,
             serving_name=f"{plan.job_name}-serving",
@@ -303,6 +250,8 @@ class KubeBackend(Backend):
             fileserver_port=k.FILESERVER_PORT,
             state_dir=plan.state_path,
             fallback_slot_conf=plan.slot_conf_text,
+            token=plan.token(),
+            serving_grpc_port=k.SERVING_GRPC_PORT,
         )
         done(f"client configured: {path}")
         return path

@@ -13,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from ctr_foundation.atomic import atomic_write_text
+from ctr_foundation.atomic import atomic_write_json, atomic_write_text
 from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, REMOTE_SLOT_CONF, StateFolder
@@ -25,6 +25,7 @@ from elastic_control.local.components import (
     FILESERVER,
     MLFLOW,
     SERVING,
+    credentials_of,
     elastic_control_argv,
     local_data_config,
     plan_components,
@@ -64,19 +65,26 @@ class LocalBackend(Backend):
 
         resolved = parse_data_config(text, source=plan.data_config_path, env={})
         check_data_window(resolved)
+        credentials = credentials_of(cfg)
         local_plan = plan_components(
             plan,
             final,
             model_path=model_path,
             max_job_restarts=int(plan.extra.get("max_job_restarts", 3)),
             window=training_window(resolved),
+            credentials=sorted(credentials),
         )
         staged = StateFolder(staging)
         staged.local_dir.mkdir(parents=True, exist_ok=True)
         components, data_config = staged.components_file, staged.local_data_config
         save_local_plan(local_plan, components)
         atomic_write_text(data_config, text)
-        return [components, data_config]
+        written = [components, data_config]
+        if credentials:  # handed to the components by the supervisor, as the token (mode 0600)
+            atomic_write_json(staged.credentials_file, credentials)
+            os.chmod(staged.credentials_file, 0o600)
+            written.append(staged.credentials_file)
+        return written
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> LocalDeployment | None:
         from elastic_control.local import lifecycle
@@ -106,7 +114,9 @@ class LocalBackend(Backend):
         fileserver_url = f"http://127.0.0.1:{local_plan.by_name(FILESERVER).port}"
         serving_url = f"http://127.0.0.1:{local_plan.by_name(SERVING).port}"
         try:
-            text = FileServerClient(fileserver_url, timeout=10).get_bytes(REMOTE_SLOT_CONF).decode("utf-8")
+            # config/ is readable only with the deployment's token (docs/contracts.md, "HTTP rules").
+            fs = FileServerClient(fileserver_url, token=plan.token(), timeout=10)
+            text = fs.get_bytes(REMOTE_SLOT_CONF).decode("utf-8")
         except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
             raise ComponentError(
                 f"could not fetch slot.conf from the file server at {fileserver_url}: {e}; see `elastic-control status`"

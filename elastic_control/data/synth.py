@@ -146,7 +146,7 @@ def generate(
     the vocabulary move: every slot (hour, or sub-hour slot) the Zipf popularity ranks shift by ``drift``
     feasigns, so new feasigns become frequent and old ones fade away (what feature eviction is for).
     """
-    from elastic_control.training.metrics import auc as auc_of
+    from elastic_control.metrics import auc as auc_of
 
     model = build_planted_model(slots, seed, **model_options)
     all_prob, all_click = [], []

@@ -114,7 +114,7 @@ def prepare_synthetic(
     ``extra`` data.config keys; with PASS_MINUTES the hours are written as sub-hour folders.
     """
     from elastic_control.data.synth import generate
-    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
+    from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     dataset, model_path = workdir / "data", workdir / "models"
     summary = generate(

@@ -148,7 +148,7 @@ def run_demo(
     from elastic_control.config import Resources
     from elastic_control.demo.data import prepare_criteo, prepare_synthetic
     from elastic_control.demo.pipeline_watch import wait_for_training, wait_until_served
-    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
+    from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     if hours < 2:
         raise UsageError(f"--hours {hours}: the demo trains at least 2 hourly passes")

@@ -66,13 +66,25 @@ def _absolute(path: str | None, base: Path) -> str | None:
     return str((base / path).resolve()) if not os.path.isabs(path) else path
 
 
+# data.config keys that are credentials: the components get them in their environment from the supervisor
+# (as pods from a Secret), and their data.config says ${KEY:-}, so neither it nor the file server holds them.
+CREDENTIAL_KEYS = (ev.HDFS_UGI.name,)
+
+
+def credentials_of(cfg: DataConfig) -> dict[str, str]:
+    return {key: cfg.values[key] for key in CREDENTIAL_KEYS if cfg.values.get(key)}
+
+
 def local_data_config(cfg: DataConfig, *, hdfs_address: str, model_path: str, base: Path) -> str:
-    """data.config as the local components read it: expanded, absolute paths, MODEL_PATH set."""
+    """data.config as the local components read it: expanded, absolute paths, MODEL_PATH set, credentials
+    read from the environment."""
     values = dict(cfg.values)
     values["HDFS_ADDRESS"] = hdfs_address
     if not hdfs_address:
         values["DATASET_PATH"] = _absolute(cfg.dataset_path, base)
     values["MODEL_PATH"] = model_path
+    for key in credentials_of(cfg):
+        values[key] = f"${{{key}:-}}"
     return dataclasses.replace(cfg, values=values).to_text()
 
 
@@ -112,6 +124,7 @@ def training_job_components(
     extra_env: dict[str, str] | None = None,
     argv: list[str] | None = None,
     after: list[str] | None = None,
+    credentials: list[str] | tuple[str, ...] = (),
 ) -> list[ComponentSpec]:
     """The training job (P pservers, T trainers) as JOB components; the pipeline's and `train`'s alike.
 
@@ -138,7 +151,7 @@ def training_job_components(
                     name=name(i),
                     kind=role.lower(),
                     group=JOB,
-                    secrets=[ev.TOKEN.name],
+                    secrets=[ev.TOKEN.name, *credentials],
                     port=port,
                     # pserver 0 also serves the trainers' barriers on its port + COORDINATOR_PORT_OFFSET.
                     extra_ports=[port + COORDINATOR_PORT_OFFSET] if coordinator else [],
@@ -164,6 +177,7 @@ def plan_components(
     model_path: str,
     max_job_restarts: int = DEFAULT_MAX_JOB_RESTARTS,
     window: dict | None = None,
+    credentials: list[str] | tuple[str, ...] = (),
 ) -> LocalPlan:
     """Every component with its argv, environment and port (drawn fresh, free now)."""
     res = plan.resources
@@ -272,7 +286,7 @@ def plan_components(
         ComponentSpec(
             name=TRANSFER,
             kind="cube-transfer",
-            secrets=[ev.TOKEN.name],
+            secrets=[ev.TOKEN.name, *credentials],
             port=transfer_port,
             ready="http:/healthz",
             after=[FILESERVER] + [cube_agent_name(i) for i in range(res.cube_shards)],
@@ -331,6 +345,7 @@ def plan_components(
         slot_conf=str(layout.slot_conf),
         extra_env={ev.MLFLOW_TRACKING_URI.name: mlflow_url, ev.FILESERVER_URL.name: fileserver_url},
         after=[FILESERVER],
+        credentials=credentials,
     )
     assert all(c.group in (JOB, SERVICE) for c in comps)
     return LocalPlan(
