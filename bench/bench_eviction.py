@@ -101,7 +101,7 @@ def main() -> None:
         print(
             f"data: {summary['lines']} lines, {len(SLOTS)} slots x {args.vocab} feasigns, drift {args.drift:g} "
             f"ranks per {MINUTES}-minute slot; {hours * 60 // MINUTES} training passes; held out: the next "
-            f"10 minutes ({len(lines)} lines, Bayes-optimal AUC {auc(labels, truth):.4f})",
+            f"hour ({len(lines)} lines, Bayes-optimal AUC {auc(labels, truth):.4f})",
             flush=True,
         )
         runs = [run(root, data, "evict", hours, args.evict_after), run(root, data, "keep", hours, None)]
