@@ -263,3 +263,21 @@ def test_manifests_carry_the_incremental_keys_to_every_training_pod(tmp_path):
         mounts = {m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
         env = {e["name"] for c in spec["containers"] for e in c.get("env", [])}
         assert "/etc/elastic-ctr" in mounts and "ELASTIC_CTR_DATA_CONFIG" in env, task["name"]
+
+
+def test_drift_brings_fresh_feasigns_and_retires_old_ones_for_good(tmp_path):
+    from elastic_control.data.synth import generate
+
+    generate(tmp_path, slots=(1,), hours=1, lines_per_hour=3000, seed=2, start=dt.datetime(2019, 12, 21),
+             minutes=10, drift=20, vocab=60)  # fmt: skip
+    seen = []
+    for folder in sorted((tmp_path / "20191221").iterdir()):
+        keys = set()
+        for part in folder.glob("part-*"):
+            keys.update(tok.split(":")[0] for ln in part.read_text().splitlines() for tok in ln.split()[2:])
+        seen.append(keys)
+    first, last = seen[0], seen[-1]
+    assert len(first) <= 60 and len(last) <= 60  # 60 live feasigns at a time
+    assert not first & last  # 5 slots x 20 = 100 ranks later, every first-slot feasign has retired
+    later = set().union(*seen[1:])
+    assert len(set().union(*seen)) > 120 and first - later  # the vocabulary keeps growing; retired ones stay gone

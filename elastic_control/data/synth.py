@@ -143,11 +143,17 @@ def generate(
     """Write ``hours`` hours of synthetic data under ``output``; return a summary with the Bayes-optimal AUC.
 
     ``minutes`` (PASS_MINUTES) spreads each hour over sub-hour folders ``YYYYMMDD/HHMM``. ``drift`` makes
-    the vocabulary move: every slot (hour, or sub-hour slot) the Zipf popularity ranks shift by ``drift``
-    feasigns, so new feasigns become frequent and old ones fade away (what feature eviction is for).
+    the vocabulary move (what feature eviction is for): every slot (hour, or sub-hour slot) the Zipf
+    popularity ranks shift by ``drift`` feasigns along a stream of feasigns, ``vocab`` of them live at a
+    time: fresh feasigns enter at the tail and become frequent, and the head's feasigns retire (never seen
+    again), so the set of feasigns ever seen keeps growing as in live click logs.
     """
     from elastic_control.metrics import auc as auc_of
 
+    window = int(model_options.get("vocab", DEFAULT_VOCAB))
+    if drift:  # room for every feasign that enters the window during the run
+        total_slots = hours * len(hour_slots(start, minutes))
+        model_options = {**model_options, "vocab": window + int(np.ceil(total_slots * drift)) + 1}
     model = build_planted_model(slots, seed, **model_options)
     all_prob, all_click = [], []
     index = 0
@@ -158,7 +164,7 @@ def generate(
         if drift:
             chunks = []
             for i in range(len(starts)):
-                moved = _drifted(model, int((index + i) * drift))
+                moved = _drifted(model, int((index + i) * drift), window)
                 n = len(split_hour(list(range(lines_per_hour)), minutes)[i])
                 chunks.append(sample_lines(moved, n, rng))
             lines = [ln for c in chunks for ln in c[0]]
@@ -191,11 +197,16 @@ def generate(
     }
 
 
-def _drifted(model: PlantedModel, shift: int) -> PlantedModel:
-    """The planted model with every slot's popularity ranks moved ``shift`` feasigns along its vocabulary."""
-    if not shift:
-        return model
-    return dataclasses.replace(model, popularity=tuple(np.roll(p, shift) for p in model.popularity))
+def _drifted(model: PlantedModel, shift: int, window: int) -> PlantedModel:
+    """The planted model with ``window`` live feasigns per slot starting at ``shift``: rank r is feasign
+    ``shift + r`` (Zipf over the window); feasigns before ``shift`` have retired, those after it are unborn."""
+    popularity = []
+    for p in model.popularity:
+        z = p[:window] / p[:window].sum()  # p is Zipf over ranks: its first entries are Zipf over the window
+        moved = np.zeros_like(p)
+        moved[shift : shift + window] = z
+        popularity.append(moved)
+    return dataclasses.replace(model, popularity=tuple(popularity))
 
 
 def read_truth(hour_folder: str | Path) -> tuple[list[str], np.ndarray]:
