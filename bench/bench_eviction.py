@@ -4,12 +4,13 @@
     .venv/bin/python bench/bench_eviction.py --quick    # 12 passes of 5 minutes, smaller slots
 
 The real trainer (``elastic-control train``, real pserver) on synthetic data whose
-vocabulary drifts (``data synth --drift``: every 5-minute slot the Zipf popularity ranks move by DRIFT
-feasigns, so new feasigns become frequent and old ones fade away, as in live click logs), laid out in
-sub-hour folders (``PASS_MINUTES=5``) and trained as delta passes (``DELTA_PASSES=1``), is run:
+vocabulary drifts (``data synth --drift``: VOCAB live feasigns per slot at a time, the Zipf popularity
+ranks moving DRIFT feasigns along a stream of feasigns every 5-minute slot: fresh ones enter at the tail
+and climb, the head's retire for good, so the feasigns ever seen keep growing as in live click logs),
+laid out in sub-hour folders (``PASS_MINUTES=5``) and trained as delta passes (``DELTA_PASSES=1``), is run:
 
-- with ``EVICT_AFTER_PASSES=N`` (feasigns not pushed for N passes are removed from the pservers and appear
-  as deletes in the next delta);
+- with ``EVICT_AFTER_PASSES=N`` (default: half the passes; feasigns not pushed for N passes are removed
+  from the pservers and appear as deletes in the next delta);
 - without eviction (the peer), the same data, twice in the full run: the difference between those two
   runs is the run-to-run noise of asynchronous training (random initial embeddings), the floor any
   comparison of AUCs stands on.
@@ -76,12 +77,15 @@ def main() -> None:
     ap.add_argument(
         "--repeat", action="store_true", help="run the peer twice (the run-to-run noise); always on in a full run"
     )
-    ap.add_argument("--evict-after", type=int, default=3, help="EVICT_AFTER_PASSES of the eviction run")
+    ap.add_argument(
+        "--evict-after", type=int, default=None, help="EVICT_AFTER_PASSES of the eviction run (default: passes / 2)"
+    )
     ap.add_argument("--drift", type=float, default=25.0, help="popularity ranks moved per 5-minute slot")
-    ap.add_argument("--vocab", type=int, default=3000, help="feasigns per slot")
+    ap.add_argument("--vocab", type=int, default=3000, help="live feasigns per slot at a time")
     args = ap.parse_args()
     hours = 1 if args.quick else 2
     lines_per_hour = 24_000 if args.quick else 48_000  # 2000 / 4000 lines per 5-minute pass
+    evict_after = args.evict_after or hours * 60 // MINUTES // 2
     with tempfile.TemporaryDirectory(prefix="bench-eviction-") as tmp:
         root = Path(tmp)
         data = root / "data"
@@ -100,11 +104,12 @@ def main() -> None:
         labels = np.array([int(ln.split()[1]) for ln in lines])
         print(
             f"data: {summary['lines']} lines, {len(SLOTS)} slots x {args.vocab} feasigns, drift {args.drift:g} "
-            f"ranks per {MINUTES}-minute slot; {hours * 60 // MINUTES} training passes; held out: the next "
-            f"hour ({len(lines)} lines, Bayes-optimal AUC {auc(labels, truth):.4f})",
+            f"ranks per {MINUTES}-minute slot; {hours * 60 // MINUTES} training passes, "
+            f"EVICT_AFTER_PASSES={evict_after}; held out: the next hour ({len(lines)} lines, "
+            f"Bayes-optimal AUC {auc(labels, truth):.4f})",
             flush=True,
         )
-        runs = [run(root, data, "evict", hours, args.evict_after), run(root, data, "keep", hours, None)]
+        runs = [run(root, data, "evict", hours, evict_after), run(root, data, "keep", hours, None)]
         if args.repeat or not args.quick:
             runs.append(run(root, data, "keep-again", hours, None))
         for r in runs:
