@@ -65,8 +65,7 @@ def test_delta_versions_amount_to_exactly_the_latest_delta_or_base(real_pass, tm
     m2 = build_version(pass_dir=tmp_path / "models" / D2, shards=2, output=cube)
     for m, parent, depth, rows, deleted in ((m1, BASE, 1, 30, 15), (m2, D1, 2, 34, 10)):
         assert (m["kind"], m["parent"], m["base"], m["depth"]) == ("delta", parent, BASE, depth)
-        # far fewer rows than the base (the session's product-trained pass: ~200 keys)
-        assert m["rows"] == rows and m["deleted"] == deleted and m["rows"] < n / 5
+        assert m["rows"] == rows and m["deleted"] == deleted and m["rows"] < n / 10  # far fewer rows
         assert set(m["files"]) == {"shard-0.arrow", "shard-1.arrow", "deleted-0.arrow", "deleted-1.arrow"}
         assert sum(e["rows"] for k, e in m["files"].items() if k.startswith("deleted")) == deleted
     rows = read_shard(cube / D2 / "shard-1.arrow")
@@ -184,11 +183,11 @@ def test_deltas_ship_alone_and_a_restarted_shard_catches_up_on_base_and_deltas(r
     assert t.poll_once() == BASE, t.last_error
     base_bytes = t.status()[1]["active"]["timings"]["shipped_bytes"]
     _check_answers(fleet.servers, passes, BASE)
-    passes.delta(D1, change=12, add=6, delete=9, seed=1)  # ~10% of the session pass's ~200 keys
+    passes.delta(D1, change=40, add=20, delete=30, seed=1)
     assert t.poll_once() == D1, t.last_error
     timings = t.status()[1]["active"]["timings"]
     assert timings["shipped"] == {"0": [D1], "1": [D1]}  # only the delta, on both shards
-    assert 0 < timings["shipped_bytes"] < base_bytes / 2, (timings["shipped_bytes"], base_bytes)
+    assert 0 < timings["shipped_bytes"] < base_bytes / 3
     _check_answers(fleet.servers, passes, D1)
     # Two deltas land before the transfer looks: D2 is built and shipped as part of D3's chain.
     passes.delta(D2, change=30, add=10, delete=20, seed=2, readd=5)
