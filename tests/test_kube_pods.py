@@ -114,6 +114,27 @@ def test_a_configuration_error_aborts_the_training_job_at_once(tmp_path):
     assert time.monotonic() - started < 120
 
 
+def test_an_offline_window_with_no_data_aborts_the_job_naming_the_fix(tmp_path):
+    """DATASET_PATH on the claim, but nothing copied there: the trainers would skip every hour and the job
+    would end Completed with no pass. The trainer's entry checks the window first (exit 2: AbortJob)."""
+    manifests = render_small(
+        tmp_path,
+        "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n"
+        'export DATASET_PATH="/var/lib/elastic-ctr/data"\n',
+    )
+    import yaml
+
+    docs = [d for p in sorted(manifests.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    keep = [d for d in docs if d["kind"] in ("ConfigMap", "Secret") or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
+    with Cluster(keep, tmp_path / "cluster") as harness:
+        job = harness.jobs[JOB]
+        harness.wait(lambda: job.phase in ("Aborted", "Failed", "Completed"), timeout=180, what="the job ended")
+        assert job.phase == "Aborted" and job.retry_count == 0, job.events
+        logs = "".join(harness.log(p) for p in job.pods.values() if p.task == "trainer")
+        assert "no complete hour in 20191221/00..20191221/01 under DATASET_PATH /var/lib/elastic-ctr/data" in logs
+        assert "so training would write no pass" in logs
+
+
 def ready(cluster, component: str, count: int = 1) -> bool:
     pods = [p for p in cluster.component(component) if not p.terminating]
     return len(pods) >= count and all(cluster.is_ready(p) for p in pods)
