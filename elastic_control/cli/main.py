@@ -190,6 +190,7 @@ def cli(
     max_retry,
     image_pull_policy,
     image_pull_secrets,
+    data_secrets,
     pod_overlay,
     state_dir,
 ):
@@ -227,6 +228,7 @@ def cli(
                 "max_retry": max_retry,
                 "image_pull_policy": image_pull_policy,
                 "image_pull_secrets": tuple(image_pull_secrets),
+                "data_secrets": tuple(data_secrets),
                 "pod_overlay": pod_overlay,
             },
         )

@@ -20,8 +20,9 @@ from elastic_control.training.model import LABEL_INPUT, slot_input_name
 _END = object()
 
 
-def make_feed(paddle, batch: LineBatch, slots, sparse_dim: int | None, place) -> dict:
-    """Feed dict: one int64 LoD tensor per slot (padding rule of sample.slot_keys) and the click labels."""
+def make_feed(paddle, batch: LineBatch, slots, sparse_dim: int | None, place, admission=None) -> dict:
+    """Feed dict: one int64 LoD tensor per slot (padding rule of sample.slot_keys) and the click labels;
+    with ``admission`` (training/admission.py) also each slot's 0/1 admission mask, same LoD."""
     core = paddle.base.core
     feed = {}
     for slot, (keys, lengths) in zip(slots, batch_slot_keys(batch, slots, sparse_dim), strict=True):
@@ -29,6 +30,13 @@ def make_feed(paddle, batch: LineBatch, slots, sparse_dim: int | None, place) ->
         t.set(keys_to_paddle_ids(keys).reshape(-1, 1), place)
         t.set_recursive_sequence_lengths([lengths.tolist()])
         feed[slot_input_name(slot)] = t
+        if admission is not None:
+            from elastic_control.training.admission import mask_input_name
+
+            m = core.LoDTensor()
+            m.set(admission.values(keys), place)
+            m.set_recursive_sequence_lengths([lengths.tolist()])
+            feed[mask_input_name(slot)] = m
     feed[LABEL_INPUT] = batch.clicks.astype(np.float32).reshape(-1, 1)
     return feed
 

@@ -91,20 +91,26 @@ def dense_param_names(hidden) -> list[str]:
     return names + ["logit.w", "logit.b"]
 
 
-def build_training_net(paddle, spec: ModelSpec) -> TrainingNet:
-    """Build the training net in the default programs and the dense inference program beside it."""
+def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> TrainingNet:
+    """Build the training net in the default programs and the dense inference program beside it.
+
+    ``embedding_hook(slot, emb) -> emb`` rewrites each slot's looked-up embeddings before pooling
+    (feature admission's mask, training/admission.py).
+    """
     slot_inputs = [
         paddle.static.data(name=slot_input_name(s), shape=[-1, 1], dtype="int64", lod_level=1) for s in spec.slots
     ]
     label = paddle.static.data(name=LABEL_INPUT, shape=[-1, 1], dtype="float32")
     init = paddle.nn.initializer.Uniform(-0.01, 0.01)
     pooled = []
-    for x in slot_inputs:
+    for slot, x in zip(spec.slots, slot_inputs, strict=True):
         emb = paddle.static.nn.sparse_embedding(
             input=x,
             size=[1024, spec.embedding_dim],
             param_attr=paddle.ParamAttr(name=SPARSE_TABLE_NAME, initializer=init),
         )
+        if embedding_hook is not None:
+            emb = embedding_hook(slot, emb)
         pooled.append(paddle.static.nn.sequence_lod.sequence_pool(emb, pool_type="sum"))
     logit = _dense_tower(paddle, paddle.concat(pooled, axis=1), spec.hidden)
     prob = paddle.nn.functional.sigmoid(logit)
@@ -126,11 +132,13 @@ SPARSE_ACCESSOR = "SparseAccessor"
 SPARSE_RULE = "SparseAdamSGDRule"
 
 
-def make_strategy(fleet, *, sparse_learning_rate: float, shards: int = SPARSE_SHARDS):
+def make_strategy(fleet, *, sparse_learning_rate: float, shards: int = SPARSE_SHARDS, accessor: dict | None = None):
     """Fully asynchronous parameter-server training (the original's setting), table layout pinned.
 
     The accessor and the sparse optimizer rule decide the saved table's columns
     (pass_format.SparseLayout), so they are set explicitly, not left to defaults.
+    ``accessor`` adds accessor settings (``{"ctr_accessor_param.delta_threshold": ...}``: the
+    incremental export's, training/delta_export.py).
     """
     strategy = fleet.DistributedStrategy()
     strategy.a_sync = True
@@ -146,6 +154,7 @@ def make_strategy(fleet, *, sparse_learning_rate: float, shards: int = SPARSE_SH
             # with their own, larger rate than the dense tower's Adam.
             f"{prefix}.accessor.embed_sgd_param.adam.learning_rate": sparse_learning_rate,
             f"{prefix}.accessor.embedx_sgd_param.adam.learning_rate": sparse_learning_rate,
+            **{f"{prefix}.accessor.{k}": v for k, v in (accessor or {}).items()},
         }
     }
     return strategy
