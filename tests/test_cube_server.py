@@ -44,6 +44,11 @@ def test_every_key_of_a_real_paddle_table_comes_back_exactly(real_pass, tmp_path
             got, found, version = client.lookup(keys[perm])
             assert version == info.name and found.all()
             np.testing.assert_array_equal(got, values[perm])  # bit-exact, in input order
+            for shard in (0, 1):  # keys of one shard only: the calling thread asks that shard itself
+                mine = perm[keys[perm] % np.uint64(2) == shard][:50]
+                got, found, _ = client.lookup(keys[mine])
+                assert found.all()
+                np.testing.assert_array_equal(got, values[mine])
             missing = np.array([1, 2, 3, 2**64 - 1], dtype=np.uint64)
             missing = missing[~np.isin(missing, keys)]
             before = _metric(u0, "cube_lookup_misses_total") + _metric(u1, "cube_lookup_misses_total")
@@ -205,4 +210,7 @@ def test_client_errors_are_clear_and_bounded_in_time(tmp_path):
         assert time.monotonic() - t0 < 5
     with pytest.raises(CubeUnavailableError, match="unreachable"):
         CubeClient([f"http://127.0.0.1:{port}"], timeout=0.5).lookup(np.arange(3, dtype=np.uint64))
+    # two shards, both unreachable: whichever the calling thread or the pool asks, the lookup fails clearly
+    with pytest.raises(CubeUnavailableError, match="unreachable"):
+        CubeClient([f"http://127.0.0.1:{port}"] * 2, timeout=0.5).lookup(np.arange(4, dtype=np.uint64))
     assert issubclass(CubeVersionError, CubeUnavailableError)
