@@ -322,3 +322,11 @@ def test_serve_refuses_bad_flags_in_one_line(tmp_path, flags, words):
         timeout=120,
     )
     assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_batcher_that_never_started_stops_cleanly():
+    """A start-up failure (e.g. the gRPC front end failing to import) stops the app before its workers started:
+    stop() must not raise over the real error."""
+    from elastic_control.serving.batcher import Batcher
+
+    Batcher(app=None, workers=2).stop()

@@ -199,7 +199,8 @@ class Batcher:
         with self._cond:
             self._cond.notify_all()
         for w in self._workers:
-            w.thread.join(5)
+            if w.thread.ident is not None:  # a start-up failure stops workers that never started
+                w.thread.join(5)
 
     # ---- per-worker tasks -----------------------------------------------------------------
     def _on_every_worker(self, make_task: Callable[[_Worker], Callable[[], object]], timeout: float) -> list:
