@@ -28,7 +28,13 @@ KNOWN_KEYS = (
     "ONLINE",
     "MODEL_PATH",
     "MAX_BAD_LINE_FRACTION",
+    "MODEL",
+    "EPOCHS",
+    "EARLY_STOP",
 )
+# MODEL= choices (elastic_control.training.families.FAMILIES; kept here so parsing imports no training code).
+MODEL_FAMILIES = ("dnn", "wide_deep", "deepfm", "dcn")
+MAX_EPOCHS = 1000
 REQUIRED_KEYS = ("START_DATE_HR", "END_DATE_HR", "DATASET_PATH")
 DATE_HR_FORMAT = "%Y%m%d/%H"
 
@@ -48,6 +54,9 @@ class DataConfig:
     online: bool = False
     model_path: str | None = None
     max_bad_line_fraction: float = 0.01
+    model: str | None = None  # MODEL: the model family; None = the trainer's default
+    epochs: int | str | None = None  # EPOCHS: passes over each pass's data, or "auto"; None = the default
+    early_stop: bool | None = None  # EARLY_STOP: stop a pass's epochs when held-out log loss rises
     source: str = "data.config"
     values: Mapping[str, str] = field(default_factory=dict)
 
@@ -211,6 +220,21 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
                 line=lines["MAX_BAD_LINE_FRACTION"],
             ) from None
 
+    model = values.get("MODEL") or None
+    if model is not None and model not in MODEL_FAMILIES:
+        close = difflib.get_close_matches(model, MODEL_FAMILIES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"MODEL={model!r} is not a model family (one of {', '.join(MODEL_FAMILIES)}){hint}",
+            path=source,
+            line=lines["MODEL"],
+        )
+    epochs = parse_epochs(values["EPOCHS"], source=source, line=lines["EPOCHS"]) if values.get("EPOCHS") else None
+    early_raw = (values.get("EARLY_STOP") or "").lower()
+    if early_raw not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise ConfigError(f"EARLY_STOP={early_raw!r} must be 0 or 1", path=source, line=lines["EARLY_STOP"])
+    early_stop = None if not early_raw else early_raw in ("1", "true", "yes")
+
     return DataConfig(
         start=start,
         end=end,
@@ -222,9 +246,29 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
         online=online_raw.lower() in ("1", "true", "yes"),
         model_path=values.get("MODEL_PATH") or None,
         max_bad_line_fraction=fraction,
+        model=model,
+        epochs=epochs,
+        early_stop=early_stop,
         source=source,
         values=dict(values),
     )
+
+
+def parse_epochs(text: str, *, source: str = "data.config", line: int | None = None, key: str = "EPOCHS") -> int | str:
+    """EPOCHS: a whole number of epochs per pass (1..MAX_EPOCHS) or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+        if not 1 <= n <= MAX_EPOCHS:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            f"{key}={text!r} must be 'auto' or a whole number of epochs per pass in 1..{MAX_EPOCHS}",
+            path=source,
+            line=line,
+        ) from None
+    return n
 
 
 def load_data_config(path: str | Path, env: Mapping[str, str] | None = None) -> DataConfig:

@@ -60,19 +60,13 @@ def run_pserver(settings: RoleSettings) -> None:
     import paddle
     import paddle.distributed.fleet as fleet
 
-    from elastic_control.training.model import ModelSpec, build_training_net, make_strategy
+    from elastic_control.training.model import build_training_net, make_strategy
 
     paddle.enable_static()
     fleet.init(is_collective=False)
-    spec = ModelSpec(
-        settings.slot_conf.slots,
-        settings.hyper.embedding_dim,
-        learning_rate=settings.hyper.learning_rate,
-        sparse_dim=settings.data_config.sparse_dim,
-        sparse_learning_rate=settings.hyper.sparse_learning_rate,
-    )
+    spec = settings.model_spec()
     net = build_training_net(paddle, spec)
-    strategy = make_strategy(fleet, sparse_learning_rate=spec.sparse_learning_rate)
+    strategy = make_strategy(fleet, spec)
     fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), strategy).minimize(net.loss)
     if start.get("last_pass"):
         sparse_dir = os.path.join(start["last_pass_dir"], "sparse")

@@ -9,17 +9,35 @@ from ctr_foundation import env_vars
 from ctr_foundation.errors import ConfigError
 from elastic_control.config.data_config import DataConfig, load_data_config
 from elastic_control.config.slot_conf import SlotConf, load_slot_conf
-from elastic_control.training.model import DEFAULT_EMBEDDING_DIM
+from elastic_control.training.model import DEFAULT_EMBEDDING_DIM, DEFAULT_HIDDEN, ModelSpec
+
+DEFAULT_MODEL = "dnn"
+DEFAULT_EPOCHS: int | str = 1
 
 
 @dataclass(frozen=True)
 class Hyperparameters:
+    model: str | None = None  # None: MODEL of data.config, else DEFAULT_MODEL
+    epochs: int | str | None = None  # None: EPOCHS of data.config, else DEFAULT_EPOCHS; "auto": see min_steps
+    min_steps_per_pass: int = 1000  # EPOCHS=auto: epochs enough for this many steps per trainer per pass
+    max_epochs: int = 20  # EPOCHS=auto: at most this many
+    early_stop: bool | None = None  # None: EARLY_STOP of data.config, else off
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
+    hidden: tuple[int, ...] = DEFAULT_HIDDEN
     # 128, not 512: one hour of data is one pass, and the MLP needs optimizer steps more than big
     # batches (synthetic held-out AUC 0.801 at 128, 0.795-0.800 at 256, 0.777 at 512; Bayes 0.818).
     batch_size: int = 128
     learning_rate: float = 1e-3  # dense tower (Adam on the pservers)
     sparse_learning_rate: float = 0.02  # embeddings (sparse Adam rule on the pservers)
+    wide_learning_rate: float = 0.02  # embed_w: the per-key wide weight of the wide families
+    sparse_optimizer: str = "adam"  # embedx_w's rule on the pservers: adam | adagrad
+    wide_optimizer: str = "adam"  # embed_w's rule
+    l2_embedding: float = 0.0  # L2 per key occurrence on embedx_w (dnn: on the whole row)
+    l2_wide: float = 0.0  # L2 per key occurrence on embed_w (wide families)
+    cross_layers: int = 2  # dcn
+    cross_rank: int = 16  # dcn: rank of each cross layer's weight
+    shuffle_lines: int = 0  # shuffle each trainer's lines within windows of this many (0: file order)
+    holdout_lines: int = 2048  # trainer 0's held-out lines per pass (metrics, early stop; golden ones first)
     log_every: int = 50  # steps between progress lines and MLflow step metrics
     golden_lines: int = 256  # held-out lines per pass scored into golden.jsonl
     golden_stride: int = 20  # trainer 0 holds out every Nth line of its share until it has enough
@@ -28,7 +46,9 @@ class Hyperparameters:
     poll_seconds: float = 10.0
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["hidden"] = list(self.hidden)
+        return out
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,41 @@ class RoleSettings:
     @property
     def is_chief(self) -> bool:
         return self.role == "TRAINER" and self.trainer_id == 0
+
+    @property
+    def model_family(self) -> str:
+        """The flag, else data.config's MODEL, else the default."""
+        return self.hyper.model or self.data_config.model or DEFAULT_MODEL
+
+    @property
+    def epochs(self) -> int | str:
+        return self.hyper.epochs or self.data_config.epochs or DEFAULT_EPOCHS
+
+    @property
+    def early_stop(self) -> bool:
+        if self.hyper.early_stop is not None:
+            return self.hyper.early_stop
+        return bool(self.data_config.early_stop)
+
+    def model_spec(self) -> ModelSpec:
+        """The network every role builds (pservers and trainers must build the same one)."""
+        h = self.hyper
+        return ModelSpec(
+            tuple(self.slot_conf.slots),
+            h.embedding_dim,
+            hidden=tuple(h.hidden),
+            learning_rate=h.learning_rate,
+            sparse_dim=self.data_config.sparse_dim,
+            sparse_learning_rate=h.sparse_learning_rate,
+            family=self.model_family,
+            wide_learning_rate=h.wide_learning_rate,
+            sparse_optimizer=h.sparse_optimizer,
+            wide_optimizer=h.wide_optimizer,
+            l2_embedding=h.l2_embedding,
+            l2_wide=h.l2_wide,
+            cross_layers=h.cross_layers,
+            cross_rank=h.cross_rank,
+        )
 
 
 def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings:
