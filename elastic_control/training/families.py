@@ -45,6 +45,7 @@ class FamilySpec:
     hidden: tuple[int, ...]
     cross_layers: int = 2
     cross_rank: int = 16
+    dense_l2: float = 0.0  # L2 (weight decay) on the dense weights, applied by the optimizer
 
     @property
     def has_wide(self) -> bool:
@@ -84,22 +85,27 @@ _EMBEDDING_USE = {
 }
 
 
-def _fc(paddle, x, width, name, *, activation=None, std=None):
+def _weight_attr(paddle, name, init, spec: FamilySpec):
+    regularizer = paddle.regularizer.L2Decay(spec.dense_l2) if spec.dense_l2 else None
+    return paddle.ParamAttr(name=name, initializer=init, regularizer=regularizer)
+
+
+def _fc(paddle, x, width, name, spec: FamilySpec, *, activation=None, std=None):
     fan_in = x.shape[-1]
     init = paddle.nn.initializer.Normal(std=std if std is not None else 1.0 / math.sqrt(fan_in))
     return paddle.static.nn.fc(
         x,
         width,
         activation=activation,
-        weight_attr=paddle.ParamAttr(name=f"{name}.w", initializer=init),
+        weight_attr=_weight_attr(paddle, f"{name}.w", init, spec),
         bias_attr=paddle.ParamAttr(name=f"{name}.b", initializer=paddle.nn.initializer.Constant(0.0)),
     )
 
 
-def _mlp(paddle, x, hidden):
+def _mlp(paddle, x, spec: FamilySpec):
     h = x
-    for i, width in enumerate(hidden):
-        h = _fc(paddle, h, width, f"fc{i}", activation="relu")
+    for i, width in enumerate(spec.hidden):
+        h = _fc(paddle, h, width, f"fc{i}", spec, activation="relu")
     return h
 
 
@@ -118,14 +124,14 @@ def dense_logit(paddle, x, spec: FamilySpec, *, bias_init: float = 0.0):
         flat = paddle.reshape(emb, [-1, s * (w - 1)])
     else:
         wide, emb, flat = None, None, x
-    parts = [_mlp(paddle, flat, spec.hidden)] if spec.hidden else []
+    parts = [_mlp(paddle, flat, spec)] if spec.hidden else []
     if spec.family == "dcn":
         parts.append(_cross_network(paddle, flat, spec))
     head = paddle.concat(parts, axis=1) if len(parts) > 1 else (parts[0] if parts else flat)
     logit = paddle.static.nn.fc(
         head,
         1,
-        weight_attr=paddle.ParamAttr(name="logit.w", initializer=paddle.nn.initializer.Normal(std=OUTPUT_INIT_STD)),
+        weight_attr=_weight_attr(paddle, "logit.w", paddle.nn.initializer.Normal(std=OUTPUT_INIT_STD), spec),
         bias_attr=paddle.ParamAttr(name="logit.b", initializer=paddle.nn.initializer.Constant(bias_init)),
     )
     if wide is not None:
@@ -149,12 +155,10 @@ def _cross_network(paddle, x0, spec: FamilySpec):
         low = paddle.static.nn.fc(
             xl,
             spec.cross_rank,
-            weight_attr=paddle.ParamAttr(
-                name=f"cross{i}.v", initializer=paddle.nn.initializer.Normal(std=1.0 / math.sqrt(d))
-            ),
+            weight_attr=_weight_attr(paddle, f"cross{i}.v", paddle.nn.initializer.Normal(std=1.0 / math.sqrt(d)), spec),
             bias_attr=False,
         )
-        up = _fc(paddle, low, d, f"cross{i}.u", std=1.0 / math.sqrt(spec.cross_rank))
+        up = _fc(paddle, low, d, f"cross{i}.u", spec, std=1.0 / math.sqrt(spec.cross_rank))
         xl = x0 * up + xl
     return xl
 

@@ -52,11 +52,18 @@ class ModelSpec:
     l2_wide: float = 0.0  # the same on embed_w (wide families)
     cross_layers: int = 2
     cross_rank: int = 16
+    dense_l2: float = 0.0  # weight decay of the dense weights
 
     @property
     def family_spec(self) -> FamilySpec:
         return FamilySpec(
-            self.family, len(self.slots), self.embedding_dim, self.hidden, self.cross_layers, self.cross_rank
+            self.family,
+            len(self.slots),
+            self.embedding_dim,
+            self.hidden,
+            self.cross_layers,
+            self.cross_rank,
+            self.dense_l2,
         )
 
     def to_json(self) -> dict:
@@ -72,6 +79,7 @@ class ModelSpec:
             "wide_optimizer": self.wide_optimizer,
             "l2_embedding": self.l2_embedding,
             "l2_wide": self.l2_wide,
+            "dense_l2": self.dense_l2,
             "sparse_dim": self.sparse_dim,
             **({"cross_layers": self.cross_layers, "cross_rank": self.cross_rank} if self.family == "dcn" else {}),
         }

@@ -34,6 +34,7 @@ class Hyperparameters:
     wide_optimizer: str = "adam"  # embed_w's rule
     l2_embedding: float = 0.0  # L2 per key occurrence on embedx_w (dnn: on the whole row)
     l2_wide: float = 0.0  # L2 per key occurrence on embed_w (wide families)
+    dense_l2: float = 0.0  # weight decay of the dense weights (MLP, cross layers, output)
     cross_layers: int = 2  # dcn
     cross_rank: int = 16  # dcn: rank of each cross layer's weight
     shuffle_lines: int = 0  # shuffle each trainer's lines within windows of this many (0: file order)
@@ -103,6 +104,7 @@ class RoleSettings:
             wide_optimizer=h.wide_optimizer,
             l2_embedding=h.l2_embedding,
             l2_wide=h.l2_wide,
+            dense_l2=h.dense_l2,
             cross_layers=h.cross_layers,
             cross_rank=h.cross_rank,
         )
