@@ -47,16 +47,12 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench_support import free_port  # noqa: E402
+
 from cube.shard_format import write_shard  # noqa: E402
 
 DIM = 9
 MISS_FRACTION = 0.10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

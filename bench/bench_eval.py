@@ -25,6 +25,7 @@ vs all cores; the peer is the shared per-line path (scoring.batch_from_lines
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import multiprocessing as mp
 import os
 import sys
@@ -37,11 +38,10 @@ import pyarrow  # noqa: F401  (before paddle)
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from elastic_control.evaluation.grouped import GroupTotals, group_bucket, group_totals  # noqa: E402
-from elastic_control.evaluation.metrics import CountsBuilder, merge_counts, summarize  # noqa: E402
+from elastic_control.metrics import CountsBuilder, merge_counts, summarize  # noqa: E402
 
 K = 10
 CHUNK = 1_000_000
@@ -213,28 +213,24 @@ def bench_metrics(n: int, workers: int) -> None:
 
 
 def bench_scoring(lines: int, workers: int) -> None:
-    import helpers_eval as h
+    from bench_support import START, train, write_job
 
+    from elastic_control.data.hourly_writer import hour_dir
+    from elastic_control.data.synth import generate, read_truth
     from elastic_control.evaluation.parallel import evaluate
     from elastic_control.evaluation.shares import EvalSpec
 
     print(f"\n== scoring {lines:,} slot-format lines with a real pass (MLP 400-400-400), 1 vs {workers} workers")
     with tempfile.TemporaryDirectory(prefix="bench-eval-score-") as tmp:
         tmp = Path(tmp)
-        model = h.PlantedModel()
+        slots = (1, 2, 3, 4)
+        generate(tmp / "synth", slots=slots, hours=2, lines_per_hour=max(4000, min(lines, 50_000)), seed=1, start=START)
         t0 = time.perf_counter()
-        pass_dir = h.train_pass(
-            tmp / "models" / "pass-20200101-00",
-            model.lines(4000, 1),
-            model.lines(100, 2),
-            epochs=1,
-            hidden="400,400,400",
-            timeout=600,
-        )
-        print(f"(fixture pass trained in {time.perf_counter() - t0:.0f}s)")
-        block = model.lines(min(lines, 50_000), 3)
+        pass_dir = train(*write_job(tmp / "job", data=tmp / "synth", slots=slots, start=START, hours=1))[-1]
+        print(f"(pass trained by elastic-control train in {time.perf_counter() - t0:.0f}s)")
+        block, _truth = read_truth(hour_dir(tmp / "synth", START + dt.timedelta(hours=1)))
         files, per_file = 4, lines // 4
-        d = tmp / "data" / "20200101" / "01"
+        d = hour_dir(tmp / "data", START + dt.timedelta(hours=1))
         d.mkdir(parents=True)
         for i in range(files):
             with open(d / f"part-{i:05d}", "w") as f:
@@ -244,7 +240,11 @@ def bench_scoring(lines: int, workers: int) -> None:
                     f.write("\n".join(take) + "\n")
                     written += len(take)
         (d / "donefile").write_text("")
-        cfg = h.write_data_config(tmp / "data.config", tmp / "data", "20200101/01", "20200101/01")
+        hour = f"{START + dt.timedelta(hours=1):%Y%m%d/%H}"
+        cfg = tmp / "data.config"
+        cfg.write_text(
+            f'export START_DATE_HR="{hour}"\nexport END_DATE_HR="{hour}"\nexport DATASET_PATH="{tmp / "data"}"\n'
+        )
         results = {}
         for w in (1, workers):
             spec = EvalSpec.create(model=pass_dir, data_config=cfg, shares=w)

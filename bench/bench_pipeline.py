@@ -39,19 +39,15 @@ def main() -> None:
     )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pipeline-"))
 
-    from ctr_foundation.names import StateFolder
     from ctr_foundation.records import read_donefile
     from elastic_control import api
     from elastic_control.demo.run import predict_through_client, run_demo
-    from elastic_control.local import runtime as rt
 
     print(f"pipeline benchmark: {size} in {workdir}", flush=True)
     report = run_demo(workdir=str(workdir), keep=True, criteo=args.criteo, timeout=1500, **size)
     state = Path(report.state_dir)
     try:
-        layout = StateFolder.of(state)
-        record = rt.read_runtime(layout) or {}
-        job = record.get("job") or {}
+        job = api.attach(state_dir=str(state)).status(probe=False).training
         entries = read_donefile(workdir / "models")
         rows = []
         previous = job.get("started_at")

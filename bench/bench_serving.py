@@ -32,18 +32,19 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import mlflow  # noqa: E402,F401
 import pyarrow  # noqa: E402,F401  (before paddle)
 
-from helpers_serving import (  # noqa: E402  (bench still borrows test helpers; issue 10 removes this)
+from bench_support import (  # noqa: E402
     PYTHON,
+    criteo_pass,
     cube_servers,
     fileserver_in_thread,
     free_port,
     golden,
-    process,  # noqa: E402
+    process,
     publish_version,
     wait_healthy,
 )
@@ -104,43 +105,6 @@ def load(port: int, path: str, bodies: list[bytes], concurrency: int, seconds: f
     }
 
 
-def train_product_pass(work: Path, lines: int) -> Path:
-    """`elastic-control data criteo` + `elastic-control train` (1 pserver, 1 trainer) on real Criteo lines."""
-    import subprocess
-
-    from helpers_serving import CRITEO, CRITEO_SLOTS
-
-    if not CRITEO.exists():
-        raise SystemExit(f"real Criteo lines not found at {CRITEO}; pass --pass PASS_DIR")
-    print(f"training a pass on {lines} real Criteo lines (elastic-control data criteo + train)...", file=sys.stderr)
-    with open(CRITEO, encoding="utf-8") as f, open(work / "raw.txt", "w") as out:
-        for _ in range(lines):
-            out.write(next(f))
-    (work / "slot.conf").write_text("\n".join(map(str, CRITEO_SLOTS)) + "\n")
-    (work / "data.config").write_text(
-        f"export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\n"
-        f'export DATASET_PATH="{work / "data"}"\nexport MODEL_PATH="{work / "models"}"\n'
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
-    for cmd in (
-        [
-            "data",
-            "criteo",
-            "--input",
-            str(work / "raw.txt"),
-            "--output",
-            str(work / "data"),
-            "--hours",
-            "1",
-            "--start",
-            "20200101/00",
-        ],
-        ["train", "-f", str(work / "data.config"), "-s", str(work / "slot.conf"), "-t", "1", "-p", "1"],
-    ):
-        subprocess.run([PYTHON, "-m", "elastic_control", *cmd], check=True, env=env, stdout=subprocess.DEVNULL)
-    return work / "models" / "pass-20200101-00"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (1.5 s per point instead of 6 s)")
@@ -153,7 +117,7 @@ def main():
     if args.pass_dir:
         pass_dir = Path(args.pass_dir)
     else:
-        pass_dir = train_product_pass(work, lines=5000 if args.quick else 20000)
+        pass_dir = criteo_pass(work / "train", lines=5000 if args.quick else 20000)
     lines, probs = golden(pass_dir)
     fs_root = work / "fs"
     publish_version(fs_root, pass_dir, shards=args.shards)
@@ -234,8 +198,8 @@ def main():
                 break
             time.sleep(0.2)
         got_m = post(conn_m, "/invocations", mlflow_body(lines[:32]))["predictions"]
-        diff_s = float(np.max(np.abs(np.array(got_s) - probs[:32])))
-        diff_m = float(np.max(np.abs(np.array(got_m) - probs[:32])))
+        diff_s = float(np.max(np.abs(np.array(got_s) - np.array(probs[:32]))))
+        diff_m = float(np.max(np.abs(np.array(got_m) - np.array(probs[:32]))))
         print(f"max |prediction - golden| over 32 lines: ElasticCTR {diff_s:.2e}, MLflow {diff_m:.2e}")
         assert diff_s < 1e-5 and diff_m < 1e-5
 

@@ -25,18 +25,16 @@ from pathlib import Path
 
 import pyarrow  # noqa: F401  (before paddle, imported by the scoring helpers)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-import helpers_train as H  # noqa: E402
+import bench_support as B  # noqa: E402
 import numpy as np  # noqa: E402
 
 from elastic_control.data.hourly_writer import hour_dir  # noqa: E402
 from elastic_control.data.synth import generate, read_truth  # noqa: E402
-from elastic_control.training.cli import hyperparameter_args  # noqa: E402
+from elastic_control.metrics import auc, log_loss  # noqa: E402
 from elastic_control.training.families import FAMILIES  # noqa: E402
-from elastic_control.training.metrics import auc, log_loss  # noqa: E402
-from elastic_control.training.settings import DEFAULT_MODEL, Hyperparameters  # noqa: E402
+from elastic_control.training.settings import DEFAULT_MODEL  # noqa: E402
 
 THROUGHPUT_SLOTS = tuple(range(1, 9))
 DEMO_SLOTS = tuple(range(1, 27))
@@ -44,14 +42,18 @@ CRITEO_SLOTS = tuple(range(1, 40))
 LR_GRID = (0.01, 0.03, 0.1, 0.3)
 
 
-def train(job, trainers: int, *, family: str | None = None):
-    """Train with the defaults (the family's MODEL in data.config); (TrainResult, mean examples/s of its passes)."""
+def train(job, trainers: int, *, family: str | None = None) -> tuple[Path, float]:
+    """`elastic-control train` with the defaults (or --model FAMILY); (the last pass, mean examples/s of its passes)."""
     from ctr_foundation.records import read_donefile
 
-    args = hyperparameter_args(Hyperparameters(model=family, log_every=1000))
-    result = H.run_training(job, trainers=trainers, args=args, timeout=7200)
-    rates = [e.metrics["examples_per_sec"] for e in read_donefile(job.models)]
-    return result, float(np.mean(rates))
+    args = ["--log-every", "1000"] + (["--model", family] if family else [])
+    passes = B.train(*job, trainers=trainers, args=args)
+    rates = [e.metrics["examples_per_sec"] for e in read_donefile(job[2])]
+    return passes[-1], float(np.mean(rates))
+
+
+def labels_of(lines: list[str]) -> np.ndarray:
+    return np.array([int(ln.split()[1]) for ln in lines])
 
 
 def parse_rate(path: Path) -> tuple[float, float]:
@@ -107,10 +109,8 @@ def logistic_regression(train_lines: list[str], test_lines: list[str]) -> tuple[
         return cols, ptr
 
     a, b = onehot(train_lines, True), onehot(test_lines, False)
-    x_train, x_test = (
-        sp.csr_matrix((np.ones(len(c)), c, p), shape=(len(p) - 1, len(vocab))) for c, p in (a, b)
-    )
-    y_train, y_test = H.labels_of(train_lines), H.labels_of(test_lines)
+    x_train, x_test = (sp.csr_matrix((np.ones(len(c)), c, p), shape=(len(p) - 1, len(vocab))) for c, p in (a, b))
+    y_train, y_test = labels_of(train_lines), labels_of(test_lines)
     out = {}
     for c in LR_GRID:
         p = LogisticRegression(C=c, max_iter=2000, solver="liblinear").fit(x_train, y_train).predict_proba(x_test)[:, 1]
@@ -126,12 +126,12 @@ def read_hour_lines(folder: Path) -> list[str]:
 def synthetic_gap(root: Path, lines: int) -> None:
     hours = 4
     data = root / "demo-data"
-    summary = generate(data, slots=DEMO_SLOTS, hours=hours + 1, lines_per_hour=lines, seed=7, start=H.START)
-    job = H.write_job(root / "demo-job", slots=DEMO_SLOTS, hours=hours, data=data)
-    result, _ = train(job, 2)
-    test_lines, truth = read_truth(hour_dir(data, H.START + dt.timedelta(hours=hours)))
-    labels = H.labels_of(test_lines)
-    probs = H.score_pass(job.models / result.passes[-1], test_lines)
+    summary = generate(data, slots=DEMO_SLOTS, hours=hours + 1, lines_per_hour=lines, seed=7, start=B.START)
+    job = B.write_job(root / "demo-job", data=data, slots=DEMO_SLOTS, start=B.START, hours=hours)
+    last, _ = train(job, 2)
+    test_lines, truth = read_truth(hour_dir(data, B.START + dt.timedelta(hours=hours)))
+    labels = labels_of(test_lines)
+    probs = B.score_pass(last, test_lines)
     ours, bayes = auc(labels, probs), auc(labels, truth)
     print(
         f"synthetic (the demo's data: {len(DEMO_SLOTS)} slots, {hours} x {lines} lines, CTR {summary['ctr']:.3f}), "
@@ -145,20 +145,20 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     from elastic_control.data.criteo import convert_file
 
     hours = 5
-    source = H.CRITEO_FILE
+    source = B.CRITEO_FILE
     if quick:  # the first 30k lines, same 4 + 1 split
         source = root / "criteo-prefix.txt"
-        with open(H.CRITEO_FILE, encoding="utf-8") as f, open(source, "w", encoding="utf-8") as out:
+        with open(B.CRITEO_FILE, encoding="utf-8") as f, open(source, "w", encoding="utf-8") as out:
             for _ in range(30_000):
                 out.write(next(f))
-    convert_file(source, root / "criteo", hours=hours, start=H.START)
+    convert_file(source, root / "criteo", hours=hours, start=B.START)
     train_lines = [
         ln
         for h in range(hours - 1)
-        for ln in read_hour_lines(hour_dir(root / "criteo", H.START + dt.timedelta(hours=h)))
+        for ln in read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=h)))
     ]
-    test_lines = read_hour_lines(hour_dir(root / "criteo", H.START + dt.timedelta(hours=hours - 1)))
-    labels = H.labels_of(test_lines)
+    test_lines = read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=hours - 1)))
+    labels = labels_of(test_lines)
     t = time.perf_counter()
     best_c, lr = logistic_regression(train_lines, test_lines)
     lr_auc, lr_loss, lr_cal = lr[best_c]
@@ -171,18 +171,17 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     )
     rows = []
     for family in families:
-        extra = f'export MODEL="{family}"\n'
         runs = {}
         for trainers in (1, 2):
-            job = H.write_job(
+            job = B.write_job(
                 root / f"criteo-{family}-t{trainers}",
-                slots=CRITEO_SLOTS,
-                hours=hours - 1,
                 data=root / "criteo",
-                extra=extra,
+                slots=CRITEO_SLOTS,
+                start=B.START,
+                hours=hours - 1,
             )
-            result, rate = train(job, trainers)
-            probs = H.score_pass(job.models / result.passes[-1], test_lines)
+            last, rate = train(job, trainers, family=family)
+            probs = B.score_pass(last, test_lines)
             runs[trainers] = (auc(labels, probs), log_loss(labels, probs), probs.mean() / labels.mean(), rate)
         a, ll, cal, rate2 = runs[2]
         rows.append((family, a, ll, cal, runs[1][3], rate2, runs[1][0]))
@@ -209,8 +208,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         root = Path(tmp)
         if not args.skip_throughput:
-            generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=H.START)
-            reader, bare = parse_rate(hour_dir(root / "data", H.START) / "part-00000")
+            generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=B.START)
+            reader, bare = parse_rate(hour_dir(root / "data", B.START) / "part-00000")
             print(
                 f"reader parse rate: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
                 f"(reader = {reader / bare:.2f}x of the limit)",
@@ -218,7 +217,9 @@ def main() -> None:
             )
             rates = {}
             for trainers in (1, 2):
-                job = H.write_job(root / f"t{trainers}", slots=THROUGHPUT_SLOTS, hours=hours, data=root / "data")
+                job = B.write_job(
+                    root / f"t{trainers}", data=root / "data", slots=THROUGHPUT_SLOTS, start=B.START, hours=hours
+                )
                 rates[trainers] = train(job, trainers)[1]
             print(
                 f"training throughput ({DEFAULT_MODEL}, synthetic {len(THROUGHPUT_SLOTS)} slots, {hours} x {lines} "
@@ -227,8 +228,8 @@ def main() -> None:
                 flush=True,
             )
         synthetic_gap(root, lines)
-        if not H.CRITEO_FILE.exists():
-            print(f"Criteo comparison skipped: {H.CRITEO_FILE} not found")
+        if not B.CRITEO_FILE.exists():
+            print(f"Criteo comparison skipped: {B.CRITEO_FILE} not found")
             return
         criteo_families(root, families, args.quick)
 

@@ -199,7 +199,7 @@ def check_health(config: ClientConfig) -> dict[str, dict | str]:
     out: dict[str, dict | str] = {}
     for name, url, probe in (
         ("serving", config.serving_url, lambda u: ServingClient(u).status()),
-        ("fileserver", config.fileserver_url, lambda u: FileServerClient(u).health()),
+        ("fileserver", config.fileserver_url, lambda u: FileServerClient(u, token=config.token or "").health()),
     ):
         if not url:
             out[name] = "not configured"

@@ -17,6 +17,7 @@ import requests
 from ctr_foundation.atomic import atomic_open
 from ctr_foundation.env_vars import TOKEN
 from ctr_foundation.errors import ComponentError, ElasticControlError
+from ctr_foundation.http_auth import auth_headers
 
 SHA_HEADER = "X-Content-Sha256"
 CHUNK = 1 << 20
@@ -43,7 +44,11 @@ def sha256_of_file(path: str | os.PathLike) -> str:
 
 
 class FileServerClient:
-    """``FileServerClient("http://host:8080", token=...)``; the token defaults to ELASTIC_CTR_TOKEN."""
+    """``FileServerClient("http://host:8080", token=...)``; the token defaults to ELASTIC_CTR_TOKEN.
+
+    The token is sent with every request: writes need it, and so do reads of
+    anything outside ``cube/`` (e.g. ``config/slot.conf``).
+    """
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 60.0):
         if not base_url.startswith(("http://", "https://")):
@@ -57,9 +62,11 @@ class FileServerClient:
         return f"{self.base_url}/files/{quote(path.lstrip('/'))}"
 
     def _auth(self) -> dict:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return auth_headers(self.token)
 
     def _request(self, method: str, path: str, **kwargs) -> requests.Response:
+        # The token goes with every request: writes need it, and so do reads outside cube/ (config/).
+        kwargs["headers"] = {**self._auth(), **kwargs.get("headers", {})}
         try:
             r = self._session.request(method, self.url(path), timeout=self.timeout, **kwargs)
         except requests.RequestException as e:

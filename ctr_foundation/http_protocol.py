@@ -1,202 +1,647 @@
-"""A minimal HTTP/1.1 server protocol on raw asyncio: keep-alive, pipelining, binary bodies.
+"""One HTTP/1.1 connection on raw asyncio: strict framing, limits, backpressure, three kinds of handlers.
 
 Measured for the cube (DESIGN.md): a raw ``asyncio.Protocol`` handler is
 ~1.5x faster than aiohttp for small binary requests, and the per-request cost
-is what matters at 26 keys per request. It parses only what cube needs:
-a request line, headers, a Content-Length body (no chunked uploads), and
-answers in request order even when a handler answers later (merged lookups).
+is what matters at 26 keys per request. Every ElasticCTR server runs on this
+protocol (``ctr_foundation.http_server.HttpServer``), so framing, limits,
+time-outs and the token check are the same everywhere.
+
+After a request head is parsed (``http_messages.parse_head``), the server's
+app maps it to a :class:`Route`, which says how the body is taken and who
+answers; the token and the body limit are checked right then, BEFORE any body
+byte is read:
+
+- ``loop``: the body is collected in memory; ``handler(request, slot, deliver)``
+  runs on the event loop and returns a Response, or None and later calls
+  ``deliver(slot, response)`` from the loop (merged lookups, batched predictions).
+  Pipelined requests are parsed while earlier ones wait; answers go out in order.
+- ``thread``: the body is collected in memory; ``handler(request) -> Response``
+  runs in the server's thread pool (file system work, downstream calls).
+- ``stream``: ``handler(request) -> Response`` runs in the thread pool as soon
+  as the head is admitted and reads the body from ``request.stream`` while it
+  arrives (uploads of gigabytes, never held in memory).
+
+Backpressure: while the transport holds more unsent answer bytes than its
+high-water mark, the connection stops reading (and parsing) new requests; a
+client that never reads its answers is dropped after ``write_timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
+import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from urllib.parse import parse_qs, unquote, urlsplit
+from dataclasses import dataclass
 
-MAX_HEADER_BYTES = 16 * 1024
+from ctr_foundation.http_auth import check_bearer
+from ctr_foundation.http_messages import (
+    NO_BODY_METHODS,
+    BodyReader,
+    ChunkedDecoder,
+    FileBody,
+    HttpError,
+    Request,
+    Response,
+    Slot,
+    parse_head,
+)
 
-REASONS = {
-    100: "Continue",
-    200: "OK",
-    201: "Created",
-    202: "Accepted",
-    204: "No Content",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    411: "Length Required",
-    413: "Payload Too Large",
-    415: "Unsupported Media Type",
-    431: "Request Header Fields Too Large",
-    422: "Unprocessable Entity",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
+log = logging.getLogger("ctr_foundation.http")
+
+MAX_HEADER_BYTES = 16 * 1024  # the default; HttpLimits.max_header_bytes decides per server
+LOOP, THREAD, STREAM = "loop", "thread", "stream"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LINGER_SECONDS = 2.0  # after an error answer that closes, input is read and discarded this long
 
 
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]  # lower-case names
-    body: bytes = b""
+@dataclass(frozen=True)
+class Route:
+    """How one request is served: who answers, whether it needs the token, the largest body it takes."""
+
+    handler: Callable
+    mode: str = LOOP
+    token: bool = False
+    max_body: int = 0  # bytes; 0: no body at all
+
+    def __post_init__(self):
+        if self.mode not in (LOOP, THREAD, STREAM):
+            raise ValueError(f"Route mode {self.mode!r}: expected loop, thread or stream")
 
 
-@dataclass
-class Response:
-    status: int = 200
-    body: bytes | list = b""
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
+class _BlockingSlot(Slot):
+    """The slot of a thread/stream request: the connection parses nothing else until it is answered."""
 
-    @classmethod
-    def json(cls, obj, status: int = 200, headers: dict | None = None) -> Response:
-        return cls(status, (json.dumps(obj) + "\n").encode(), "application/json", headers or {})
-
-    @classmethod
-    def error(cls, status: int, message: str) -> Response:
-        return cls.json({"error": message}, status)
-
-    def encode(self, keep_alive: bool) -> list:
-        parts = self.body if isinstance(self.body, list) else [self.body]
-        length = sum(len(p) for p in parts)
-        head = [
-            f"HTTP/1.1 {self.status} {REASONS.get(self.status, 'Unknown')}",
-            f"Content-Type: {self.content_type}",
-            f"Content-Length: {length}",
-            "Connection: keep-alive" if keep_alive else "Connection: close",
-        ]
-        head += [f"{k}: {v}" for k, v in self.headers.items()]
-        return ["\r\n".join(head).encode("latin-1") + b"\r\n\r\n", *parts]
+    __slots__ = ()
 
 
-class Slot:
-    """The place of one request's answer in its connection's ordered output."""
+class _Incoming:
+    """A request whose head is admitted and whose body is still arriving."""
 
-    __slots__ = ("response", "keep_alive")
+    __slots__ = ("request", "route", "length", "decoder", "chunks", "reader")
 
-    def __init__(self, keep_alive: bool):
-        self.response: Response | None = None
-        self.keep_alive = keep_alive
-
-
-# handler(request, slot, deliver) either returns a Response now, or returns None
-# and later calls deliver(slot, response) (e.g. after a merged lookup).
-Handler = Callable[[Request, Slot, Callable[[Slot, Response], None]], "Response | None"]
+    def __init__(self, request: Request, route: Route):
+        self.request, self.route = request, route
+        self.length = request.content_length or 0  # bytes still to come (Content-Length bodies)
+        self.decoder = ChunkedDecoder(route.max_body) if request.chunked else None
+        self.chunks: list[bytes] = []
+        self.reader: BodyReader | None = None
 
 
 class HttpProtocol(asyncio.Protocol):
-    """One connection; ``handler`` is shared by all connections of a server."""
+    """One connection of an HttpServer (which holds the app, the token, the limits and the thread pool)."""
 
-    def __init__(self, handler: Handler, max_body: int):
-        self.handler = handler
-        self.max_body = max_body
+    # A subclass may recognise some requests from a few bytes of their head (cube's binary lookups):
+    # if data starts with fast_prefix, fast_head(data, start, end) -> (arg, body length, keep_alive) or None,
+    # and fast_dispatch(protocol, arg, body, keep_alive) takes the complete body.
+    fast_prefix: bytes | None = None
+    fast_head = None
+    fast_dispatch = None
+    fast_max_body = 0
+
+    def __init__(self, server):
+        self.server = server
+        self.limits = server.limits
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.pending: deque[Slot] = deque()
-        self.closing = False
-        self._head: tuple | None = None  # parsed head of a request whose body is incomplete
+        self.closing = False  # parse no further request
+        self.requests = 0  # requests parsed on this connection
+        self._head = None  # a fast tuple (arg, length, keep_alive) or an _Incoming whose body is arriving
+        self._want = 0  # the buffer must hold this many bytes before it is parsed again
+        self._busy = False  # a thread/stream handler owns the connection
+        self._sending = False  # a file body is being streamed
+        self._write_paused = False
+        self._paused: set[str] = set()  # why reading is paused
+        self._heard = False
+        self._last_rx = self._idle_since = 0.0
+        self._partial_since: float | None = None
+        self._mark = 0
+        self._write_paused_at = 0.0
+        self._drained: asyncio.Event | None = None
+        self.rejected = False
+        self._eof = False
+        self._lingering = False
+        self._linger_since = 0.0
 
+    # ---- connection events -------------------------------------------------------------------
     def connection_made(self, transport):
+        server = self.server
+        if len(server.connections) >= self.limits.max_connections:
+            # Over the cap: answer at once and close, never let connections pile up.
+            self.rejected = True
+            busy = Response.error(
+                503, f"{server.name}: too many connections ({self.limits.max_connections}), retry later"
+            )
+            transport.write(b"".join(busy.encode(False)))
+            transport.close()
+            return
         self.transport = transport
+        server.connections.add(self)
+        transport.set_write_buffer_limits(high=self.limits.write_high_water, low=self.limits.write_high_water // 4)
+        self._last_rx = self._idle_since = server.loop.time()
 
     def connection_lost(self, exc):
         self.transport = None
+        if self.rejected:
+            return
+        self.server.connections.discard(self)
+        head = self._head
+        if head is not None and head.__class__ is _Incoming and head.reader is not None:
+            head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
+        if self._drained is not None:
+            self._drained.set()
+
+    def eof_received(self):
+        """The client half-closed: answer what it sent (keep the transport open for that), then close."""
+        self._eof = True
+        if self._lingering:
+            return None  # the client read our answer and closed: close too
+        self._drop_incomplete_body()
+        if self.pending or self._busy or self._sending:
+            return True
+        if self.buffer and not self.closing:
+            self.server.loop.call_soon(self._continue)  # pipelined requests still to parse (e.g. after a pause)
+            return True
+        return None
+
+    def _drop_incomplete_body(self) -> None:
+        """After a half-close, a body still arriving can never be complete: nothing of it is answered."""
+        head = self._head
+        if head is None:
+            return
+        self._head = None
+        self.closing = True
+        self.buffer.clear()
+        self._want = 0
+        if head.__class__ is _Incoming and head.reader is not None:
+            head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
+
+    def _finish_eof(self) -> None:
+        """After a half-close: close once every request that arrived complete has its answer."""
+        if self._eof and not self.pending and not self._busy and not self._sending and self.transport is not None:
+            self._close()
+
+    def pause_writing(self):
+        self._write_paused = True
+        self._write_paused_at = self.server.loop.time()
+        self._pause("write")
+
+    def resume_writing(self):
+        self._write_paused = False
+        if self._drained is not None:
+            self._drained.set()
+        self._resume("write")
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        self._heard = True
+        self._receive(data)
+
+    # ---- parsing -----------------------------------------------------------------------------
+    def _receive(self, data: bytes) -> None:
+        if self._lingering:
+            return  # closing after an error answer: what still arrives is discarded
+        if self.buffer:  # the tail of an earlier chunk: continue from it
+            self.buffer += data
+            if len(self.buffer) < self._want and not self._eof:
+                return  # a long body still arriving: do not copy the buffer for every chunk
+            data = bytes(self.buffer)
+            self.buffer.clear()
+        elif self.closing and self._head is None:
             return
-        self.buffer += data
-        while not self.closing:
-            if self._head is None:
-                end = self.buffer.find(b"\r\n\r\n")
+        self._want = 0
+        pos, n = 0, len(data)
+        while pos < n:
+            head = self._head
+            if head is None:
+                if self.closing or self._busy or self._write_paused:
+                    break
+                end = data.find(b"\r\n\r\n", pos)
                 if end < 0:
-                    if len(self.buffer) > MAX_HEADER_BYTES:
+                    if n - pos > self.limits.max_header_bytes:
                         self._fail(431, "request head too large")
-                    return
-                try:
-                    self._head = self._parse_head(bytes(self.buffer[:end]))
-                except ValueError as e:
-                    self._fail(400, str(e))
-                    return
-                del self.buffer[: end + 4]
-                length = self._head[4]
-                if length > self.max_body:
-                    self._fail(413, f"body of {length} bytes exceeds the limit of {self.max_body}")
-                    return
-                if self._head[5] and len(self.buffer) < length:
-                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            method, target, headers, keep_alive, length, _ = self._head
-            if len(self.buffer) < length:
-                return
-            body = bytes(self.buffer[:length])
-            del self.buffer[:length]
-            self._head = None
-            self._dispatch(method, target, headers, keep_alive, body)
-
-    @staticmethod
-    def _parse_head(raw: bytes) -> tuple:
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise ValueError(f"malformed request line {lines[0][:80]!r}")
-        method, target, proto = parts
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise ValueError(f"malformed header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            raise ValueError("chunked request bodies are not supported; send Content-Length")
-        try:
-            length = int(headers.get("content-length", "0"))
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"bad Content-Length {headers.get('content-length')!r}") from None
-        conn = headers.get("connection", "").lower()
-        keep_alive = conn != "close" if proto == "HTTP/1.1" else conn == "keep-alive"
-        expect = headers.get("expect", "").lower() == "100-continue"
-        return method, target, headers, keep_alive, length, expect
-
-    def _dispatch(self, method, target, headers, keep_alive, body) -> None:
-        split = urlsplit(target)
-        query = {k: v[-1] for k, v in parse_qs(split.query).items()}
-        request = Request(method, unquote(split.path), query, headers, body)
-        slot = Slot(keep_alive)
-        self.pending.append(slot)
-        try:
-            response = self.handler(request, slot, self._deliver)
-        except Exception as e:  # noqa: BLE001 - a handler bug must not kill the connection loop silently
-            response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
-        if response is not None:
-            self._deliver(slot, response)
-        if not keep_alive:
-            self.closing = True
-
-    def _deliver(self, slot: Slot, response: Response) -> None:
-        slot.response = response
-        while self.pending and self.pending[0].response is not None:
-            done = self.pending.popleft()
-            if self.transport is None:
+                        return
+                    break
+                fast = None
+                if self.fast_prefix is not None and data.startswith(self.fast_prefix, pos):
+                    fast = self.fast_head(data, pos, end)
+                if fast is not None:
+                    pos = end + 4
+                    if fast[1] > self.fast_max_body:
+                        self._fail(413, f"body of {fast[1]} bytes exceeds the limit of {self.fast_max_body}")
+                        return
+                    self._head = head = fast
+                else:
+                    start, pos = pos, end + 4
+                    head = self._admit(data[start:end], n - pos)
+                    if head is None:
+                        if self.transport is None:
+                            return
+                        continue
+                    self._head = head
+            if head.__class__ is tuple:  # the fast path: (arg, length, keep_alive)
+                length = head[1]
+                if n - pos < length:
+                    self._want = length
+                    break
+                body = data[pos : pos + length] if length else b""
+                pos += length
+                self._head = None
+                self.requests += 1
+                self.fast_dispatch(self, head[0], body, head[2])
+                if not head[2]:
+                    self.closing = True
                 continue
-            self.transport.writelines(done.response.encode(done.keep_alive))
-            if not done.keep_alive:
-                self.transport.close()
-                self.transport = None
+            pos = self._body(head, data, pos)
+            if self._head is not None:
+                break
+        if pos < n and not self.closing:
+            self.buffer += data[pos:] if pos else data
+            if self._head is None and len(self.buffer) > self.limits.read_buffer:
+                self._pause("buffer")  # pipelined requests waiting: stop reading until they are parsed
+        if self._eof:
+            self._drop_incomplete_body()
+            self._finish_eof()
+
+    def _admit(self, raw: bytes, body_bytes_here: int) -> _Incoming | None:
+        """Parse and admit one request head; None when it was answered (or needs no body)."""
+        while raw.startswith(b"\r\n"):  # empty lines before a request line are allowed (RFC 9112 2.2)
+            raw = raw[2:]
+        if not raw:
+            return None
+        try:
+            req = parse_head(raw, max_headers=self.limits.max_headers)
+        except HttpError as e:
+            self._fail(e.status, e.message)
+            return None
+        try:
+            route = self.server.app.route(req)
+            if route.token:  # first: an unauthenticated caller learns nothing else (not even the limits)
+                check_bearer(req.headers, self.server.token, self.server.name)
+            if req.has_body:
+                if req.method in NO_BODY_METHODS:
+                    raise HttpError(400, f"{req.method} requests carry no body", close=True)
+                if req.content_length is not None and req.content_length > route.max_body:
+                    limit = (
+                        f"the size limit of {route.max_body} bytes" if route.max_body else "no body on this endpoint"
+                    )
+                    raise HttpError(413, f"body of {req.content_length} bytes exceeds {limit}", close=True)
+                if req.chunked and not route.max_body:
+                    raise HttpError(413, "this endpoint takes no body", close=True)
+        except HttpError as e:
+            self._refuse(req, e)
+            return None
+        except Exception as e:  # noqa: BLE001 - a routing bug answers 500, never drops the connection
+            log.exception("%s: routing %s %s failed", self.server.name, req.method, req.path)
+            self._refuse(req, HttpError(500, f"internal error: {type(e).__name__}: {e}", close=True))
+            return None
+        self.requests += 1
+        if req.expect_continue and req.has_body and body_bytes_here == 0 and not self.pending:
+            self.transport.write(CONTINUE)
+        if route.mode == STREAM:
+            return self._start_stream(req, route)
+        if not req.has_body:
+            self._dispatch(req, route)
+            return None
+        return _Incoming(req, route)
+
+    def _body(self, inc: _Incoming, data: bytes, pos: int) -> int:
+        """Take what is there of ``inc``'s body from ``data[pos:]``; dispatch once it is complete."""
+        n = len(data)
+        if inc.decoder is None:
+            if inc.reader is not None:  # streamed, Content-Length
+                take = min(inc.length, n - pos)
+                if take:
+                    self._push(inc, data[pos : pos + take])
+                    inc.length -= take
+                    pos += take
+                if inc.length == 0:
+                    self._head = None
+                    inc.reader.end()
+                return pos
+            if n - pos < inc.length:
+                self._want = inc.length
+                return pos
+            body = data[pos : pos + inc.length]
+            self._head = None
+            self._dispatch(inc.request, inc.route, body)
+            return pos + inc.length
+        try:
+            pos, pieces = inc.decoder.feed(data, pos)
+        except HttpError as e:
+            self._head = None
+            if inc.reader is not None:
+                self.closing = True
+                inc.reader.fail(e)  # the handler answers it
+            else:
+                self._fail(e.status, e.message)
+            return n
+        if inc.reader is not None:
+            for piece in pieces:
+                self._push(inc, piece)
+        else:
+            inc.chunks.extend(pieces)
+        if inc.decoder.done:
+            self._head = None
+            if inc.reader is not None:
+                inc.reader.end()
+            else:
+                self._dispatch(inc.request, inc.route, b"".join(inc.chunks))
+        return pos
+
+    def _push(self, inc: _Incoming, piece: bytes) -> None:
+        if inc.reader.push(piece):
+            self._pause("stream")
+
+    def _stream_drained(self) -> None:
+        self._resume("stream")
+
+    # ---- dispatch ----------------------------------------------------------------------------
+    def _dispatch(self, req: Request, route: Route, body: bytes = b"") -> None:
+        req.body = body
+        if not req.keep_alive:
+            self.closing = True
+        if route.mode == LOOP:
+            slot = Slot(req.keep_alive, req.method == "HEAD")
+            self.pending.append(slot)
+            try:
+                response = route.handler(req, slot, self._deliver)
+            except HttpError as e:
+                response = e.response()
+            except Exception as e:  # noqa: BLE001 - a handler bug answers 500, the connection lives on
+                log.exception("%s: %s %s failed", self.server.name, req.method, req.path)
+                response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
+            if response is not None:
+                self._deliver(slot, response)
+            return
+        self._run_blocking(req, route)
+
+    def _start_stream(self, req: Request, route: Route) -> _Incoming | None:
+        loop = self.server.loop
+
+        def drained():
+            try:
+                loop.call_soon_threadsafe(self._stream_drained)
+            except RuntimeError:  # the loop is gone (server stopped)
+                pass
+
+        req.stream = BodyReader(high=self.limits.stream_buffer, on_drained=drained)
+        self._run_blocking(req, route)
+        if not req.has_body:
+            req.stream.end()
+            return None
+        inc = _Incoming(req, route)
+        inc.reader = req.stream
+        return inc
+
+    def _run_blocking(self, req: Request, route: Route) -> None:
+        slot = _BlockingSlot(req.keep_alive, req.method == "HEAD")
+        self.pending.append(slot)
+        self._busy = True
+        loop = self.server.loop
+        name = self.server.name
+
+        def run():
+            try:
+                response = route.handler(req)
+            except HttpError as e:
+                response = e.response()
+            except (ConnectionError, TimeoutError) as e:
+                log.warning("%s: %s %s: connection lost: %s", name, req.method, req.path, e)
+                response = None
+            except Exception as e:  # noqa: BLE001 - report, keep serving
+                log.exception("%s: %s %s failed", name, req.method, req.path)
+                response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
+            try:
+                loop.call_soon_threadsafe(self._blocking_done, req, slot, response)
+            except RuntimeError:  # the loop is gone (server stopped)
+                if response is not None and isinstance(response.body, FileBody):
+                    response.body.file.close()
+
+        try:
+            self.server.executor().submit(run)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._blocking_done(req, slot, Response.error(503, f"{name} is shutting down", close=True))
+
+    def _blocking_done(self, req: Request, slot: Slot, response: Response | None) -> None:
+        if response is None:
+            self._abort()
+            return
+        unread = req.stream is not None and not req.stream.complete
+        if unread or response.close:
+            response.close = True
+            self.closing = True
+            if self._head is not None and self._head.__class__ is _Incoming and self._head.request is req:
+                self._head = None  # nobody reads the rest of that body
+        self._deliver(slot, response)
+
+    def _refuse(self, req: Request, e: HttpError) -> None:
+        """Answer a request refused at its head; keep the connection only if nothing of it is left unread."""
+        keep = req.keep_alive and not e.close and not req.has_body
+        slot = Slot(keep, req.method == "HEAD")
+        self.pending.append(slot)
+        if not keep:
+            self.closing = True
+        response = e.response()
+        response.close = not keep
+        self._deliver(slot, response)
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that cannot be framed, then close (the stream is out of sync)."""
         self.closing = True
+        self._head = None
         slot = Slot(keep_alive=False)
         self.pending.append(slot)
-        self._deliver(slot, Response.error(status, message))
+        self._deliver(slot, Response.error(status, message, close=True))
+
+    # ---- answers -----------------------------------------------------------------------------
+    def _deliver(self, slot: Slot, response) -> None:
+        slot.response = response
+        pending = self.pending
+        if not pending or pending[0] is not slot:  # an earlier request is still waiting: answer in order
+            return
+        while pending and pending[0].response is not None and not self._sending:
+            done = pending.popleft()
+            transport = self.transport
+            if transport is None or self._lingering:
+                if done.__class__ is _BlockingSlot:
+                    self._busy = False
+                _close_file(done.response)
+                continue
+            r = done.response
+            keep = done.keep_alive
+            if r.__class__ is bytes:
+                transport.write(r)
+            else:
+                keep = keep and not r.close
+                if r.body.__class__ is FileBody and not done.head_only:
+                    transport.write(r.encode_head(keep))
+                    self._sending = True
+                    self.server.loop.create_task(self._send_file(r.body, keep, done))
+                    return
+                _close_file(r)
+                transport.writelines(r.encode(keep, done.head_only))
+            if not keep:
+                self._close(linger=True)
+                continue
+            if done.__class__ is _BlockingSlot:
+                self._busy = False
+                self.server.loop.call_soon(self._continue)
+        if self._eof and not pending and not self._sending and self.transport is not None:
+            if self.buffer and not self.closing:
+                self.server.loop.call_soon(self._continue)  # parse the rest first; _receive closes after
+            else:
+                self._finish_eof()  # the client half-closed and has every answer
+
+    def _close(self, *, linger: bool = False) -> None:
+        """Close after the answers written so far. ``linger``: the client may still be sending (a refused
+        upload, pipelined requests after a ``Connection: close``): half-close, so it reads the answer instead
+        of a reset, and discard what still arrives for a moment (as web servers' "lingering close")."""
+        self.closing = True
+        t = self.transport
+        if t is None:
+            return
+        if linger and not self._eof and t.can_write_eof():
+            t.write_eof()
+            self._lingering = True
+            self._linger_since = self.server.loop.time()
+            if self._paused:
+                self._paused.clear()
+                t.resume_reading()
+            return
+        t.close()
+        self.transport = None
+
+    async def _send_file(self, body: FileBody, keep: bool, slot: Slot) -> None:
+        try:
+            await self._write_file(body)
+        except (OSError, RuntimeError, asyncio.CancelledError) as e:
+            log.warning("%s: sending a file body failed: %s", self.server.name, e)
+            keep = False
+        finally:
+            body.file.close()
+            self._sending = False
+        if slot.__class__ is _BlockingSlot:
+            self._busy = False
+        if self.transport is None:
+            return
+        if not keep:
+            self._close(linger=True)
+            return
+        if self.pending and self.pending[0].response is not None:
+            self._deliver(self.pending[0], self.pending[0].response)
+        self._continue()
+
+    async def _write_file(self, body: FileBody) -> None:
+        loop = self.server.loop
+        try:
+            sent = await loop.sendfile(self.transport, body.file, body.offset, body.size)
+            if sent != body.size:
+                raise OSError(f"sent {sent} of {body.size} bytes")
+            return
+        except (NotImplementedError, AttributeError):
+            pass  # an event loop without sendfile (uvloop): copy in pieces, waiting for the transport to drain
+        left, offset = body.size, body.offset
+        while left:
+            piece = os.pread(body.file.fileno(), min(left, 1 << 20), offset)
+            if not piece:
+                raise OSError(f"file ended {left} bytes early")
+            if self.transport is None:
+                raise OSError("client went away")
+            self.transport.write(piece)
+            left -= len(piece)
+            offset += len(piece)
+            while self._write_paused and self.transport is not None:
+                self._drained = asyncio.Event()
+                await self._drained.wait()
+
+    def _continue(self) -> None:
+        """Parse what waited in the buffer (after a blocking handler answered, or writes drained)."""
+        self._resume("buffer")
+        if self.transport is not None and not self._busy and not self._lingering:
+            self.data_received(b"")
+
+    # ---- flow control and time-outs ----------------------------------------------------------
+    def _pause(self, why: str) -> None:
+        if not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+        self._paused.add(why)
+
+    def _resume(self, why: str) -> None:
+        if why not in self._paused:
+            return
+        self._paused.discard(why)
+        if not self._paused and self.transport is not None:
+            self.transport.resume_reading()
+            if why == "write":
+                self.server.loop.call_soon(self._continue)
+
+    def _abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
+
+    def sweep(self, now: float) -> None:
+        """Called by the server about once a second: enforce the header, body, idle and write time-outs."""
+        if self.transport is None:
+            return
+        if self._heard:
+            self._heard = False
+            self._last_rx = now
+        lim = self.limits
+        if self._lingering:
+            if now - self._linger_since > LINGER_SECONDS:
+                self.transport.close()
+                self.transport = None
+            return
+        if self._write_paused:
+            if now - self._write_paused_at > lim.write_timeout:
+                log.info(
+                    "%s: dropping a connection that has not read its answers for %ss",
+                    self.server.name,
+                    lim.write_timeout,
+                )
+                self._abort()
+            return
+        head = self._head
+        if head is not None:  # a body is arriving
+            if now - self._last_rx > lim.body_timeout:
+                self._body_timed_out(head)
+            return
+        if self._busy or self._sending or self.pending:
+            return
+        if self._mark != self.requests:  # requests went through since the last look
+            self._mark = self.requests
+            self._idle_since = now
+            self._partial_since = None
+        if self.buffer:  # part of a request head
+            if self._partial_since is None:
+                self._partial_since = now
+            elif now - self._partial_since > lim.header_timeout:
+                self._fail(408, f"request head not complete within {lim.header_timeout}s")
+        elif now - self._idle_since > (lim.header_timeout if self.requests == 0 else lim.idle_timeout):
+            self.closing = True
+            self.transport.close()  # an idle keep-alive connection (or one that never sent a request)
+            self.transport = None
+
+    def _body_timed_out(self, head) -> None:
+        message = f"request body stalled for more than {self.limits.body_timeout}s"
+        if head.__class__ is _Incoming and head.reader is not None:
+            self._head = None
+            self.closing = True
+            head.reader.fail(HttpError(408, message, close=True))
+        else:
+            self._fail(408, message)
+
+    def shutdown(self) -> None:
+        head = self._head
+        if head is not None and head.__class__ is _Incoming and head.reader is not None:
+            head.reader.fail(ConnectionError("the server is shutting down"))
+        self._abort()
+
+
+def _close_file(response) -> None:
+    if response.__class__ is not bytes and response.body.__class__ is FileBody:
+        response.body.file.close()

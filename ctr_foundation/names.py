@@ -28,6 +28,9 @@ REMOTE_DATA_CONFIG = "config/data.config"
 CUBE_PREFIX = "cube"  # cube/VERSION/{shard-I.arrow, manifest.json, dense/, meta.json}
 CURRENT_FILE = "current.json"  # the active cube version record, in CUBE_ROOT and on the file server
 REMOTE_CURRENT = f"{CUBE_PREFIX}/{CURRENT_FILE}"
+# Folders the file server lets anyone read (agents and serving fetch models and shards there);
+# every other read (config/ holds data.config with credentials) needs the token.
+FILESERVER_PUBLIC_PREFIXES = (CUBE_PREFIX,)
 
 # ---- the state folder (``-r`` writes it, ``-a``/``-l``/``-c``/``status`` read it) -----------
 DEFAULT_STATE_DIR = ".elastic-ctr"
@@ -51,6 +54,7 @@ class StateFolder:
       client.json, client/slot.conf                 written by -c
       local/components.json                         the local plan: processes, ports, variables (-r)
       local/data.config                             data.config as local components read it (-r)
+      local/credentials.json                        its credentials (HDFS_UGI), mode 0600, when it has any
       local/runtime.json                            the supervisor's live record (-a)
       local/rollouts.json                           each model version served and its freshness
       local/supervisor.lock                         held by the running supervisor
@@ -106,6 +110,11 @@ class StateFolder:
     @property
     def local_data_config(self) -> Path:
         return self.local_dir / DATA_CONFIG_FILE
+
+    @property
+    def credentials_file(self) -> Path:
+        """data.config's credentials (HDFS_UGI), mode 0600: the supervisor hands them to the components."""
+        return self.local_dir / "credentials.json"
 
     @property
     def runtime_file(self) -> Path:

@@ -8,10 +8,15 @@ Layout written by trainer 0 (see docs/contracts.md)::
         dense/inference.pdmodel     paddle inference model; input "emb_concat"
         dense/inference.pdiparams   [-1, len(slots) * embedding_dim] -> click probability
         sparse/000/part-*.gz        the sparse table as fleet.save_persistables writes it
-        meta.json                   slots, dims, key transform, data window, sparse layout, metrics
+        deleted/part-*[.gz]         (delta passes) keys removed since the parent pass, one per line
+        meta.json                   slots, dims, key transform, data window, sparse layout, metrics,
+                                    "kind": "base"|"delta", "parent": the pass a delta applies on
         golden.jsonl                {"line": ..., "prob": ...} computed by the training program
 
-A pass folder without its donefile line is incomplete, whatever it contains.
+A pass folder without its donefile line is incomplete, whatever it contains. A *delta*
+pass's sparse table holds only the keys whose rows changed since its parent pass (new
+keys included), in the same text layout; its content is the parent's table with those
+rows replaced and the deleted keys removed (docs/contracts.md, "Delta passes").
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ DENSE_PREFIX = "inference"  # dense/inference.pdmodel + .pdiparams
 DENSE_INPUT = "emb_concat"
 SPARSE_DIR = "sparse"
 SPARSE_TABLE_SUBDIR = "000"
+DELETED_DIR = "deleted"
 META_FILE = "meta.json"
+PASS_KINDS = ("base", "delta")
 PASS_PREFIX = "pass-"
 
 # Values that fleet's SparseAccessor (what sparse_embedding gets in 2.6.2) writes per key in text form, before the
@@ -120,6 +127,20 @@ class PassInfo:
         return self.meta.get("sparse_dim")
 
     @property
+    def kind(self) -> str:
+        """``base`` (the whole table) or ``delta`` (changes since ``parent``); passes without one are bases."""
+        kind = self.meta.get("kind") or "base"
+        if kind not in PASS_KINDS:
+            raise DataError(f"{self.path / META_FILE}: kind {kind!r} is not one of {PASS_KINDS}")
+        if kind == "delta" and not (isinstance(self.meta.get("parent"), str) and self.meta["parent"]):
+            raise DataError(f"{self.path / META_FILE}: a delta pass needs the name of its 'parent' pass")
+        return kind
+
+    @property
+    def parent(self) -> str | None:
+        return self.meta.get("parent") if self.kind == "delta" else None
+
+    @property
     def layout(self) -> SparseLayout:
         s = self.meta.get("sparse_layout", {})
         return SparseLayout(self.embedding_dim, s.get("optimizer", "adam"), s.get("embed_optimizer"))
@@ -161,6 +182,14 @@ def sparse_part_files(pass_dir: str | os.PathLike) -> list[Path]:
     if not table.is_dir():
         raise DataError(f"{table}: the sparse table folder is missing")
     return sorted(p for p in table.iterdir() if p.name.startswith("part-"))
+
+
+def deleted_key_files(pass_dir: str | os.PathLike) -> list[Path]:
+    """The ``deleted/part-*`` files of a delta pass (none: nothing was deleted)."""
+    folder = Path(pass_dir) / DELETED_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith("part-"))
 
 
 def _parse_key(tok: str) -> int:

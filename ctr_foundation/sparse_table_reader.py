@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import numpy as np
 
 from ctr_foundation.errors import DataError
-from ctr_foundation.pass_format import SparseLayout, sparse_part_files
+from ctr_foundation.pass_format import SparseLayout, deleted_key_files, sparse_part_files
 
 BLOCK_SIZE = 16 << 20
 
@@ -85,3 +85,26 @@ def iter_sparse_table_fast(
     """Stream (keys, embeddings) blocks from every part file of a pass's sparse table."""
     for part in sparse_part_files(pass_dir):
         yield from iter_part_file(part, layout)
+
+
+def iter_deleted_keys(pass_dir: str | os.PathLike) -> Iterator[np.ndarray]:
+    """uint64 blocks of the keys a delta pass deletes (``deleted/part-*``: one decimal key per line,
+    uint64 or its int64 text, plain or .gz; blank lines skipped)."""
+    for part in deleted_key_files(pass_dir):
+        if part.stat().st_size == 0:
+            continue
+        compression = "gzip" if part.name.endswith(".gz") else None
+        try:
+            reader = pacsv.open_csv(
+                pa.input_stream(str(part), compression=compression),
+                read_options=pacsv.ReadOptions(column_names=["key"], block_size=BLOCK_SIZE),
+                parse_options=pacsv.ParseOptions(delimiter=" ", quote_char=False),
+                convert_options=pacsv.ConvertOptions(column_types={"key": pa.string()}),
+            )
+            for batch in reader:
+                if batch.num_rows:
+                    yield _keys_to_uint64(pa.chunked_array([batch.column(0)]))
+        except pa.ArrowInvalid as e:
+            if "Empty CSV file" in str(e):
+                continue
+            raise DataError(f"{part}: not one decimal key per line ({e})") from e

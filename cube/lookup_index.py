@@ -1,4 +1,4 @@
-"""Batched key lookup over a memory-mapped shard: a top-bits offset table over sorted keys.
+"""Batched key lookup over one shard's sorted keys: a top-bits offset table over sorted keys.
 
 ``np.searchsorted`` on millions of sorted keys is slower than Redis: each of
 its ~23 probes is a dependent cache miss. Keys are hashes (or ``feasign %
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cube.shard_format import MappedShard
+from cube.shard_format import ShardData
 
 WINDOW_MAX_WIDTH = 32  # widest bucket for which small batches use the window gather
 WINDOW_MAX_KEYS = 128  # above this many keys the fixed-depth search is cheaper per key
 
 
 class ShardIndex:
-    """Read-only lookup structure over one mapped shard (thread-safe: nothing mutates)."""
+    """Read-only lookup structure over one loaded shard (thread-safe: nothing mutates)."""
 
-    def __init__(self, shard: MappedShard, bucket_bits: int | None = None):
+    def __init__(self, shard: ShardData, bucket_bits: int | None = None):
         self.shard = shard
         self.version, self.dim = shard.version, shard.dim
         keys = shard.keys
@@ -32,17 +32,20 @@ class ShardIndex:
         bits = bucket_bits if bucket_bits is not None else max(1, min(26, max(n, 1).bit_length() - 1))
         bits = min(bits, top)
         self._shift = np.uint64(top - bits)
-        # start[b] = first row whose key >> shift >= b; start[2**bits] = n.
-        buckets = (keys >> self._shift).astype(np.int64) if n else np.zeros(0, np.int64)
-        self._start = np.searchsorted(buckets, np.arange(2**bits + 1, dtype=np.int64)).astype(np.int64)
-        widest = int(np.diff(self._start).max()) if n else 0
+        # start[b] = first row whose key >> shift >= b; start[2**bits] = n. The keys are sorted, so that
+        # is the number of keys in lower buckets: a count per bucket and a running sum (one pass over the
+        # keys, instead of a binary search per bucket).
+        counts = np.bincount((keys >> self._shift).astype(np.int64), minlength=2**bits) if n else np.zeros(2**bits)
+        self._start = np.zeros(2**bits + 1, dtype=np.int64)
+        np.cumsum(counts, out=self._start[1:])
+        widest = int(counts.max()) if n else 0
         self._steps = max(1, widest.bit_length())  # 2**steps > widest bucket
         self._keys = keys
         self._n = n
         self.row_bytes = 4 * self.dim
         # Rows as opaque bytes: take() copies each as one chunk instead of dim strided floats.
         self._row_bytes = shard.values.reshape(n, self.dim).view(np.uint8)
-        # A padded copy of the keys is NOT made: probes are clamped instead, keeping lookup zero-copy.
+        # A padded copy of the keys is NOT made: probes are clamped instead (the keys stay shared).
         self._top_bucket = np.uint64(len(self._start) - 2)
         self._shift_0d = np.array(self._shift)  # a 0-d array: cheaper for a ufunc than a scalar
         # Hashed keys use all 64 bits, so no query can land past the last bucket: skip the clamp.

@@ -14,12 +14,23 @@ which also answers every error, so both paths behave the same.
 
 from __future__ import annotations
 
-from ctr_foundation.http_protocol import MAX_HEADER_BYTES, HttpProtocol, Slot
+import re
+
+from ctr_foundation.http_messages import Slot
+from ctr_foundation.http_protocol import HttpProtocol
 
 LOOKUP_PREFIX = b"POST /v1/lookup"
 _VERSION_QUERY = b"/v1/lookup?version="
 _PLAIN_VERSION = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
-_FAST = object()  # marks a parsed head that belongs to the fast path
+# The header lines of a head the fast path may take: names are tokens, values visible bytes, spaces and
+# tabs. No NUL, bare CR or LF, obsolete folding or space before a colon: those go to the strict parser (400).
+_PLAIN_HEADERS = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*")
+
+
+_CACHE: dict[bytes, tuple | None] = {}
+_CACHE_ENTRIES = 4096
+_CACHE_HEAD_BYTES = 512  # at most 2 MiB of cached heads
+_MISS = object()
 
 
 def parse_lookup_head(data: bytes, start: int, end: int) -> tuple | None:
@@ -27,7 +38,23 @@ def parse_lookup_head(data: bytes, start: int, end: int) -> tuple | None:
 
     ``data[start:end]`` is the head without its final blank line. None means
     "not for the fast path" (never "bad request"): the generic parser decides.
+    Clients send the same few heads over and over (only Content-Length
+    changes, and often not even that), so results are cached by the head's bytes.
     """
+    head = data[start:end]
+    known = _CACHE.get(head, _MISS)
+    if known is not _MISS:
+        return known
+    parsed = _parse_lookup_head(head)
+    if len(head) <= _CACHE_HEAD_BYTES:
+        if len(_CACHE) >= _CACHE_ENTRIES:
+            _CACHE.clear()
+        _CACHE[head] = parsed
+    return parsed
+
+
+def _parse_lookup_head(data: bytes) -> tuple | None:
+    start, end = 0, len(data)
     line_end = data.find(b"\r\n", start, end)
     if line_end < 0:
         line_end = end
@@ -40,125 +67,68 @@ def parse_lookup_head(data: bytes, start: int, end: int) -> tuple | None:
         version = target[19:].decode("ascii")
     else:
         return None
-    head = data[line_end:end].lower()  # "\r\nname: value" ... ; header names are case-insensitive
-    if b" :" in head or b"\t:" in head or b"\r\ntransfer-encoding:" in head or b"\r\nexpect:" in head:
+    head = data[line_end:end]
+    if _PLAIN_HEADERS.fullmatch(head) is None:
         return None
-    at = head.rfind(b"\r\ncontent-length:")
-    if at < 0:
+    head = head.lower()  # "\r\nname: value" ... ; header names are case-insensitive
+    if b"\r\ntransfer-encoding:" in head or b"\r\nexpect:" in head or head.count(b"\r\ncontent-length:") != 1:
         return None
+    at = head.find(b"\r\ncontent-length:")
     eol = head.find(b"\r\n", at + 17)
     raw = head[at + 17 :] if eol < 0 else head[at + 17 : eol]
-    if not raw.strip().isdigit():
+    raw = raw.strip()
+    if not raw.isdigit() or len(raw) > 18:
         return None
     length = int(raw)
     at = head.rfind(b"\r\ncontent-type:")
     if at >= 0 and head[at + 15 : at + 48].lstrip().startswith(b"application/json"):
         return None
     keep_alive = True
-    at = head.rfind(b"\r\nconnection:")
-    if at >= 0:
-        eol = head.find(b"\r\n", at + 13)
-        keep_alive = (head[at + 13 :] if eol < 0 else head[at + 13 : eol]).strip() != b"close"
+    at = head.find(b"\r\nconnection:")
+    if at >= 0:  # as the strict parser reads it: every Connection header, comma-separated tokens
+        tokens = b",".join(line.partition(b":")[2] for line in head.split(b"\r\n") if line.startswith(b"connection:"))
+        keep_alive = b"close" not in [t.strip() for t in tokens.split(b",")]
     return version, length, keep_alive
 
 
 class LookupProtocol(HttpProtocol):
-    """One cube-server connection: fast binary lookups, everything else via HttpProtocol.
+    """One cube-server connection: fast binary lookups, everything else through HttpProtocol's strict parser.
 
     ``worker.fast_lookup(protocol, version, body, keep_alive)`` queues a lookup;
     the answer comes back through ``_deliver`` as bytes (already encoded) or
-    as a Response (errors), in request order either way.
+    as a Response (errors), in request order either way. Backpressure, limits
+    and time-outs are HttpProtocol's: a connection whose answers are not read
+    stops being read.
     """
 
-    def __init__(self, worker, max_body: int):
-        super().__init__(worker.handle, max_body)
+    fast_prefix = LOOKUP_PREFIX
+    fast_head = staticmethod(parse_lookup_head)
+
+    def __init__(self, server, worker):
+        super().__init__(server)
         self.worker = worker
+        self.fast_dispatch = worker.fast_lookup
+        self.fast_max_body = worker.max_body
 
     def connection_made(self, transport):
         super().connection_made(transport)
-        self.worker.connections += 1
+        if not self.rejected:
+            self.worker.connections += 1
 
     def connection_lost(self, exc):
         super().connection_lost(exc)
-        self.worker.connections -= 1
+        if not self.rejected:
+            self.worker.connections -= 1
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         try:
             self._receive(data)
         finally:  # even after an early return: what was queued must be answered
             self.worker.end_of_chunk()
-
-    def _receive(self, data: bytes) -> None:
-        if self.closing:
-            return
-        if self.buffer:  # the tail of an earlier chunk: continue from it (the rare, split case)
-            self.buffer += data
-            if self._head is not None and len(self.buffer) < self._head[4]:
-                return  # a long body still arriving: do not copy the buffer for every chunk
-            data = bytes(self.buffer)
-            self.buffer.clear()
-        pos, n = 0, len(data)
-        while pos < n and not self.closing:
-            head = self._head
-            if head is None:
-                end = data.find(b"\r\n\r\n", pos)
-                if end < 0:
-                    if n - pos > MAX_HEADER_BYTES:
-                        self._fail(431, "request head too large")
-                        return
-                    break
-                fast = parse_lookup_head(data, pos, end) if data.startswith(LOOKUP_PREFIX, pos) else None
-                if fast is None:
-                    try:
-                        head = self._parse_head(data[pos:end])
-                    except ValueError as e:
-                        self._fail(400, str(e))
-                        return
-                    if head[5] and n - (end + 4) < head[4]:
-                        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                else:
-                    head = (_FAST, fast[0], None, fast[2], fast[1], False)
-                pos = end + 4
-                if head[4] > self.max_body:
-                    self._fail(413, f"body of {head[4]} bytes exceeds the limit of {self.max_body}")
-                    return
-                self._head = head
-            length = head[4]
-            if n - pos < length:
-                break
-            body = data[pos : pos + length] if length else b""
-            pos += length
-            self._head = None
-            if head[0] is _FAST:
-                self.worker.fast_lookup(self, head[1], body, head[3])
-                if not head[3]:
-                    self.closing = True
-            else:
-                self._dispatch(head[0], head[1], head[2], head[3], body)
-        if pos < n and not self.closing:
-            self.buffer += data[pos:] if pos else data
 
     def new_slot(self, keep_alive: bool) -> Slot:
         """Reserve this request's place in the connection's ordered answers."""
         slot = Slot(keep_alive)
         self.pending.append(slot)
         return slot
-
-    def _deliver(self, slot: Slot, response) -> None:
-        slot.response = response
-        pending = self.pending
-        if pending[0] is not slot:  # an earlier request is still waiting: answer in order
-            return
-        while pending and pending[0].response is not None:
-            done = pending.popleft()
-            transport = self.transport
-            if transport is None:
-                continue
-            r = done.response
-            if r.__class__ is bytes:
-                transport.write(r)
-            else:
-                transport.writelines(r.encode(done.keep_alive))
-            if not done.keep_alive:
-                transport.close()
-                self.transport = None

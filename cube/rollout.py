@@ -6,10 +6,18 @@ prepare aborts the rollout before any switch, so the old version stays
 active everywhere. If activation itself fails part-way (a shard died after
 preparing), the shards are switched back to the previous version, which
 every server still holds; with no previous version there is nothing to mix.
+
+Every prepare names the version's *chain* (``chain_doc``): its latest full
+representation (a base version, or a delta version's ``compacted/`` copy) and
+the deltas after it. Each agent downloads only what its shard lacks: a shard
+that holds the parent gets the delta alone, a new or restarted one the base and
+every delta since. The same document is published as ``cube/VERSION/chain.json``,
+where a restarting agent finds it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,16 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctr_foundation import names
+from ctr_foundation.env_vars import CUBE_TEST_CRASH
 from ctr_foundation.errors import ComponentError
 from ctr_foundation.fileserver_client import FileServerClient
 from ctr_foundation.pass_format import DENSE_DIR, META_FILE
 from cube.control_client import ControlCallError, call_json
 from cube.rollout_journal import RolloutJournal
-from cube.shard_format import MANIFEST, shard_file_name
+from cube.shard_format import MANIFEST, deleted_file_name, manifest_kind, read_manifest, shard_file_name
+from cube.version_store import COMPACTED, MAX_CHAIN
+
+CHAIN_FILE = "chain.json"
+UPLOAD_THREADS = 4
 
 FILESERVER_PREFIX = names.CUBE_PREFIX
 # Test hook: crash the transfer right after the first shard switched (tests/test_cube_transfer.py).
-CRASH_ENV = "ELASTIC_CTR_CUBE_TEST_CRASH"
 
 
 @dataclass
@@ -48,24 +60,91 @@ class RetryPolicy:
                 delay *= 2
 
 
-def publish_version(fs: FileServerClient, version_dir: Path, pass_dir: Path, retry: RetryPolicy) -> dict:
-    """Upload the shard files, manifest, dense model and meta.json; return {shard name: file-server path}."""
+def publish_version(fs: FileServerClient, version_dir: Path, pass_dir: Path | None, retry: RetryPolicy) -> dict:
+    """Upload the shard files (and deleted keys), dense model, meta.json and manifest; {name: path}."""
     version = version_dir.name
     prefix = f"{FILESERVER_PREFIX}/{version}"
-    uploads = [(f"{prefix}/{p.name}", p) for p in sorted(version_dir.glob("shard-*.arrow"))]
-    dense = Path(pass_dir) / DENSE_DIR
-    if dense.is_dir():
+    shard_files = sorted(version_dir.glob("shard-*.arrow")) + sorted(version_dir.glob("deleted-*.arrow"))
+    uploads = [(f"{prefix}/{p.name}", p) for p in shard_files]
+    dense = Path(pass_dir) / DENSE_DIR if pass_dir else None
+    if dense is not None and dense.is_dir():
         uploads += [
             (f"{prefix}/{DENSE_DIR}/{p.relative_to(dense).as_posix()}", p)
             for p in sorted(dense.rglob("*"))
             if p.is_file()
         ]
-    if (Path(pass_dir) / META_FILE).exists():
+    if pass_dir and (Path(pass_dir) / META_FILE).exists():
         uploads.append((f"{prefix}/{META_FILE}", Path(pass_dir) / META_FILE))
-    uploads.append((f"{prefix}/{MANIFEST}", version_dir / MANIFEST))  # last: its presence means complete
-    for remote, local in uploads:
-        retry.run(lambda r=remote, p=local: fs.put_file(r, p), f"upload {remote}")
-    return {Path(r).name: r for r, _ in uploads}
+    _upload_all(fs, uploads, retry)
+    manifest = f"{prefix}/{MANIFEST}"  # last: its presence means the version is complete
+    retry.run(lambda: fs.put_file(manifest, version_dir / MANIFEST), f"upload {manifest}")
+    return {Path(r).name: r for r, _ in [*uploads, (manifest, None)]}
+
+
+def _upload_all(fs: FileServerClient, uploads: list[tuple[str, Path]], retry: RetryPolicy) -> None:
+    """Upload files a few at a time (each a round trip to the file server); raise the first failure."""
+    with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="cube-publish") as pool:
+        futures = [pool.submit(retry.run, lambda r=r, p=p: fs.put_file(r, p), f"upload {r}") for r, p in uploads]
+        for f in futures:
+            f.result()
+
+
+def publish_compacted(fs: FileServerClient, version_dir: Path, retry: RetryPolicy) -> None:
+    """Upload ``VERSION/compacted/`` (shards first, its manifest last)."""
+    local = version_dir / COMPACTED
+    prefix = f"{FILESERVER_PREFIX}/{version_dir.name}/{COMPACTED}"
+    _upload_all(fs, [(f"{prefix}/{p.name}", p) for p in sorted(local.glob("shard-*.arrow"))], retry)
+    retry.run(lambda: fs.put_file(f"{prefix}/{MANIFEST}", local / MANIFEST), f"upload {prefix}/{MANIFEST}")
+
+
+def chain_doc(cube_root: Path, version: str) -> dict:
+    """``{"version", "shards", "chain": [...]}``: the version's latest full representation and the deltas
+    after it, oldest first, each ``{"version", "kind", "parent", "path", "files"}`` (all shards' files)."""
+    items: list[dict] = []
+    cur = version
+    while True:
+        if len(items) > MAX_CHAIN:
+            raise ComponentError(f"the parent chain of {version} does not end (a loop in the manifests?)")
+        compacted = cube_root / cur / COMPACTED
+        if (compacted / MANIFEST).exists():
+            items.append(_item(cur, read_manifest(compacted), f"{FILESERVER_PREFIX}/{cur}/{COMPACTED}/"))
+            break
+        m = read_manifest(cube_root / cur)
+        items.append(_item(cur, m, f"{FILESERVER_PREFIX}/{cur}/"))
+        if manifest_kind(m) == "base":
+            break
+        cur = m["parent"]
+    items.reverse()
+    return {"version": version, "shards": read_manifest(cube_root / version)["shards"], "chain": items}
+
+
+def _item(version: str, manifest: dict, path: str) -> dict:
+    kind = manifest_kind(manifest)
+    return {
+        "version": version,
+        "kind": kind,
+        "parent": manifest.get("parent") if kind == "delta" else None,
+        "path": path,
+        "files": {
+            name: {k: e[k] for k in ("sha256", "size", "rows") if k in e} for name, e in manifest["files"].items()
+        },
+    }
+
+
+def chain_versions(doc: dict) -> list[str]:
+    return [item["version"] for item in doc["chain"]]
+
+
+def publish_chain(fs: FileServerClient, doc: dict, retry: RetryPolicy) -> None:
+    path = f"{FILESERVER_PREFIX}/{doc['version']}/{CHAIN_FILE}"
+    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    retry.run(lambda: fs.put_bytes(path, data), f"upload {path}")
+
+
+def shard_chain(doc: dict, shard: int) -> list[dict]:
+    """The chain as one shard's prepare carries it: only that shard's files."""
+    mine = {shard_file_name(shard), deleted_file_name(shard)}
+    return [{**item, "files": {n: f for n, f in item["files"].items() if n in mine}} for item in doc["chain"]]
 
 
 class ShardFleet:
@@ -90,27 +169,38 @@ class ShardFleet:
                 errors[i] = str(e)
         return errors
 
-    def prepare(self, version: str, manifest: dict, fs: FileServerClient) -> dict[int, str]:
+    def prepare(self, doc: dict, *, pin: bool = False) -> tuple[dict[int, str], dict[int, dict]]:
+        """Prepare ``doc["version"]`` on every shard: ({shard: error}, {shard: agent's answer})."""
+        results: dict[int, dict] = {}
+
         def one(i):
-            name = shard_file_name(i)
-            entry = manifest["files"][name]
-            body = {
-                "version": version,
-                "url": fs.url(f"{FILESERVER_PREFIX}/{version}/{name}"),
-                "sha256": entry["sha256"],
-                "size": entry["size"],
-            }
-            self.retry.run(
+            body = {"version": doc["version"], "pin": pin, "chain": shard_chain(doc, i)}
+            results[i] = self.retry.run(
                 lambda: call_json(
                     "POST", f"{self.agents[i]}/v1/prepare", body, token=self.token, timeout=self.retry.timeout
                 ),
                 f"prepare shard {i}",
             )
 
+        return self._each(one), results
+
+    def unpin(self, version: str) -> dict[int, str]:
+        def one(i):
+            self.retry.run(
+                lambda: call_json(
+                    "POST",
+                    f"{self.agents[i]}/v1/unpin",
+                    {"version": version},
+                    token=self.token,
+                    timeout=self.retry.timeout,
+                ),
+                f"unpin {version} on shard {i}",
+            )
+
         return self._each(one)
 
     def activate(self, version: str, shards=None) -> dict[int, str]:
-        crash = os.environ.get(CRASH_ENV) == "after-first-activate"
+        crash = CUBE_TEST_CRASH.get() == "after-first-activate"
 
         def one(i):
             self.retry.run(
@@ -142,20 +232,22 @@ class ShardFleet:
 
 def roll_out(
     *,
-    version: str,
-    manifest: dict,
+    doc: dict,
     journal: RolloutJournal,
     fleet: ShardFleet,
-    fs: FileServerClient,
     resume: bool = False,
 ) -> tuple[bool, dict]:
     """Prepare every shard, then activate every shard; (succeeded, timings and errors)."""
+    version = doc["version"]
     info: dict = {}
     if not resume:
         journal.begin(version, "preparing")
     t0 = time.time()
-    errors = fleet.prepare(version, manifest, fs)
+    errors, results = fleet.prepare(doc)
     info["prepare_s"] = round(time.time() - t0, 3)
+    info["shipped_bytes"] = sum(r.get("downloaded_bytes", 0) for r in results.values())
+    info["shipped"] = {str(i): r.get("downloaded", []) for i, r in sorted(results.items())}
+    info["shard_timings"] = {str(i): r.get("timings", {}) for i, r in sorted(results.items())}
     if errors:
         info["error"] = "prepare failed, old version kept everywhere: " + "; ".join(
             f"shard {i}: {e}" for i, e in sorted(errors.items())

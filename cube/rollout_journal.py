@@ -61,6 +61,11 @@ class RolloutJournal:
             entry.update(fields, updated_at=time.time())
             self.save()
 
+    def set_field(self, key: str, value) -> None:
+        with self._lock:
+            self.data[key] = value
+            self.save()
+
     def begin(self, version: str, phase: str) -> None:
         with self._lock:
             self.data["in_flight"] = {

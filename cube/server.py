@@ -1,4 +1,4 @@
-"""cube-server: serves one shard of the cube over HTTP, from memory-mapped shard files.
+"""cube-server: serves one shard of the cube over HTTP, from verified private copies of its shard files.
 
 ``cube-server --port P --shard I --data DIR [--workers N]``. DIR is a version
 folder (holding manifest.json) or a cube root (the newest complete version
@@ -24,10 +24,10 @@ import click
 from ctr_foundation import env_vars, names
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
-from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.errors import ComponentError, DataError, ElasticControlError, UsageError
 from cube.server_app import CubeWorker
-from cube.shard_format import CorruptShardError, complete_versions, shard_file_name, verify_version_dir
-from cube.version_store import ControlState, StateFile, load_index
+from cube.shard_format import MANIFEST, CorruptShardError, complete_versions, read_manifest, shard_file_name
+from cube.version_store import ControlState, StateFile, verify_chain
 
 DEFAULT_PORT = names.CUBE_SERVER_PORT
 DEFAULT_MAX_BATCH = 1_000_000
@@ -52,7 +52,7 @@ def make_listen_socket(host: str, port: int, *, reuse_port: bool, listen: bool =
 
 
 def initial_state(data_dir: Path, shard: int, workers: int, store: StateFile) -> ControlState:
-    """The state to start with: the recorded one after a restart, else what DIR holds."""
+    """The state to start with: the recorded one after a restart, else what DIR holds (verified)."""
     state = store.read()
     if state is not None:
         if state.shard != shard:
@@ -60,30 +60,55 @@ def initial_state(data_dir: Path, shard: int, workers: int, store: StateFile) ->
         state.workers = workers
         return state
     state = ControlState(generation=1, workers=workers, shard=shard)
-    if (data_dir / "manifest.json").exists():
-        candidates = [(data_dir, "")]
+    name = shard_file_name(shard)
+    if (data_dir / MANIFEST).exists():
+        candidates = [name]
     else:
-        candidates = [(data_dir / v, f"{v}/") for v in reversed(complete_versions(data_dir))]
-    for version_dir, prefix in candidates:
-        name = shard_file_name(shard)
-        if not (version_dir / name).exists():
+        candidates = [f"{v}/{name}" for v in reversed(complete_versions(data_dir))]
+    for rel in candidates:
+        if not (data_dir / rel).exists():
             continue
-        manifest = verify_version_dir(version_dir) if prefix == "" else _verify_one(version_dir, name)
-        state.active = manifest["version"]
-        state.paths[state.active] = prefix + name
+        try:
+            version = read_manifest((data_dir / rel).parent).get("version")
+            if not isinstance(version, str):
+                raise CorruptShardError(f"{(data_dir / rel).parent}/{MANIFEST} names no version")
+            verify_chain(data_dir, rel, version, shard)
+        except ElasticControlError as e:
+            _say(f"not serving {rel}: {e}")
+            continue
+        state.active = version
+        state.paths[version] = rel
         break
     return state
 
 
-def _verify_one(version_dir: Path, name: str) -> dict:
-    """Check one shard against its manifest (a cube root may hold only this server's shard)."""
-    from cube.shard_format import read_manifest, sha256_file
+def verified_state(data_dir: Path, state: ControlState) -> ControlState:
+    """``state`` without the versions whose files (or their ancestors') fail their manifests' checks.
 
-    manifest = read_manifest(version_dir)
-    entry = manifest["files"].get(name)
-    if entry is None or sha256_file(version_dir / name) != entry["sha256"]:
-        raise CorruptShardError(f"{version_dir / name}: missing from or not matching manifest.json")
-    return manifest
+    A damaged non-active version is dropped and the others still load; a damaged active version
+    leaves the server without one (not ready) rather than crash-looping: its agent loads it again.
+    """
+    bad = {}
+    for version in sorted(state.held()):
+        try:
+            rel = state.paths.get(version)
+            if rel is None:
+                raise DataError("the state file names no shard file for it")
+            verify_chain(data_dir, rel, version, state.shard)
+        except ElasticControlError as e:
+            bad[version] = str(e)
+    for version, reason in bad.items():
+        _say(f"dropping version {version} (was {', '.join(_roles(state, version))}): {reason}")
+    return state.dropping(bad) if bad else state
+
+
+def _roles(state: ControlState, version: str) -> list[str]:
+    roles = [r for r in ("active", "prepared", "previous") if getattr(state, r) == version]
+    return roles + (["pinned"] if version in state.pinned else [])
+
+
+def _say(message: str) -> None:
+    print(f"cube-server: {message}", file=sys.stderr, flush=True)
 
 
 def event_loop_factory(kind: str):
@@ -193,11 +218,10 @@ class Supervisor:
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline and not self.stopping:
             acks = store.read_acks(self.n)
-            errors = [a["error"] for a in acks.values() if a.get("error")]
-            if errors:
-                self._stop()
-                raise ComponentError(f"a worker could not load its versions: {errors[0]}")
             if len(acks) == self.n and all(a.get("generation", 0) >= generation for a in acks.values()):
+                for k, a in sorted(acks.items()):  # verified a moment ago, so rare: say so and serve the rest
+                    for version, error in sorted(a.get("errors", {}).items()):
+                        _say(f"worker {k} could not load {version}: {error}")
                 return
             dead = [k for k, p in self.procs.items() if not p.is_alive()]
             if dead:
@@ -238,9 +262,7 @@ def serve(
         raise UsageError(f"--workers {workers} is out of range (1-64)")
     store = StateFile(state_dir or data_dir / f".cube-server-shard-{shard}")
     with store.locked():
-        state = initial_state(data_dir, shard, workers, store)
-        if state.active:  # refuse a bad file now, with a clear message, rather than in every worker
-            load_index(data_dir, state.paths[state.active], version=state.active, shard=shard)
+        state = verified_state(data_dir, initial_state(data_dir, shard, workers, store))
         store.write(state)
         for f in store.dir.glob("worker-*.json"):
             f.unlink()

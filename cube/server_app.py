@@ -10,9 +10,10 @@ request is bound to one ShardIndex object when it is parsed.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
+import contextlib
+import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -22,15 +23,24 @@ from time import perf_counter
 import numpy as np
 
 from ctr_foundation.errors import ElasticControlError, UsageError
-from ctr_foundation.http_protocol import Request, Response, Slot
+from ctr_foundation.http_json import parse_json, parse_json_object
+from ctr_foundation.http_messages import HttpError, Request, Response, Slot
+from ctr_foundation.http_protocol import Route
+from ctr_foundation.http_server import HttpLimits, HttpServer
 from cube.lookup_protocol import LookupProtocol
 from cube.server_metrics import ServerMetrics
-from cube.version_store import ControlState, StateFile, VersionSet, load_index
+from cube.shard_format import shard_file_name, valid_version_name
+from cube.version_store import ControlState, StateFile, VersionSet, load_index, stamp_of
 
+log = logging.getLogger("cube.server")
 WATCH_INTERVAL = 0.02  # seconds between state-file checks
 METRICS_INTERVAL = 1.0
 ACK_TIMEOUT = 60.0
 VERSION_HEADER = "X-Cube-Version"
+CONTROL_ENDPOINTS = ("/v1/load", "/v1/activate", "/v1/unpin")
+CONTROL_MAX_BODY = 64 << 10  # {"version", "path", "pin"}: a control call body is small
+# Serving keeps a pool of connections per shard; 1,000 idle clients must not lock anyone out.
+LIMITS = HttpLimits(max_connections=4096)
 
 
 class CubeWorker:
@@ -56,12 +66,18 @@ class CubeWorker:
         self._flush_scheduled = False
         self._head_prefixes: dict[tuple[str, int], tuple[bytes, bytes]] = {}
         self._max_body_bytes = max_batch * 8
+        self.max_body = max_batch * 8 + 1024  # framing limit of a lookup body (413 and close above)
+        self._lookup_route = Route(self.handle, max_body=self.max_body)
+        self._control_route = Route(self.handle, token=True, max_body=CONTROL_MAX_BODY)
+        self._other_route = Route(self.handle)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connections = 0  # open connections of this worker (LookupProtocol counts them)
         self._control_lock = asyncio.Lock()
         self._stamp: tuple = ()
         self._last_error: str | None = None
         self._apply_lock = threading.Lock()  # the watcher and a control call may both apply
+        self._preloaded: dict = {}  # version -> ((path, stamp), index) validated by a control call
+        self.last_load: dict = {}  # the last load this worker took: how long reading and committing took
         self.started = time.time()
 
     # ---- state ---------------------------------------------------------------------------
@@ -73,25 +89,32 @@ class CubeWorker:
 
     def _apply_state_file(self) -> None:
         stamp = self.store.stamp()
-        state = self.store.read()
-        if state is None:
-            return
         try:
-            self.versions = self.versions.materialise(state, self.data_dir)
-            self._last_error = None
+            state = self.store.read()
         except ElasticControlError as e:
             self._last_error = str(e)
+            return
+        if state is None:
+            return
+        preloaded, self._preloaded = self._preloaded, {}
+        self.versions = self.versions.materialise(state, self.data_dir, preloaded)
+        errors = self.versions.errors
+        self._last_error = "; ".join(f"{v}: {e}" for v, e in sorted(errors.items())) or None
         self._stamp = stamp
         self.store.write_ack(
             self.worker,
             {
-                "generation": state.generation if self._last_error is None else -1,
-                "seen": state.generation,
+                "generation": state.generation,
                 "pid": os.getpid(),
-                "active": self.versions.state.active,
-                "error": self._last_error,
+                "active": self.active_version,
+                "errors": errors,
             },
         )
+
+    @property
+    def active_version(self) -> str | None:
+        """The active version this worker really holds (None if it is not loaded)."""
+        return self.versions.state.active if self.versions.active is not None else None
 
     async def watch_state(self) -> None:
         loop = asyncio.get_running_loop()
@@ -106,115 +129,192 @@ class CubeWorker:
                 last_metrics = now
                 self.metrics.snapshot(self.store.dir, self.worker)
 
-    async def _commit(self, change) -> ControlState:
-        """Apply ``change(current) -> next`` to the state file and wait until every worker has it."""
+    async def _commit(self, change, *, must_load: str | None = None) -> ControlState:
+        """Apply ``change(current) -> next`` to the state file and wait until every worker has it.
+
+        With ``must_load``, a worker that could not load that version fails the call, and the
+        version is taken out of the state again (so no worker is left holding it alone).
+        """
         loop = asyncio.get_running_loop()
         async with self._control_lock:
 
-            def write():
+            def write(fn):
                 with self.store.locked():
                     current = self.store.read() or ControlState(shard=self.shard, workers=self.workers)
-                    nxt = change(current)
+                    nxt = fn(current)
                     self.store.write(nxt)
                     return nxt
 
-            nxt = await loop.run_in_executor(None, write)
-            await loop.run_in_executor(None, self.apply_state_file)
-            deadline = time.monotonic() + ACK_TIMEOUT
-            while True:
-                acks = self.store.read_acks(self.workers)
-                errors = [
-                    f"worker {k}: {a['error']}"
-                    for k, a in acks.items()
-                    if a.get("seen", 0) >= nxt.generation and a.get("error")
-                ]
-                if errors:
-                    raise UsageError("; ".join(errors))
-                if len(acks) == self.workers and all(a.get("generation", 0) >= nxt.generation for a in acks.values()):
-                    return nxt
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"workers did not apply generation {nxt.generation} within {ACK_TIMEOUT}s")
-                await asyncio.sleep(WATCH_INTERVAL / 2)
+            nxt = await loop.run_in_executor(None, write, change)
+            acks = await self._wait_acks(nxt.generation)
+            failed = [f"worker {k}: {a['errors'][must_load]}" for k, a in acks.items() if must_load in a["errors"]]
+            if failed:
+                await loop.run_in_executor(None, write, lambda cur: cur.without(must_load))
+                raise UsageError("; ".join(failed))
+            return nxt
+
+    async def _wait_acks(self, generation: int) -> dict[int, dict]:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.apply_state_file)
+        deadline = time.monotonic() + ACK_TIMEOUT
+        while True:
+            acks = self.store.read_acks(self.workers)
+            if len(acks) == self.workers and all(a.get("generation", 0) >= generation for a in acks.values()):
+                return acks
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers did not apply generation {generation} within {ACK_TIMEOUT}s")
+            await asyncio.sleep(WATCH_INTERVAL / 2)
 
     # ---- HTTP ----------------------------------------------------------------------------
+
+    def route(self, req: Request) -> Route:
+        """Decided from the head: lookups take big bodies, control calls need the token (checked before the body)."""
+        if req.method == "POST":
+            if req.path == "/v1/lookup":
+                return self._lookup_route
+            if req.path in CONTROL_ENDPOINTS:
+                return self._control_route
+        return self._other_route
 
     def handle(self, req: Request, slot: Slot, deliver) -> Response | None:
         path = req.path
         if path == "/v1/lookup" and req.method == "POST":
             return self.lookup(req, slot, deliver)
         if req.method == "GET":
-            if path == "/healthz":
-                return self._count("healthz", Response.json({"status": "ok", "active": self.versions.state.active}))
+            if path == "/healthz":  # liveness: the process answers (readiness is /readyz)
+                return self._count("healthz", Response.json({"status": "ok", "active": self.active_version}))
+            if path == "/readyz":
+                return self._count("readyz", self.readiness())
             if path == "/v1/status":
                 return self._count("status", Response.json(self.status()))
             if path == "/metrics":
                 text = self.metrics.render(
-                    self.store.dir, self.worker, self.workers, shard=self.shard, active=self.versions.state.active
+                    self.store.dir, self.worker, self.workers, shard=self.shard, active=self.active_version
                 )
                 return self._count("metrics", Response(200, text.encode(), "text/plain; version=0.0.4"))
-        if req.method == "POST" and path in ("/v1/load", "/v1/activate"):
-            denied = self._check_token(req)
-            if denied:
-                return self._count(path.rsplit("/", 1)[1], denied)
+        if req.method == "POST" and path in CONTROL_ENDPOINTS:  # the token was checked by the protocol
             asyncio.get_running_loop().create_task(self._control(req, slot, deliver))
             return None
-        known = {"/v1/lookup", "/healthz", "/v1/status", "/metrics", "/v1/load", "/v1/activate"}
+        known = {"/v1/lookup", "/healthz", "/readyz", "/v1/status", "/metrics", *CONTROL_ENDPOINTS}
         if path in known:
             return self._count("other", Response.error(405, f"{req.method} is not allowed on {path}"))
         return self._count("other", Response.error(404, f"no such endpoint {path}; see cube/README.md"))
+
+    def readiness(self) -> Response:
+        """200 only when this server can answer un-pinned lookups: an active version is loaded."""
+        if self.versions.active is not None:
+            return Response.json({"ready": True, "active": self.active_version})
+        wanted = self.versions.state.active
+        reason = "no active version loaded yet"
+        if wanted:
+            reason = f"active version {wanted!r} could not be loaded: {self.versions.errors.get(wanted, 'loading')}"
+        return Response.json({"ready": False, "reason": reason}, status=503)
 
     def _count(self, endpoint: str, response: Response) -> Response:
         self.metrics.count_request(endpoint, response.status)
         return response
 
-    def _check_token(self, req: Request) -> Response | None:
-        if not self.token:
-            return Response.error(403, "control calls are disabled: the server has no ELASTIC_CTR_TOKEN")
-        got = req.headers.get("authorization", "")
-        if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].encode(), self.token.encode()):
-            return Response.error(401, "missing or wrong bearer token (Authorization: Bearer $ELASTIC_CTR_TOKEN)")
-        return None
-
     def status(self) -> dict:
+        """What this worker really holds: a role is named only when its version is loaded."""
         vs = self.versions
+        loaded = vs.indexes
+
+        def have(v):
+            return v if v in loaded else None
+
         return {
             "shard": self.shard,
             "worker": self.worker,
             "workers": self.workers,
             "pid": os.getpid(),
-            **{r: getattr(vs.state, r) for r in ("active", "prepared", "previous")},
+            "ready": vs.active is not None,
+            **{r: have(getattr(vs.state, r)) for r in ("active", "prepared", "previous")},
+            "pinned": [v for v in vs.state.pinned if v in loaded],
             "generation": vs.state.generation,
             "error": self._last_error,
+            "dropped": {**vs.state.dropped, **vs.errors},
             "versions": {
-                v: {"rows": i.rows, "dim": i.dim, "path": vs.state.paths.get(v)} for v, i in vs.indexes.items()
+                v: {
+                    "role": vs.role(v),
+                    "rows": i.rows,
+                    "dim": i.dim,
+                    "kind": i.shard.kind,
+                    "parent": i.shard.parent,
+                    "path": vs.state.paths.get(v),
+                }
+                for v, i in sorted(loaded.items())
             },
+            "last_load": self.last_load,
             "uptime_seconds": round(time.time() - self.started, 3),
         }
 
+    @staticmethod
+    def _control_body(req: Request) -> dict:
+        """The JSON object of a control call, checked; HttpError 400 naming what is wrong."""
+        body = parse_json_object(req.body, max_bytes=CONTROL_MAX_BODY)
+        if not valid_version_name(body.get("version")):
+            raise HttpError(400, "body must have a 'version': a non-empty name of letters, digits, '-', '_' and '.'")
+        rel = body.get("path")
+        if rel is not None and (not isinstance(rel, str) or not rel or "\x00" in rel):
+            raise HttpError(400, "'path' must be a non-empty string (no NUL) relative to --data")
+        if not isinstance(body.get("pin", False), bool):
+            raise HttpError(400, "'pin' must be true or false")
+        return body
+
+    def _validate_load(self, version: str, rel: str) -> str:
+        """Load (and keep) ``version`` from ``rel`` unless this worker already holds that very file; its stamp."""
+        stamp = stamp_of(self.data_dir, rel)
+        vs = self.versions
+        if version in vs.indexes and vs.state.paths.get(version) == rel and vs.stamps.get(version, "") == stamp:
+            return stamp  # the same file, verified when it was loaded: nothing to read again
+        have = {v: i.shard for v, i in vs.indexes.items() if v != version}
+        index = load_index(self.data_dir, rel, version=version, shard=self.shard, have=have)
+        self._preloaded[version] = ((rel, stamp), index)
+        return stamp
+
     async def _control(self, req: Request, slot: Slot, deliver) -> None:
         endpoint = req.path.rsplit("/", 1)[1]
+        loop = asyncio.get_running_loop()
         try:
-            body = json.loads(req.body or b"{}")
-            version = body.get("version")
-            if not isinstance(version, str) or not version:
-                raise UsageError("body must be JSON with a non-empty string 'version'")
+            body = self._control_body(req)
+            version = body["version"]
             if endpoint == "load":
-                rel = body.get("path") or f"{version}/shard-{self.shard}.arrow"
+                rel = body.get("path") or f"{version}/{shard_file_name(self.shard)}"
+                pin = body.get("pin", False)
                 # Validate here first, so a corrupt file is refused before any worker is told about it.
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: load_index(self.data_dir, rel, version=version, shard=self.shard)
-                )
-                await self._commit(lambda cur: cur.with_prepared(version, rel))
-            else:
+                t0 = perf_counter()
+                stamp = await loop.run_in_executor(None, self._validate_load, version, rel)
+                t1 = perf_counter()
+                await self._commit(lambda cur: cur.with_prepared(version, rel, stamp, pin=pin), must_load=version)
+                self.last_load = {
+                    "version": version,
+                    "read_s": round(t1 - t0, 3),
+                    "commit_s": round(perf_counter() - t1, 3),
+                    "at": time.time(),
+                }
+            elif endpoint == "activate":
                 await self._commit(lambda cur: cur.with_active(version))
+            else:
+                await self._commit(lambda cur: self._unpinned(cur, version))
             response = Response.json(self.status())
-        except (json.JSONDecodeError, AttributeError) as e:
-            response = Response.error(400, f"body must be a JSON object: {e}")
+        except HttpError as e:
+            response = e.response()
         except ElasticControlError as e:
             response = Response.error(422 if endpoint == "load" else 409, str(e))
         except TimeoutError as e:
             response = Response.error(504, str(e))
+        except Exception as e:  # noqa: BLE001 - a control call is always answered, never left hanging
+            log.exception("%s failed", req.path)
+            response = Response.error(500, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            self._preloaded.clear()
         deliver(slot, self._count(endpoint, response))
+
+    @staticmethod
+    def _unpinned(cur: ControlState, version: str) -> ControlState:
+        if version not in cur.pinned:
+            raise UsageError(f"version {version!r} is not pinned (pinned: {cur.pinned or 'none'})")
+        return cur.without(version)
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -344,11 +444,12 @@ class CubeWorker:
         return prefixes
 
     def _lookup_json(self, req: Request, index) -> Response:
+        """The JSON debugging variant: keys are JSON integers in [0, 2**64) or their decimal strings; nothing
+        else is coerced (-1 is not 2**64-1, 1.9 is not 1, true is not 1, "123" is not the keys [1, 2, 3])."""
         try:
-            body = json.loads(req.body or b"{}")
-            keys = np.array([int(k) for k in body["keys"]], dtype=np.uint64)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as e:
-            return Response.error(400, f'JSON lookup body must be {{"keys": [uint64, ...]}}: {e}')
+            keys = np.array(_json_keys(parse_json(req.body or b"{}")), dtype=np.uint64)
+        except HttpError as e:
+            return e.response()
         if len(keys) > self.max_batch:
             return Response.error(413, f"{len(keys)} keys exceed the batch limit {self.max_batch}")
         values, found = index.lookup(keys)
@@ -369,13 +470,45 @@ class CubeWorker:
     async def serve(self, sock: socket.socket, max_body: int) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self.max_body = max_body
         self._max_body_bytes = min(max_body, self.max_batch * 8)
-        server = await loop.create_server(lambda: LookupProtocol(self, max_body), sock=sock)
+        self._lookup_route = Route(self.handle, max_body=max_body)
+        server = HttpServer(
+            self,
+            sock=sock,
+            token=self.token,
+            name=f"cube-server shard {self.shard}",
+            limits=LIMITS,
+            protocol_factory=lambda srv: LookupProtocol(srv, self),
+            backlog=2048,
+        )
+        # SIGTERM stops the server from inside the loop: a plain signal.signal handler may not run while
+        # uvloop waits in C, which left workers running until they were killed.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, server.shutdown)
         watcher = loop.create_task(self.watch_state())
         try:
-            await server.serve_forever()
+            await server.serve()
         finally:
             watcher.cancel()
+
+
+def _json_keys(body) -> list[int]:
+    """The keys of a JSON lookup body: integers 0 <= k < 2^64 or their decimal strings, nothing coerced.
+
+    (-1 is not 2^64-1, 1.9 is not 1, true is not 1, and "123" is not the keys [1, 2, 3].)
+    """
+    keys = body.get("keys") if isinstance(body, dict) else None
+    if not isinstance(keys, list):
+        raise HttpError(400, 'JSON lookup body must be {"keys": [uint64 or decimal string, ...]}')
+    out = []
+    for i, k in enumerate(keys):
+        if isinstance(k, str) and 0 < len(k) <= 20 and k.isascii() and k.isdigit():
+            k = int(k)
+        if type(k) is not int or not 0 <= k < 1 << 64:
+            raise HttpError(400, f"keys[{i}] = {k!r}: a key is an unsigned 64-bit integer (or its decimal string)")
+        out.append(k)
+    return out
 
 
 def _split_bitmaps(found: np.ndarray, sizes: list[int]) -> list[bytes]:

@@ -6,7 +6,17 @@ handled; (optional) promotion gate; build the version with cube-builder
 shards, manifest, dense model and meta.json through the file server; roll out
 in two phases (cube/rollout.py); record ``cube/current.json``; GC old versions.
 Older passes still waiting when a newer one is complete are skipped
-("superseded"): serving wants the freshest model, not every hour replayed.
+("superseded"): serving wants the freshest model, not every hour replayed
+(a delta pass still needs its ancestors: they are built and shipped as part
+of its chain, never activated on their own).
+
+Delta passes: the version is built on its parent's (cube/builder.py) and each
+shard downloads only what it lacks (cube/rollout.py). After a delta version
+with ``--compact-after`` deltas since its last full copy became active, its
+chain is folded into ``VERSION/compacted/`` in the background and published;
+new and restarted shards then start from it. Versions named in the file
+server's ``cube/pins.json`` are loaded on every shard (pinned) and kept, with
+everything their chains need, until they are unpinned.
 
 Durability: every phase is written to the rollout journal first, so a restart
 never rebuilds a finished version, and a restart in the middle of activating
@@ -16,6 +26,7 @@ leaving shards on different versions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -31,18 +42,41 @@ from ctr_foundation import env_vars, names
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.errors import ComponentError, DataError, ElasticControlError, UsageError
-from ctr_foundation.fileserver_client import FileServerClient, FileServerError
+from ctr_foundation.fileserver_client import FileServerClient, FileServerError, NotFound
+from ctr_foundation.http_json import JsonRoute, make_json_server
+from ctr_foundation.http_server import serve_in_thread
+from ctr_foundation.pass_format import load_pass
 from ctr_foundation.records import CurrentVersion, DonefileEntry, read_donefile, utc_now, write_current
-from cube.builder import build_version
-from cube.json_service import Route, make_json_server
+from cube.builder import build_version, compact_version
 from cube.promotion_gate import DEFAULT_GATE_COMMAND, CommandGate, Gate
-from cube.rollout import FILESERVER_PREFIX, RetryPolicy, ShardFleet, publish_version, roll_out
+from cube.rollout import (
+    FILESERVER_PREFIX,
+    RetryPolicy,
+    ShardFleet,
+    chain_doc,
+    chain_versions,
+    publish_chain,
+    publish_compacted,
+    publish_version,
+    roll_out,
+)
 from cube.rollout_journal import FINAL, RolloutJournal
-from cube.shard_format import CorruptShardError, complete_versions, read_manifest, verify_version_dir
+from cube.shard_format import (
+    MANIFEST,
+    CorruptShardError,
+    complete_versions,
+    manifest_kind,
+    read_manifest,
+    valid_version_name,
+    verify_version_dir,
+)
+from cube.version_store import COMPACTED
 
 DEFAULT_PORT = names.CUBE_TRANSFER_PORT
 JOURNAL_FILE = "transfer-state.json"
+PINS_FILE = f"{FILESERVER_PREFIX}/pins.json"
 MAX_BACKOFF = 300.0
+DEFAULT_COMPACT_AFTER = 8
 log = logging.getLogger("cube.transfer")
 
 
@@ -59,6 +93,7 @@ class TransferConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     poll_interval: float = 5.0
     retry_backoff: float = 5.0  # first wait before retrying a failed pass; doubles up to MAX_BACKOFF
+    compact_after: int = DEFAULT_COMPACT_AFTER  # deltas since the last full copy that trigger compaction; 0: never
 
     @property
     def shards(self) -> int:
@@ -77,6 +112,10 @@ class Transfer:
         self.wake = threading.Event()
         self.stopping = False
         self.last_error: str | None = None
+        self._compactor: threading.Thread | None = None
+        self.compaction: dict = {}  # the last (or running) compaction
+        self.pins_error: str | None = None
+        self._published: set[str] = set()  # file-server folders (cube/V/, cube/V/compacted/) known complete
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -93,6 +132,7 @@ class Transfer:
                 return self.recover()
             entry = self._next_pass()
             if entry is None:
+                self.sync_pins()
                 return None
             self.process(entry)
             self.last_error = None
@@ -101,6 +141,11 @@ class Transfer:
             self.last_error = str(e)
             log.error("%s", e)
             return None
+
+    def wait_for_compaction(self, timeout: float | None = None) -> None:
+        t = self._compactor
+        if t is not None:
+            t.join(timeout)
 
     def _next_pass(self) -> DonefileEntry | None:
         entries = read_donefile(self.cfg.model_path)
@@ -148,27 +193,56 @@ class Transfer:
         timings["built"] = rebuilt
         t2 = time.time()
         try:
-            publish_version(self.fs, self.cfg.cube_root / version, pass_dir, self.cfg.retry)
+            doc = self._publish_chain(version, pass_dir)
         except (ComponentError, FileServerError) as e:
             self._failed(version, f"publish failed: {e}", timings)
             return
         timings["publish_s"] = round(time.time() - t2, 3)
-        ok, info = roll_out(version=version, manifest=manifest, journal=self.journal, fleet=self.fleet, fs=self.fs)
+        ok, info = roll_out(doc=doc, journal=self.journal, fleet=self.fleet)
         self._conclude(version, entry, pass_dir, manifest, ok, {**timings, **info}, t0)
 
-    def _build(self, version: str, pass_dir: Path) -> tuple[dict, bool]:
+    def _pass_dir(self, name: str) -> Path:
+        """A pass's folder: the donefile's ``path`` (relative to MODEL_PATH unless absolute), else MODEL_PATH/NAME."""
+        entry = next((e for e in read_donefile(self.cfg.model_path) if e.pass_name == name), None)
+        path = (entry.path if entry else "") or name
+        return Path(path) if Path(path).is_absolute() else Path(self.cfg.model_path) / path
+
+    def _build(self, version: str, pass_dir: Path, *, check_sha: bool = True) -> tuple[dict, bool]:
+        """The built version (reused when it verifies), building the ancestors a delta needs first."""
         vdir = self.cfg.cube_root / version
-        if (vdir / "manifest.json").exists():
+        if (vdir / MANIFEST).exists():
             try:
-                manifest = verify_version_dir(vdir)
+                manifest = verify_version_dir(vdir, check_sha=check_sha)
                 if manifest["shards"] == self.cfg.shards:
                     return manifest, False
             except (CorruptShardError, DataError) as e:
                 log.warning("rebuilding %s: %s", version, e)
+        info = load_pass(pass_dir)
+        if info.kind == "delta":
+            if not valid_version_name(info.parent):
+                raise DataError(f"{pass_dir}/meta.json: parent {info.parent!r} is not a pass name")
+            self._build(info.parent, self._pass_dir(info.parent), check_sha=False)
         manifest = build_version(
             pass_dir=pass_dir, shards=self.cfg.shards, output=self.cfg.cube_root, version=version, overwrite=True
         )
         return manifest, True
+
+    def _publish_chain(self, version: str, pass_dir: Path | None) -> dict:
+        """Publish every version of the chain the file server lacks, then ``cube/VERSION/chain.json``."""
+        doc = chain_doc(self.cfg.cube_root, version)
+        for item in doc["chain"]:
+            v, folder = item["version"], item["path"]
+            if folder in self._published and v != version:
+                continue  # published by this process (and not collected since)
+            if v == version or not self.fs.exists(f"{FILESERVER_PREFIX}/{v}/{MANIFEST}"):
+                publish_version(
+                    self.fs, self.cfg.cube_root / v, pass_dir if v == version else self._pass_dir(v), self.cfg.retry
+                )
+            if folder.endswith(f"/{COMPACTED}/") and not self.fs.exists(f"{folder}{MANIFEST}"):
+                publish_compacted(self.fs, self.cfg.cube_root / v, self.cfg.retry)
+            self._published.add(folder)
+        publish_chain(self.fs, doc, self.cfg.retry)
+        return doc
 
     def _failed(self, version: str, reason: str, timings: dict) -> None:
         prev = self.journal.data["passes"].get(version, {})
@@ -204,11 +278,13 @@ class Transfer:
             "rows": manifest["rows"],
             "timings": info,
         }
+        active["kind"] = manifest_kind(manifest)
         self._publish_current(version, manifest, entry)
         self.journal.set_pass(version, status="active", timings=info, activated_at=now)
         self.journal.finish({"version": version, "result": "active", "at": now, **info}, active=active)
         log.info("cube version %s active on %d shards (%s)", version, manifest["shards"], info)
         self.gc()
+        self._maybe_compact(version)
 
     def _publish_current(self, version: str, manifest: dict, entry: DonefileEntry) -> None:
         current = CurrentVersion(
@@ -221,6 +297,7 @@ class Transfer:
             dense=f"{FILESERVER_PREFIX}/{version}/dense/",
             activated_at=utc_now(),
             donefile_time=entry.time,
+            extra={"kind": manifest_kind(manifest), "parent": manifest.get("parent")},
         )
         write_current(self.cfg.cube_root, current)
         try:
@@ -243,28 +320,120 @@ class Transfer:
             (e for e in read_donefile(self.cfg.model_path) if e.pass_name == version),
             DonefileEntry(version, version, {}, None),
         )
-        pass_dir = Path(self.cfg.model_path) / version
+        pass_dir = self._pass_dir(version)
         t0 = time.time()
         manifest = read_manifest(self.cfg.cube_root / version)
         ok, info = roll_out(
-            version=version, manifest=manifest, journal=self.journal, fleet=self.fleet, fs=self.fs, resume=True
+            doc=chain_doc(self.cfg.cube_root, version), journal=self.journal, fleet=self.fleet, resume=True
         )
         info["recovered"] = True
         self._conclude(version, entry, pass_dir, manifest, ok, info, t0)
         return version
 
+    # ---- compaction ---------------------------------------------------------------------
+
+    def _maybe_compact(self, version: str) -> None:
+        """Fold the active delta version's chain into a full copy, off the rollout and serving paths."""
+        if not self.cfg.compact_after or (self._compactor is not None and self._compactor.is_alive()):
+            return
+        try:
+            deltas = len(chain_doc(self.cfg.cube_root, version)["chain"]) - 1
+        except ElasticControlError:
+            return
+        if deltas < self.cfg.compact_after:
+            return
+
+        def work():
+            t0 = time.time()
+            self.compaction = {"version": version, "state": "running", "deltas": deltas, "started_at": t0}
+            try:
+                compact_version(cube_root=self.cfg.cube_root, version=version)
+                publish_compacted(self.fs, self.cfg.cube_root / version, self.cfg.retry)
+                publish_chain(self.fs, chain_doc(self.cfg.cube_root, version), self.cfg.retry)
+                self.compaction.update(state="done", seconds=round(time.time() - t0, 3))
+                self.journal.set_pass(version, compacted=True)
+                log.info("compacted %s (%d deltas) in %.1fs", version, deltas, time.time() - t0)
+            except (ElasticControlError, OSError) as e:
+                self.compaction.update(state="failed", error=str(e))
+                log.error("compaction of %s failed: %s", version, e)
+
+        self._compactor = threading.Thread(target=work, name=f"compact-{version}", daemon=True)
+        self._compactor.start()
+
+    # ---- pins -------------------------------------------------------------------------------
+
+    def wanted_pins(self) -> set[str]:
+        """Versions named in the file server's cube/pins.json (``{"versions": [...]}``)."""
+        try:
+            doc = self.fs.get_json(PINS_FILE)
+        except NotFound:
+            return set()
+        versions = doc.get("versions") if isinstance(doc, dict) else None
+        if not isinstance(versions, list):
+            raise DataError(f'{PINS_FILE} on the file server must be {{"versions": [VERSION, ...]}}')
+        return {v for v in versions if valid_version_name(v)}
+
+    def sync_pins(self) -> None:
+        """Load newly pinned versions on every shard (pinned), unpin the ones no longer named."""
+        try:
+            wanted = self.wanted_pins()
+        except (ElasticControlError, ValueError) as e:
+            self.pins_error = str(e)
+            return
+        have = dict(self.journal.data.get("pins") or {})
+        errors = []
+        for version in sorted(wanted - set(have)):
+            try:
+                self._build(version, self._pass_dir(version), check_sha=False)
+                errs, _ = self.fleet.prepare(self._publish_chain(version, self._pass_dir(version)), pin=True)
+                if errs:
+                    raise ComponentError("; ".join(f"shard {i}: {e}" for i, e in sorted(errs.items())))
+                have[version] = {"pinned_at": time.time()}
+                log.info("pinned %s on every shard", version)
+            except (ElasticControlError, OSError) as e:
+                errors.append(f"pin {version}: {e}")
+        for version in sorted(set(have) - wanted):
+            errs = self.fleet.unpin(version)
+            if errs and not all("not pinned" in e for e in errs.values()):
+                errors.append(f"unpin {version}: " + "; ".join(f"shard {i}: {e}" for i, e in sorted(errs.items())))
+                continue
+            del have[version]
+        self.journal.set_field("pins", have)
+        self.pins_error = "; ".join(errors) or None
+
     # ---- garbage collection ---------------------------------------------------------------
 
-    def gc(self) -> list[str]:
-        """Delete built versions beyond the newest ``keep`` (never the active or previous one)."""
-        protect = {self.journal.active_version}
+    def protected(self) -> set[str]:
+        """Versions GC must keep: the chains of the active, previous, in-flight and pinned versions."""
+        roots = {self.journal.active_version}
         for rec in reversed(self.journal.data["history"]):
             if rec.get("result") == "active" and rec["version"] != self.journal.active_version:
-                protect.add(rec["version"])  # the previous active version: servers still hold it
+                roots.add(rec["version"])  # the previous active version: servers still hold it
                 break
+        if self.journal.data["in_flight"]:
+            roots.add(self.journal.data["in_flight"]["version"])
+        roots |= set(self.journal.data.get("pins") or {})
+        if self.pins_error is None:
+            with contextlib.suppress(ElasticControlError, ValueError):
+                roots |= self.wanted_pins()
+        protect = set()
+        for v in roots - {None}:
+            protect.add(v)
+            with contextlib.suppress(ElasticControlError, KeyError):
+                # What a shard starting from nothing downloads (from the latest full copy on). Shards that
+                # hold a version keep their own copies of its older ancestors (the agent's GC).
+                protect.update(chain_versions(chain_doc(self.cfg.cube_root, v)))
+        return protect
+
+    def gc(self) -> list[str]:
+        """Delete built versions beyond the newest ``keep`` that no protected chain needs."""
+        if self._compactor is not None and self._compactor.is_alive():
+            return []  # it reads the chain's files; collect next time
+        protect = self.protected()
         versions = complete_versions(self.cfg.cube_root)
         doomed = [v for v in versions[: -self.cfg.keep] if v not in protect]
         for v in doomed:
+            self._published -= {f"{FILESERVER_PREFIX}/{v}/", f"{FILESERVER_PREFIX}/{v}/{COMPACTED}/"}
             shutil.rmtree(self.cfg.cube_root / v, ignore_errors=True)
             try:
                 self.fs.delete(f"{FILESERVER_PREFIX}/{v}/")
@@ -282,6 +451,9 @@ class Transfer:
             "passes": snap["passes"],
             "history": snap["history"][-20:],
             "last_error": self.last_error,
+            "pins": snap.get("pins") or {},
+            "pins_error": self.pins_error,
+            "compaction": self.compaction,
             "config": {
                 "model_path": str(self.cfg.model_path),
                 "cube_root": str(self.cfg.cube_root),
@@ -290,6 +462,7 @@ class Transfer:
                 "keep": self.cfg.keep,
                 "gate": getattr(self.cfg.gate, "rule", None) if self.cfg.gate else None,
                 "force": self.cfg.force,
+                "compact_after": self.cfg.compact_after,
             },
         }
 
@@ -299,10 +472,10 @@ class Transfer:
             return 202, {"status": "poll requested"}
 
         return {
-            ("GET", "/v1/status"): Route(self.status),
-            ("GET", "/healthz"): Route(lambda _b: (200, {"status": "ok", "active": self.journal.active_version})),
-            ("POST", "/v1/poll"): Route(poll, write=True),
-            ("GET", "/v1/shards"): Route(lambda _b: (200, {"shards": self.fleet.statuses()})),
+            ("GET", "/v1/status"): JsonRoute(self.status),
+            ("GET", "/healthz"): JsonRoute(lambda _b: (200, {"status": "ok", "active": self.journal.active_version})),
+            ("POST", "/v1/poll"): JsonRoute(poll, write=True),
+            ("GET", "/v1/shards"): JsonRoute(lambda _b: (200, {"shards": self.fleet.statuses()})),
         }
 
 
@@ -342,6 +515,13 @@ def _split(csv: str | None) -> list[str]:
 @click.option("--poll-interval", type=float, default=5.0, show_default=True, help="Seconds between donefile checks.")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds per agent or file-server call.")
 @click.option("--retries", type=int, default=3, show_default=True, help="Attempts per call (exponential backoff).")
+@click.option(
+    "--compact-after",
+    type=int,
+    default=DEFAULT_COMPACT_AFTER,
+    show_default=True,
+    help="Fold a delta chain into a full copy once the active version is this many deltas deep (0: never).",
+)
 @click.option("--once", is_flag=True, help="Handle what is there now (including an interrupted rollout), then exit.")
 @click.option(
     "--port",
@@ -364,6 +544,7 @@ def transfer_command(
     poll_interval,
     timeout,
     retries,
+    compact_after,
     once,
     port,
     host,
@@ -383,6 +564,7 @@ def transfer_command(
         force=force,
         retry=RetryPolicy(attempts=retries, timeout=timeout),
         poll_interval=poll_interval,
+        compact_after=compact_after,
     )
     expected = env_vars.CUBE_SHARDS.get()
     if expected is not None and expected != cfg.shards:
@@ -391,10 +573,13 @@ def transfer_command(
         raise UsageError(f"--keep {cfg.keep} must be >= 2 (the active and the previous version)")
     if retries < 1:
         raise UsageError(f"--retries {retries} must be >= 1")
+    if compact_after < 0:
+        raise UsageError(f"--compact-after {compact_after} must be >= 0")
     transfer = Transfer(cfg)
     if once:
         while transfer.poll_once():
             pass
+        transfer.wait_for_compaction()
         if transfer.last_error:
             raise ComponentError(transfer.last_error)
         return
@@ -402,8 +587,6 @@ def transfer_command(
         server = make_json_server(host=host, port=port, routes=transfer.routes(), token=cfg.token, name="cube-transfer")
     except OSError as e:
         raise ComponentError(f"cube-transfer cannot listen on {host}:{port}: {e.strerror}") from e
-    from cube.json_service import serve_in_thread
-
     serve_in_thread(server)
     if ready_file:
         atomic_write_json(ready_file, {"port": server.server_address[1], "pid": os.getpid()})

@@ -1,7 +1,16 @@
-"""The four verbs of elastic-control, as keyword-only library functions.
+"""The verbs of elastic-control, as keyword-only library functions.
 
-The CLI (cli.py) only parses flags and calls these; a Python user can call
-them directly.
+The CLI (elastic_control/cli/) only parses flags and calls these; a Python
+user can call them directly::
+
+    from elastic_control import api
+    plan = api.configure_resource(resources=Resources(trainers=2), slot_conf="slot.conf", data_config="data.config")
+    pipeline = api.apply(state_dir=plan.state_dir)      # a Deployment handle, components up
+    pipeline.status().serving["version"]                 # the status document, probed now
+    pipeline.stream_logs(components=["trainer-0"])
+    pipeline.delete()
+
+``attach`` gives the same handle from another process.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from ctr_foundation.atomic import replace_path
 from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE
 from elastic_control.backends import get_backend
+from elastic_control.backends.base import Deployment
+from elastic_control.backends.status import PipelineStatus
 from elastic_control.config import Resources, load_data_config, load_slot_conf
 from elastic_control.console import done
 from elastic_control.plan import Plan, load_plan, new_token
@@ -44,7 +55,7 @@ def configure_resource(
     data_config: str,
     hdfs_address: str = "",
     backend: str = "auto",
-    namespace: str = "default",
+    namespace: str | None = None,
     image: str | None = None,
     state_dir: str = ".elastic-ctr",
     verbose: bool = False,
@@ -53,10 +64,15 @@ def configure_resource(
     service_type: str = "ClusterIP",
     promotion_gate: str | None = None,
     extra: dict | None = None,
+    kube: dict | None = None,
 ) -> Plan:
     """``-r``: validate everything, then render the plan and manifests into ``state_dir``.
 
-    Nothing in ``state_dir`` changes unless every step succeeds.
+    ``kube``: the Kubernetes options (keywords of ``kube.plan_checks.kube_plan_options``:
+    context, storage_class, access_mode, serving_replicas, max_retry,
+    image_pull_policy, image_pull_secrets, pod_overlay). ``namespace`` defaults
+    to the kubeconfig context's, else ``default``. Nothing in ``state_dir``
+    changes unless every step succeeds.
     """
     slots = load_slot_conf(slot_conf)
     data_cfg = load_data_config(data_config)
@@ -65,9 +81,25 @@ def configure_resource(
         from elastic_control.evaluation.gate import GateRule
 
         extra["promotion_gate"] = GateRule.parse(promotion_gate).text  # a bad rule fails here, not in a pod
+    kube = dict(kube or {})
+    from elastic_control.kube.adaptor import use_context
+
+    use_context(kube.get("context"))  # `auto` asks the cluster of --context
     chosen, reason = choose_backend(backend)
     state = Path(state_dir)
-    from elastic_control.plan import DEFAULT_IMAGE
+    from elastic_control.console import warn
+    from elastic_control.kube.plan_checks import kube_plan_options
+    from elastic_control.plan import DEFAULT_IMAGE, DEFAULT_NAMESPACE
+
+    kube_options, context_namespace = kube_plan_options(
+        backend=chosen,
+        data_cfg=data_cfg,
+        hdfs_address=hdfs_address or data_cfg.hdfs_address,
+        image=image or DEFAULT_IMAGE,
+        default_image=DEFAULT_IMAGE,
+        job_name=job_name,
+        **kube,
+    )
 
     plan = Plan(
         backend=chosen,
@@ -76,7 +108,7 @@ def configure_resource(
         slot_conf_text=slots.to_text(),
         data_config_path=str(Path(data_config).resolve()),
         hdfs_address=hdfs_address or data_cfg.hdfs_address,
-        namespace=namespace,
+        namespace=namespace or context_namespace or DEFAULT_NAMESPACE,
         image=image or DEFAULT_IMAGE,
         job_name=job_name,
         queue=queue,
@@ -84,6 +116,7 @@ def configure_resource(
         verbose=verbose,
         state_dir=str(state),
         extra=extra,
+        kube=kube_options.to_json(),
     )
 
     created_state = not state.exists()
@@ -100,9 +133,7 @@ def configure_resource(
         os.chmod(staging / TOKEN_FILE, 0o600)
         # Kubernetes manifests are always rendered, so users can read them and
         # `kubectl apply` them whatever the backend; the local backend adds its own plan.
-        from elastic_control.backends.kube_backend import KubeBackend
-
-        KubeBackend().render(plan, staging)
+        get_backend("k8s").render(plan, staging)
         if chosen == "local":
             get_backend("local").render(plan, staging)
         (staging / PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n")
@@ -114,6 +145,8 @@ def configure_resource(
             # A failed first -r leaves no state folder behind, not an empty one.
             shutil.rmtree(state, ignore_errors=True)
     done(f"rendered plan for the {chosen} backend into {state}/ ({reason})")
+    for warning in kube_options.warnings:
+        warn(warning)
     return plan
 
 
@@ -124,17 +157,33 @@ def _swap_in(staging: Path, state: Path) -> None:
         replace_path(entry, state / entry.name)
 
 
-def apply(*, state_dir: str = ".elastic-ctr", dry_run: str | None = None) -> Plan:
-    """``-a``: start everything ``-r`` rendered."""
+def apply(*, state_dir: str = ".elastic-ctr", dry_run: str | None = None, wait: bool = True) -> Deployment | None:
+    """``-a``: start everything ``-r`` rendered; with ``wait``, until every component is up.
+
+    Returns the handle on the running pipeline (None for a dry run).
+    """
     plan = load_plan(state_dir)
-    get_backend(plan.backend).apply(plan, dry_run=dry_run)
-    return plan
+    deployment = get_backend(plan.backend).apply(plan, dry_run=dry_run)
+    if deployment is not None and wait:
+        deployment.wait()
+    return deployment
 
 
-def logs(*, state_dir: str = ".elastic-ctr", follow: bool = False, components: list[str] | None = None) -> None:
-    """``-l``: trainer 0's, the file server's and cube-transfer's logs."""
+def attach(*, state_dir: str = ".elastic-ctr") -> Deployment:
+    """The handle on what ``-a`` started from ``state_dir`` (usable from any process)."""
     plan = load_plan(state_dir)
-    get_backend(plan.backend).logs(plan, follow=follow, components=components)
+    return get_backend(plan.backend).attach(plan)
+
+
+def logs(
+    *,
+    state_dir: str = ".elastic-ctr",
+    follow: bool = False,
+    components: list[str] | None = None,
+    raw: bool = False,
+) -> None:
+    """``-l``: trainer 0's, the file server's and cube-transfer's logs (Paddle's glog lines only with ``raw``)."""
+    attach(state_dir=state_dir).stream_logs(components=components, follow=follow, raw=raw)
 
 
 def configure_client(*, state_dir: str = ".elastic-ctr") -> Path:
@@ -143,11 +192,17 @@ def configure_client(*, state_dir: str = ".elastic-ctr") -> Path:
     return get_backend(plan.backend).configure_client(plan)
 
 
-def status(*, state_dir: str = ".elastic-ctr") -> None:
-    plan = load_plan(state_dir)
-    get_backend(plan.backend).status(plan)
+def status(*, state_dir: str = ".elastic-ctr", probe: bool = True) -> PipelineStatus:
+    """``status``: every component, training, cube, serving, rollouts and alerts, as one document."""
+    return attach(state_dir=state_dir).status(probe=probe)
 
 
-def delete(*, state_dir: str = ".elastic-ctr") -> None:
+def delete(*, state_dir: str = ".elastic-ctr") -> list[str]:
+    """``delete``: stop everything ``-a`` started; data, models and MLflow runs stay. Idempotent."""
+    return attach(state_dir=state_dir).delete()
+
+
+def submit_evaluation(*, state_dir: str = ".elastic-ctr", request, timeout: float, poll: float = 2.0) -> dict:
+    """``eval submit``: evaluate a pass where the plan runs (a Volcano job, or local processes)."""
     plan = load_plan(state_dir)
-    get_backend(plan.backend).delete(plan)
+    return get_backend(plan.backend).submit_evaluation(plan, request, timeout=timeout, poll=poll)

@@ -37,6 +37,7 @@ class Plan:
     verbose: bool = False
     state_dir: str = ".elastic-ctr"
     extra: dict = field(default_factory=dict)
+    kube: dict = field(default_factory=dict)  # elastic_control.kube.options.KubeOptions, as JSON
     format: int = PLAN_FORMAT
 
     @property

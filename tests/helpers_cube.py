@@ -1,72 +1,42 @@
-"""Shared helpers for the cube tests: real and synthetic passes, and real cube processes."""
+"""Shared helpers for the cube tests: synthetic passes (for fast rollout tests) and real cube processes.
+
+Real passes come from the product trainer: the ``synth_world`` fixture (conftest.py).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gzip
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow  # noqa: F401  (before anything that may import paddle)
 
 import numpy as np
+from helpers_common import PYTHON, REPO, fileserver_in_thread, free_port, process, wait_ready_file
 
-from ctr_foundation.atomic import append_line_durably
 from ctr_foundation.pass_format import SparseLayout
+from ctr_foundation.records import DonefileEntry, append_donefile, utc_now
 
-REPO = Path(__file__).resolve().parent.parent
-PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 TOKEN = "cube-test-token"
-PADDLE_JOB = Path(__file__).with_name("helpers_cube_paddle_job.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_real_paddle_pass(pass_dir: Path, seed: int = 7, timeout: float = 240) -> Path:
-    """Run one pserver + one trainer of a short real Paddle PS job that saves ``pass_dir``."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{port}",
-        "PADDLE_TRAINERS_NUM": "1",
-        "PADDLE_TRAINER_ENDPOINTS": f"127.0.0.1:{free_port()}",
-        "POD_IP": "127.0.0.1",
-        "PADDLE_PORT": str(port),
-        "OUT": str(pass_dir),
-        "SEED": str(seed),
-        "GLOG_v": "0",
-    }
-    pass_dir.mkdir(parents=True, exist_ok=True)
-    logs = pass_dir.parent / f"{pass_dir.name}.logs"
-    logs.mkdir(exist_ok=True)
-    with open(logs / "pserver.log", "wb") as ps_log, open(logs / "trainer.log", "wb") as tr_log:
-        ps = subprocess.Popen(
-            [PYTHON, str(PADDLE_JOB)], env={**env, "TRAINING_ROLE": "PSERVER"}, stdout=ps_log, stderr=subprocess.STDOUT
-        )
-        try:
-            tr = subprocess.run(
-                [PYTHON, str(PADDLE_JOB)],
-                env={**env, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0"},
-                stdout=tr_log,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-            )
-        finally:
-            ps.kill()
-            ps.wait()
-    if tr.returncode != 0 or not (pass_dir / "meta.json").exists():
-        tail = (logs / "trainer.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"the Paddle fixture run failed (rc={tr.returncode}):\n{tail}")
-    return pass_dir
+# PYTHON, REPO and free_port are re-exported (their one definition is in helpers_common).
+__all__ = [
+    "PYTHON",
+    "REPO",
+    "TOKEN",
+    "add_done",
+    "agent_args",
+    "cube_agent",
+    "cube_process",
+    "cube_processes",
+    "cube_server",
+    "fileserver",
+    "free_port",
+    "real_pass_dir",
+    "server_args",
+    "write_synthetic_pass",
+]
 
 
 def write_synthetic_pass(
@@ -108,10 +78,11 @@ def write_synthetic_pass(
 
 
 def add_done(model_path: Path, name: str, t: float | None = None) -> None:
-    append_line_durably(
-        model_path / "donefile",
-        json.dumps({"pass": name, "path": name, "window": {}, "time": time.time() if t is None else t, "metrics": {}}),
-    )
+    """Record pass ``name`` as complete in MODEL_PATH/donefile (the trainer's record, written by records.py)."""
+    import datetime as dt
+
+    when = utc_now() if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc)
+    append_donefile(model_path, DonefileEntry(pass_name=name, path=name, window={}, time=when))
 
 
 @contextlib.contextmanager
@@ -119,43 +90,18 @@ def cube_processes(
     specs: list[tuple[str, list[str], str]], log_dir: Path, env_extra: dict | None = None, timeout: float = 90
 ):
     """Start several ``cube-<kind>`` processes at once (each with ``--ready-file``); yield [(url, Popen)]."""
-    env = {**os.environ, "ELASTIC_CTR_TOKEN": TOKEN, **(env_extra or {})}
-    started = []
-    try:
+    env_extra = {"ELASTIC_CTR_TOKEN": TOKEN, **(env_extra or {})}
+    with contextlib.ExitStack() as stack:
+        started = []
         for kind, args, name in specs:
             ready = log_dir / f"{name}.ready.json"
             ready.unlink(missing_ok=True)
-            log = open(log_dir / f"{name}.log", "ab")
-            proc = subprocess.Popen(
-                [PYTHON, "-m", f"cube.{kind}", *args, "--ready-file", str(ready)],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            started.append((kind, name, ready, proc, log))
+            log = log_dir / f"{name}.log"
+            argv = [PYTHON, "-m", f"cube.{kind}", *args, "--ready-file", ready]
+            started.append((ready, log, stack.enter_context(process(argv, env_extra, log))))
         deadline = time.monotonic() + timeout
-        for kind, name, ready, proc, _ in started:
-            while not ready.exists():
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"cube-{kind} exited with {proc.returncode}: {(log_dir / f'{name}.log').read_text()[-1500:]}"
-                    )
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"cube-{kind} did not get ready in {timeout}s")
-                time.sleep(0.05)
-        yield [(f"http://127.0.0.1:{json.loads(r.read_text())['port']}", p) for _, _, r, p, _ in started]
-    finally:
-        for *_, proc, _ in started:
-            if proc.poll() is None:
-                proc.terminate()
-        for *_, proc, log in started:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+        urls = [f"http://127.0.0.1:{wait_ready_file(r, p, log, deadline)['port']}" for r, log, p in started]
+        yield [(url, p) for url, (_, _, p) in zip(urls, started, strict=True)]
 
 
 @contextlib.contextmanager
@@ -183,21 +129,18 @@ def server_args(data: Path, shard: int, *, port: int = 0, workers: int = 1, extr
     ]
 
 
-def agent_args(data: Path, shard: int, server_url: str):
-    return [
-        "--port",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--shard",
-        str(shard),
-        "--data",
-        str(data),
-        "--server",
-        server_url,
-        "--timeout",
-        "10",
-    ]
+def agent_args(
+    data: Path,
+    shard: int,
+    server_url: str,
+    fileserver: str | None = None,
+    extra: list[str] | None = None,
+    port: int = 0,
+):
+    args = ["--port", str(port), "--host", "127.0.0.1", "--shard", str(shard), "--data", str(data)]
+    args += ["--server", server_url]
+    args += ["--timeout", "10", "--reseed-interval", "0.5"]
+    return args + (["--fileserver", fileserver] if fileserver else []) + (extra or [])
 
 
 def cube_server(
@@ -208,20 +151,105 @@ def cube_server(
     )
 
 
-def cube_agent(data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None):
-    return cube_process("agent", agent_args(data, shard, server_url), log_dir, name or f"agent-{shard}")
+def cube_agent(
+    data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None, fileserver: str | None = None
+):
+    return cube_process("agent", agent_args(data, shard, server_url, fileserver), log_dir, name or f"agent-{shard}")
 
 
 def fileserver(root: Path):
     """The project's real file server, in a thread, on a free loopback port, with the cube tests' token."""
-    from helpers_serving import fileserver_in_thread
-
     return fileserver_in_thread(root, token=TOKEN)
 
 
 def real_pass_dir(tmp_path_factory) -> Path:
-    """One real Paddle pass per test session, shared by the cube test modules."""
-    pass_dir = tmp_path_factory.getbasetemp() / "cube-real-paddle" / "pass-20240101-00"
-    if not (pass_dir / "meta.json").exists():
-        make_real_paddle_pass(pass_dir)
-    return pass_dir
+    """A pass `elastic-control train` wrote (the session's ``synth_world``; prefer that fixture)."""
+    from helpers_passes import session_synth_world
+
+    return session_synth_world(tmp_path_factory).passes[0]
+
+
+class DeltaPasses:
+    """A real saved pass as the base, and delta passes derived from it in the layout of docs/contracts.md
+    ("Delta passes"), each with the full table it amounts to (``expected()``).
+
+    The changed lines are the real table's lines (all 34 columns of the SparseAccessor/Adam layout) with
+    new embedding values; added keys copy a real line under a new key; deleted keys are listed one per
+    line in ``deleted/part-*`` (keys above 2**63 written as their int64 text, as Paddle prints them).
+    """
+
+    def __init__(self, real_pass: Path, model_path: Path, base_name: str):
+        from ctr_foundation.pass_format import load_pass, sparse_part_files
+
+        self.model_path = model_path
+        info = load_pass(real_pass)
+        self.layout = info.layout
+        self.cols = list(self.layout.embedding_column_indices())
+        self.lines: dict[int, list[str]] = {}
+        for part in sparse_part_files(real_pass):
+            opener = gzip.open if part.name.endswith(".gz") else open
+            with opener(part, "rt") as f:
+                for line in f:
+                    toks = line.split()
+                    if toks:
+                        self.lines[int(toks[0]) % 2**64] = toks
+        base = model_path / base_name
+        import shutil
+
+        shutil.copytree(real_pass, base)
+        meta = {**info.meta, "pass": base_name, "kind": "base", "parent": None}
+        (base / "meta.json").write_text(json.dumps(meta))
+        self.meta = meta
+        self.names = [base_name]
+        self.gone: set[int] = set()  # keys deleted by some delta
+        add_done(model_path, base_name)
+
+    def delta(
+        self, name: str, *, change: int, add: int, delete: int, seed: int, readd: int = 0, done: bool = True
+    ) -> Path:
+        """Write delta pass ``name`` on the last pass: ``change`` keys get new values, ``add`` new keys (and
+        ``readd`` keys deleted earlier) appear, ``delete`` keys go."""
+        rng = np.random.default_rng(seed)
+        keys = np.array(sorted(self.lines), dtype=np.uint64)
+        pick = rng.permutation(len(keys))
+        changed, deleted = keys[pick[:change]], keys[pick[change : change + delete]]
+        added = rng.integers(1, 2**64 - 1, add, dtype=np.uint64)
+        added = added[~np.isin(added, keys)]
+        back = sorted(self.gone - set(self.lines))[:readd]
+        added = np.concatenate([added, np.array(back, dtype=np.uint64)])
+        self.gone.update(int(k) for k in deleted)
+        out_lines = []
+        for k in [*changed, *added]:
+            k = int(k)
+            toks = list(self.lines.get(k) or self.lines[int(keys[rng.integers(len(keys))])])
+            toks[0] = str(k)
+            for c in self.cols:
+                toks[c] = repr(float(np.float32(rng.standard_normal())))
+            self.lines[k] = toks
+            out_lines.append(" ".join(toks))
+        for k in deleted:
+            del self.lines[int(k)]
+        folder = self.model_path / name
+        (folder / "sparse" / "000").mkdir(parents=True)
+        with gzip.open(folder / "sparse" / "000" / "part-000-00000.gz", "wt") as f:
+            f.write("".join(line + "\n" for line in rng.permutation(out_lines)))
+        (folder / "deleted").mkdir()
+        text = [str(int(np.uint64(k).view(np.int64))) if int(k) >= 2**63 else str(int(k)) for k in deleted]
+        (folder / "deleted" / "part-00000").write_text("".join(t + "\n" for t in text))
+        dense = self.model_path / self.names[0] / "dense"
+        if dense.is_dir():
+            import shutil
+
+            shutil.copytree(dense, folder / "dense")
+        meta = {**self.meta, "pass": name, "kind": "delta", "parent": self.names[-1]}
+        (folder / "meta.json").write_text(json.dumps(meta))
+        self.names.append(name)
+        if done:
+            add_done(self.model_path, name)
+        return folder
+
+    def expected(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted keys, values) of the full table after every pass so far."""
+        keys = np.array(sorted(self.lines), dtype=np.uint64)
+        values = np.array([[float(self.lines[int(k)][c]) for c in self.cols] for k in keys], dtype=np.float32)
+        return keys, values

@@ -21,6 +21,11 @@ def render_plan(
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / TOKEN_FILE).write_text(token + "\n")
     kwargs.setdefault("slot_conf", str(EXAMPLE_SLOT_CONF))
+    if kwargs.get("backend") == "local" and "data_config" not in kwargs:
+        # The local backend's -r refuses a window with no complete hour: give it some.
+        from helpers_local import example_data_config_with_data
+
+        kwargs["data_config"] = str(example_data_config_with_data(state_dir.parent / f"{state_dir.name}-data"))
     kwargs.setdefault("data_config", str(EXAMPLE_DATA_CONFIG))
     kwargs.setdefault("backend", "k8s")
     plan = api.configure_resource(

@@ -17,6 +17,19 @@ log streams) so the real `kubernetes` client parses them. Scenarios:
 - ``on_volcano_job``: called as ``fn(api, namespace, job)`` after a Volcano
   Job and its pods were created (under the API's lock: start a thread to act
   like Volcano's controller, e.g. tests/helpers_kube_eval.py).
+- ``deny``: {"METHOD path-substring": status} answers 401/403 Status objects
+  (e.g. {"GET /pods": 403}) as an API server whose RBAC refuses the call.
+- ``task_index_label=False``: Volcano before 1.9 (pods without volcano.sh/task-index).
+- ``quota_exceeded``: Deployments' ReplicaSets create no pods and record FailedCreate
+  "exceeded quota" events; ``podgroup_pending``: the job's PodGroup stays Pending
+  with an Unschedulable condition and no pod is created; ``claims_pending``: claims
+  stay Pending with a ProvisioningFailed event; ``job_pods_forbidden``: admission refuses the
+  job's pods and Volcano records FailedCreatePod on the Job.
+
+Server-side apply (PATCH application/apply-patch+yaml) creates or updates; an
+apply that changes nothing keeps the resourceVersion (as the API server does),
+and a Deployment whose pod template changed replaces its pods (a rollout).
+``restarts`` counts pods replaced that way.
 
 Use ``with FakeKubeAPI() as api: api.write_kubeconfig(path)``.
 """
@@ -47,6 +60,9 @@ KINDS = {  # (group/version, plural) -> kind
     ("v1", "namespaces"): "Namespace",
     ("v1", "nodes"): "Node",
     ("apps/v1", "deployments"): "Deployment",
+    ("apps/v1", "replicasets"): "ReplicaSet",
+    ("policy/v1", "poddisruptionbudgets"): "PodDisruptionBudget",
+    ("scheduling.volcano.sh/v1beta1", "podgroups"): "PodGroup",
     (VOLCANO, "jobs"): "Job",
     ("scheduling.volcano.sh/v1beta1", "queues"): "Queue",
     ("apiextensions.k8s.io/v1", "customresourcedefinitions"): "CustomResourceDefinition",
@@ -74,12 +90,32 @@ class FakeKubeAPI:
         job_delete_delay: float = 0.3,
         log_line_delay: float = 0.02,
         on_volcano_job=None,
+        deny: dict | None = None,
+        task_index_label: bool = True,
+        quota_exceeded: bool = False,
+        podgroup_pending: bool = False,
+        claims_pending: bool = False,
+        trainer_log: list[str] | None = None,
+        end_stream_early: bool = False,
+        job_pods_forbidden: bool = False,
     ):
         self.crd_installed, self.queue_state = crd_installed, queue_state
         self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
         self.node_ports = dict(node_ports or {})
         self.job_delete_delay, self.log_line_delay = job_delete_delay, log_line_delay
         self.on_volcano_job = on_volcano_job
+        self.deny = dict(deny or {})
+        self.task_index_label = task_index_label
+        self.quota_exceeded, self.podgroup_pending, self.claims_pending = (
+            quota_exceeded,
+            podgroup_pending,
+            claims_pending,
+        )
+        self.trainer_log, self.end_stream_early = trainer_log, end_stream_early
+        self.job_pods_forbidden = job_pods_forbidden
+        self.restarts = 0  # pods replaced because a Deployment's template changed
+        self.streams_cut: set[str] = set()
+        self.stopping = False
         self.lock = threading.RLock()
         self.store: dict[tuple, dict] = {}  # (gv, plural, namespace, name) -> object
         self.requests: list[tuple[str, str, dict]] = []
@@ -163,6 +199,7 @@ class FakeKubeAPI:
         return self
 
     def __exit__(self, *exc):
+        self.stopping = True
         self.server.shutdown()
         self.server.server_close()
 
@@ -212,7 +249,7 @@ class FakeKubeAPI:
             if all(p["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())
         ]
 
-    def event(self, ns, pod_name, reason, message, type_="Warning"):
+    def event(self, ns, pod_name, reason, message, type_="Warning", kind="Pod"):
         name = f"{pod_name}.{uuid.uuid4().hex[:12]}"
         self._put(
             "v1",
@@ -222,7 +259,7 @@ class FakeKubeAPI:
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": {"name": name},
-                "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": ns},
+                "involvedObject": {"kind": kind, "name": pod_name, "namespace": ns},
                 "reason": reason,
                 "message": message,
                 "type": type_,
@@ -279,11 +316,52 @@ class FakeKubeAPI:
             self.event(ns, name, "FailedScheduling", "0/3 nodes are available: 3 Insufficient cpu.")
         return pod
 
+    def _deployment_pods(self, ns, obj):
+        name = obj["metadata"]["name"]
+        replicas = obj["spec"].get("replicas", 1)
+        template_hash = uuid.uuid4().hex[:10]
+        rs = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": f"{name}-{template_hash}",
+                "labels": dict(obj["spec"]["template"]["metadata"].get("labels", {})),
+                "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": obj["metadata"]["uid"]}
+                ],
+            },
+            "spec": {"replicas": replicas, "selector": obj["spec"]["selector"], "template": obj["spec"]["template"]},
+            "status": {"replicas": 0 if self.quota_exceeded else replicas},
+        }
+        for old in self.items("apps/v1", "replicasets", ns):
+            if any(o.get("name") == name for o in old["metadata"].get("ownerReferences", [])):
+                self.store.pop(("apps/v1", "replicasets", ns, old["metadata"]["name"]), None)
+        self._put("apps/v1", "replicasets", ns, rs)
+        if self.quota_exceeded:
+            self.event(
+                ns, rs["metadata"]["name"], "FailedCreate",
+                f'pods "{rs["metadata"]["name"]}-x7k2p" is forbidden: exceeded quota: compute-resources, '
+                "requested: limits.cpu=2, used: limits.cpu=8, limited: limits.cpu=8",
+                kind="ReplicaSet",
+            )  # fmt: skip
+            obj["status"] = {"replicas": 0, "readyReplicas": 0}
+            return
+        obj["status"] = {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas}
+        for _ in range(replicas):
+            self._make_pod(ns, f"{name}-{template_hash[:6]}-{uuid.uuid4().hex[:5]}", obj["spec"]["template"], {})
+
     def _on_create(self, gv, plural, ns, obj):
         if (gv, plural) == ("apps/v1", "deployments"):
-            name = obj["metadata"]["name"]
-            obj["status"] = {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1}
-            self._make_pod(ns, f"{name}-5d9c7b-{uuid.uuid4().hex[:5]}", obj["spec"]["template"], {})
+            self._deployment_pods(ns, obj)
+        elif (gv, plural) == ("v1", "persistentvolumeclaims"):
+            obj["status"] = {"phase": "Pending" if self.claims_pending else "Bound"}
+            if self.claims_pending:
+                self.event(
+                    ns, obj["metadata"]["name"], "ProvisioningFailed",
+                    "storageclass.storage.k8s.io \"nfs-client\" not found" if obj["spec"].get("storageClassName")
+                    else "no persistent volumes available for this claim and no storage class is set",
+                    kind="PersistentVolumeClaim",
+                )  # fmt: skip
         elif (gv, plural) == ("v1", "services"):
             obj["spec"]["clusterIP"] = "10.96.0.10"
             if obj["spec"].get("type") in ("NodePort", "LoadBalancer"):
@@ -291,10 +369,52 @@ class FakeKubeAPI:
                     port.setdefault("nodePort", self.node_ports.get(obj["metadata"]["name"], next(self._node_port)))
         elif (gv, plural) == (VOLCANO, "jobs"):
             job = obj["metadata"]["name"]
-            total = 0
+            total = sum(task.get("replicas", 1) for task in obj["spec"]["tasks"])
+            group = f"{job}-{obj['metadata']['uid']}"
+            self._put(
+                "scheduling.volcano.sh/v1beta1",
+                "podgroups",
+                ns,
+                {
+                    "apiVersion": "scheduling.volcano.sh/v1beta1",
+                    "kind": "PodGroup",
+                    "metadata": {
+                        "name": group,
+                        "ownerReferences": [
+                            {"apiVersion": VOLCANO, "kind": "Job", "name": job, "uid": obj["metadata"]["uid"]}
+                        ],
+                    },
+                    "spec": {"minMember": obj["spec"]["minAvailable"], "queue": obj["spec"].get("queue", "default")},
+                    "status": {"phase": "Pending" if self.podgroup_pending else "Running"}
+                    | (
+                        {"conditions": [{"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
+                                         "message": f"{total}/{total} tasks in gang unschedulable: pod group is not "
+                                         "ready, 4 Pending, 4 minAvailable; Pending: 1 Unschedulable, 3 Schedulable. "
+                                         "Origin reason is elastic-ctr-pserver-0: 0/3 nodes are unavailable: "
+                                         "3 Insufficient cpu."}]}
+                        if self.podgroup_pending
+                        else {}
+                    ),
+                },
+            )  # fmt: skip
+            if self.podgroup_pending:
+                obj["status"] = {
+                    "state": {"phase": "Pending"},
+                    "pending": 0,
+                    "minAvailable": obj["spec"]["minAvailable"],
+                }
+                return
+            if self.job_pods_forbidden:  # what Volcano's job controller records when admission refuses its pods
+                self.event(
+                    ns, job, "FailedCreatePod",
+                    f'Error creating pods: [failed to create pod pod {job}-pserver-0, err: pods "{job}-pserver-0" is '
+                    'forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false]',
+                    kind="Job",
+                )  # fmt: skip
+                obj["status"] = {"state": {"phase": "Pending"}, "minAvailable": obj["spec"]["minAvailable"]}
+                return
             for task in obj["spec"]["tasks"]:
                 for i in range(task.get("replicas", 1)):
-                    total += 1
                     self._volcano_pod(ns, job, task, i)
             obj["status"] = {
                 "state": {"phase": "Pending" if self.unschedulable else "Running"},
@@ -305,16 +425,29 @@ class FakeKubeAPI:
             if self.on_volcano_job:
                 self.on_volcano_job(self, ns, obj)
 
+    def _on_update(self, gv, plural, ns, old, new):
+        """What controllers do after an update: a Deployment whose pod template changed rolls its pods."""
+        if (gv, plural) == ("apps/v1", "deployments"):
+            if old["spec"]["template"] != new["spec"]["template"] or old["spec"].get("replicas") != new["spec"].get(
+                "replicas"
+            ):
+                selector = new["spec"]["selector"]["matchLabels"]
+                for pod in self.pods(ns, **selector):
+                    self.store.pop(("v1", "pods", ns, pod["metadata"]["name"]), None)
+                    self.restarts += 1
+                self._deployment_pods(ns, new)
+
     def _volcano_pod(self, ns, job, task, index, log=None):
         labels = {
             "volcano.sh/job-name": job,
             "volcano.sh/job-namespace": ns,
             "volcano.sh/task-spec": task["name"],
-            "volcano.sh/task-index": str(index),
         }
+        if self.task_index_label:  # Volcano 1.9 and later
+            labels["volcano.sh/task-index"] = str(index)
         if task["name"] == "trainer" and index == 0 and log is None:
             self.trainer_generations += 1
-            log = ["pass-20191221-00 step 10 loss 0.52", "pass-20191221-00 step 20 loss 0.49"]
+            log = self.trainer_log or ["pass-20191221-00 step 10 loss 0.52", "pass-20191221-00 step 20 loss 0.49"]
         return self._make_pod(
             ns, f"{job}-{task['name']}-{index}", task["template"], labels, pending=self.unschedulable, log=log
         )
@@ -407,6 +540,17 @@ class _Handler(BaseHTTPRequestHandler):
                     "platform": "linux/amd64",
                 },
             )
+        for rule, code in fake.deny.items():
+            verb, _, part = rule.partition(" ")
+            if verb == method and part in url.path:
+                reason = "Unauthorized" if code == 401 else "Forbidden"
+                message = (
+                    "Unauthorized"
+                    if code == 401
+                    else f'pods is forbidden: User "dev@example.com" cannot {method.lower()} resource in API group ""'
+                    ' in the namespace "default"'
+                )
+                return self._status(code, reason, message)
         m = _PATH.match(url.path)
         if not m:
             return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
@@ -457,6 +601,36 @@ class _Handler(BaseHTTPRequestHandler):
                 body["metadata"]["uid"] = obj["metadata"]["uid"]
                 body.setdefault("status", obj.get("status", {}))
                 return self._send(200, fake._put(gv, plural, ns, body))
+            if method == "PATCH":
+                if self.headers.get("Content-Type", "").split(";")[0] != "application/apply-patch+yaml":
+                    return self._status(415, "UnsupportedMediaType", "only server-side apply is answered here")
+                if not query.get("fieldManager"):
+                    return self._status(400, "BadRequest", "fieldManager is required for apply patches")
+                body = self._body()
+                if query.get("dryRun") == "All":
+                    return self._send(200 if obj else 201, body)
+                if obj is None:
+                    fake._put(gv, plural, ns, body)
+                    fake._on_create(gv, plural, ns, body)
+                    return self._send(201, body)
+                merged = copy.deepcopy(obj)
+                for key, value in body.items():
+                    if key == "metadata":
+                        meta = merged.setdefault("metadata", {})
+                        for mk in ("labels", "annotations"):
+                            if mk in value:
+                                meta[mk] = {**meta.get(mk, {}), **value[mk]}
+                    elif key != "status":
+                        merged[key] = value
+                if gv == "v1" and plural == "services":  # allocated addresses stay
+                    for field in ("clusterIP", "clusterIPs"):
+                        if field in obj["spec"]:
+                            merged["spec"][field] = obj["spec"][field]
+                if merged == obj:
+                    return self._send(200, obj)  # no change: same resourceVersion
+                fake._put(gv, plural, ns, merged)
+                fake._on_update(gv, plural, ns, obj, merged)
+                return self._send(200, merged)
             if method == "DELETE":
                 if obj is None:
                     return self._status(404, "NotFound", f'{plural} "{name}" not found')
@@ -487,6 +661,21 @@ class _Handler(BaseHTTPRequestHandler):
             return self._status(400, "BadRequest", f'container in pod "{name}" is waiting to start: PodInitializing')
         if query.get("tailLines"):
             lines = lines[-int(query["tailLines"]) :]
+        # Each line was "written" one millisecond after the previous, from the pod's creation.
+        born = time.mktime(time.strptime(pod["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        stamped = [(born + i / 1000, line) for i, line in enumerate(lines)]
+        if query.get("sinceSeconds"):
+            stamped = [(t, line) for t, line in stamped if t >= time.time() - int(query["sinceSeconds"])]
+        if query.get("timestamps") == "true":
+            fmt = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}000Z"  # noqa: E731
+            lines = [f"{fmt(t)} {line}" for t, line in stamped]
+        else:
+            lines = [line for _, line in stamped]
+        uid = pod["metadata"]["uid"]
+        cut_short = False
+        if query.get("follow") == "true" and fake.end_stream_early and uid not in fake.streams_cut:
+            fake.streams_cut.add(uid)  # the first stream of each pod ends halfway, the pod still running
+            lines, cut_short = lines[: len(lines) // 2], True
         if query.get("follow") != "true":
             body = "".join(line + "\n" for line in lines).encode()
             self.send_response(200)
@@ -505,8 +694,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(fake.log_line_delay)
         labels = pod["metadata"]["labels"]
-        is_trainer0 = labels.get("volcano.sh/task-spec") == "trainer" and labels.get("volcano.sh/task-index") == "0"
-        if is_trainer0:
+        is_trainer0 = labels.get("volcano.sh/task-spec") == "trainer" and pod["metadata"]["name"].endswith("-trainer-0")
+        if not is_trainer0 and not cut_short:
+            # `kubectl logs -f` of a running pod does not end: keep the stream open while the pod runs.
+            while not fake.stopping:
+                with fake.lock:
+                    alive = fake.get("v1", "pods", ns, name) is pod and pod["status"]["phase"] == "Running"
+                if not alive:
+                    break
+                time.sleep(0.05)
+        if is_trainer0 and not cut_short:
             job_name = labels["volcano.sh/job-name"]
             with fake.lock:
                 job = fake.get(VOLCANO, "jobs", ns, job_name)
@@ -530,6 +727,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self._route("DELETE")
+
+    def do_PATCH(self):
+        self._route("PATCH")
 
 
 def _matches(obj, label_selector, field_selector) -> bool:

@@ -9,14 +9,27 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from pathlib import Path
 
 import psutil
+from helpers_common import wait_until
 
 from ctr_foundation.names import StateFolder
 from elastic_control.local.ports import free_ports
 from elastic_control.local.spec import JOB, SERVICE, ComponentSpec, LocalPlan, save_local_plan
+
+__all__ = [
+    "MEMBER_SCRIPT",
+    "SERVICE_SCRIPT",
+    "alive",
+    "component",
+    "example_data_config_with_data",
+    "kill_everything_under",
+    "processes_under",
+    "simple_plan",
+    "wait_until",
+    "write_complete_hours",
+]  # local tests import it from here; its one definition is in helpers_common
 
 # A service: answers GET /healthz with 200 and exits with code EXIT_CODE if the file STOP_FILE appears.
 SERVICE_SCRIPT = r"""
@@ -66,6 +79,8 @@ def simple_plan(
     service_env: dict | None = None,
     member_env: dict | None = None,
     ready_timeout: float = 20.0,
+    model_path: str | None = None,
+    training_window: dict | None = None,
 ) -> LocalPlan:
     scripts = layout.state / "scripts"
     scripts.mkdir(parents=True, exist_ok=True)
@@ -101,23 +116,19 @@ def simple_plan(
                     env={**env, "TRAINING_ROLE": role, "PADDLE_TRAINER_ID": str(i)},
                 )
             )
-    plan = LocalPlan(components=comps, max_job_restarts=max_job_restarts, stop_grace=3.0, pserver_exit_grace=0.5)
+    plan = LocalPlan(
+        components=comps,
+        max_job_restarts=max_job_restarts,
+        stop_grace=3.0,
+        pserver_exit_grace=0.5,
+        model_path=model_path,
+        training_window=training_window,
+    )
     save_local_plan(plan, layout.components_file)
     (layout.state / "token").write_text("test-token\n")
     (layout.slot_conf).write_text("1\n")
     (layout.state / "local" / "data.config").write_text('export START_DATE_HR="20200101/00"\n')
     return plan
-
-
-def wait_until(predicate, timeout: float = 30.0, poll: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {last!r})")
 
 
 def alive(pid: int | None) -> bool:
@@ -156,3 +167,31 @@ def kill_everything_under(state: Path) -> None:
 
 def component(record: dict, name: str) -> dict:
     return record["components"][name]
+
+
+def write_complete_hours(dataset: Path, *, start: str = "20191221/00", hours: int = 2) -> Path:
+    """Hour folders with one slot-format line and a donefile each: what `-r` needs to find (no training)."""
+    import datetime as dt
+
+    first = dt.datetime.strptime(start, "%Y%m%d/%H")
+    for i in range(hours):
+        hour = first + dt.timedelta(hours=i)
+        folder = dataset / f"{hour:%Y%m%d}" / f"{hour:%H}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "part-00000").write_text("1 0 17241709254077376921:1 132683728328325035:2\n")
+        (folder / "donefile").write_text("")
+    return dataset
+
+
+def example_data_config_with_data(root: Path) -> Path:
+    """examples/data.config with its DATASET_PATH pointed at complete hours under ``root`` (for local -r)."""
+    repo = Path(__file__).resolve().parents[1]
+    root.mkdir(parents=True, exist_ok=True)
+    dataset = write_complete_hours(root / "data")
+    lines = [
+        f'export DATASET_PATH="{dataset}"' if line.startswith("export DATASET_PATH=") else line
+        for line in (repo / "examples" / "data.config").read_text().splitlines()
+    ]
+    path = root / "data.config"
+    path.write_text("\n".join(lines) + "\n")
+    return path

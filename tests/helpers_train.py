@@ -1,16 +1,16 @@
-"""Helpers for training tests and the training benchmark: small jobs on synthetic or Criteo data."""
+"""Helpers for the product-trainer tests (tests/test_train_*.py): small jobs on synthetic or Criteo data.
+
+Other tests get their passes from the session fixtures in conftest.py (helpers_passes.py).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-CRITEO_FILE = REPO.parent / "shared" / "data" / "criteo" / "criteo_real_distinct.txt"
 START = dt.datetime(2019, 12, 21, 0)
 
 
@@ -50,16 +50,18 @@ def run_training(
     timeout: float = 600,
     env: dict | None = None,
 ):
-    """Run `elastic-control train` in-process through the launcher; returns the TrainResult."""
+    """Run what `elastic-control train` runs, in-process (the local supervisor, in the foreground); the TrainResult."""
     import os
 
+    from elastic_control.config import load_data_config
+    from elastic_control.local.components import training_window
+    from elastic_control.local.train_job import run_training_job
     from elastic_control.training.cli import hyperparameter_args
-    from elastic_control.training.launcher import run_local_job
     from elastic_control.training.settings import Hyperparameters
 
     role_args = args if args is not None else hyperparameter_args(Hyperparameters(log_every=20))
     base_env = dict(os.environ, **(env or {}))
-    return run_local_job(
+    return run_training_job(
         trainers=trainers,
         pservers=pservers,
         data_config=str(job.data_config),
@@ -68,6 +70,7 @@ def run_training(
         role_args=role_args,
         base_env=base_env,
         timeout=timeout,
+        window=training_window(load_data_config(job.data_config)),
     )
 
 
@@ -86,8 +89,12 @@ def score_pass(pass_dir: Path, lines: list[str]) -> np.ndarray:
 
 
 def read_golden(pass_dir: Path) -> tuple[list[str], np.ndarray]:
-    rows = [json.loads(ln) for ln in (Path(pass_dir) / "golden.jsonl").read_text().splitlines() if ln.strip()]
-    return [r["line"] for r in rows], np.array([r["prob"] for r in rows])
+    """(lines, probabilities) of a pass's golden.jsonl (read by records.py, the format's owner)."""
+    from ctr_foundation.records import GOLDEN_FILE
+    from ctr_foundation.records import read_golden as read_golden_file
+
+    lines, probs = read_golden_file(Path(pass_dir) / GOLDEN_FILE)
+    return lines, np.array(probs)
 
 
 def labels_of(lines: list[str]) -> np.ndarray:

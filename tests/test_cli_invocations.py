@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -44,10 +46,9 @@ def kube_env(tmp_path):
         api.__exit__(None, None, None)
 
 
+@pytest.mark.needs_venv
 @pytest.mark.parametrize("entry", [CONSOLE_SCRIPT, SHIM], ids=["console-script", "bash-shim"])
 def test_the_four_documented_invocations(kube_env, entry):
-    if not Path(CONSOLE_SCRIPT[0]).exists():
-        pytest.skip("the project's .venv is not set up (bash scripts/setup.sh)")
     api, env = kube_env(recreate_trainer=True)
     state = Path(env["ELASTIC_CTR_STATE_DIR"])
 
@@ -65,14 +66,28 @@ def test_the_four_documented_invocations(kube_env, entry):
 
     r = run(entry, ["-a"], env)
     assert r.returncode == 0, r.stderr
-    assert "Job default/elastic-ctr created" in r.stderr and "13/13 pods running" in r.stderr
+    assert "Job default/elastic-ctr created" in r.stderr and "14/14 pods running" in r.stderr
     assert api.get(VOLCANO, "jobs", "default", "elastic-ctr")["spec"]["minAvailable"] == 4
 
-    r = run(entry, ["-l", "--follow"], env)
-    assert r.returncode == 0, r.stderr
-    assert "[trainer-0] (pod recreated: reattached to elastic-ctr-trainer-0)" in r.stdout
-    assert r.stdout.index("step 20 loss 0.49") < r.stdout.index("training finished")
-    assert "[elastic-ctr-fileserver-" in r.stdout and "[elastic-ctr-cube-transfer-" in r.stdout
+    # --follow streams until interrupted, like `kubectl logs -f`; trainer 0's pod is recreated meanwhile.
+    follow = subprocess.Popen(
+        [*entry, "-l", "--follow"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = follow.stdout.readline()
+        lines.append(line)
+        if "(stream ended: pod elastic-ctr-trainer-0 Succeeded; job Completed)" in line:
+            break
+    time.sleep(1)
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=30)
+    stdout = "".join(lines) + out
+    assert follow.returncode == 130 and "Traceback" not in err, err
+    assert "[trainer-0] (pod recreated: reattached to elastic-ctr-trainer-0)" in stdout
+    assert stdout.index("step 20 loss 0.49") < stdout.index("training finished")
+    assert "[elastic-ctr-fileserver-" in stdout and "[elastic-ctr-cube-transfer-" in stdout
 
     r = run(entry, ["-c"], env)
     assert r.returncode == 0, r.stderr
@@ -94,7 +109,7 @@ def test_unschedulable_job_through_the_cli(kube_env):
     r = run(CONSOLE_SCRIPT, ["-a"], env)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("elastic-control: error: 9/13 pods running, not running after 2s: pod elastic-ctr-")
+    assert last.startswith("elastic-control: error: 10/14 pods running, not running after 2s: pod elastic-ctr-")
     assert "Insufficient cpu; lower -u (now 4), or add nodes" in last
 
 
@@ -142,3 +157,15 @@ def test_status_and_delete_subcommands_honour_the_group_state_dir(tmp_path, monk
         assert "Volcano job default/elastic-ctr deleted" in capfd.readouterr().err
         assert api.items(VOLCANO, "jobs") == []
     adaptor.reset()
+
+
+@pytest.mark.parametrize("verb, deny", [(["status"], {"GET /deployments": 403}), (["delete"], {"DELETE /jobs": 403}),
+                                        (["-l"], {"GET /pods": 401})])  # fmt: skip
+def test_refused_api_calls_print_one_line(kube_env, verb, deny):
+    api, env = kube_env(deny=deny)
+    assert run(CONSOLE_SCRIPT, [*DOCUMENTED_R.split(), "--backend", "k8s"], env).returncode == 0
+    r = run(CONSOLE_SCRIPT, verb, env)
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("elastic-control: error: the Kubernetes API server at http://127.0.0.1:")
+    assert ("HTTP 401 Unauthorized" if "-l" in verb else "HTTP 403 Forbidden") in line

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import requests
-from helpers_serving import PYTHON, REPO, fileserver_in_thread, free_port
+from helpers_common import PYTHON, REPO, fileserver_in_thread, free_port
 
 from client.api import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, ServingClient, resolve_client_settings, upload_configs
 from client.cli import main
@@ -51,7 +51,13 @@ def test_upload_validates_then_uploads_with_the_state_token(state, tmp_path):
         cfg = resolve_client_settings(state_dir=state, fileserver_url=url)
         done = upload_configs(cfg, slot_conf=str(slot_conf), data_config=str(data_config))
         assert [d["path"] for d in done] == [REMOTE_SLOT_CONF, REMOTE_DATA_CONFIG]
-        assert requests.get(f"{url}/files/{REMOTE_SLOT_CONF}").text == slot_conf.read_text()
+        # config/ (data.config carries credentials) is readable only with the token.
+        assert requests.get(f"{url}/files/{REMOTE_DATA_CONFIG}").status_code == 401
+        auth = {"Authorization": "Bearer t0ken"}
+        assert requests.get(f"{url}/files/{REMOTE_SLOT_CONF}", headers=auth).text == slot_conf.read_text()
+        from ctr_foundation.fileserver_client import FileServerClient
+
+        assert FileServerClient(url, token=cfg.token).get_bytes(REMOTE_SLOT_CONF).decode() == slot_conf.read_text()
         bad = tmp_path / "bad.conf"
         bad.write_text("1\n1\n")
         with pytest.raises(ConfigError):

@@ -6,14 +6,15 @@ import subprocess
 
 import numpy as np
 import pytest
-from helpers_cube import PYTHON, REPO, real_pass_dir, write_synthetic_pass
+from helpers_common import PYTHON, REPO
+from helpers_cube import write_synthetic_pass
 
 from ctr_foundation.errors import DataError, UsageError
-from ctr_foundation.pass_format import SparseLayout, iter_sparse_table, read_sparse_table
+from ctr_foundation.pass_format import SparseLayout, iter_sparse_table, load_pass, read_sparse_table
 from ctr_foundation.sparse_table_reader import iter_sparse_table_fast
 from cube.builder import build_version
 from cube.lookup_index import WINDOW_MAX_KEYS, ShardIndex
-from cube.shard_format import CorruptShardError, open_shard, verify_version_dir, write_shard
+from cube.shard_format import CorruptShardError, read_shard, verify_version_dir, write_shard
 
 
 def _concat(chunks):
@@ -22,13 +23,14 @@ def _concat(chunks):
 
 
 @pytest.fixture(scope="module")
-def real_pass(tmp_path_factory):
-    return real_pass_dir(tmp_path_factory)
+def real_pass(synth_world):
+    """A pass `elastic-control train` wrote (full 64-bit feasigns, no SPARSE_DIM)."""
+    return synth_world.passes[0]
 
 
 def test_fast_reader_agrees_with_pass_format_on_a_real_paddle_table(real_pass):
-    layout = SparseLayout(8, "adam")
-    assert 1 + layout.value_columns == 34
+    # The layout meta.json declares; both readers check every line's column count against it.
+    layout = load_pass(real_pass).layout
     k1, v1 = _concat(iter_sparse_table(real_pass, layout))
     k2, v2 = _concat(iter_sparse_table_fast(real_pass, layout))
     o1, o2 = np.argsort(k1), np.argsort(k2)
@@ -68,15 +70,17 @@ def test_fast_reader_names_the_file_on_a_wrong_column_count(tmp_path):
 
 
 def test_build_real_pass_shards_sorted_unique_with_exact_vectors(real_pass, tmp_path):
+    info = load_pass(real_pass)
     manifest = build_version(pass_dir=real_pass, shards=3, output=tmp_path / "cube")
-    keys, values = read_sparse_table(real_pass, SparseLayout(8, "adam"))
-    vdir = tmp_path / "cube" / "pass-20240101-00"
+    keys, values = read_sparse_table(real_pass, info.layout)
+    dim = info.embedding_dim
+    vdir = tmp_path / "cube" / info.name
     assert manifest == verify_version_dir(vdir)
-    assert manifest["rows"] == len(keys) and manifest["dim"] == 8 and manifest["shards"] == 3
+    assert manifest["rows"] == len(keys) and manifest["dim"] == dim and manifest["shards"] == 3
     seen = 0
     for i in range(3):
-        s = open_shard(vdir / f"shard-{i}.arrow")
-        assert (s.shard, s.shards, s.dim, s.version) == (i, 3, 8, "pass-20240101-00")
+        s = read_shard(vdir / f"shard-{i}.arrow")
+        assert (s.shard, s.shards, s.dim, s.version) == (i, 3, dim, info.name)
         assert np.all(s.keys[1:] > s.keys[:-1]) and np.all(s.keys % np.uint64(3) == i)
         idx = np.searchsorted(keys, s.keys)
         np.testing.assert_array_equal(keys[idx], s.keys)
@@ -96,7 +100,7 @@ def test_build_is_deterministic_applies_sparse_dim_and_keeps_the_last_duplicate(
             tmp_path / "b" / m2["version"] / name
         ).read_bytes()
     assert m1["rows"] == 3 and m1["input_rows"] == 5
-    s1 = open_shard(tmp_path / "a" / "pass-20240101-05" / "shard-1.arrow")
+    s1 = read_shard(tmp_path / "a" / "pass-20240101-05" / "shard-1.arrow")
     np.testing.assert_array_equal(s1.keys, [5, 7])
     np.testing.assert_array_equal(s1.values[0], values[1])  # the later line of key 5 wins
     with pytest.raises(UsageError, match="already exists"):
@@ -112,7 +116,7 @@ def test_truncated_or_corrupt_shard_files_are_refused(tmp_path):
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptShardError):
-        open_shard(shard)
+        read_shard(shard)
     with pytest.raises(CorruptShardError, match="size"):
         verify_version_dir(vdir)
     flipped = bytearray(data)
@@ -123,7 +127,7 @@ def test_truncated_or_corrupt_shard_files_are_refused(tmp_path):
     bad = tmp_path / "unsorted.arrow"
     write_shard(bad, np.array([3, 1], np.uint64), np.zeros((2, 2), np.float32), version="v", shard=0, shards=1)
     with pytest.raises(CorruptShardError, match="sorted"):
-        open_shard(bad)
+        read_shard(bad)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +143,7 @@ def test_lookup_index_matches_a_plain_set_lookup(tmp_path, keys):
     keys = np.unique(keys)
     values = np.random.default_rng(1).standard_normal((len(keys), 3)).astype(np.float32)
     write_shard(tmp_path / "s.arrow", keys, values, version="v", shard=0, shards=1)
-    index = ShardIndex(open_shard(tmp_path / "s.arrow"))
+    index = ShardIndex(read_shard(tmp_path / "s.arrow"))
     rng = np.random.default_rng(2)
     query = np.concatenate(
         [

@@ -13,18 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from helpers_cube import (
-    PYTHON,
-    REPO,
-    TOKEN,
-    add_done,
-    agent_args,
-    cube_processes,
-    fileserver,
-    free_port,
-    server_args,
-    write_synthetic_pass,
-)
+from helpers_common import PYTHON, REPO, free_port
+from helpers_cube import TOKEN, add_done, agent_args, cube_processes, fileserver, server_args, write_synthetic_pass
 
 from cube.client import CubeClient
 from cube.promotion_gate import GateDecision
@@ -77,7 +67,7 @@ def cluster(tmp_path):
             data = tmp_path / f"shard-{i}"
             data.mkdir()
             specs.append(("server", server_args(data, i, port=ports[i], workers=2 if i == 0 else 1), f"server-{i}"))
-            specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}"), f"agent-{i}"))
+            specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}", fs_url), f"agent-{i}"))
         started = stack.enter_context(cube_processes(specs, tmp_path))
         yield Cluster(tmp_path, fs_url, [started[0][0], started[2][0]], [started[1][0], started[3][0]])
 
@@ -265,7 +255,8 @@ def test_transfer_status_endpoint_and_cli_errors(cluster, tmp_path):
         timeout=60,
     )
     assert r.returncode == 2 and "ELASTIC_CTR_FILESERVER_URL" in r.stderr and "Traceback" not in r.stderr
-    from cube.json_service import make_json_server, serve_in_thread
+    from ctr_foundation.http_json import make_json_server
+    from ctr_foundation.http_server import serve_in_thread
 
     t = cluster.transfer()
     server = make_json_server(host="127.0.0.1", port=0, routes=t.routes(), token=TOKEN, name="cube-transfer")

@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 import requests
-from helpers_cube import TOKEN, cube_server, real_pass_dir, write_synthetic_pass
+from helpers_cube import TOKEN, cube_server, write_synthetic_pass
 
-from ctr_foundation.pass_format import SparseLayout, read_sparse_table
+from ctr_foundation.pass_format import load_pass, read_sparse_table
 from cube.builder import build_version
 from cube.client import CubeClient, CubeUnavailableError, CubeVersionError
 
@@ -27,19 +27,22 @@ def _metric(url: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def real_pass(tmp_path_factory):
-    return real_pass_dir(tmp_path_factory)
+def real_pass(synth_world):
+    """A pass `elastic-control train` wrote (full 64-bit feasigns, half of them above 2**63)."""
+    return synth_world.passes[0]
 
 
 def test_every_key_of_a_real_paddle_table_comes_back_exactly(real_pass, tmp_path):
+    info = load_pass(real_pass)
     build_version(pass_dir=real_pass, shards=2, output=tmp_path / "cube")
-    keys, values = read_sparse_table(real_pass, SparseLayout(8, "adam"))
-    vdir = tmp_path / "cube" / "pass-20240101-00"
+    keys, values = read_sparse_table(real_pass, info.layout)
+    assert (keys > np.uint64(2**63)).any(), "the pass must exercise keys above 2**63"
+    vdir = tmp_path / "cube" / info.name
     with cube_server(vdir, 0, tmp_path, workers=2) as (u0, _), cube_server(tmp_path / "cube", 1, tmp_path) as (u1, _):
         with CubeClient([u0, u1]) as client:
             perm = np.random.default_rng(0).permutation(len(keys))
             got, found, version = client.lookup(keys[perm])
-            assert version == "pass-20240101-00" and found.all()
+            assert version == info.name and found.all()
             np.testing.assert_array_equal(got, values[perm])  # bit-exact, in input order
             missing = np.array([1, 2, 3, 2**64 - 1], dtype=np.uint64)
             missing = missing[~np.isin(missing, keys)]
@@ -56,7 +59,7 @@ def test_every_key_of_a_real_paddle_table_comes_back_exactly(real_pass, tmp_path
         assert r.json()["found"] == [True]
         np.testing.assert_array_equal(np.array(r.json()["values"][0], np.float32), values[keys == k1][0])
         st = requests.get(f"{u0}/v1/status", timeout=5).json()
-        assert st["active"] == "pass-20240101-00" and st["workers"] == 2
+        assert st["active"] == info.name and st["workers"] == 2
 
 
 def _raw(url: str, payload: bytes) -> bytes:

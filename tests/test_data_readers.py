@@ -7,7 +7,8 @@ import gzip
 
 import numpy as np
 import pytest
-from helpers_train import CRITEO_FILE, START
+from helpers_common import CRITEO_FILE
+from helpers_train import START
 
 from ctr_foundation.errors import DataError
 from ctr_foundation.sample import parse_sample_line, slot_keys
@@ -198,7 +199,7 @@ def test_unsupported_filesystem_is_a_clear_error(tmp_path):
 
 def test_synthetic_generator_is_deterministic_and_knows_its_bayes_auc(tmp_path):
     from elastic_control.data.synth import generate, read_truth
-    from elastic_control.training.metrics import auc
+    from elastic_control.metrics import auc
 
     a = generate(tmp_path / "a", slots=(1, 2, 3), hours=2, lines_per_hour=3000, seed=5, start=START)
     b = generate(tmp_path / "b", slots=(1, 2, 3), hours=2, lines_per_hour=3000, seed=5, start=START)
@@ -228,7 +229,7 @@ def test_criteo_converter(tmp_path):
     assert summary["lines"] == 3 and (tmp_path / "out" / "20191221" / "01" / "donefile").exists()
 
 
-@pytest.mark.skipif(not CRITEO_FILE.exists(), reason=f"real Criteo lines not found at {CRITEO_FILE}")
+@pytest.mark.needs_criteo
 def test_criteo_real_lines_convert_with_feasigns_above_2_63(tmp_path):
     from elastic_control.data.criteo import CriteoConverter
 

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_common import CRITEO_FILE
 
 from ctr_foundation.errors import UsageError
 from elastic_control.config import load_data_config, load_slot_conf
 
 ROOT = Path(__file__).resolve().parents[1]
-CRITEO = ROOT / ".." / "shared" / "data" / "criteo" / "criteo_real_distinct.txt"
+CRITEO = CRITEO_FILE
 
 
 def test_synthetic_data_holds_out_the_hour_after_the_training_window(tmp_path):
@@ -34,7 +35,7 @@ def test_synthetic_data_holds_out_the_hour_after_the_training_window(tmp_path):
     }
 
 
-@pytest.mark.skipif(not CRITEO.exists(), reason=f"the real Criteo lines are not at {CRITEO}")
+@pytest.mark.needs_criteo
 def test_criteo_data_is_converted_and_split(tmp_path):
     from elastic_control.demo.data import prepare_criteo
 
@@ -67,11 +68,22 @@ def test_demo_refuses_bad_arguments(tmp_path):
 
 def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
     """A --keep run still going in the workdir is never wiped by the next demo."""
+    from helpers_local import example_data_config_with_data
+
     from ctr_foundation.names import StateFolder
+    from elastic_control import api
+    from elastic_control.config import Resources
     from elastic_control.demo.run import _reset_workdir
     from elastic_control.local.process import process_identity
     from elastic_control.local.runtime import SupervisorLock, write_runtime
 
+    api.configure_resource(
+        resources=Resources(trainers=1, pservers=1, cube_shards=1),
+        slot_conf=str(ROOT / "examples" / "slot.conf"),
+        data_config=str(example_data_config_with_data(tmp_path / "input")),
+        backend="local",
+        state_dir=str(tmp_path / "state"),
+    )
     layout = StateFolder.of(tmp_path / "state")
     lock = SupervisorLock(layout)
     assert lock.acquire()
@@ -96,7 +108,7 @@ def test_demo_will_not_clear_a_workdir_whose_pipeline_runs(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.skipif(not CRITEO.exists(), reason=f"the real Criteo lines are not at {CRITEO}")
+@pytest.mark.needs_criteo
 def test_demo_on_real_criteo_lines(tmp_path):
     """The main job on converted real Criteo lines, cleaned up at the end (no --keep)."""
     from helpers_local import processes_under

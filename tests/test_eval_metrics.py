@@ -8,7 +8,7 @@ from sklearn.metrics import log_loss, ndcg_score, roc_auc_score
 
 from ctr_foundation.errors import DataError
 from elastic_control.evaluation.grouped import GroupTotals, group_bucket, group_totals
-from elastic_control.evaluation.metrics import (
+from elastic_control.metrics import (
     CountsBuilder,
     auc_from_counts,
     counts_from_arrays,
@@ -128,3 +128,19 @@ def test_grouped_auc_and_ndcg_equal_sklearn_with_ties_and_single_class_groups(k)
     for i in range(5):
         parts = parts.add(group_totals(g[b == i], y[b == i], s[b == i], k))
     assert parts.summary(k) == pytest.approx(summary)
+
+
+def test_one_call_auc_log_loss_and_the_trainers_window_equal_sklearn():
+    """The one AUC of the project, as training, the synthetic generator and the demo call it."""
+    from elastic_control import metrics
+
+    labels, scores = _data(5000, seed=5, levels=20)
+    scores[:3] = [0.0, 1.0, 1.0]  # clipped the way scikit-learn clips float32 predictions
+    assert metrics.auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    assert metrics.log_loss(labels, scores) == pytest.approx(log_loss(labels, scores), rel=1e-6)
+    assert np.isnan(metrics.auc(np.ones(3), [0.1, 0.2, 0.3]))  # one class
+    assert np.isnan(metrics.auc([0, 1], [np.nan, 0.5]))  # a diverged model does not stop training
+    window = metrics.RecentWindow(1000)
+    for i in range(0, 5000, 100):
+        window.add(labels[i : i + 100], scores[i : i + 100])
+    assert window.auc() == pytest.approx(roc_auc_score(labels[-1000:], scores[-1000:]), abs=1e-12)

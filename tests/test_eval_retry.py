@@ -8,8 +8,8 @@ import pytest
 from ctr_foundation.atomic import atomic_write_json, staged_directory
 from ctr_foundation.errors import DataError
 from elastic_control.evaluation import parallel
-from elastic_control.evaluation.metrics import counts_from_arrays, summarize
 from elastic_control.evaluation.shares import SHARE_JSON, EvalSpec, share_dir
+from elastic_control.metrics import counts_from_arrays, summarize
 
 SPEC = EvalSpec(model="/m/pass-a", data_config="/d/data.config", start="20200101/00", end="20200101/01", shares=3)
 

@@ -10,7 +10,8 @@ import time
 
 import pytest
 import requests
-from helpers_serving import PYTHON, fileserver_in_thread, free_port, process, raw_request, status_of, wait_healthy
+from helpers_common import PYTHON, fileserver_in_thread, free_port, process, wait_healthy
+from helpers_serving import raw_request, status_of
 
 from ctr_foundation.fileserver_client import FileServerClient, FileServerError, NotFound
 from elastic_control.fileserver.paths import STAGING_DIR
@@ -47,8 +48,8 @@ def test_put_get_list_delete_roundtrip(served):
     assert requests.get(f"{url}/files/cube/v1/").json()["entries"] == [
         {"name": "shard-0.arrow", "size": len(body), "is_dir": False}
     ]
-    # The staging folder never shows in the root listing.
-    assert [e["name"] for e in requests.get(f"{url}/files/").json()["entries"]] == ["cube"]
+    # The staging folder never shows in the root listing (which, outside cube/, needs the token).
+    assert [e["name"] for e in requests.get(f"{url}/files/", headers=AUTH).json()["entries"]] == ["cube"]
     assert requests.delete(f"{url}/files/cube/v1/shard-0.arrow", headers=AUTH).status_code == 200
     assert requests.get(f"{url}/files/cube/v1/shard-0.arrow").status_code == 404
     assert requests.delete(f"{url}/files/cube/", headers=AUTH).status_code == 200
@@ -90,15 +91,22 @@ def test_sha_mismatch_refused_and_previous_file_kept(served):
 def test_writes_need_the_token(served, tmp_path):
     url, root = served
     assert requests.put(f"{url}/files/x", data=b"1").status_code == 401
-    assert requests.put(f"{url}/files/x", data=b"1", headers={"Authorization": "Bearer nope"}).status_code == 403
+    # A wrong token is a 401 too, on every server (docs/contracts.md, "HTTP rules").
+    wrong = requests.put(f"{url}/files/x", data=b"1", headers={"Authorization": "Bearer nope"})
+    assert (
+        wrong.status_code == 401 and "wrong" in wrong.json()["error"] and "Bearer" in wrong.headers["WWW-Authenticate"]
+    )
     assert requests.put(f"{url}/files/x", data=b"1", headers={"Authorization": "Basic dDB"}).status_code == 401
     assert not (root / "x").exists()
     assert requests.put(f"{url}/files/x", data=b"1", headers=AUTH).status_code == 201
     assert requests.delete(f"{url}/files/x").status_code == 401
-    assert requests.delete(f"{url}/files/x", headers={"Authorization": "Bearer nope"}).status_code == 403
+    assert requests.delete(f"{url}/files/x", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert (root / "x").exists()
-    # Reads are open.
-    assert requests.get(f"{url}/files/x").content == b"1"
+    # Reads outside cube/ need the token as well; cube/ is open.
+    assert requests.get(f"{url}/files/x").status_code == 401
+    assert requests.get(f"{url}/files/x", headers=AUTH).content == b"1"
+    assert requests.put(f"{url}/files/cube/y", data=b"2", headers=AUTH).status_code == 201
+    assert requests.get(f"{url}/files/cube/y").content == b"2"
     # A server started without a token refuses every write.
     with fileserver_in_thread(tmp_path / "ro", token=None) as ro:
         r = requests.put(f"{ro}/files/x", data=b"1", headers=AUTH)
@@ -133,6 +141,8 @@ TRAVERSALS = [
     "/files/link_out/outside.txt",
     "/files/link_file",
     "/files/%ff%fe",
+    "/files/" + "n" * 256,
+    "/files/cube/" + "/".join(["d" * 200] * 6),
 ]
 
 
@@ -198,7 +208,7 @@ def test_interrupted_upload_leaves_previous_file(served):
         time.sleep(0.05)
     assert list((root / STAGING_DIR).iterdir()) == []
     assert (root / "shard").read_bytes() == b"previous"
-    assert requests.get(f"{url}/files/shard").content == b"previous"
+    assert requests.get(f"{url}/files/shard", headers=AUTH).content == b"previous"
 
 
 def test_concurrent_uploads_of_one_path_end_whole(served):
@@ -217,7 +227,7 @@ def test_concurrent_uploads_of_one_path_end_whole(served):
     assert codes == [201] * 8
     final = (root / "same").read_bytes()
     assert final in bodies
-    g = requests.get(f"{url}/files/same")
+    g = requests.get(f"{url}/files/same", headers=AUTH)
     assert g.headers["X-Content-Sha256"] == hashlib.sha256(final).hexdigest()
     assert list((root / STAGING_DIR).iterdir()) == []
 
@@ -225,7 +235,8 @@ def test_concurrent_uploads_of_one_path_end_whole(served):
 def test_errors_are_json_and_server_keeps_serving(served):
     url, _ = served
     assert requests.get(f"{url}/nothing").status_code == 404
-    assert requests.get(f"{url}/files/missing").json()["error"].startswith("no such file")
+    assert requests.get(f"{url}/files/missing", headers=AUTH).json()["error"].startswith("no such file")
+    assert requests.get(f"{url}/files/cube/missing").json()["error"].startswith("no such file")
     assert requests.put(f"{url}/files/dir/", data=b"1", headers=AUTH).status_code == 400
     assert requests.put(f"{url}/files/d/f", data=b"1", headers=AUTH).status_code == 201
     assert requests.put(f"{url}/files/d", data=b"1", headers=AUTH).status_code == 409

@@ -4,7 +4,6 @@ running the rendered worker/merge command lines as real local processes."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import subprocess
@@ -57,6 +56,7 @@ REQUESTS = [
 ]
 
 
+@pytest.mark.needs_volcano_schemas
 @pytest.mark.parametrize("fields", REQUESTS, ids=["one", "baseline-group-window", "max-workers"])
 def test_eval_jobs_validate_strictly_and_pass_the_webhook_rules(tmp_path, fields):
     _, files = _render(tmp_path, EvalJobRequest(**fields), job_name="a" * 40)
@@ -287,20 +287,19 @@ def test_submit_errors_are_one_line(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.slow  # a real PS training run, then five evaluation processes: 45-90 s on 2 busy cores
-def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path, monkeypatch):
-    """A real pass, real `elastic-control eval --shard` workers started from the manifest's own shell lines
+@pytest.mark.slow  # five evaluation processes on product-trained passes: 45-90 s on 2 busy cores
+def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path, monkeypatch, synth_world):
+    """Real passes, real `elastic-control eval --shard` workers started from the manifest's own shell lines
     (mount points mapped to local folders), worker 1 killed once and redone, then the real merge."""
-    import helpers_eval as h
+    from helpers_passes import GROUP_SLOT, LINES_PER_HOUR, write_data_config
 
     shared, config = tmp_path / "shared", tmp_path / "config"
-    model = h.PlantedModel()
-    pass_dir = h.train_pass(
-        shared / "models" / "pass-20200101-00", model.lines(3000, seed=1), model.lines(50, seed=2), epochs=1
-    )
-    h.write_hours(tmp_path / "data", dt.datetime(2020, 1, 1, 1), [model.lines(1200, seed=10 + i) for i in range(2)])
+    synth_world.copy_models(shared / "models")
+    model, baseline = synth_world.passes[-1].name, synth_world.passes[0].name
+    pass_dir = shared / "models" / model
+    first, last = synth_world.holdout
     config.mkdir()
-    h.write_data_config(config / "data.config", tmp_path / "data", "20200101/01", "20200101/02")
+    write_data_config(config / "data.config", synth_world.data, first, last)
     mlruns = tmp_path / "mlruns"
     runner = local_pod_runner(
         {k.SHARED_MOUNT: shared, k.CONFIG_MOUNT: config},
@@ -319,17 +318,17 @@ def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path
             plan.state_path,
             kubeconfig,
             "--model",
-            "pass-20200101-00",
+            model,
             "--baseline",
-            "pass-20200101-00",
+            baseline,
             "--workers",
             2,
             "--group-slot",
-            h.GROUP_SLOT,
+            GROUP_SLOT,
             "--start",
-            "20200101/01",
+            first,
             "--end",
-            "20200101/02",
+            last,
             "--run",
             "real",
             "--json",
@@ -351,12 +350,16 @@ def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "unused").as_uri())
     spec = EvalSpec.create(
-        model=pass_dir, baseline=pass_dir, data_config=config / "data.config", shares=1, group_slot=h.GROUP_SLOT
+        model=pass_dir,
+        baseline=shared / "models" / baseline,
+        data_config=config / "data.config",
+        shares=1,
+        group_slot=GROUP_SLOT,
     )
     single = evaluate(spec, workers=1)
     for key in ("model", "baseline", "comparison"):
         assert merged[key] == json.loads(json.dumps(single.metrics[key])), key  # exact, not approximate
-    assert merged["model"]["examples"] == 2400 and merged["data"]["shares"] == 2
+    assert merged["model"]["examples"] == 2 * LINES_PER_HOUR and merged["data"]["shares"] == 2
     assert min(merged["data"]["share_examples"]) > 0
     # The merge pod's MLFLOW_TRACKING_URI reached MLflow: the evaluation run is there.
     assert list(mlruns.glob("*/*/meta.yaml")), "no MLflow run recorded by the merge"

@@ -35,6 +35,22 @@ COMBINATIONS = [
     dict(
         cpu=2, mem=4, trainers=512, pservers=256, cube_shards=2, service_type="NodePort", hdfs_address="hdfs://nn:9000"
     ),
+    dict(
+        cpu=2,
+        mem=8,
+        trainers=2,
+        pservers=1,
+        cube_shards=2,
+        image="reg.io/ctr@sha256:" + "0" * 64,
+        kube={
+            "serving_replicas": 4,
+            "max_retry": 0,
+            "storage_class": "standard-rwo",
+            "access_mode": "ReadWriteOnce",
+            "image_pull_secrets": ("regcred", "mirror"),
+            "pod_overlay": str(REPO / "tests" / "data" / "pod-overlay.yaml"),
+        },
+    ),
 ]
 
 
@@ -57,13 +73,15 @@ def _env(container):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+@pytest.mark.needs_volcano_schemas
 @pytest.mark.parametrize("flags", COMBINATIONS, ids=lambda f: "-".join(f"{k}{v}" for k, v in list(f.items())[:5]))
 def test_every_manifest_validates_strictly(tmp_path, flags):
     _, manifests = render_plan(tmp_path / "state", **flags)
     docs = load_manifests(manifests)
     shards = flags["cube_shards"]
-    # 3 shared + (pvc, deploy, svc) mlflow + (pvc, deploy, svc) file server + 2 per shard + transfer 2 + serving 2 + job
-    assert len(docs) == 3 + 3 + 3 + 2 * shards + 2 + 2 + 1
+    # shared (ConfigMap, token and credentials Secrets, claim) + (claim, deploy, svc) mlflow + (claim, deploy, svc)
+    # file server + (deploy, lookup svc, agent svc) per shard + the shards' PDB + transfer 2 + serving 3 + job
+    assert len(docs) == 4 + 3 + 3 + 3 * shards + 1 + 2 + 3 + 1
     for doc in docs:
         validate_manifest(doc)
         labels = doc["metadata"]["labels"]
@@ -81,10 +99,13 @@ def test_volcano_job_matches_the_design(tmp_path):
     assert job["apiVersion"] == "batch.volcano.sh/v1alpha1"
     assert spec["minAvailable"] == 5 and spec["schedulerName"] == "volcano" and spec["queue"] == "default"
     assert spec["plugins"] == {"svc": [], "env": []}
-    assert {(p["event"], p["action"]) for p in spec["policies"]} == {
-        ("PodEvicted", "RestartJob"),
-        ("PodFailed", "RestartJob"),
-    }
+    # In order (Volcano takes the first match): a configuration error aborts before PodFailed restarts.
+    assert spec["policies"] == [
+        {"exitCode": 2, "action": "AbortJob"},
+        {"event": "PodEvicted", "action": "RestartJob"},
+        {"event": "PodFailed", "action": "RestartJob"},
+    ]
+    assert spec["maxRetry"] == 3
     tasks = {t["name"]: t for t in spec["tasks"]}
     assert tasks["pserver"]["replicas"] == 2 and tasks["trainer"]["replicas"] == 3
     assert tasks["trainer"]["policies"] == [{"event": "TaskCompleted", "action": "CompleteJob"}]
@@ -136,7 +157,8 @@ def test_components_get_their_contract_variables(tmp_path):
     docs = load_manifests(manifests)
     deployments = {d["metadata"]["name"]: d for d in _by_kind(docs, "Deployment")}
     transfer = _env(deployments["elastic-ctr-cube-transfer"]["spec"]["template"]["spec"]["containers"][0])
-    assert transfer["ELASTIC_CTR_CUBE_AGENTS"] == ",".join(f"http://elastic-ctr-cube-{i}:8001" for i in range(3))
+    assert transfer["ELASTIC_CTR_CUBE_AGENTS"] == ",".join(f"http://elastic-ctr-cube-agent-{i}:8001" for i in range(3))
+    assert transfer["ELASTIC_CTR_CUBE_SERVERS"] == ",".join(f"http://elastic-ctr-cube-{i}:8027" for i in range(3))
     assert transfer["ELASTIC_CTR_FILESERVER_URL"] == "http://elastic-ctr-fileserver:8080"
     server, agent = deployments["elastic-ctr-cube-2"]["spec"]["template"]["spec"]["containers"]
     assert server["command"] == ["cube-server", "--port", "8027", "--shard", "2", "--data", k.CUBE_DATA_DIR]
@@ -202,6 +224,7 @@ def rendered_job(tmp_path):
     return _job(load_manifests(manifests))
 
 
+@pytest.mark.needs_volcano_schemas
 def test_strict_schema_rejects_a_misspelt_field(rendered_job):
     bad = copy.deepcopy(rendered_job)
     bad["spec"]["minAvaliable"] = bad["spec"].pop("minAvailable")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from helpers_local import write_complete_hours
 
 from elastic_control.local.spec import COMPONENTS_FORMAT
 
@@ -34,6 +34,7 @@ def rendered(tmp_path):
         "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n"
         'export DATASET_PATH="data"\nexport SPARSE_DIM="1000"\n'
     )
+    write_complete_hours(tmp_path / "data", hours=1)  # -r wants at least one complete hour in the window
     res = cli(
         "-r",
         "--backend",
@@ -77,60 +78,24 @@ def test_render_plans_every_component_on_distinct_free_ports(rendered):
         "trainer-1",
     ]
     ports = [p for c in plan["components"] for p in ([c["port"]] if c["port"] else []) + c["extra_ports"]]
-    assert len(ports) == len(set(ports)) == len(names)
+    assert len(ports) == len(set(ports)) == len(names) + 1
+    # pserver 0 also listens on its port + 1 (the trainers' barrier service): planned, so never given away.
+    pserver0 = next(c for c in plan["components"] if c["name"] == "pserver-0")
+    assert pserver0["extra_ports"] == [pserver0["port"] + 1]
+    # The offline window is recorded: a job that writes no pass of it fails.
+    assert plan["training_window"] == {"start": "20191221/00", "end": "20191221/01", "dataset": str(cwd / "data")}
     # The components read an expanded data.config with absolute paths and MODEL_PATH set.
     text = (state / "local" / "data.config").read_text()
     assert f'DATASET_PATH="{cwd / "data"}"' in text and f'MODEL_PATH="{state.resolve() / "models"}"' in text
-    # The token never lands in the local plan (the supervisor hands it to the children).
+    # The token never lands in the local plan (the supervisor hands it to the children that need it;
+    # tests/test_env_parity.py checks they are those whose pods get it).
     token = (state / "token").read_text().strip()
     assert token not in (state / "local" / "components.json").read_text()
+    assert {c["name"] for c in plan["components"] if c["secrets"]} == set(names) - {"mlflow", "serving"}
     # Every component listens on loopback only.
     for c in plan["components"]:
         if c["kind"] in ("mlflow", "fileserver", "cube-server", "cube-agent", "cube-transfer", "serving"):
             assert "--host" in c["argv"] and c["argv"][c["argv"].index("--host") + 1] == "127.0.0.1", c["name"]
-
-
-def _k8s_env_names(state: Path) -> dict[str, set[str]]:
-    """Container name -> the environment variable names the Kubernetes manifests give it."""
-    out: dict[str, set[str]] = {}
-    for path in sorted((state / "manifests").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc:
-                continue
-            specs = []
-            if doc.get("kind") == "Deployment":
-                specs.append(doc["spec"]["template"]["spec"])
-            elif doc.get("kind") == "Job":
-                specs += [t["template"]["spec"] for t in doc["spec"]["tasks"]]
-            for spec in specs:
-                for c in spec.get("containers", []):
-                    out.setdefault(c["name"], set()).update(e["name"] for e in c.get("env", []))
-    return out
-
-
-def test_local_components_get_the_same_variables_as_their_containers(rendered):
-    _, state = rendered
-    k8s = _k8s_env_names(state)
-    plan = json.loads((state / "local" / "components.json").read_text())
-    local: dict[str, set[str]] = {}
-    for c in plan["components"]:
-        local.setdefault(c["kind"], set()).update(c["env"])
-    # The token is injected by the supervisor from STATE/token, as the pods get it from a Secret.
-    for container, names in k8s.items():
-        if not names:
-            continue
-        missing = names - local.get(container, set()) - {"ELASTIC_CTR_TOKEN"}
-        assert not missing, f"{container}: the manifests set {sorted(missing)}, the local backend does not"
-    assert set(k8s) >= {
-        "mlflow",
-        "fileserver",
-        "cube-server",
-        "cube-agent",
-        "cube-transfer",
-        "serving",
-        "pserver",
-        "trainer",
-    }
 
 
 def test_log_before_apply_and_delete_before_apply_are_clear(rendered):
@@ -179,3 +144,46 @@ def test_dry_run_starts_nothing(rendered):
     res = cli("-a", "--dry-run", "--state-dir", "st", cwd=cwd)
     assert res.returncode == 0 and "would start 14 local processes" in res.stderr
     assert not (state / "local" / "runtime.json").exists()
+
+
+def test_render_without_data_in_the_window_fails_and_says_how_to_make_some(tmp_path):
+    (tmp_path / "slot.conf").write_text("1\n2\n")
+    (tmp_path / "data.config").write_text(
+        'export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/02\nexport DATASET_PATH="nothing-here"\n'
+    )
+    args = ("-r", "--backend", "local", "-s", "slot.conf", "-f", "data.config", "--state-dir", "st")
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    message = res.stderr.strip()
+    assert message.count("\n") == 0, message
+    assert "no complete hour in 20191221/00..20191221/02" in message and str(tmp_path / "nothing-here") in message
+    assert f"elastic-control data synth --output {tmp_path / 'nothing-here'} --start 20191221/00 --hours 3" in message
+    assert not (tmp_path / "st").exists()  # nothing half-rendered
+    # An hour that exists but is not complete (no donefile) does not count either.
+    (tmp_path / "nothing-here" / "20191221" / "01").mkdir(parents=True)
+    (tmp_path / "nothing-here" / "20191221" / "01" / "part-00000").write_text("1 0 1:1\n")
+    assert cli(*args, cwd=tmp_path).returncode == 2
+    # ONLINE=1 waits for hours to arrive: an empty window is fine.
+    with open(tmp_path / "data.config", "a") as f:
+        f.write('export ONLINE="1"\n')
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "st" / "local" / "components.json").read_text())["training_window"] is None
+    # The documented data command makes the window trainable offline.
+    with open(tmp_path / "data.config", "a") as f:
+        f.write('export ONLINE="0"\n')
+    res = cli(
+        "data",
+        "synth",
+        "--output",
+        "nothing-here",
+        "--start",
+        "20191221/00",
+        "--hours",
+        "3",
+        "--lines-per-hour",
+        "50",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert cli(*args, cwd=tmp_path).returncode == 0

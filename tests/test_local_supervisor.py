@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan, wait_until
+from helpers_common import wait_until
+from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan
 
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.names import StateFolder
@@ -201,10 +202,11 @@ def test_killed_supervisor_leaves_a_stale_state_that_delete_and_apply_handle(lay
     wait_until(lambda: not alive(sup), what="supervisor gone")
     # Its children got the parent-death signal.
     wait_until(lambda: not any(alive(p) for p in children), timeout=10, what="children gone")
-    from elastic_control.local.status_view import collect_status
+    from elastic_control.local.status import collect_status
 
-    status = collect_status(layout, ask_serving=False)
-    assert status["stale"] and status["supervisor"] == "not running"
+    status = collect_status(layout, probe=False)
+    assert status.controller["stale"] and status.state == "not running"
+    assert any("without stopping cleanly" in a for a in status.alerts)
     # A new -a over the stale state works and starts fresh.
     record2 = lifecycle.apply(layout, show_progress=False)
     assert record2["supervisor"]["pid"] != sup
@@ -238,3 +240,71 @@ def test_supervisor_survives_the_terminal_closing(layout, tmp_path):
 def test_free_ports_are_free_and_distinct():
     ports = free_ports(20)
     assert len(set(ports)) == 20 and all(port_is_free(p) for p in ports)
+
+
+def test_an_offline_job_that_wrote_no_pass_failed_and_says_why(layout):
+    """Issue 15 item 12: every hour missing means every trainer exits 0 with nothing written: that is a failure."""
+    from elastic_control.local.status import collect_status
+
+    models = layout.state / "models"
+    window = {"start": "20191221/00", "end": "20191221/01", "dataset": "/data/nowhere"}
+    simple_plan(layout, steps=3, model_path=str(models), training_window=window)
+    lifecycle.apply(layout, show_progress=False)
+    r = wait_until(lambda: (x := record_of(layout))["job"]["state"] in (rt.J_FAILED, rt.J_COMPLETED) and x, what="end")
+    assert r["job"]["state"] == rt.J_FAILED and r["job"]["restarts"] == 0  # nothing to gain from a restart
+    assert "without writing a pass" in r["job"]["reason"] and "/data/nowhere" in r["job"]["reason"]
+    assert "elastic-control data synth --output /data/nowhere --start 20191221/00" in r["job"]["reason"]
+    status = collect_status(layout, probe=False)
+    assert status.training["state"] == "failed"
+    assert any(a.startswith("training failed: the trainers finished without writing a pass") for a in status.alerts)
+    # The same job with a pass of the window in the donefile has completed.
+    lifecycle.delete(layout)
+    from ctr_foundation.records import DonefileEntry, append_donefile, utc_now
+
+    entry = DonefileEntry(
+        "pass-20191221-01", str(models / "p"), {"start": "20191221/01", "end": "20191221/01"}, utc_now()
+    )
+    append_donefile(models, entry)
+    lifecycle.apply(layout, show_progress=False)
+    r = wait_until(lambda: (x := record_of(layout))["job"]["state"] in (rt.J_FAILED, rt.J_COMPLETED) and x, what="end")
+    assert r["job"]["state"] == rt.J_COMPLETED, r["job"]
+
+
+def test_components_get_only_their_planned_variables_and_secrets(layout, tmp_path):
+    """A registry variable exported where -a runs never reaches a component unless its plan sets it (pods do not see
+    that shell either); the token goes only to the components whose pods get it from the Secret."""
+    from elastic_control.local.spec import JOB, ComponentSpec, LocalPlan, save_local_plan
+    from elastic_control.local.supervisor import Supervisor
+
+    dump = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+    comps = [
+        ComponentSpec(
+            name=f"trainer-{i}",
+            kind="trainer",
+            group=JOB,
+            ready="none",
+            argv=[sys.executable, "-c", dump, str(tmp_path / f"env-{i}.json")],
+            env={"ELASTIC_CTR_CUBE_SHARDS": "2"},
+            secrets=["ELASTIC_CTR_TOKEN"] if i == 0 else [],
+        )
+        for i in range(2)
+    ]
+    plan = LocalPlan(components=comps, pserver_exit_grace=0.1)
+    save_local_plan(plan, layout.components_file)
+    outside = {
+        **os.environ,
+        "ELASTIC_CTR_CUBE_KEEP": "99",  # a registry variable the plan does not set
+        "ELASTIC_CTR_CUBE_SHARDS": "5",  # one it sets differently
+        "ELASTIC_CTR_TOKEN": "from-the-shell",
+        "ELASTIC_CTR_DEBUG": "1",  # inherited on purpose (tracebacks), as are the test hooks
+        "SOME_OTHER_VARIABLE": "kept",
+    }
+    sup = Supervisor(layout, plan, base_env=outside, secret_env={"ELASTIC_CTR_TOKEN": "the-token"})
+    assert sup.run(until=lambda: sup.job.state == rt.J_COMPLETED) == 0
+    import json
+
+    first, second = (json.loads((tmp_path / f"env-{i}.json").read_text()) for i in range(2))
+    for env in (first, second):
+        assert "ELASTIC_CTR_CUBE_KEEP" not in env and env["ELASTIC_CTR_CUBE_SHARDS"] == "2"
+        assert env["ELASTIC_CTR_DEBUG"] == "1" and env["SOME_OTHER_VARIABLE"] == "kept"
+    assert first["ELASTIC_CTR_TOKEN"] == "the-token" and "ELASTIC_CTR_TOKEN" not in second

@@ -15,7 +15,7 @@ from helpers_kube import EXAMPLE_DATA_CONFIG, EXAMPLE_SLOT_CONF, FIXED_TOKEN, RE
 RUFF = Path(sys.executable).with_name("ruff")
 
 
-@pytest.mark.skipif(not RUFF.exists(), reason="ruff is installed by scripts/setup.sh (requirements-dev.txt)")
+@pytest.mark.needs_ruff
 @pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]], ids=["check", "format"])
 def test_ruff_passes_on_the_whole_tree(args):
     r = subprocess.run([str(RUFF), *args], cwd=REPO, capture_output=True, text=True)

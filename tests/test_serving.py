@@ -1,10 +1,9 @@
-"""Serving against real passes (short real PS runs on real Criteo lines), real cube servers and a real file server."""
+"""Serving against passes the product trainer wrote, real cube servers and a real file server."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -14,21 +13,9 @@ import pyarrow  # noqa: F401  (before paddle)
 import numpy as np
 import pytest
 import requests
-from helpers_serving import (
-    PYTHON,
-    criteo_slot_lines,
-    cube_servers,
-    fileserver_in_thread,
-    free_port,
-    golden,
-    process,
-    publish_version,
-    serving_in_thread,
-    set_current,
-    switch_cube_version,
-    train_criteo_pass,
-    wait_healthy,
-)
+from helpers_common import CRITEO_FILE, CRITEO_SLOTS, PYTHON, fileserver_in_thread, free_port, process, wait_healthy
+from helpers_passes import criteo_slot_lines
+from helpers_serving import cube_servers, golden, publish_version, serving_in_thread, set_current, switch_cube_version
 
 from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch
@@ -38,21 +25,21 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """MODEL_PATH with one real pass (full 64-bit feasigns, no SPARSE_DIM)."""
-    root = tmp_path_factory.mktemp("models")
-    train_criteo_pass(root, "pass-20200101-00", seed=1)
-    return root
+def models(synth_world):
+    """MODEL_PATH with two passes of `elastic-control train` (full 64-bit feasigns, no SPARSE_DIM); read-only."""
+    return synth_world.models
 
 
 @pytest.fixture(scope="module")
-def pass_a(models):
-    return models / "pass-20200101-00"
+def pass_a(synth_world):
+    """The newest complete pass: the one a model-dir source serves."""
+    return synth_world.latest
 
 
 # ---- request parsing ------------------------------------------------------------------
 
 
+@pytest.mark.needs_criteo
 def test_key_batch_pools_like_the_shared_scoring_path():
     lines = criteo_slot_lines(0, 200) + ["1 0", "1 1 5:1 6:1 7:99"]  # an all-padding line; extra slot 99 ignored
     slots = list(range(1, 40))
@@ -105,7 +92,7 @@ def test_no_skew_model_dir(models, pass_a):
         r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines]})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["model_version"] == body["cube_version"] == "pass-20200101-00"
+        assert body["model_version"] == body["cube_version"] == pass_a.name
         np.testing.assert_allclose(body["predictions"], probs, rtol=0, atol=TOL)
 
 
@@ -175,7 +162,7 @@ def test_after_response_hook_sees_each_scored_batch(models, pass_a):
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
     (scored,) = seen
-    assert scored.version == "pass-20200101-00" and scored.batch.n == 5
+    assert scored.version == pass_a.name and scored.batch.n == 5
     assert [i["line"] for i in scored.instances] == lines[:5]
     np.testing.assert_allclose(scored.probabilities, probs[:5], rtol=0, atol=TOL)
 
@@ -217,8 +204,12 @@ def test_cube_unreachable_is_a_quick_503(tmp_path, pass_a):
 
 
 @pytest.mark.e2e
-def test_no_skew_through_cube_servers_file_server_and_client(tmp_path, pass_a):
-    """The whole serving path as processes: file server -> serving process -> 2 cube-server processes."""
+@pytest.mark.needs_criteo
+def test_no_skew_through_cube_servers_file_server_and_client(tmp_path, criteo_world):
+    """The whole serving path as processes: file server -> serving process -> 2 cube-server processes, on a pass
+    the product trainer wrote from real Criteo lines (39 slots, keys through SPARSE_DIM)."""
+    pass_a = criteo_world.latest
+    assert json.loads((pass_a / "meta.json").read_text())["sparse_dim"] == criteo_world.sparse_dim
     fs_root = tmp_path / "fs"
     publish_version(fs_root, pass_a, shards=2)
     lines, probs = golden(pass_a)
@@ -271,25 +262,22 @@ def test_no_skew_through_cube_servers_file_server_and_client(tmp_path, pass_a):
             assert len(got) == len(lines)
             np.testing.assert_allclose(got, probs, rtol=0, atol=TOL)
             status = requests.get(url + "/v1/status").json()
-            assert status["model_version"] == status["cube_version"] == "pass-20200101-00"
+            assert status["model_version"] == status["cube_version"] == pass_a.name
 
 
 @pytest.mark.e2e
-def test_version_switch_under_continuous_requests_same_weights(tmp_path, pass_a):
-    """Fast variant: the second version is pass A under a new name (no second training run)."""
-    pass_b = tmp_path / "models_b" / "pass-20200101-01"
-    shutil.copytree(pass_a, pass_b)
-    meta = json.loads((pass_b / "meta.json").read_text())
-    (pass_b / "meta.json").write_text(json.dumps({**meta, "pass": pass_b.name}))
-    _switch_under_load(tmp_path, pass_a, pass_b)
+def test_version_switch_under_continuous_requests(tmp_path, synth_world):
+    """Roll out the next hour's pass (differently trained weights) while 4 clients keep predicting."""
+    first, second = synth_world.passes[:2]
+    _switch_under_load(tmp_path, first, second)
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_version_switch_under_continuous_requests(tmp_path, pass_a):
-    """Roll out a second, differently trained pass (with SPARSE_DIM) while 4 clients keep predicting."""
-    pass_b = train_criteo_pass(tmp_path / "models_b", "pass-20200101-01", seed=2, sparse_dim=1000003, offset=5000)
-    _switch_under_load(tmp_path, pass_a, pass_b)
+@pytest.mark.needs_criteo
+def test_version_switch_to_other_slots_and_sparse_dim_under_continuous_requests(tmp_path, synth_world, criteo_world):
+    """Roll out a pass with other slots and SPARSE_DIM (Criteo, 39 slots) over a synthetic one (4 slots)."""
+    _switch_under_load(tmp_path, synth_world.latest, criteo_world.latest)
 
 
 def _switch_under_load(tmp_path, pass_a, pass_b):
@@ -341,7 +329,7 @@ def _switch_under_load(tmp_path, pass_a, pass_b):
 def test_client_survives_serving_restart_without_losing_lines(tmp_path, models, pass_a):
     """Kill serving mid-stream and start it again: every line gets exactly one prediction, in order."""
     lines, probs = golden(pass_a)
-    lines, probs = lines * 10, probs * 10
+    lines, probs = lines[:100] * 10, probs[:100] * 10  # 1000 lines, 125 requests: enough to span a restart
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     port = free_port()
     serve = [
@@ -395,14 +383,11 @@ def test_client_survives_serving_restart_without_losing_lines(tmp_path, models, 
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.needs_criteo
 def test_no_skew_on_a_pass_from_the_product_pipeline(tmp_path):
     """`elastic-control data criteo` + `elastic-control train` (1 pserver, 1 trainer) on 20k real Criteo lines,
     then cube servers + file server + serving: serving reproduces golden.jsonl within 1e-5."""
-    from helpers_serving import CRITEO, CRITEO_SLOTS
-
-    if not CRITEO.exists():
-        pytest.skip(f"real Criteo lines not found at {CRITEO}")
-    with open(CRITEO, encoding="utf-8") as f:
+    with open(CRITEO_FILE, encoding="utf-8") as f:
         (tmp_path / "raw.txt").write_text("".join(next(f) for _ in range(20000)))
     (tmp_path / "slot.conf").write_text("\n".join(map(str, CRITEO_SLOTS)) + "\n")
     (tmp_path / "data.config").write_text(

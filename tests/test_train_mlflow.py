@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
+from helpers_common import PYTHON, free_port, process, wait_healthy
 
 from ctr_foundation import pass_format
 from ctr_foundation.records import GOLDEN_FILE
@@ -81,67 +77,23 @@ def test_register_pass_in_default_sqlite_store(tmp_path, monkeypatch):
     _check_versions(models, tmp_path / "download", run_id, versions)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
     """A real `mlflow server` (SQLite store, proxied artifacts) on a free loopback port."""
-    port = _free_port()
+    port = free_port()
     root = tmp_path / "mlflow-server"
     root.mkdir()
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     env.pop("MLFLOW_TRACKING_URI", None)
-    log = open(root / "server.log", "wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-            "--serve-artifacts",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited with {proc.returncode}: {(root / 'server.log').read_text()[-2000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("mlflow server did not answer /health within 120 s")
-            time.sleep(0.5)
-        yield url, root
-    finally:
-        proc.terminate()
+    argv = [PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", port, "--workers", 1]
+    argv += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", root / "artifacts"]
+    with process([*argv, "--serve-artifacts"], env=env, log_path=root / "server.log", start_new_session=True) as proc:
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+            wait_healthy(url, proc, timeout=120, path="/health")
+        except (RuntimeError, TimeoutError) as e:
+            pytest.fail(f"mlflow server: {e}: {(root / 'server.log').read_text()[-2000:]}")
+        yield url, root
 
 
 @pytest.mark.e2e

@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from helpers_train import CRITEO_FILE, START, labels_of, read_golden, run_training, score_pass, write_job
+from helpers_common import CRITEO_FILE
+from helpers_train import START, labels_of, read_golden, run_training, score_pass, write_job
 
 from ctr_foundation import pass_format
 from ctr_foundation.errors import ComponentError
@@ -137,8 +138,8 @@ def test_role_settings_name_the_missing_variable(tmp_path, monkeypatch):
 def test_coordinator_barrier_collects_every_rank(tmp_path):
     import threading
 
+    from elastic_control.local.ports import free_ports
     from elastic_control.training.coordinator import Coordinator, CoordinatorClient
-    from elastic_control.training.launcher import free_ports
 
     (port,) = free_ports(1)
     coord = Coordinator(2, hello=lambda: {"resume_after": None})
@@ -165,7 +166,7 @@ def test_quick_training_clearly_beats_the_positive_rate_constant(tmp_path):
     """Fast quality guard: 1 trainer, 2 small hours; the next (unseen) hour is scored from the saved pass."""
     from elastic_control.data.hourly_writer import hour_dir
     from elastic_control.data.synth import generate, read_truth
-    from elastic_control.training.metrics import auc, log_loss
+    from elastic_control.metrics import auc, log_loss
 
     job = write_job(tmp_path, slots=SLOTS, hours=2)
     generate(job.data, slots=SLOTS, hours=3, lines_per_hour=12_000, seed=5, start=START)
@@ -184,7 +185,7 @@ def test_quick_training_clearly_beats_the_positive_rate_constant(tmp_path):
 def test_synthetic_heldout_auc_close_to_bayes_optimal(tmp_path):
     from elastic_control.data.hourly_writer import hour_dir
     from elastic_control.data.synth import generate, read_truth
-    from elastic_control.training.metrics import auc
+    from elastic_control.metrics import auc
 
     hours = 4
     job = write_job(tmp_path, slots=SLOTS, hours=hours)
@@ -199,12 +200,12 @@ def test_synthetic_heldout_auc_close_to_bayes_optimal(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.skipif(not CRITEO_FILE.exists(), reason=f"real Criteo lines not found at {CRITEO_FILE}")
+@pytest.mark.needs_criteo
 def test_criteo_beats_the_positive_rate_constant(tmp_path):
     from elastic_control.data.criteo import convert_file
     from elastic_control.data.hourly_writer import hour_dir
     from elastic_control.data.synth import read_truth  # noqa: F401  (same hour layout)
-    from elastic_control.training.metrics import auc, log_loss
+    from elastic_control.metrics import auc, log_loss
 
     job = write_job(tmp_path, slots=range(1, 40), hours=3)
     convert_file(CRITEO_FILE, job.data, hours=4, start=START)

@@ -1,29 +1,38 @@
 """Local backend: the whole pipeline as supervised processes on this machine.
 
--r plans every component on free loopback ports (local/components.json);
--a starts a detached supervisor (elastic_control.local.supervisor); -l, -c,
-status and delete read what it records in the state folder.
+-r plans every component on free loopback ports (local/components.json) after
+checking that the data window has something to train on; -a starts a detached
+supervisor (elastic_control.local.supervisor) and returns a LocalDeployment,
+the handle -l, status and delete also use (LocalBackend.attach).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
-from ctr_foundation.atomic import atomic_write_text
+from ctr_foundation.atomic import atomic_write_json, atomic_write_text
+from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, REMOTE_SLOT_CONF, StateFolder
 from ctr_foundation.records import ClientConfig
 from elastic_control.backends.base import Backend
 from elastic_control.config import load_data_config
 from elastic_control.console import done, info
-from elastic_control.local import lifecycle
 from elastic_control.local.components import (
     FILESERVER,
+    MLFLOW,
     SERVING,
+    credentials_of,
+    elastic_control_argv,
     local_data_config,
     plan_components,
     resolve_model_path,
+    training_window,
 )
+from elastic_control.local.deployment import LocalDeployment
 from elastic_control.local.spec import load_local_plan, save_local_plan
 from elastic_control.plan import Plan
 
@@ -32,7 +41,11 @@ class LocalBackend(Backend):
     name = "local"
 
     def render(self, plan: Plan, staging: Path) -> list[Path]:
-        """Plan every component on free ports into ``staging/local/``; nothing starts."""
+        """Plan every component on free ports into ``staging/local/``; nothing starts.
+
+        Refuses an offline data window without a single complete hour (it would train nothing).
+        """
+        from elastic_control.data.window import check_data_window
         from elastic_control.local import runtime as rt
 
         final = StateFolder.of(plan.state_dir)
@@ -46,32 +59,48 @@ class LocalBackend(Backend):
         cfg = load_data_config(staging / DATA_CONFIG_FILE)
         base = Path.cwd()
         model_path = resolve_model_path(cfg, final, base)
+        text = local_data_config(cfg, hdfs_address=plan.hdfs_address, model_path=model_path, base=base)
+        # What the components will read (absolute paths, -hd applied), named as the user's file in errors.
+        from elastic_control.config.data_config import parse_data_config
+
+        resolved = parse_data_config(text, source=plan.data_config_path, env={})
+        check_data_window(resolved)
+        credentials = credentials_of(cfg)
         local_plan = plan_components(
-            plan, final, model_path=model_path, max_job_restarts=int(plan.extra.get("max_job_restarts", 3))
+            plan,
+            final,
+            model_path=model_path,
+            max_job_restarts=int(plan.extra.get("max_job_restarts", 3)),
+            window=training_window(resolved),
+            credentials=sorted(credentials),
         )
         staged = StateFolder(staging)
         staged.local_dir.mkdir(parents=True, exist_ok=True)
         components, data_config = staged.components_file, staged.local_data_config
         save_local_plan(local_plan, components)
-        atomic_write_text(
-            data_config, local_data_config(cfg, hdfs_address=plan.hdfs_address, model_path=model_path, base=base)
-        )
-        return [components, data_config]
+        atomic_write_text(data_config, text)
+        written = [components, data_config]
+        if credentials:  # handed to the components by the supervisor, as the token (mode 0600)
+            atomic_write_json(staged.credentials_file, credentials)
+            os.chmod(staged.credentials_file, 0o600)
+            written.append(staged.credentials_file)
+        return written
 
-    def apply(self, plan: Plan, *, dry_run: str | None = None) -> None:
+    def apply(self, plan: Plan, *, dry_run: str | None = None) -> LocalDeployment | None:
+        from elastic_control.local import lifecycle
+
         layout = StateFolder.of(plan.state_dir)
         if dry_run:
             local_plan = load_local_plan(layout.components_file)
             info(f"would start {len(local_plan.components)} local processes (nothing started: --dry-run):")
             for c in local_plan.components:
                 info(f"  {c.name:<16} port {c.port or '-':<6} {' '.join(c.argv)}")
-            return
-        lifecycle.apply(layout)
+            return None
+        return LocalDeployment(plan, supervisor=lifecycle.start(layout))
 
-    def logs(self, plan: Plan, *, follow: bool = False, components: list[str] | None = None) -> None:
-        from elastic_control.local.logs_view import show_logs
-
-        show_logs(StateFolder.of(plan.state_dir), follow=follow, components=components)
+    def attach(self, plan: Plan) -> LocalDeployment:
+        load_local_plan(StateFolder.of(plan.state_dir).components_file)  # a clear error if -r did not plan locally
+        return LocalDeployment(plan)
 
     def configure_client(self, plan: Plan) -> Path:
         """Write STATE/client.json for the local serving, with slot.conf fetched from the file server."""
@@ -85,7 +114,9 @@ class LocalBackend(Backend):
         fileserver_url = f"http://127.0.0.1:{local_plan.by_name(FILESERVER).port}"
         serving_url = f"http://127.0.0.1:{local_plan.by_name(SERVING).port}"
         try:
-            text = FileServerClient(fileserver_url, timeout=10).get_bytes(REMOTE_SLOT_CONF).decode("utf-8")
+            # config/ is readable only with the deployment's token (docs/contracts.md, "HTTP rules").
+            fs = FileServerClient(fileserver_url, token=plan.token(), timeout=10)
+            text = fs.get_bytes(REMOTE_SLOT_CONF).decode("utf-8")
         except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
             raise ComponentError(
                 f"could not fetch slot.conf from the file server at {fileserver_url}: {e}; see `elastic-control status`"
@@ -104,15 +135,79 @@ class LocalBackend(Backend):
         )
         return layout.client_config
 
-    def status(self, plan: Plan) -> None:
-        from elastic_control.local.status_view import collect_status, print_status
+    def submit_evaluation(self, plan: Plan, request, *, timeout: float, poll: float = 2.0) -> dict:
+        """`eval submit` locally: the cluster job's worker + merge as one `elastic-control eval` process.
 
-        print_status(collect_status(StateFolder.of(plan.state_dir)))
+        It reads the plan's data.config and MODEL_PATH, keeps its partials in
+        STATE/eval/RUN/partials (a resubmission reuses complete shares), writes
+        metrics.json, scored.parquet and plots to STATE/eval/RUN/out and records
+        the run in the pipeline's MLflow while it runs (else the store in MODEL_PATH).
+        """
+        from elastic_control.local import runtime as rt
 
-    def delete(self, plan: Plan) -> None:
         layout = StateFolder.of(plan.state_dir)
-        stopped = lifecycle.delete(layout)
-        if stopped:
-            done(f"stopped {', '.join(stopped)}; data, models and logs are kept in {layout.state}/")
-        else:
-            done(f"nothing was running in {layout.state}/; data, models and logs are kept")
+        local_plan = load_local_plan(layout.components_file)
+
+        def pass_dir(name: str | None) -> str | None:
+            if not name:
+                return None
+            path = Path(name) if os.path.isabs(name) else Path(local_plan.model_path or "") / name
+            if not path.is_dir():
+                raise UsageError(
+                    f"the local backend evaluates the passes of its MODEL_PATH {local_plan.model_path}: "
+                    f"no pass {name!r} there (looked for {path})"
+                )
+            return str(path)
+
+        run = request.run_name()
+        folder = layout.state / "eval" / run
+        argv = elastic_control_argv(
+            "eval",
+            "--model",
+            pass_dir(request.model),
+            "-f",
+            str(layout.local_data_config),
+            "--workers",
+            str(request.workers),
+            "--ndcg-k",
+            str(request.ndcg_k),
+            "--partial-out",
+            str(folder / "partials"),
+            "--output",
+            str(folder / "out"),
+            "--json",
+        )
+        for flag, value in (
+            ("--baseline", pass_dir(request.baseline)),
+            ("--group-slot", request.group_slot),
+            ("--start", request.start),
+            ("--end", request.end),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+        env = dict(os.environ)
+        if rt.supervisor_info(layout).alive:
+            env[MLFLOW_TRACKING_URI.name] = f"http://127.0.0.1:{local_plan.by_name(MLFLOW).port}"
+        info(f"evaluation {run}: {request.workers} worker process(es) on {local_plan.model_path}")
+        try:
+            proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise ComponentError(
+                f"the evaluation did not finish within {timeout:g}s (partials kept in {folder})"
+            ) from e
+        if proc.returncode != 0:
+            raise ComponentError(f"the evaluation failed (exit code {proc.returncode}); its messages are above")
+        metrics = None
+        # The metrics document is one JSON line; MLflow may print its run links after it.
+        for line in reversed(proc.stdout.splitlines()):
+            try:
+                found = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(found, dict) and "model" in found:
+                metrics = found
+                break
+        if metrics is None:
+            raise ComponentError(f"the evaluation printed no metrics document: {proc.stdout[-300:]!r}")
+        done(f"metrics.json, scored.parquet and plots are in {folder / 'out'}")
+        return metrics

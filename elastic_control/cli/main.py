@@ -7,14 +7,14 @@ Only click code lives here; the work is done by keyword-only functions in
 from __future__ import annotations
 
 import importlib
-import os
 
 import click
 
 from ctr_foundation.cli_runner import run_cli
+from ctr_foundation.env_vars import DEBUG
 from ctr_foundation.errors import ElasticControlError
 from elastic_control import __version__
-from elastic_control.cli.options import state_dir_option
+from elastic_control.cli.options import kube_render_options, state_dir_option
 from elastic_control.config.resources import RANGES, Resources
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -47,7 +47,7 @@ class LazyGroup(click.Group):
             try:
                 return getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError) as e:
-                if os.environ.get("ELASTIC_CTR_DEBUG"):
+                if DEBUG.get():
                     raise
                 return _unavailable(name, e)
         return super().get_command(ctx, name)
@@ -116,7 +116,7 @@ def _range_help(name: str) -> str:
     show_default=True,
     help="Where to run: Kubernetes when a cluster answers (auto), or local processes.",
 )
-@click.option("--namespace", default="default", show_default=True, help="Kubernetes namespace.")
+@click.option("--namespace", default=None, help="Kubernetes namespace [default: the context's, else default].")
 @click.option("--image", default=None, help="Container image all pods run (default: elastic-ctr:VERSION).")
 @click.option("--queue", default="default", show_default=True, help="Volcano queue.")
 @click.option(
@@ -150,6 +150,10 @@ def _range_help(name: str) -> str:
     help="With -a: show what would be applied (server: ask the API server).",
 )
 @click.option("--follow", is_flag=True, help="With -l: keep streaming.")
+@click.option(
+    "--raw", is_flag=True, help="With -l: every line, Paddle's internal glog lines too (the log files keep them)."
+)
+@kube_render_options
 @state_dir_option
 @click.version_option(__version__, "--version")
 @click.pass_context
@@ -177,6 +181,15 @@ def cli(
     promotion_gate,
     dry_run,
     follow,
+    raw,
+    context,
+    storage_class,
+    access_mode,
+    serving_replicas,
+    max_retry,
+    image_pull_policy,
+    image_pull_secrets,
+    pod_overlay,
     state_dir,
 ):
     """ElasticCTR: train a CTR model on Paddle's parameter server, roll it out to cube, serve it."""
@@ -205,13 +218,23 @@ def cli(
             job_name=job_name,
             service_type=service_type,
             promotion_gate=promotion_gate,
+            kube={
+                "context": context,
+                "storage_class": storage_class,
+                "access_mode": access_mode,
+                "serving_replicas": serving_replicas,
+                "max_retry": max_retry,
+                "image_pull_policy": image_pull_policy,
+                "image_pull_secrets": tuple(image_pull_secrets),
+                "pod_overlay": pod_overlay,
+            },
         )
     if do_apply:
         api.apply(state_dir=state_dir, dry_run=dry_run)
     if do_client:
         api.configure_client(state_dir=state_dir)
     if do_log:
-        api.logs(state_dir=state_dir, follow=follow)
+        api.logs(state_dir=state_dir, follow=follow, raw=raw)
 
 
 def main(argv: list[str] | None = None) -> None:

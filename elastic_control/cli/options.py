@@ -27,3 +27,64 @@ state_dir_option = click.option(
 
 def positive_int(lo: int, hi: int) -> click.IntRange:
     return click.IntRange(lo, hi)
+
+
+def kube_render_options(func):
+    """The Kubernetes options of -r (kept in the plan; `elastic_control.kube.options` validates them)."""
+    options = [
+        click.option(
+            "--context",
+            default=None,
+            help="kubeconfig context to target (default: the current one); recorded in the plan, and -a, -l, -c, "
+            "status and delete refuse to act if it points at another cluster later.",
+        ),
+        click.option(
+            "--storage-class",
+            default=None,
+            help="StorageClass of the claims (default: the cluster's default class; `kubectl get storageclass`).",
+        ),
+        click.option(
+            "--access-mode",
+            type=click.Choice(["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]),
+            default="ReadWriteMany",
+            show_default=True,
+            help="Access mode of the shared claim (passes, data); ReadWriteOnce schedules every pod that mounts it "
+            "onto one node (for classes without ReadWriteMany: EKS gp3, GKE standard, AKS disk, kind, k3s).",
+        ),
+        click.option(
+            "--serving-replicas",
+            type=int,
+            default=None,
+            help="Serving pods behind the serving Service (1-64) [default: 2: one restarts, the other answers].",
+        ),
+        click.option(
+            "--max-retry",
+            type=int,
+            default=None,
+            help="Restarts of the training job before it is marked Failed, over its whole life (0-10000) "
+            "[default: 3; 100 with ONLINE=1].",
+        ),
+        click.option(
+            "--image-pull-policy",
+            type=click.Choice(["Always", "IfNotPresent", "Never"]),
+            default=None,
+            help="[default: Always for :latest or no tag, else IfNotPresent].",
+        ),
+        click.option(
+            "--image-pull-secret",
+            "image_pull_secrets",
+            multiple=True,
+            metavar="SECRET",
+            help="Secret (docker-registry) the pods pull the image with; repeatable.",
+        ),
+        click.option(
+            "--pod-overlay",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="YAML merged into every pod: nodeSelector, tolerations, affinity, labels, annotations, "
+            "priorityClassName.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func

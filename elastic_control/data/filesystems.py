@@ -2,8 +2,13 @@
 
 Everything goes through fsspec, so readers list, test and open files the same
 way whatever the storage. HDFS uses pyarrow's HadoopFileSystem (it needs
-libhdfs and a Java runtime on the machine); S3 needs ``s3fs``. A missing
-driver is reported as a DataError saying what to install.
+libhdfs and a Java runtime on the machine: the image's HDFS build, see the
+Dockerfile). S3 uses ``s3fs`` when it is installed, else pyarrow's own
+S3FileSystem behind fsspec's ArrowFSWrapper (no extra dependency: botocore,
+which s3fs needs, pins python-dateutil<3 while the kubernetes client needs
+>=3); credentials and region come from the usual AWS_* variables, and
+AWS_ENDPOINT_URL points it at another S3 (MinIO, Ceph). A missing driver is
+reported as a DataError saying what to install.
 """
 
 from __future__ import annotations
@@ -36,9 +41,37 @@ def hdfs_options(hdfs_ugi: str) -> dict:
     return {"user": user} if user else {}
 
 
+def _s3_without_s3fs(url: str):
+    """(fsspec filesystem, path) for s3://bucket/key through pyarrow's S3 client."""
+    import os
+
+    import pyarrow.fs as pafs
+
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    options = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme, _, rest = endpoint.partition("://")
+        options.update(endpoint_override=rest or scheme, scheme=scheme if rest else "https")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    return ArrowFSWrapper(pafs.S3FileSystem(**options)), url.split("://", 1)[1]
+
+
 def open_location(url: str, *, hdfs_ugi: str = "") -> DataLocation:
     """Resolve ``url`` (plain path, file://, hdfs://host:port/path, s3://bucket/path) to a DataLocation."""
     options = hdfs_options(hdfs_ugi) if url.startswith(("hdfs://", "viewfs://")) else {}
+    if url.startswith("s3://"):
+        try:
+            import s3fs  # noqa: F401
+        except ImportError:
+            try:
+                fs, path = _s3_without_s3fs(url)
+            except (ImportError, OSError, ValueError) as e:
+                raise DataError(f"cannot open {url}: {type(e).__name__}: {e}") from e
+            return DataLocation(fs, path, url)
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:

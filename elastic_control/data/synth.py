@@ -138,7 +138,7 @@ def generate(
     **model_options,
 ) -> dict:
     """Write ``hours`` hours of synthetic data under ``output``; return a summary with the Bayes-optimal AUC."""
-    from elastic_control.training.metrics import auc as auc_of
+    from elastic_control.metrics import auc as auc_of
 
     model = build_planted_model(slots, seed, **model_options)
     all_prob, all_click = [], []

@@ -84,7 +84,7 @@ def prepare_synthetic(
     """Planted-model hours (``elastic-control data synth``): train_hours + 1 held-out hour."""
     from elastic_control.data.hourly_writer import hour_dir
     from elastic_control.data.synth import generate, read_truth
-    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
+    from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     dataset, model_path = workdir / "data", workdir / "models"
     summary = generate(

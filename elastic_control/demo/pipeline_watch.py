@@ -1,33 +1,21 @@
-"""Following a running local pipeline: training passes, rollouts, and what serving answers with.
+"""Following a running pipeline through its Deployment handle: training passes, then serving a version.
 
 Used by the demo and the end-to-end tests: each wait shows progress on
-stderr and fails with the relevant log's last lines instead of hanging.
+stderr and fails with the relevant log's last lines instead of hanging. Only
+the handle's status document and logs are read, so it works on any backend
+whose status carries training passes and serving's version.
 """
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass, field
 
 from ctr_foundation.errors import ComponentError
-from ctr_foundation.names import StateFolder
-from ctr_foundation.records import read_donefile
+from elastic_control.backends.base import Deployment
+from elastic_control.backends.status import PipelineStatus
 from elastic_control.console import console, done
-from elastic_control.local import runtime as rt
-from elastic_control.local.daemon import tail_lines
-from elastic_control.local.rollouts import read_rollouts, served_version
-from elastic_control.local.spec import load_local_plan
-from elastic_control.local.status_view import pass_auc
-
-
-def _last_line(layout: StateFolder, component: str) -> str:
-    lines = [ln for ln in tail_lines(layout.log_path(component), 5) if ln.strip() and not ln.startswith("[supervisor")]
-    return lines[-1][-110:] if lines else ""
-
-
-def _failure(layout: StateFolder, what: str, component: str = "trainer-0") -> ComponentError:
-    tail = "\n  ".join(tail_lines(layout.log_path(component), 12))
-    return ComponentError(f"{what}; last lines of {layout.log_path(component)}:\n  {tail}")
 
 
 @dataclass
@@ -38,85 +26,139 @@ class PassEvent:
     metrics: dict = field(default_factory=dict)
 
 
+def log_tail(deployment: Deployment, component: str, lines: int = 12) -> str:
+    """The last lines of a component's log, as -l shows them."""
+    buffer = io.StringIO()
+    try:
+        deployment.stream_logs(components=[component], tail=lines, out=buffer)
+    except Exception as e:  # noqa: BLE001 - a failure report must not fail on its own log
+        return f"(no log: {e})"
+    return buffer.getvalue().rstrip()
+
+
+def _failure(deployment: Deployment, what: str, component: str = "trainer-0") -> str:
+    return f"{what}; last lines of {component}'s log:\n{log_tail(deployment, component)}"
+
+
+def _last_line(status: PipelineStatus, component: str) -> str:
+    c = status.component(component)
+    line = c.last_line if c else ""
+    return "" if line.startswith("[supervisor") else line[-110:]
+
+
+def _events(status: PipelineStatus) -> list[PassEvent]:
+    return [
+        PassEvent(p["pass"], p.get("done_at"), p.get("auc"), p.get("metrics") or {}) for p in status.training["passes"]
+    ]
+
+
 def wait_for_training(
-    layout: StateFolder, *, expected_passes: int, timeout: float, show: bool = True, on_pass=None
+    deployment: Deployment, *, expected_passes: int, timeout: float, show: bool = True, on_pass=None
 ) -> list[PassEvent]:
-    """Until the training job completed with ``expected_passes`` passes in the donefile; the passes, in order."""
-    plan = load_local_plan(layout.components_file)
-    deadline = time.monotonic() + timeout
+    """Until the training job completed with ``expected_passes`` passes; the passes, in order.
+
+    ``on_pass(event)`` is called once per new pass as it appears.
+    """
     seen: set[str] = set()
-    status = console.status("training: starting") if show else None
-    if status:
-        status.start()
+    spinner = console.status("training: starting") if show else None
+
+    def follow(status: PipelineStatus) -> None:
+        training = status.training
+        for event in _events(status):
+            if event.name in seen:
+                continue
+            seen.add(event.name)
+            if show:
+                auc = f" (AUC {event.auc:.4f})" if event.auc is not None else ""
+                done(f"pass {event.name} complete{auc}: {len(seen)}/{expected_passes}")
+            if on_pass:
+                on_pass(event)
+        if spinner:
+            restarts = f", restarted {training['restarts']}x" if training.get("restarts") else ""
+            spinner.update(
+                f"training: {training['passes_done']}/{expected_passes} passes{restarts} · trainer-0: "
+                f"{_last_line(status, 'trainer-0')}"
+            )
+
+    def finished(status: PipelineStatus) -> bool:
+        t = status.training
+        return t["state"] == "completed" and t["passes_done"] >= expected_passes
+
+    def give_up(status: PipelineStatus) -> str | None:
+        t = status.training
+        if t["state"] == "completed":
+            return _failure(deployment, f"training finished with {t['passes_done']} of {expected_passes} passes")
+        if t["state"] == "failed":
+            return _failure(deployment, f"training failed after {t['restarts']} restarts: {t['reason']}")
+        if status.state != "running":
+            return _failure(deployment, f"the supervisor stopped during training ({status.state})", "supervisor")
+        return None
+
+    if spinner:
+        spinner.start()
     try:
-        while True:
-            record = rt.read_runtime(layout) or {}
-            job = record.get("job") or {}
-            entries = read_donefile(plan.model_path)
-            for e in entries:
-                if e.pass_name not in seen:
-                    seen.add(e.pass_name)
-                    event = PassEvent(e.pass_name, e.epoch, pass_auc(e), e.metrics)
-                    if show:
-                        auc = f" (AUC {event.auc:.4f})" if event.auc is not None else ""
-                        done(f"pass {event.name} complete{auc}: {len(seen)}/{expected_passes}")
-                    if on_pass:
-                        on_pass(event)
-            if job.get("state") == rt.J_COMPLETED and len(entries) >= expected_passes:
-                return [PassEvent(e.pass_name, e.epoch, pass_auc(e), e.metrics) for e in entries]
-            if job.get("state") == rt.J_COMPLETED:
-                raise _failure(layout, f"training finished with {len(entries)} of {expected_passes} passes")
-            if job.get("state") == rt.J_FAILED:
-                raise _failure(layout, f"training failed after {job.get('restarts')} restarts: {job.get('reason')}")
-            if record and not rt.supervisor_info(layout).alive:
-                raise _failure(layout, "the supervisor stopped during training", "supervisor")
-            if time.monotonic() > deadline:
-                raise _failure(layout, f"training did not finish within {timeout:.0f}s")
-            if status:
-                restarts = f", restarted {job.get('restarts')}x" if job.get("restarts") else ""
-                status.update(
-                    f"training: {len(entries)}/{expected_passes} passes{restarts} · trainer-0: "
-                    f"{_last_line(layout, 'trainer-0')}"
-                )
-            time.sleep(0.5)
+        final = deployment.wait_for(
+            finished, timeout=timeout, what="training", poll=0.5, on_status=follow, give_up=give_up
+        )
+    except ComponentError as e:
+        if "did not happen within" in str(e):
+            raise ComponentError(_failure(deployment, f"training did not finish within {timeout:.0f}s")) from e
+        raise
     finally:
-        if status:
-            status.stop()
+        if spinner:
+            spinner.stop()
+    return _events(final)
 
 
-def wait_until_served(layout: StateFolder, version: str, *, timeout: float, show: bool = True) -> dict:
-    """Until serving answers with ``version``; the rollout record (with its freshness) when there is one."""
-    plan = load_local_plan(layout.components_file)
-    deadline = time.monotonic() + timeout
-    status = console.status(f"rolling out {version}") if show else None
-    if status:
-        status.start()
+def wait_until_served(deployment: Deployment, version: str, *, timeout: float, show: bool = True) -> dict:
+    """Until serving answers with ``version`` (probed); the rollout record (with its freshness) when there is one."""
+    spinner = console.status(f"rolling out {version}") if show else None
+
+    def follow(status: PipelineStatus) -> None:
+        if spinner:
+            current = status.serving.get("version")
+            spinner.update(
+                f"rolling out {version}: serving answers with {current or 'nothing yet'} · "
+                f"cube-transfer: {_last_line(status, 'cube-transfer')}"
+            )
+
+    def give_up(status: PipelineStatus) -> str | None:
+        if status.state != "running":
+            return _failure(deployment, "the supervisor stopped during the rollout", "supervisor")
+        return None
+
+    if spinner:
+        spinner.start()
     try:
-        while True:
-            current = served_version(plan.serving_url, timeout=2.0)
-            if current == version:
-                # The supervisor's watcher records the first time it saw the version; give it a moment.
-                for _ in range(30):
-                    for r in read_rollouts(layout):
-                        if r["version"] == version:
-                            return r
-                    time.sleep(0.1)
-                return {"version": version, "served_at": time.time(), "freshness_s": None}
-            if not rt.supervisor_info(layout).alive:
-                raise _failure(layout, "the supervisor stopped during the rollout", "supervisor")
-            if time.monotonic() > deadline:
-                raise _failure(
-                    layout,
+        deployment.wait_for(
+            lambda s: s.serving.get("answers") and s.serving.get("version") == version,
+            timeout=timeout,
+            what=f"serving {version}",
+            poll=0.5,
+            probe=True,
+            on_status=follow,
+            give_up=give_up,
+        )
+    except ComponentError as e:
+        if "did not happen within" in str(e):
+            current = deployment.status().serving
+            raise ComponentError(
+                _failure(
+                    deployment,
                     f"serving did not answer with {version} within {timeout:.0f}s "
-                    f"(it answers with {current or 'nothing'})",
+                    f"(it has {current.get('version') or 'nothing'}: {current.get('reason') or 'answering'})",
                     "cube-transfer",
                 )
-            if status:
-                status.update(
-                    f"rolling out {version}: serving answers with {current or 'nothing yet'} · "
-                    f"cube-transfer: {_last_line(layout, 'cube-transfer')}"
-                )
-            time.sleep(0.25)
+            ) from e
+        raise
     finally:
-        if status:
-            status.stop()
+        if spinner:
+            spinner.stop()
+    # The supervisor's watcher records the first time it saw the version; give it a moment.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        for record in deployment.status(probe=False).rollouts:
+            if record["version"] == version:
+                return record
+        time.sleep(0.1)
+    return {"version": version, "served_at": time.time(), "freshness_s": None}

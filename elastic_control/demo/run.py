@@ -7,6 +7,9 @@ through cube, configures the client (-c) and predicts the held-out hour
 through it, then prints the AUC (beside the Bayes-optimal one on synthetic
 data), a few predictions, the freshness of every rollout and where the MLflow
 UI is. Everything it started is stopped at the end unless --keep.
+
+It drives the pipeline only through the library API (``elastic_control.api``)
+and the Deployment handle ``api.apply`` returns, as a user's script would.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.errors import ComponentError, ElasticControlError, UsageError
 from elastic_control.console import console, done, info, out, warn
 
 DEFAULT_WORKDIR = "elastic-ctr-demo"
@@ -59,18 +62,21 @@ def _timed(report: DemoReport, stage: str):
 
 def _reset_workdir(workdir: Path) -> None:
     """A fresh run: stop a previous demo still running here, clear its data, models and state."""
-    from ctr_foundation.names import StateFolder
-    from elastic_control.local import lifecycle
-    from elastic_control.local import runtime as rt
+    from elastic_control import api
 
-    state = StateFolder.of(workdir / "state")
-    if rt.read_runtime(state) is not None:
-        if rt.supervisor_info(state).alive:
-            raise UsageError(
-                f"a pipeline is still running in {state.state}/ (a demo run with --keep?); stop it with "
-                f"`elastic-control delete --state-dir {state.state}` or use another --workdir"
-            )
-        lifecycle.delete(state)  # stops anything an earlier, killed run left behind
+    state = workdir / "state"
+    try:
+        previous = api.attach(state_dir=str(state))
+        seen = previous.status(probe=False)
+    except ElasticControlError:
+        previous = seen = None  # no plan (or an unreadable one): nothing of ours can run there
+    if seen is not None and seen.state == "running":
+        raise UsageError(
+            f"a pipeline is still running in {state}/ (a demo run with --keep?); stop it with "
+            f"`elastic-control delete --state-dir {state}` or use another --workdir"
+        )
+    if seen is not None and seen.state not in ("never started", "stopped"):
+        previous.delete()  # stops anything an earlier, killed run left behind
     for name in ("data", "models", "state", "criteo-prefix.txt"):
         path = workdir / name
         if path.is_dir():
@@ -129,15 +135,13 @@ def run_demo(
 ) -> DemoReport:
     """Run the main job; returns the report (also printed). Stops everything at the end unless ``keep``.
 
-    ``on_pass(event, layout)`` is called as each training pass completes (tests use it to inject failures).
+    ``on_pass(event, deployment)`` is called as each training pass completes (tests use it to inject failures).
     """
-    from ctr_foundation.names import StateFolder
     from elastic_control import api
     from elastic_control.config import Resources
     from elastic_control.demo.data import prepare_criteo, prepare_synthetic
     from elastic_control.demo.pipeline_watch import wait_for_training, wait_until_served
-    from elastic_control.evaluation.metrics import auc_from_counts, counts_from_arrays
-    from elastic_control.local.spec import load_local_plan
+    from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     if hours < 2:
         raise UsageError(f"--hours {hours}: the demo trains at least 2 hourly passes")
@@ -148,7 +152,6 @@ def run_demo(
     root.mkdir(parents=True, exist_ok=True)
     _reset_workdir(root)
     state_dir = root / "state"
-    layout = StateFolder.of(state_dir)
     report = DemoReport(workdir=str(root), state_dir=str(state_dir))
     t_start = time.monotonic()
 
@@ -165,7 +168,7 @@ def run_demo(
     done(f"data: {data.lines_total} lines ({data.source}) in {report.timings['data']:.1f}s under {data.dataset}")
     report.bayes_auc = data.bayes_auc
 
-    started = False
+    pipeline = None
     try:
         with _timed(report, "render"):
             api.configure_resource(
@@ -176,26 +179,25 @@ def run_demo(
                 state_dir=str(state_dir),
             )
         with _timed(report, "startup"):
-            started = True
-            api.apply(state_dir=str(state_dir))
-        plan = load_local_plan(layout.components_file)
-        report.mlflow_url = f"http://127.0.0.1:{plan.by_name('mlflow').port}"
+            pipeline = api.apply(state_dir=str(state_dir), wait=False)
+            pipeline.wait()
+        mlflow = pipeline.status(probe=False).component("mlflow")
+        report.mlflow_url = f"http://{mlflow.address}" if mlflow and mlflow.address else None
         info(f"MLflow UI (live while the pipeline runs): {report.mlflow_url}")
 
         t_train = time.monotonic()
         remaining = lambda: max(30.0, timeout - (time.monotonic() - t_start))  # noqa: E731
         passes = wait_for_training(
-            layout,
+            pipeline,
             expected_passes=hours,
             timeout=remaining(),
             show=show,
-            on_pass=(lambda event: on_pass(event, layout)) if on_pass else None,
+            on_pass=(lambda event: on_pass(event, pipeline)) if on_pass else None,
         )
         report.timings["training"] = round(time.monotonic() - t_train, 2)
-        from elastic_control.local import runtime as rt
-
-        report.job = (rt.read_runtime(layout) or {}).get("job")
-        if report.job and report.job.get("restarts"):
+        training = pipeline.status(probe=False).training
+        report.job = {k: training.get(k) for k in ("state", "attempt", "restarts", "max_restarts", "reason")}
+        if report.job.get("restarts"):
             warn(
                 f"the training job was restarted {report.job['restarts']} time(s) from its last complete pass "
                 f"(last failure: {report.job.get('reason')})"
@@ -208,7 +210,7 @@ def run_demo(
         last = passes[-1].name
 
         with _timed(report, "rollout_wait"):
-            rollout = wait_until_served(layout, last, timeout=remaining(), show=show)
+            rollout = wait_until_served(pipeline, last, timeout=remaining(), show=show)
         report.served_version = last
         fresh = rollout.get("freshness_s")
         done(f"serving answers with {last}" + (f" {fresh:.1f}s after its donefile line" if fresh is not None else ""))
@@ -231,19 +233,17 @@ def run_demo(
                     "line": data.heldout_lines[i][:60],
                 }
             )
-        from elastic_control.local.rollouts import read_rollouts
-
-        report.rollouts = read_rollouts(layout)
+        report.rollouts = pipeline.status(probe=False).rollouts
         report.timings["total"] = round(time.monotonic() - t_start, 2)
         print_report(report, data)
         return report
     finally:
-        if started and not keep:
+        if pipeline is not None and not keep:
             try:
-                api.delete(state_dir=str(state_dir))
+                pipeline.delete()
             except Exception as e:  # noqa: BLE001 - never hide the demo's own error behind a cleanup error
                 warn(f"cleanup failed: {e}; run `elastic-control delete --state-dir {state_dir}`")
-        elif started:
+        elif pipeline is not None:
             info(
                 f"the pipeline keeps running (--keep): `elastic-control status --state-dir {state_dir}`, "
                 f"`elastic-control delete --state-dir {state_dir}` to stop it"

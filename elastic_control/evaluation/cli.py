@@ -158,21 +158,16 @@ def merge_command(partials, output, mlflow, as_json):
 def submit_command(
     model, baseline, workers, group_slot, ndcg_k, start, end, run, timeout, as_json, poll_interval, state_dir
 ):
-    """Run the evaluation on the Kubernetes cluster of the plan: a Volcano job of W workers, then the merge."""
+    """Run the evaluation where the plan runs: on Kubernetes a Volcano job of W workers then the merge; locally
+    W worker processes on the pipeline's data and MODEL_PATH, results in STATE/eval/RUN/."""
     import json
 
-    from ctr_foundation.errors import UsageError
-    from elastic_control.backends.kube_backend import KubeBackend
+    from elastic_control import api
     from elastic_control.evaluation.report import metrics_table
     from elastic_control.kube.eval_job import EvalJobRequest
     from elastic_control.plan import load_plan
 
     plan = load_plan(state_dir)
-    if plan.backend != "k8s":
-        raise UsageError(
-            f"the plan in {state_dir}/ uses the {plan.backend} backend; evaluate with local processes "
-            "instead: `elastic-control eval --model PASS_DIR --workers W -f data.config`"
-        )
     request = EvalJobRequest(
         model=model,
         baseline=baseline,
@@ -183,7 +178,7 @@ def submit_command(
         end=end,
         run=run,
     )
-    metrics = KubeBackend().submit_evaluation(plan, request, timeout=timeout, poll=poll_interval)
+    metrics = api.submit_evaluation(state_dir=state_dir, request=request, timeout=timeout, poll=poll_interval)
     if as_json:
         out(json.dumps(metrics, sort_keys=True))
     else:

@@ -23,8 +23,8 @@ import numpy as np
 
 from ctr_foundation.errors import DataError, ElasticControlError
 from elastic_control.evaluation.grouped import GroupTotals, group_totals
-from elastic_control.evaluation.metrics import ScoreCounts, merge_counts, summarize
 from elastic_control.evaluation.shares import EvalSpec, read_share, run_share, share_dir
+from elastic_control.metrics import ScoreCounts, merge_counts, summarize
 
 RETRIES_PER_SHARE = 2
 

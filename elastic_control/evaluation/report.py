@@ -91,7 +91,7 @@ def plot_roc(counts: dict, dest: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from elastic_control.evaluation.metrics import auc_from_counts, roc_points
+    from elastic_control.metrics import auc_from_counts, roc_points
 
     fig, ax = plt.subplots(figsize=(5, 5))
     for name, t in counts.items():

@@ -149,7 +149,7 @@ class ShadowScorer:
 
 def shadow_report(log_path: str | os.PathLike) -> dict:
     """Active vs candidate over a shadow log: means, differences, correlation, AUCs when labels exist."""
-    from elastic_control.evaluation.metrics import counts_from_arrays, summarize
+    from elastic_control.metrics import counts_from_arrays, summarize
 
     path = Path(log_path)
     if not path.exists():

@@ -32,7 +32,7 @@ from ctr_foundation.atomic import atomic_write_json, staged_directory
 from ctr_foundation.errors import DataError, UsageError
 from elastic_control.config.data_config import format_hour, load_data_config, parse_hour
 from elastic_control.evaluation.grouped import group_bucket
-from elastic_control.evaluation.metrics import CountsBuilder
+from elastic_control.metrics import CountsBuilder
 
 SHARE_JSON = "share.json"
 BYTES_PER_BUCKET = 2 << 30  # text bytes per group bucket: bounds the merge step's memory

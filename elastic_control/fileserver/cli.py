@@ -33,7 +33,7 @@ from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, DEFAULT_PORT, m
     help="Largest upload accepted (413 above).",
 )
 def fileserver_command(root, host, port, max_bytes):
-    """Serve files: PUT/GET/DELETE /files/PATH; writes need ELASTIC_CTR_TOKEN."""
+    """Serve files: PUT/GET/DELETE /files/PATH; writes and reads outside cube/ need ELASTIC_CTR_TOKEN."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fileserver %(message)s")
     if not root:
         raise click.UsageError("--root DIR is required (or set ELASTIC_CTR_FILESERVER_ROOT)")
@@ -49,8 +49,6 @@ def fileserver_command(root, host, port, max_bytes):
     bound_host, bound_port = server.server_address[:2]
     done(f"file server serving {root} on http://{bound_host}:{bound_port}")
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.serve_forever(handle_signals=True)  # SIGTERM/SIGINT: stop accepting, close connections, exit
     finally:
         server.server_close()

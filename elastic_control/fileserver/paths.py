@@ -2,8 +2,8 @@
 
 Refused: ``..`` and ``.`` components (also percent-encoded), empty components
 (``//etc/passwd`` is an absolute path in disguise), backslashes, NUL bytes,
-percent-encoded slashes, and anything whose real path (symlinks resolved)
-lies outside the root.
+percent-encoded slashes, names longer than a file system takes, and anything
+whose real path (symlinks resolved) lies outside the root.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from urllib.parse import unquote
 STAGING_DIR = ".fileserver-staging"
 
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c|00)", re.IGNORECASE)
+MAX_NAME_BYTES = 255  # what file systems take (NAME_MAX)
+MAX_PATH_BYTES = 1024
 
 
 class UnsafePath(ValueError):
@@ -45,6 +47,10 @@ def split_request_path(raw: str) -> tuple[list[str], bool]:
     for part in parts:
         if part in ("", ".", ".."):
             raise UnsafePath(f"path component {part!r} is not allowed (no absolute paths, '.' or '..')")
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise UnsafePath(f"a path component is longer than {MAX_NAME_BYTES} bytes")
+    if len(body.encode()) > MAX_PATH_BYTES:
+        raise UnsafePath(f"the path is longer than {MAX_PATH_BYTES} bytes")
     if parts[0] == STAGING_DIR:
         raise UnsafePath(f"{STAGING_DIR} is reserved")
     return parts, is_dir

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,46 +20,55 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from ctr_foundation.errors import ClusterUnavailableError
+from elastic_control.kube.target import in_cluster, kubeconfig_path
 
 __all__ = [
     "ApiException",
     "api_client",
     "core",
     "apps",
+    "policy",
     "custom",
     "apiextensions",
     "detect_cluster",
     "reset",
+    "use_context",
     "to_dict",
     "stream_pod_log",
     "reachable",
     "server_url",
+    "api_error_message",
 ]
+
+_context: str | None = None  # the kubeconfig context to load (None: the current one)
+
+
+def use_context(context: str | None) -> None:
+    """Load ``context`` of the kubeconfig from now on (the plan's, from --context at -r)."""
+    global _context
+    if context != _context:
+        _context = context
+        reset()
 
 
 def _kubeconfig_path() -> Path | None:
-    raw = os.environ.get("KUBECONFIG", "")
-    # KUBECONFIG may be a list of files; the first existing one is enough to say "configured".
-    for entry in filter(None, raw.split(os.pathsep)):
-        if Path(entry).expanduser().exists():
-            return Path(entry).expanduser()
-    default = Path("~/.kube/config").expanduser()
-    return default if not raw and default.exists() else None
+    return kubeconfig_path()
 
 
 def _in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    # An explicit context means the kubeconfig, even inside a pod.
+    return in_cluster() and _context is None
 
 
 @functools.lru_cache(maxsize=1)
 def api_client() -> client.ApiClient:
-    """The shared ApiClient: in-cluster config inside a pod, else the kubeconfig."""
+    """The shared ApiClient: in-cluster config inside a pod, else the kubeconfig (its ``use_context`` context)."""
     cfg = client.Configuration()
     try:
         if _in_cluster():
             config.load_incluster_config(client_configuration=cfg)
         elif _kubeconfig_path() is not None:
-            config.load_kube_config(config_file=str(_kubeconfig_path()), client_configuration=cfg)
+            config.load_kube_config(config_file=str(_kubeconfig_path()), context=_context, client_configuration=cfg)
         else:
             raise ClusterUnavailableError(
                 "no Kubernetes configuration found: set KUBECONFIG or create ~/.kube/config (or use --backend local)"
@@ -86,6 +95,11 @@ def apps() -> client.AppsV1Api:
 
 
 @functools.lru_cache(maxsize=1)
+def policy() -> client.PolicyV1Api:
+    return client.PolicyV1Api(api_client())
+
+
+@functools.lru_cache(maxsize=1)
 def custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())
 
@@ -97,7 +111,7 @@ def apiextensions() -> client.ApiextensionsV1Api:
 
 def reset() -> None:
     """Forget the loaded configuration and API objects (after KUBECONFIG changes)."""
-    for cached in (api_client, core, apps, custom, apiextensions):
+    for cached in (api_client, core, apps, policy, custom, apiextensions):
         cached.cache_clear()
 
 
@@ -106,14 +120,38 @@ def to_dict(obj) -> dict:
     return obj if isinstance(obj, dict) else api_client().sanitize_for_serialization(obj)
 
 
+def api_error_message(e: ApiException) -> str:
+    """The API server's own message of an error answer (its Status object), else the HTTP reason."""
+    try:
+        message = json.loads(e.body or "").get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return str(message or e.reason or "no message").strip()
+
+
 @contextlib.contextmanager
 def reachable(what: str) -> Iterator[None]:
-    """Turn connection failures while doing ``what`` into one clear ClusterUnavailableError."""
+    """Turn failures while doing ``what`` into one clear line.
+
+    Connection failures become ClusterUnavailableError; an API answer that the
+    caller did not handle itself (401, 403, 5xx...) becomes a ClusterUnavailableError
+    naming the status, the server's message and, for 401/403, what to check.
+    """
     try:
         yield
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise ClusterUnavailableError(
             f"cannot reach the Kubernetes API server at {server_url()} while {what}: {type(e).__name__}: {e}"
+        ) from e
+    except ApiException as e:
+        hint = ""
+        if e.status == 401:
+            hint = "; the credentials of the kubeconfig were refused (expired token? run your cloud's login again)"
+        elif e.status == 403:
+            hint = "; your user lacks the RBAC rights for it (`kubectl auth can-i --list -n NAMESPACE` shows them)"
+        raise ClusterUnavailableError(
+            f"the Kubernetes API server at {server_url()} answered HTTP {e.status} {e.reason or ''} while {what}: "
+            f"{api_error_message(e)}{hint}".replace("  ", " ")
         ) from e
 
 
@@ -142,14 +180,28 @@ def detect_cluster(timeout: float = 3.0) -> tuple[bool, str]:
 
 
 def stream_pod_log(
-    name: str, namespace: str, *, follow: bool = False, container: str | None = None, tail_lines: int | None = None
+    name: str,
+    namespace: str,
+    *,
+    follow: bool = False,
+    container: str | None = None,
+    tail_lines: int | None = None,
+    timestamps: bool = False,
+    since_seconds: int | None = None,
 ) -> Iterator[str]:
-    """Lines of a pod's log as they arrive (``follow``) or as they are; ends when the server closes the stream."""
+    """Lines of a pod's log as they arrive (``follow``) or as they are; ends when the server closes the stream.
+
+    With ``timestamps`` each line starts with the RFC 3339 time the kubelet recorded, then a space.
+    """
     kwargs = {"follow": follow, "_preload_content": False}
     if container:
         kwargs["container"] = container
     if tail_lines is not None:
         kwargs["tail_lines"] = tail_lines
+    if timestamps:
+        kwargs["timestamps"] = True
+    if since_seconds is not None:
+        kwargs["since_seconds"] = since_seconds
     resp = core().read_namespaced_pod_log(name, namespace, **kwargs)
     pending = b""
     try:

@@ -37,7 +37,18 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_SHARD = "elastic-ctr/shard"
+# Pods that mount the shared claim carry this label, so a ReadWriteOnce claim can pull them onto one node.
+LABEL_SHARED_CLAIM = "elastic-ctr/shared-claim"
 APP_NAME = "elastic-ctr"
+MANAGED_BY = "elastic-control"  # value of app.kubernetes.io/managed-by, and the server-side-apply field manager
+
+# Annotations -a reads back: the hash of what was applied (an object whose hash is unchanged is left
+# alone; the Volcano job is recreated only when its hash changed), and, on pod templates, a keyed
+# checksum of the ConfigMap and Secrets the pod reads (a config change rolls those pods).
+SPEC_HASH_ANNOTATION = "elastic-ctr/spec-hash"
+CONFIG_CHECKSUM_ANNOTATION = "elastic-ctr/config-checksum"
+# On Deployments: replicas as rendered, so -a tells a changed plan from an HPA's or `kubectl scale`'s replicas.
+REPLICAS_ANNOTATION = "elastic-ctr/replicas"
 
 # Ports (DESIGN.md): owned by ctr_foundation.names; named here too because the templates read `k.*`.
 PSERVER_PORT = names.PSERVER_PORT
@@ -47,7 +58,9 @@ CUBE_SERVER_PORT = names.CUBE_SERVER_PORT
 CUBE_AGENT_PORT = names.CUBE_AGENT_PORT
 CUBE_TRANSFER_PORT = names.CUBE_TRANSFER_PORT
 SERVING_PORT = names.SERVING_PORT
+SERVING_GRPC_PORT = names.SERVING_GRPC_PORT
 MLFLOW_PORT = names.MLFLOW_PORT
+COORDINATOR_PORT = names.PSERVER_PORT + names.COORDINATOR_PORT_OFFSET
 
 # Paths inside every container.
 CONFIG_MOUNT = "/etc/elastic-ctr"
@@ -60,6 +73,16 @@ MLFLOW_DATA_DIR = "/var/lib/mlflow"
 
 # Component names: the value of app.kubernetes.io/component and the suffix of object names.
 COMPONENTS = ("config", "mlflow", "fileserver", "pserver", "trainer", "cube", "cube-transfer", "serving")
+# Exit code of a configuration or usage error (ctr_foundation.errors.EXIT_USAGE): the job aborts at once,
+# since restarting cannot fix a bad flag or config file.
+CONFIG_ERROR_EXIT_CODE = 2
+# Seconds a pod keeps serving after it was taken out of its Service (endpoints propagate to every
+# node's proxy meanwhile), before it gets SIGTERM.
+PRESTOP_SLEEP_SECONDS = 5
+# A cube shard is one pod: while its replacement re-seeds (start, download, load: about 8 s for the
+# test sizes here) kube-proxy keeps sending the shard's lookups to the terminating pod, which still
+# answers (Kubernetes 1.28+ uses terminating endpoints that are still ready when no other exists).
+CUBE_PRESTOP_SLEEP_SECONDS = 15
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 
 # Longest a pod/host name may be: Volcano names pods JOB-TASK-INDEX and the svc

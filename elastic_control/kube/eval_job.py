@@ -23,7 +23,15 @@ from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import UsageError
 from elastic_control.config.data_config import format_hour, parse_hour
 from elastic_control.kube import constants as k
-from elastic_control.kube.render import RenderInputs, _Dumper, _environment, _Loader, build_context, pod_model_path
+from elastic_control.kube.render import (
+    RenderInputs,
+    _Dumper,
+    _environment,
+    _Loader,
+    build_context,
+    finish_documents,
+    pod_model_path,
+)
 from elastic_control.kube.volcano_rules import volcano_job_problems
 
 TEMPLATE = "eval-job.yaml.j2"
@@ -157,7 +165,7 @@ def render_eval_job(plan, inputs: RenderInputs, request: EvalJobRequest, state_d
         text = _environment().get_template(TEMPLATE).render(**context)
     except jinja2.TemplateNotFound as e:
         raise UsageError(f"template {e.name} is missing (set ELASTIC_CTR_TEMPLATE_DIR)") from e
-    docs = [d for d in yaml.load_all(text, Loader=_Loader) if d]
+    docs = finish_documents([d for d in yaml.load_all(text, Loader=_Loader) if d], inputs.options)
     if len(docs) != 2:
         raise UsageError(f"{TEMPLATE} rendered {len(docs)} documents; expected the worker job and the merge job")
     for doc in docs:

@@ -1,13 +1,18 @@
 """-l: trainer 0's, the file server's and cube-transfer's logs, one prefix per pod.
 
-With ``follow`` each component is streamed in its own thread; when a stream
-ends because its pod was deleted and recreated (Volcano's RestartJob, a
-Deployment replacing a pod, a container restart) the stream reattaches to
-the new pod instead of stopping.
+With ``follow`` each component is streamed in its own thread. When a stream
+ends, the follower looks at the pod and either reattaches (the pod still
+runs: the API server or kubelet closed the stream; its pod was recreated by
+Volcano's RestartJob or a Deployment; its container restarted) or says, in one
+line, why it stopped (the pod finished and nothing will replace it). Lines are
+requested with timestamps, so a stream reopened on the same pod does not print
+a line twice.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import sys
 import threading
 import time
@@ -22,18 +27,20 @@ TERMINAL_JOB_PHASES = {"Completed", "Failed", "Aborted", "Terminated"}
 
 @dataclass(frozen=True)
 class LogSource:
-    """One component whose log -l shows, found by label selector."""
+    """One component whose log -l shows, found by label selector (and pod name)."""
 
     component: str
     selector: str
     container: str
     job: str | None = None  # Volcano job name when the pod belongs to the training job
+    pod_name: str | None = None  # a Volcano pod's fixed name (JOB-TASK-I)
 
 
 def log_sources(job: str) -> dict[str, LogSource]:
-    trainer0 = f"{k.VOLCANO_JOB_NAME_LABEL}={job},{k.VOLCANO_TASK_SPEC_LABEL}=trainer,{k.VOLCANO_TASK_INDEX_LABEL}=0"
+    # Volcano names trainer 0 JOB-trainer-0 in every release; the task-index label came only with 1.9.
+    trainer0 = f"{k.VOLCANO_JOB_NAME_LABEL}={job},{k.VOLCANO_TASK_SPEC_LABEL}=trainer"
     return {
-        "trainer-0": LogSource("trainer-0", trainer0, "trainer", job=job),
+        "trainer-0": LogSource("trainer-0", trainer0, "trainer", job=job, pod_name=f"{job}-trainer-0"),
         "fileserver": LogSource("fileserver", f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}=fileserver", "fileserver"),
         "cube-transfer": LogSource(
             "cube-transfer", f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}=cube-transfer", "cube-transfer"
@@ -43,8 +50,11 @@ def log_sources(job: str) -> dict[str, LogSource]:
 
 def find_pod(namespace: str, source: LogSource):
     """The newest live pod of ``source`` (None if there is none)."""
+    kwargs = {"label_selector": source.selector}
+    if source.pod_name:
+        kwargs["field_selector"] = f"metadata.name={source.pod_name}"
     with adaptor.reachable(f"finding the {source.component} pod"):
-        pods = adaptor.core().list_namespaced_pod(namespace, label_selector=source.selector).items
+        pods = adaptor.core().list_namespaced_pod(namespace, **kwargs).items
     live = [p for p in pods if not p.metadata.deletion_timestamp] or pods
     return max(live, key=lambda p: str(p.metadata.creation_timestamp or ""), default=None)
 
@@ -69,7 +79,25 @@ def _replacement_expected(pod, job_phase: str | None) -> bool:
         return False
     if pod is None or pod.metadata.deletion_timestamp:
         return True
-    return pod.status.phase == "Failed" and job_phase is not None  # RestartJob will recreate it
+    if pod.status.phase == "Failed":
+        return job_phase is not None  # RestartJob will recreate it
+    return pod.status.phase not in ("Succeeded",)
+
+
+def _exit_detail(pod, container: str) -> str:
+    for status in pod.status.container_statuses or []:
+        term = status.state.terminated if status.state else None
+        if status.name == container and term is not None:
+            reason = f" ({term.reason})" if term.reason else ""
+            return f", container {container} exited with {term.exit_code}{reason}"
+    return ""
+
+
+def _why_stopped(pod, job_phase: str | None, container: str, name: str) -> str:
+    job = f"; job {job_phase}" if job_phase and job_phase != "Deleted" else ("; job deleted" if job_phase else "")
+    if pod is None:
+        return f"(stream ended: pod {name} is gone{job})"
+    return f"(stream ended: pod {pod.metadata.name} {pod.status.phase}{_exit_detail(pod, container)}{job})"
 
 
 class LogPrinter:
@@ -97,8 +125,18 @@ def print_logs(namespace: str, source: LogSource, printer: LogPrinter, *, tail_l
             ):
                 printer.line(pod.metadata.name, text)
         except adaptor.ApiException as e:
-            printer.line(pod.metadata.name, f"(log unavailable: HTTP {e.status} {e.reason})")
+            if e.status in (401, 403):
+                raise
+            printer.line(pod.metadata.name, f"(log unavailable: HTTP {e.status} {adaptor.api_error_message(e)})")
     return True
+
+
+def _split_timestamp(line: str) -> tuple[dt.datetime | None, str]:
+    stamp, _, text = line.partition(" ")
+    try:
+        return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")), text
+    except ValueError:
+        return None, line
 
 
 def follow_logs(
@@ -110,41 +148,71 @@ def follow_logs(
     poll: float = 0.5,
     stop: threading.Event | None = None,
 ) -> int:
-    """Stream ``source``'s log, reattaching to recreated pods; returns how many pods were streamed."""
+    """Stream ``source``'s log, reattaching while its pod (or a replacement) runs; returns the streams opened."""
     stop = stop or threading.Event()
-    streamed = 0
+    streams = printed = 0
     seen: tuple | None = None
+    last: dt.datetime | None = None  # time of the last line printed from the pod ``seen``
     while not stop.is_set():
         pod, deadline = find_pod(namespace, source), time.monotonic() + reattach_timeout
-        # Wait for a pod we have not streamed yet (the first one, or its replacement).
-        while (pod is None or _identity(pod) == seen or pod.metadata.deletion_timestamp) and not stop.is_set():
-            if not _replacement_expected(pod, _job_phase(namespace, source.job)) and seen is not None:
-                return streamed
+        # Wait for a pod to stream: the first one, a replacement, or the same one still running.
+        while not stop.is_set():
+            if pod is not None and not pod.metadata.deletion_timestamp:
+                if _identity(pod) != seen or pod.status.phase in ("Running", "Pending"):
+                    break
+            phase = _job_phase(namespace, source.job)
+            if seen is not None and not _replacement_expected(pod, phase):
+                printer.line(source.component, _why_stopped(pod, phase, source.container, source.pod_name or "?"))
+                return streams
             if time.monotonic() >= deadline:
                 printer.line(source.component, f"(no new pod after {reattach_timeout:g}s; stopped following)")
-                return streamed
+                return streams
             time.sleep(poll)
             pod = find_pod(namespace, source)
         if stop.is_set():
             break
-        if seen is not None:
+        identity = _identity(pod)
+        if seen is not None and identity[0] != seen[0]:
             printer.line(source.component, f"(pod recreated: reattached to {pod.metadata.name})")
-        seen = _identity(pod)
-        streamed += 1
-        try:
-            with adaptor.reachable(f"streaming the log of {pod.metadata.name}"):
-                for text in adaptor.stream_pod_log(
-                    pod.metadata.name, namespace, follow=True, container=source.container
+            last = None
+        elif seen is not None and identity != seen:
+            printer.line(source.component, f"(container restarted: reattached to {pod.metadata.name})")
+        elif seen is not None and printed:
+            printer.line(source.component, f"(stream closed while {pod.metadata.name} runs: reattached)")
+        if seen is not None and identity == seen and not printed:
+            time.sleep(poll * 4)  # a stream that keeps closing at once: do not spin
+        seen = identity
+        streams += 1
+        printed = 0
+        since = None
+        if last is not None:  # reopened on the same pod: from a little before the last line printed
+            since = max(1, math.ceil((dt.datetime.now(dt.timezone.utc) - last).total_seconds()) + 1)
+        with adaptor.reachable(f"streaming the log of {pod.metadata.name}"):
+            try:
+                for raw in adaptor.stream_pod_log(
+                    pod.metadata.name,
+                    namespace,
+                    follow=True,
+                    container=source.container,
+                    timestamps=True,
+                    since_seconds=since,
                 ):
+                    when, text = _split_timestamp(raw)
+                    if when is not None and last is not None and when <= last:
+                        continue  # already printed before the stream was reopened
+                    last = when or last
+                    printed += 1
                     printer.line(pod.metadata.name, text)
                     if stop.is_set():
                         break
-        except adaptor.ApiException as e:
-            # 400 while the container is still being created: wait and retry the same pod.
-            if e.status == 400:
-                seen = None
-                time.sleep(poll)
-                continue
-            printer.line(pod.metadata.name, f"(log stream failed: HTTP {e.status} {e.reason})")
-            return streamed
-    return streamed
+            except adaptor.ApiException as e:
+                if e.status == 400:  # the container is still being created: wait, retry the same pod
+                    seen = None
+                    time.sleep(poll)
+                    continue
+                if e.status in (401, 403):
+                    raise
+                printer.line(pod.metadata.name, f"(log stream failed: HTTP {e.status} {adaptor.api_error_message(e)})")
+                return streams
+        time.sleep(poll / 5)
+    return streams

@@ -1,8 +1,10 @@
-"""Create-or-replace, read, list and delete the kinds ElasticCTR renders.
+"""Read, server-side apply, list and delete the kinds ElasticCTR renders.
 
-Built-in kinds go through the typed APIs; the Volcano Job through
-CustomObjectsApi. Volcano's webhook refuses most spec updates, so replacing
-the job is delete, wait until it and its pods are gone, create.
+Built-in kinds go through the typed APIs with server-side apply (field manager
+``elastic-control``, forced: our manifests own what they set, and only that);
+the Volcano Job through CustomObjectsApi. Volcano's webhook refuses most spec
+updates, so replacing the job is delete, wait until it and its pods are gone,
+create.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from ctr_foundation.errors import ApplyError
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
 
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+
 
 @dataclass(frozen=True)
 class TypedKind:
@@ -23,7 +27,8 @@ class TypedKind:
     kind: str
     suffix: str  # e.g. "config_map" for read_namespaced_config_map
     api: Callable
-    replaceable: bool = True  # PVC specs are immutable: an existing claim is kept as it is
+    updatable: bool = True  # a claim's spec is (mostly) immutable: an existing claim is kept as it is
+    prunable: bool = True  # claims hold models, files and MLflow runs: never deleted by -a or delete
 
     def call(self, verb: str, *args, **kwargs):
         return getattr(self.api(), f"{verb}_namespaced_{self.suffix}")(*args, **kwargs)
@@ -33,13 +38,14 @@ TYPED_KINDS = {
     "ConfigMap": TypedKind("ConfigMap", "config_map", adaptor.core),
     "Secret": TypedKind("Secret", "secret", adaptor.core),
     "PersistentVolumeClaim": TypedKind(
-        "PersistentVolumeClaim", "persistent_volume_claim", adaptor.core, replaceable=False
+        "PersistentVolumeClaim", "persistent_volume_claim", adaptor.core, updatable=False, prunable=False
     ),
     "Service": TypedKind("Service", "service", adaptor.core),
     "Deployment": TypedKind("Deployment", "deployment", adaptor.apps),
+    "PodDisruptionBudget": TypedKind("PodDisruptionBudget", "pod_disruption_budget", adaptor.policy),
 }
-# What `delete` removes by label; claims stay (they hold models, files and MLflow runs).
-DELETABLE_KINDS = ("Deployment", "Service", "ConfigMap", "Secret")
+# What `delete` and pruning remove by label; claims stay.
+DELETABLE_KINDS = tuple(name for name, kind in TYPED_KINDS.items() if kind.prunable)
 
 
 def is_volcano_job(doc: dict) -> bool:
@@ -50,66 +56,82 @@ def describe(doc: dict) -> str:
     return f"{doc['kind']} {doc['metadata'].get('namespace', '')}/{doc['metadata']['name']}"
 
 
-def _fail(doc: dict, e: adaptor.ApiException, doing: str) -> ApplyError:
-    import json
+def applied_hash(obj: dict | None) -> str | None:
+    return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(k.SPEC_HASH_ANNOTATION)
 
-    try:
-        message = json.loads(e.body).get("message") or e.reason
-    except (TypeError, ValueError):
-        message = e.reason
+
+def _fail(doc: dict, e: adaptor.ApiException, doing: str) -> ApplyError:
+    hint = ""
+    if e.status == 403 and "PodSecurity" not in adaptor.api_error_message(e):
+        hint = " (your user lacks the RBAC rights: `kubectl auth can-i --list -n NAMESPACE`)"
     return ApplyError(
-        f"{doing} failed: HTTP {e.status}: {message}",
+        f"{doing} failed: HTTP {e.status}: {adaptor.api_error_message(e)}{hint}",
         kind=doc["kind"],
         namespace=doc["metadata"].get("namespace", ""),
         name=doc["metadata"]["name"],
     )
 
 
-def apply_typed(doc: dict, *, dry_run: bool = False) -> str:
-    """Create ``doc`` or replace the existing object; returns "created", "replaced" or "kept"."""
+def typed_kind(doc: dict) -> TypedKind:
     kind = TYPED_KINDS.get(doc["kind"])
     if kind is None:
         raise ApplyError(f"elastic-control does not know how to apply kind {doc['kind']!r}")
+    return kind
+
+
+def read_typed(doc: dict) -> dict | None:
+    """The live object ``doc`` describes, as plain JSON (None when absent)."""
+    kind = typed_kind(doc)
+    name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
+    with adaptor.reachable(f"reading {describe(doc)}"):
+        try:
+            return adaptor.to_dict(kind.call("read", name, namespace))
+        except adaptor.ApiException as e:
+            if e.status == 404:
+                return None
+            raise _fail(doc, e, "reading") from e
+
+
+def server_side_apply(doc: dict, *, dry_run: bool = False) -> dict:
+    """PATCH ``doc`` with server-side apply; creates the object when it does not exist."""
+    kind = typed_kind(doc)
     name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
     extra = {"dry_run": "All"} if dry_run else {}
     with adaptor.reachable(f"applying {describe(doc)}"):
         try:
-            existing = adaptor.to_dict(kind.call("read", name, namespace))
+            return adaptor.to_dict(
+                kind.call(
+                    "patch",
+                    name,
+                    namespace,
+                    doc,
+                    field_manager=k.MANAGED_BY,
+                    force=True,
+                    _content_type=APPLY_CONTENT_TYPE,
+                    **extra,
+                )
+            )
         except adaptor.ApiException as e:
-            if e.status != 404:
-                raise _fail(doc, e, "reading") from e
-            existing = None
+            raise _fail(doc, e, "applying") from e
+
+
+def list_labelled(kind_name: str, namespace: str, selector: str) -> list:
+    kind = TYPED_KINDS[kind_name]
+    with adaptor.reachable(f"listing {kind_name}s"):
+        return getattr(kind.api(), f"list_namespaced_{kind.suffix}")(namespace, label_selector=selector).items
+
+
+def delete_typed(kind_name: str, name: str, namespace: str) -> bool:
+    """Delete one object (its dependents in the background); False when it was already gone."""
+    kind = TYPED_KINDS[kind_name]
+    with adaptor.reachable(f"deleting {kind_name} {namespace}/{name}"):
         try:
-            if existing is None:
-                kind.call("create", namespace, doc, **extra)
-                return "created"
-            if not kind.replaceable:
-                return "kept"
-            body = _for_replace(doc, existing)
-            kind.call("replace", name, namespace, body, **extra)
-            return "replaced"
+            kind.call("delete", name, namespace, propagation_policy="Background")
+            return True
         except adaptor.ApiException as e:
-            raise _fail(doc, e, "creating" if existing is None else "replacing") from e
-
-
-def _for_replace(doc: dict, existing: dict) -> dict:
-    """A replace must carry the current resourceVersion, and a Service keeps its allocated addresses."""
-    import copy
-
-    body = copy.deepcopy(doc)
-    body["metadata"]["resourceVersion"] = existing["metadata"].get("resourceVersion")
-    if doc["kind"] == "Service":
-        old_spec = existing.get("spec", {})
-        for field in ("clusterIP", "clusterIPs"):
-            if old_spec.get(field):
-                body["spec"][field] = old_spec[field]
-        # Keep node ports the cluster allocated, so addresses handed to clients stay valid.
-        old_ports = {p.get("name"): p.get("nodePort") for p in old_spec.get("ports", [])}
-        if body["spec"].get("type") in ("NodePort", "LoadBalancer"):
-            for port in body["spec"].get("ports", []):
-                if old_ports.get(port.get("name")):
-                    port["nodePort"] = old_ports[port["name"]]
-    return body
+            if e.status == 404:
+                return False
+            raise
 
 
 def read_volcano_job(name: str, namespace: str) -> dict | None:
@@ -160,26 +182,16 @@ def delete_volcano_job(name: str, namespace: str, *, wait: float = 0.0, poll: fl
     return True
 
 
-def apply_volcano_job(doc: dict, *, dry_run: bool = False, delete_wait: float = 300.0) -> str:
-    """Create the job; an existing one is deleted first (Volcano refuses spec updates)."""
-    name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
-    existing = read_volcano_job(name, namespace)
-    with adaptor.reachable(f"applying {describe(doc)}"):
+def create_volcano_job(doc: dict, *, dry_run: bool = False) -> None:
+    namespace = doc["metadata"]["namespace"]
+    extra = {"dry_run": "All"} if dry_run else {}
+    with adaptor.reachable(f"creating {describe(doc)}"):
         try:
-            if dry_run:
-                if existing is None:
-                    adaptor.custom().create_namespaced_custom_object(
-                        k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, doc, dry_run="All"
-                    )
-                return "created" if existing is None else "replaced (delete, then create)"
-            if existing is not None:
-                delete_volcano_job(name, namespace, wait=delete_wait)
             adaptor.custom().create_namespaced_custom_object(
-                k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, doc
+                k.VOLCANO_JOB_GROUP, k.VOLCANO_JOB_VERSION, namespace, k.VOLCANO_JOB_PLURAL, doc, **extra
             )
         except adaptor.ApiException as e:
             raise _fail(doc, e, "creating") from e
-    return "created" if existing is None else "replaced (deleted, then created)"
 
 
 def delete_labelled(namespace: str, instance: str) -> list[str]:
@@ -187,13 +199,22 @@ def delete_labelled(namespace: str, instance: str) -> list[str]:
     deleted = []
     selector = f"{k.LABEL_INSTANCE}={instance}"
     for kind_name in DELETABLE_KINDS:
-        kind = TYPED_KINDS[kind_name]
-        with adaptor.reachable(f"deleting {kind_name}s"):
-            for item in getattr(kind.api(), f"list_namespaced_{kind.suffix}")(namespace, label_selector=selector).items:
-                try:
-                    kind.call("delete", item.metadata.name, namespace)
-                    deleted.append(f"{kind_name} {namespace}/{item.metadata.name}")
-                except adaptor.ApiException as e:
-                    if e.status != 404:
-                        raise
+        for item in list_labelled(kind_name, namespace, selector):
+            if delete_typed(kind_name, item.metadata.name, namespace):
+                deleted.append(f"{kind_name} {namespace}/{item.metadata.name}")
     return deleted
+
+
+def apply_volcano_job(doc: dict, *, dry_run: bool = False, delete_wait: float = 300.0) -> str:
+    """Create the job; an existing one is deleted first, whatever its spec (what `eval submit` wants:
+    each submission runs again). -a converges instead (kube/converge.py)."""
+    name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
+    existing = read_volcano_job(name, namespace)
+    if dry_run:
+        if existing is None:
+            create_volcano_job(doc, dry_run=True)
+        return "created" if existing is None else "replaced (delete, then create)"
+    if existing is not None:
+        delete_volcano_job(name, namespace, wait=delete_wait)
+    create_volcano_job(doc)
+    return "created" if existing is None else "replaced (deleted, then created)"

@@ -93,8 +93,20 @@ def explain_pod(pod, events: list, *, cpu: int | None = None, mem: int | None = 
     return f"pod {name} is still {pod.status.phase} (no events explain why yet)"
 
 
-def count_started(namespace: str, selector: str, expected: int) -> PodCount:
-    pods = [p for p in list_pods(namespace, selector) if not p.metadata.deletion_timestamp]
+NOT_COUNTED_COMPONENTS = {"eval", "eval-merge"}  # `eval submit` jobs are not part of what -a starts
+
+
+def count_started(namespace: str, selector: str, expected: int, *, skip_job: str | None = None) -> PodCount:
+    """Started and stuck pods of the plan (``skip_job``: a finished Volcano job whose pods are not waited for)."""
+    from elastic_control.kube import constants as k
+
+    pods = [
+        p
+        for p in list_pods(namespace, selector)
+        if not p.metadata.deletion_timestamp
+        and (p.metadata.labels or {}).get(k.LABEL_COMPONENT) not in NOT_COUNTED_COMPONENTS
+        and (skip_job is None or (p.metadata.labels or {}).get(k.VOLCANO_JOB_NAME_LABEL) != skip_job)
+    ]
     started = [p for p in pods if p.status.phase in STARTED_PHASES]
     stuck = [p for p in pods if p.status.phase not in STARTED_PHASES]
     return PodCount(started=len(started), total=max(expected, len(pods)), stuck=stuck)

@@ -7,8 +7,11 @@ re-emitted as plain block YAML a person can read and ``kubectl apply``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -19,6 +22,8 @@ from ctr_foundation.env_vars import TEMPLATE_DIR
 from ctr_foundation.errors import ConfigError, UsageError
 from elastic_control.config import DataConfig
 from elastic_control.kube import constants as k
+from elastic_control.kube.options import KubeOptions
+from elastic_control.kube.pod_overlay import apply_pod_overlay
 from elastic_control.kube.volcano_rules import volcano_job_problems
 
 DEFAULT_TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"  # package data: ships in the wheel
@@ -52,8 +57,11 @@ SIZES = {
     "shared_storage": "50Gi",
     "fileserver_storage": "20Gi",
     "mlflow_storage": "5Gi",
+    "init_cpu": "100m",
+    "init_memory": "128Mi",
 }
-MAX_RETRY = 3
+# Keys of data.config that are credentials: in a Secret, never in the ConfigMap (nor the file server's root).
+CREDENTIAL_KEYS = ("HDFS_UGI",)
 # libyaml's C loader/dumper when present: manifests are parsed and re-emitted on every -r.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -67,6 +75,7 @@ class RenderInputs:
     token: str
     data_config: DataConfig
     service_type: str = "ClusterIP"
+    options: KubeOptions = field(default_factory=KubeOptions)
 
 
 def validate_job_name(name: str) -> None:
@@ -90,22 +99,85 @@ def validate_namespace(namespace: str) -> None:
         )
 
 
+def _config_line(key: str, value: str) -> str:
+    """One ``export KEY=...`` line that the pods' parser reads back as exactly ``value``."""
+    if ("$" in value or '"' in value) and "'" not in value:
+        return f"export {key}='{value}'\n"  # single quotes: nothing is expanded again
+    return f'export {key}="{value}"\n'
+
+
 def pod_data_config(data_config: DataConfig, hdfs_address: str, model_path: str) -> str:
-    """data.config as the pods see it: already expanded (the pods lack the user's
-    environment), with -hd applied and MODEL_PATH pointing at the shared volume."""
+    """data.config as the pods see it: already expanded (the pods lack the user's environment),
+    with -hd applied, MODEL_PATH pointing at the shared volume, and credentials read from the
+    pod's environment (a Secret) instead of written out."""
     values = dict(data_config.values)
     values["HDFS_ADDRESS"] = hdfs_address
     values["MODEL_PATH"] = model_path
     lines = ["# data.config as validated by `elastic-control -r` (expanded; MODEL_PATH on the shared volume)\n"]
-    lines += [f'export {key}="{value}"\n' for key, value in values.items()]
+    for key, value in values.items():
+        if key in CREDENTIAL_KEYS:
+            if value:
+                # Expanded from the pod's environment, which takes it from the Secret JOB-credentials.
+                lines.append(f'export {key}="${{{key}:-}}"\n')
+            continue
+        lines.append(_config_line(key, value))
     return "".join(lines)
 
 
 def pod_model_path(data_config: DataConfig) -> str:
-    """Remote model paths (hdfs://, s3://) are used as they are; local ones live on the shared volume."""
+    """Where pods write and read passes: the shared claim.
+
+    A remote MODEL_PATH (hdfs://, s3://) is refused: trainers write passes with
+    Paddle's local savers and cube-transfer builds from a folder, so passes need
+    a filesystem path; copy them out of the claim if they must land elsewhere.
+    """
     if data_config.model_path and "://" in data_config.model_path:
-        return data_config.model_path
+        raise UsageError(
+            f"MODEL_PATH {data_config.model_path!r} in {data_config.source} is remote: passes are written by "
+            "Paddle's local savers and read by cube-transfer from a folder, so on Kubernetes they live on the "
+            f"shared claim ({k.POD_MODEL_PATH}); remove MODEL_PATH (or make it a local path) and copy passes out "
+            "of the claim if they must also land there"
+        )
     return k.POD_MODEL_PATH
+
+
+def mlflow_allowed_hosts(job: str, namespace: str) -> str:
+    """Host headers the MLflow server accepts: its Service names (short, namespaced, FQDN with any
+    cluster domain), with and without the port, plus what MLflow allows by default (localhost for
+    `kubectl port-forward`, private IPs for pod addresses)."""
+    svc = f"{job}-mlflow"
+    names = [svc, f"{svc}.{namespace}", f"{svc}.{namespace}.svc"]
+    hosts = [h for name in names for h in (name, f"{name}:{k.MLFLOW_PORT}")]
+    hosts.append(f"{svc}.{namespace}.svc.*")  # svc.cluster.local, or another cluster domain, any port
+    hosts += ["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", "10.*", "192.168.*"]
+    hosts += [f"172.{i}.*" for i in range(16, 32)]
+    return ",".join(hosts)
+
+
+def config_checksum(token: str, *parts: dict) -> str:
+    """A checksum of what pods read from the ConfigMap and Secrets, keyed with the token.
+
+    It sits in pod templates, which people without access to Secrets can read;
+    keyed, it says "changed" without letting anyone test guesses of a password.
+    """
+    message = json.dumps(parts, sort_keys=True).encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()[:20]
+
+
+def spec_hash(doc: dict) -> str:
+    """The hash of a rendered object as -a applies it (its own hash annotation left out)."""
+    import copy
+
+    body = copy.deepcopy(doc)
+    (body.get("metadata", {}).get("annotations") or {}).pop(k.SPEC_HASH_ANNOTATION, None)
+    if body.get("metadata", {}).get("annotations") == {}:
+        del body["metadata"]["annotations"]
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def annotate_spec_hash(doc: dict) -> dict:
+    doc["metadata"].setdefault("annotations", {})[k.SPEC_HASH_ANNOTATION] = spec_hash(doc)
+    return doc
 
 
 def build_context(plan, inputs: RenderInputs) -> dict:
@@ -116,13 +188,16 @@ def build_context(plan, inputs: RenderInputs) -> dict:
     if inputs.service_type not in k.SERVICE_TYPES:
         raise UsageError(f"service type {inputs.service_type!r} is not one of {', '.join(k.SERVICE_TYPES)}")
     model_path = pod_model_path(inputs.data_config)
+    options = inputs.options
+    data_config_text = pod_data_config(inputs.data_config, plan.hdfs_address, model_path)
+    hdfs_ugi = inputs.data_config.hdfs_ugi
 
     def endpoints(task: str, count: int, port: int) -> str:
         # The svc plugin's headless Service JOB makes each pod JOB-TASK-I.JOB.
         return ",".join(f"{job}-{task}-{i}.{job}:{port}" for i in range(count))
 
-    def urls(port: int) -> str:
-        return ",".join(f"http://{job}-cube-{i}:{port}" for i in range(res.cube_shards))
+    def urls(service: str, port: int) -> str:
+        return ",".join(f"http://{job}-{service}-{i}:{port}" for i in range(res.cube_shards))
 
     pserver_host = f"{job}-pserver-${{VC_TASK_INDEX}}.{job}"
     return {
@@ -131,7 +206,12 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "namespace": plan.namespace,
         "image": plan.image,
         "queue": plan.queue,
-        "max_retry": MAX_RETRY,
+        "max_retry": options.max_retry,
+        "serving_replicas": options.serving_replicas,
+        "storage_class": options.storage_class,
+        "shared_access_mode": options.shared_access_mode,
+        "image_pull_policy": options.image_pull_policy,
+        "image_pull_secrets": list(options.image_pull_secrets),
         "pservers": res.pservers,
         "trainers": res.trainers,
         "cube_shards": res.cube_shards,
@@ -140,7 +220,15 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "token": inputs.token,
         "service_type": inputs.service_type,
         "slot_conf_text": plan.slot_conf_text,
-        "data_config_text": pod_data_config(inputs.data_config, plan.hdfs_address, model_path),
+        "data_config_text": data_config_text,
+        "hdfs_ugi_secret": hdfs_ugi,
+        "credentials_name": f"{job}-credentials",
+        "config_checksum": config_checksum(
+            inputs.token,
+            {"slot.conf": plan.slot_conf_text, "data.config": data_config_text},
+            {"token": inputs.token, "HDFS_UGI": hdfs_ugi},
+        ),
+        "mlflow_allowed_hosts": mlflow_allowed_hosts(job, plan.namespace),
         "model_path": model_path,
         "transfer_cube_root": k.TRANSFER_CUBE_ROOT,
         "pserver_endpoints": endpoints("pserver", res.pservers, k.PSERVER_PORT),
@@ -160,8 +248,8 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "serving_name": f"{job}-serving",
         "mlflow_url": f"http://{job}-mlflow:{k.MLFLOW_PORT}",
         "fileserver_url": f"http://{job}-fileserver:{k.FILESERVER_PORT}",
-        "cube_servers": urls(k.CUBE_SERVER_PORT),
-        "cube_agents": urls(k.CUBE_AGENT_PORT),
+        "cube_servers": urls("cube", k.CUBE_SERVER_PORT),
+        "cube_agents": urls("cube-agent", k.CUBE_AGENT_PORT),
         "promotion_gate": plan.extra.get("promotion_gate", ""),
         **SIZES,
     }
@@ -176,8 +264,19 @@ def _environment() -> jinja2.Environment:
     )
 
 
+def finish_documents(docs: list[dict], options: KubeOptions) -> list[dict]:
+    """The user's pod overlay merged into every pod, Deployments' rendered replicas recorded, then
+    each object's spec-hash annotation (what -a compares)."""
+    for doc in docs:
+        apply_pod_overlay(doc, options.pod_overlay)
+        if doc["kind"] == "Deployment":
+            doc["metadata"].setdefault("annotations", {})[k.REPLICAS_ANNOTATION] = str(doc["spec"].get("replicas", 1))
+        annotate_spec_hash(doc)
+    return docs
+
+
 def render_documents(plan, inputs: RenderInputs) -> dict[str, list[dict]]:
-    """{manifest file name: its documents}, rendered, parsed and checked."""
+    """{manifest file name: its documents}, rendered, parsed, finished and checked."""
     context = build_context(plan, inputs)
     env = _environment()
     rendered: dict[str, list[dict]] = {}
@@ -190,7 +289,7 @@ def render_documents(plan, inputs: RenderInputs) -> dict[str, list[dict]]:
             ) from e
         except jinja2.UndefinedError as e:  # a template bug, never a user's: say where
             raise ConfigError(f"template {template} uses an undefined value: {e}") from e
-        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d]
+        docs = finish_documents([d for d in yaml.load_all(text, Loader=_Loader) if d], inputs.options)
         rendered[filename] = docs
         for doc in docs:
             if doc.get("kind") == k.VOLCANO_JOB_KIND and doc["apiVersion"].startswith(k.VOLCANO_JOB_GROUP):

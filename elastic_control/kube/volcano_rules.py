@@ -74,7 +74,15 @@ def volcano_job_problems(job: dict) -> list[str]:
 def _policy_problems(policies: list[dict], where: str) -> list[str]:
     problems: list[str] = []
     seen: set[str] = set()
+    codes: set[int] = set()
     for policy in policies:
+        code = policy.get("exitCode")
+        if code is not None:
+            if code == 0:
+                problems.append(f"{where}: exitCode 0 is not an error code")
+            if code in codes:
+                problems.append(f"{where}: exitCode {code} appears twice")
+            codes.add(code)
         events = list(policy.get("events") or []) + ([policy["event"]] if policy.get("event") else [])
         action = policy.get("action")
         if events and policy.get("exitCode") is not None:

@@ -6,6 +6,7 @@ Users never call it: ``elastic-control -a`` with the local backend starts it
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -26,4 +27,6 @@ def supervise_command(state_dir):
     token_file = layout.token_file
     token = token_file.read_text().strip() if token_file.exists() else None
     secret = {TOKEN.name: token} if token else {}
+    if layout.credentials_file.exists():  # HDFS_UGI: the local components' data.config reads it from the environment
+        secret.update(json.loads(layout.credentials_file.read_text()))
     sys.exit(run_supervisor(layout.state, secret_env=secret))

@@ -64,8 +64,8 @@ def check_ports(plan: LocalPlan) -> None:
         )
 
 
-def apply(layout: StateFolder, *, timeout: float = STARTUP_TIMEOUT, show_progress: bool = True) -> dict:
-    """Start the supervisor and wait until every component started (or the start failed)."""
+def start(layout: StateFolder) -> tuple[int, float | None]:
+    """Start the detached supervisor (after the checks); (its pid, its start time). Does not wait."""
     plan = load_local_plan(layout.components_file)
     ensure_not_running(layout)
     previous = rt.read_runtime(layout)
@@ -78,13 +78,13 @@ def apply(layout: StateFolder, *, timeout: float = STARTUP_TIMEOUT, show_progres
     layout.runtime_file.unlink(missing_ok=True)
     layout.rollouts_file.unlink(missing_ok=True)
     pid = spawn_supervisor(layout)
-    started = process_identity(pid)
-    record = wait_started(layout, pid, started, timeout=timeout, show_progress=show_progress)
-    done(
-        f"started {len(plan.components)} components under supervisor pid {pid}; "
-        f"logs in {layout.logs_dir}/ (`elastic-control -l`, `elastic-control status`)"
-    )
-    return record
+    return pid, process_identity(pid)
+
+
+def apply(layout: StateFolder, *, timeout: float = STARTUP_TIMEOUT, show_progress: bool = True) -> dict:
+    """Start the supervisor and wait until every component started (or the start failed)."""
+    pid, started = start(layout)
+    return wait_started(layout, pid, started, timeout=timeout, show_progress=show_progress)
 
 
 def _progress_text(record: dict | None) -> str:
@@ -111,6 +111,10 @@ def wait_started(
             record = rt.read_runtime(layout)
             mine = record and (record.get("supervisor") or {}).get("pid") == pid
             if mine and record["state"] == rt.RUNNING:
+                done(
+                    f"started {len(record.get('components') or {})} components under supervisor pid {pid}; "
+                    f"logs in {layout.logs_dir}/ (`elastic-control -l`, `elastic-control status`)"
+                )
                 return record
             if mine and record["state"] == rt.FAILED:
                 raise ComponentError(

@@ -40,9 +40,19 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
 
 
 def free_ports(
-    count: int, *, host: str = LOOPBACK, exclude: set[int] | None = None, rng: random.Random | None = None
+    count: int,
+    *,
+    host: str = LOOPBACK,
+    exclude: set[int] | None = None,
+    rng: random.Random | None = None,
+    width: int = 1,
 ) -> list[int]:
-    """``count`` distinct ports that are free now, probed by binding each one."""
+    """``count`` distinct ports that are free now, probed by binding each one.
+
+    With ``width`` > 1 each returned port P starts a block P..P+width-1 that is
+    free as a whole and overlaps no other block (pserver 0 also listens on its
+    port + 1 for the trainers' barrier service).
+    """
     rng = rng or random.SystemRandom()
     lo, hi = _candidate_range()
     taken = set(exclude or ())
@@ -50,12 +60,15 @@ def free_ports(
     for _ in range(count * 200 + 1000):
         if len(out) == count:
             return out
-        port = rng.randint(lo, hi)
-        if port in taken:
+        port = rng.randint(lo, hi - width + 1)
+        block = range(port, port + width)
+        if any(p in taken for p in block):
             continue
-        taken.add(port)
-        if port_is_free(port, host):
+        if all(port_is_free(p, host) for p in block):
             out.append(port)
+            taken.update(block)
+        else:
+            taken.add(port)
     if len(out) == count:
         return out
     raise OSError(f"could not find {count} free TCP ports on {host} in {lo}-{hi}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.errors import UsageError
 
-COMPONENTS_FORMAT = 1
+COMPONENTS_FORMAT = 2  # 2: per-component secrets, the training window, pserver 0's barrier port
 
 # Failure policies, as on the cluster:
 #  - JOB: the training job (pservers + trainers). Any member failing restarts
@@ -41,6 +41,9 @@ class ComponentSpec:
     cwd: str | None = None
     ready_timeout: float = 120.0
     make_dirs: list[str] = field(default_factory=list)  # created before each start (a pod's emptyDir volumes)
+    # Names of the secret variables (e.g. ELASTIC_CTR_TOKEN) the supervisor hands this one, as its pod's Secret refs;
+    # their values are never written here.
+    secrets: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.group not in GROUPS:
@@ -66,6 +69,8 @@ class LocalPlan:
     model_path: str | None = None  # where the rollout watcher reads the models donefile
     serving_url: str | None = None  # where it asks which version is served
     transfer_url: str | None = None  # cube-transfer, for each rollout's build/prepare/activate timings
+    # Offline data window {"start", "end": "YYYYMMDD/HH", "dataset"}: a job that wrote no pass of it failed.
+    training_window: dict | None = None
     format: int = COMPONENTS_FORMAT
 
     def __post_init__(self):

@@ -11,8 +11,14 @@ Failure policy (spec.JOB / spec.SERVICE):
   every trainer exited 0 the job is complete and its pservers are stopped;
 - services: restarted with exponential backoff whenever they exit;
 - while starting up, a service that exits or never becomes ready fails the
-  whole start: everything started is stopped and the reason recorded.
+  whole start: everything started is stopped and the reason recorded;
+- an offline job (``LocalPlan.training_window``) whose trainers all finished
+  without a pass of that window in the donefile has failed, not completed.
 Every exit is logged with its code, in the supervisor's log and the component's.
+
+``elastic-control -a`` runs it detached over the whole pipeline;
+``elastic-control train`` runs it in the foreground over the training job
+alone (``run(until=...)``), so both use the same machine.
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
+from ctr_foundation.env_vars import planned_environment
 from ctr_foundation.names import StateFolder
+from ctr_foundation.records import read_donefile
 from elastic_control.local import runtime as rt
 from elastic_control.local.ports import LOOPBACK, wait_tcp
 from elastic_control.local.process import describe_exit, process_identity, start_process, stop_components
@@ -58,6 +67,7 @@ class ComponentRun:
     last_exit_at: float | None = None
     next_start: float = 0.0
     attempt: int = 0
+    stopped: bool = False  # its last exit was the supervisor stopping it
 
     def to_json(self) -> dict:
         s = self.spec
@@ -73,6 +83,7 @@ class ComponentRun:
             "last_exit": self.last_exit,
             "last_exit_at": self.last_exit_at,
             "attempt": self.attempt,
+            "stopped_by_supervisor": self.stopped,
         }
 
 
@@ -109,10 +120,15 @@ class Supervisor:
         *,
         base_env: dict[str, str] | None = None,
         secret_env: dict[str, str] | None = None,
+        log_path: Callable[[str], Path] | None = None,
+        foreground: bool = False,
     ):
         self.layout = layout
+        self.foreground = foreground  # run from a terminal (`train`): closing it stops the job
+        self.log_path = log_path or layout.log_path  # component name -> its log file
         self.plan = plan
-        self.base_env = dict(os.environ if base_env is None else base_env)
+        # Registry variables come from the plan only (planned_environment), as a pod's come from its manifest.
+        self.base_env = planned_environment(dict(os.environ if base_env is None else base_env))
         self.secret_env = dict(secret_env or {})  # e.g. the token: given to children, never written to disk
         self.runs = {c.name: ComponentRun(c) for c in plan.components}
         self.job = JobState(max_restarts=plan.max_job_restarts)
@@ -126,20 +142,25 @@ class Supervisor:
         self._last_hook = 0.0
 
     # ---- public -------------------------------------------------------------------------
-    def run(self) -> int:
-        """Supervise until asked to stop (SIGTERM/SIGINT) or startup fails. Returns an exit code."""
+    def run(self, *, until: Callable[[], bool] | None = None, on_step: Callable[[], None] | None = None) -> int:
+        """Supervise until asked to stop (SIGTERM/SIGINT), startup fails or ``until()``. Returns an exit code.
+
+        ``on_step()`` runs after every pass of the loop (a foreground caller's progress).
+        """
         lock = rt.SupervisorLock(self.layout)
         if not lock.acquire():
             log.error("another supervisor already runs on %s", self.layout.state)
             return 2
+        previous_handlers = self._install_signals()
         try:
-            self._install_signals()
             self.layout.stop_request_file.unlink(missing_ok=True)
             log.info("supervisor %d starting %d components", os.getpid(), len(self.runs))
             self._write(force=True)
             while not self.stop_requested:
                 self.step()
-                if self.state == rt.FAILED:
+                if on_step is not None:
+                    on_step()
+                if self.state == rt.FAILED or (until is not None and until()):
                     break
                 time.sleep(TICK)
             if self.state != rt.FAILED:
@@ -152,7 +173,15 @@ class Supervisor:
             self._write(force=True)
             log.info("supervisor exiting (%s)", self.state)
             return 1 if self.state == rt.FAILED else 0
+        except BaseException:
+            # Never leave children behind (a foreground caller's on_step may raise, e.g. a closed stdout).
+            self.stop_all()
+            self.state = rt.STOPPED
+            self._write(force=True)
+            raise
         finally:
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
             lock.release()
 
     def step(self) -> None:
@@ -209,7 +238,7 @@ class Supervisor:
             return
         # A service.
         if self.state == rt.STARTING:
-            self._fail(f"{what} while starting; see {self.layout.log_path(spec.name)}")
+            self._fail(f"{what} while starting; see {self.log_path(spec.name)}")
             return
         ran_for = time.monotonic() - run.started_mono
         run.consecutive_failures = 1 if ran_for >= STABLE_AFTER else run.consecutive_failures + 1
@@ -223,9 +252,21 @@ class Supervisor:
             run.state = rt.C_COMPLETED
             trainers = [r for r in self._job_members() if r.spec.kind == "trainer"]
             if self.job.state == rt.J_RUNNING and trainers and all(r.state == rt.C_COMPLETED for r in trainers):
-                self.job.state = rt.J_COMPLETED
                 self.job.finished_at = time.time()
                 self.job.completed_mono = time.monotonic()
+                empty = self._no_pass_reason()
+                if empty:
+                    # Not worth a restart: the same data gives the same nothing.
+                    self.job.state = rt.J_FAILED
+                    self.job.reason = empty
+                    self.job.history.append(
+                        {"attempt": self.job.attempt, "at": time.time(), "event": "failed", "reason": empty}
+                    )
+                    log.error("training job failed: %s", empty)
+                    for r in trainers:
+                        self._note(r.spec.name, f"training job failed: {empty}")
+                    return
+                self.job.state = rt.J_COMPLETED
                 self.job.history.append({"attempt": self.job.attempt, "at": time.time(), "event": "completed"})
                 log.info("training job completed (attempt %d)", self.job.attempt)
             return
@@ -258,8 +299,24 @@ class Supervisor:
             "restarting the training job (restart %d of %d): %s", self.job.restarts, self.job.max_restarts, reason
         )
 
+    def _no_pass_reason(self) -> str:
+        """Why a finished offline job counts as failed: no pass of its window in the donefile ('' if fine)."""
+        window, model_path = self.plan.training_window, self.plan.model_path
+        if not window or not model_path:
+            return ""
+        start, end = window["start"], window["end"]
+        passes = [e for e in read_donefile(model_path) if start <= str((e.window or {}).get("end", "")) <= end]
+        if passes:
+            return ""
+        return (
+            f"the trainers finished without writing a pass: no complete hour of {start}..{end} was read "
+            f"in {window.get('dataset') or 'DATASET_PATH'} (an hour is complete once its donefile exists); see "
+            f"{self.log_path('trainer-0')} for the hours skipped. Make data with `elastic-control data synth "
+            f"--output {window.get('dataset') or 'DATASET_PATH'} --start {start} --hours N`"
+        )
+
     def _job_policy(self, now: float) -> None:
-        if self.job.state == rt.J_COMPLETED and self.job.completed_mono is not None:
+        if self.job.state in (rt.J_COMPLETED, rt.J_FAILED) and self.job.completed_mono is not None:
             left = [r for r in self._job_members() if r.proc is not None]
             if left and now - self.job.completed_mono > self.plan.pserver_exit_grace:
                 self._stop(
@@ -304,7 +361,7 @@ class Supervisor:
                 what = f"{run.spec.name} (pid {run.pid}) was not ready after {run.spec.ready_timeout:.0f}s"
                 self._note(run.spec.name, what)
                 if self.state == rt.STARTING:
-                    self._fail(f"{what}; see {self.layout.log_path(run.spec.name)}")
+                    self._fail(f"{what}; see {self.log_path(run.spec.name)}")
                     return
                 self._stop([run], JOB_STOP_GRACE, final_state=rt.C_BACKOFF, why="not ready in time")
                 run.consecutive_failures += 1
@@ -313,13 +370,14 @@ class Supervisor:
     # ---- mechanics ----------------------------------------------------------------------
     def _launch(self, run: ComponentRun) -> None:
         spec = run.spec
-        env = {**self.base_env, "PYTHONUNBUFFERED": "1", **spec.env, **self.secret_env}
+        secrets = {k: v for k, v in self.secret_env.items() if k in spec.secrets}
+        env = {**self.base_env, "PYTHONUNBUFFERED": "1", **spec.env, **secrets}
         run.attempt += 1
         self._note(spec.name, f"starting {spec.name} (attempt {run.attempt}): {' '.join(spec.argv)}")
         try:
             for folder in spec.make_dirs:
                 Path(folder).mkdir(parents=True, exist_ok=True)
-            proc = start_process(spec.argv, env=env, log_path=self.layout.log_path(spec.name), cwd=spec.cwd)
+            proc = start_process(spec.argv, env=env, log_path=self.log_path(spec.name), cwd=spec.cwd)
         except OSError as e:
             self._note(spec.name, f"cannot start {spec.name}: {e}")
             if self.state == rt.STARTING or spec.group == JOB:
@@ -328,6 +386,7 @@ class Supervisor:
                 run.state, run.next_start = rt.C_BACKOFF, time.monotonic() + BACKOFF_MAX
             return
         run.proc, run.pid = proc, proc.pid
+        run.stopped = False
         run.started = process_identity(proc.pid)
         run.started_mono = time.monotonic()
         run.state = rt.C_RUNNING if spec.ready == "none" else rt.C_STARTING
@@ -345,6 +404,7 @@ class Supervisor:
                 code = codes.get(r.pid)
                 r.last_exit, r.last_exit_at = code, time.time()
                 self._note(r.spec.name, f"{r.spec.name} (pid {r.pid}) {describe_exit(code)} after being stopped")
+                r.stopped = True
             r.proc = None
             r.state = final_state
         self._dirty = True
@@ -383,16 +443,19 @@ class Supervisor:
         """Log to the supervisor's log and append the same line to the component's log."""
         log.info("%s", message)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        path = self.layout.log_path(component)
+        path = self.log_path(component)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"[supervisor {stamp}] {message}\n")
 
-    def _install_signals(self) -> None:
+    def _install_signals(self) -> dict:
+        """Handlers that only set a flag; returns the previous ones (restored when run() ends)."""
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        # The terminal that ran -a may close: that must not stop the pipeline.
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # The terminal that ran -a may close: that must not stop the pipeline (but it ends a foreground job).
+        signal.signal(signal.SIGHUP, self.request_stop if self.foreground else signal.SIG_IGN)
+        return previous
 
     def snapshot(self) -> dict:
         return {

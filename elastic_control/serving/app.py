@@ -13,7 +13,6 @@ the new one, and no request fails during the switch.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import threading
 import time
@@ -23,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctr_foundation import names
-from ctr_foundation.http_protocol import Request, Response, Slot
+from ctr_foundation.http_json import parse_json
+from ctr_foundation.http_messages import HttpError, Request, Response, Slot
 from elastic_control.inference.scoring import KeyBatch, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch, concat_batches, instances_of
 from elastic_control.serving.lookup import CubeUnavailable
@@ -289,13 +289,13 @@ class ServingApp:
     def _predict(self, request: Request, slot: Slot, deliver) -> Response | None:
         started = time.perf_counter()
         try:
-            body = json.loads(request.body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            return self._refuse(400, f"malformed JSON: {e}", started)
+            body = parse_json(request.body)  # the shared parser: UTF-8, depth and integer-size limits
+        except HttpError as e:
+            return self._refuse(e.status, e.message, started)
         try:
             instances = instances_of(body)
         except InstanceError as e:
-            return self._refuse(400, str(e), started)
+            return self._refuse(e.status, str(e), started)  # 413 for too many instances (docs/contracts.md)
         if self.active is None:
             response = self._not_ready()
             self.metrics.observe_request(503, time.perf_counter() - started)

@@ -146,8 +146,8 @@ def serve_command(
         from elastic_control.evaluation.shadow import ShadowScorer
 
         app.add_after_response_hook(ShadowScorer(shadow_pass, shadow_log))
-    server = ServingServer(app, host=host, port=port, max_body=max_body)
     try:
+        server = ServingServer(app, host=host, port=port, max_body=max_body)  # binds here
         server.run_forever(
             on_listening=lambda s: done(f"serving on http://{host}:{s.port} from {source.describe} (pid {os.getpid()})")
         )

@@ -1,94 +1,77 @@
-"""Serving's HTTP listener: cube's raw asyncio HTTP/1.1 protocol (keep-alive, answers delivered later).
+"""Serving's HTTP listener: the one HTTP layer (``ctr_foundation.http_server``) in front of ServingApp.
 
-The protocol lets a handler answer after the event loop moved on, which is
-what merged batches need: the batch worker hands each answer back to the
-loop with ``call_soon_threadsafe``.
+Requests are ``loop`` routes: ServingApp.handle runs on the event loop and
+may answer later, which is what merged batches need (the batch worker hands
+each answer back to the loop with ``call_soon_threadsafe``). Bodies are taken
+only by POST (``max_body``, 413 above); framing, time-outs and the connection
+cap are the layer's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import signal
-import socket
-import threading
-
-from ctr_foundation.http_protocol import HttpProtocol
+from ctr_foundation.http_messages import NO_BODY_METHODS, Request
+from ctr_foundation.http_protocol import Route
+from ctr_foundation.http_server import HttpLimits, HttpServer
 from elastic_control.serving.app import DEFAULT_MAX_BODY, ServingApp
+
+# 1,000 idle clients beside the busy ones must not lock anyone out (issue 15's soak).
+LIMITS = HttpLimits(max_connections=4096)
+
+
+class _Routes:
+    """Bodies only where the app reads them; ServingApp.handle answers every path (404/405 included)."""
+
+    def __init__(self, app: ServingApp, max_body: int):
+        self.with_body = Route(app.handle, max_body=max_body)
+        self.without_body = Route(app.handle)
+
+    def route(self, req: Request) -> Route:
+        return self.without_body if req.method in NO_BODY_METHODS else self.with_body
 
 
 class ServingServer:
-    def __init__(self, app: ServingApp, *, host: str = "127.0.0.1", port: int = 0, max_body: int = DEFAULT_MAX_BODY):
+    def __init__(
+        self,
+        app: ServingApp,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body: int = DEFAULT_MAX_BODY,
+        limits: HttpLimits | None = None,
+    ):
         self.app = app
         self.host = host
-        self.port = port
         self.max_body = max_body
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server = None
-        self._thread: threading.Thread | None = None
+        self.http = HttpServer(_Routes(app, max_body), host=host, port=port, name="serving", limits=limits or LIMITS)
+        self.port = self.http.port
 
-    async def _start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.app.loop = self._loop
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self._server = await self._loop.create_server(
-            lambda: HttpProtocol(self.app.handle, self.max_body), sock=sock, backlog=512
-        )
-        self.port = sock.getsockname()[1]
+    def _started(self, http: HttpServer) -> None:
+        self.app.loop = http.loop
         self.app.start()
 
     def run_forever(self, on_listening=None) -> None:
         """Serve until SIGTERM/SIGINT (the CLI)."""
 
-        async def main():
-            await self._start()
-            stop = asyncio.Event()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, stop.set)
+        def started(http):
+            self._started(http)
             if on_listening:
                 on_listening(self)
-            await stop.wait()
-            self._server.close()
-            self.app.stop()
 
-        asyncio.run(main())
+        try:
+            self.http.serve_forever(handle_signals=True, on_started=started)
+        finally:
+            self.app.stop()
+            self.http.server_close()
 
     def start_in_thread(self) -> ServingServer:
         """Serve from a daemon thread (tests, benchmarks); ``self.port`` is bound when this returns."""
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def run():
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._start())
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="serving-http", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if errors:
-            raise errors[0]
+        self.http.start_in_thread(on_started=self._started)
         return self
 
     def stop(self) -> None:
         self.app.stop()
-        if self._loop and self._thread:
-
-            def shutdown():
-                self._server.close()
-                self._loop.stop()
-
-            self._loop.call_soon_threadsafe(shutdown)
-            self._thread.join(5)
+        self.http.shutdown()
+        self.http.server_close()
 
     @property
     def url(self) -> str:

@@ -25,7 +25,11 @@ MAX_INSTANCES = 10_000
 
 
 class InstanceError(ValueError):
-    """A request that cannot be scored; the message names the instance and the problem (-> HTTP 400)."""
+    """A request that cannot be scored; the message names the instance and the problem (-> HTTP ``status``)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
 
 
 def instances_of(body: object) -> list:
@@ -38,7 +42,7 @@ def instances_of(body: object) -> list:
     if not instances:
         raise InstanceError('"instances" is empty: nothing to predict')
     if len(instances) > MAX_INSTANCES:
-        raise InstanceError(f"{len(instances)} instances in one request; at most {MAX_INSTANCES}")
+        raise InstanceError(f"{len(instances)} instances in one request; at most {MAX_INSTANCES}", status=413)
     return instances
 
 

@@ -1,1 +1,1 @@
-"""Training on Paddle's parameter server: model, roles, per-pass export, tracking, launcher."""
+"""Training on Paddle's parameter server: model, roles, per-pass export, tracking."""

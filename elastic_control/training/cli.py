@@ -1,4 +1,8 @@
-"""`elastic-control train` (a whole local job) and the hidden `elastic-control role` (one role from the environment)."""
+"""`elastic-control train` (a whole local job) and the hidden `elastic-control role` (one role from the environment).
+
+`train` runs the job under the local supervisor (elastic_control/local/train_job.py), the same machine
+`elastic-control -a` uses for the pipeline.
+"""
 
 from __future__ import annotations
 
@@ -129,7 +133,7 @@ def hyperparameter_options(fn):
 
 
 def hyperparameter_args(hyper: Hyperparameters) -> list[str]:
-    """The same settings as `role` flags, for the processes the launcher starts."""
+    """The same settings as `role` flags, for the role processes `train` starts."""
     args: list[str] = []
     for flag, field, _, _ in _OPTIONS:
         value = getattr(hyper, field)
@@ -162,19 +166,22 @@ def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, 
     from elastic_control.config.data_config import load_data_config
     from elastic_control.config.slot_conf import load_slot_conf
     from elastic_control.console import console, done, out
-    from elastic_control.training.launcher import run_local_job
+    from elastic_control.data.window import check_data_window
+    from elastic_control.local.components import training_window
+    from elastic_control.local.train_job import run_training_job
 
     config = load_data_config(datafile)
     slots = load_slot_conf(slot_conf)
     model_path = model_path or MODEL_PATH.get() or config.model_path
     if not model_path:
         raise ConfigError("no MODEL_PATH: pass --model-path, set MODEL_PATH, or add it to data.config")
+    check_data_window(config)  # an offline window without a complete hour would train nothing
     console.print(
         f"training {len(slots.slots)} slots, hours {config.start:%Y%m%d/%H}..{config.end:%Y%m%d/%H} "
         f"with {trainers} trainer(s) and {pservers} pserver(s); passes -> {model_path} "
         f"(logs in {model_path}/logs)"
     )
-    result = run_local_job(
+    result = run_training_job(
         trainers=trainers,
         pservers=pservers,
         data_config=datafile,
@@ -183,6 +190,7 @@ def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, 
         role_args=hyperparameter_args(hyper),
         timeout=timeout,
         on_line=lambda name, line: console.print(line, markup=False, highlight=False),
+        window=training_window(config),
     )
     note = "" if result.pservers_exited_by_themselves else " (pservers had to be stopped)"
     done(f"training finished in {result.seconds:.0f}s; {len(result.passes)} complete pass(es){note}")

@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable
 
 from ctr_foundation.errors import ComponentError
-
-COORDINATOR_PORT_OFFSET = 1
+from ctr_foundation.names import COORDINATOR_PORT_OFFSET  # the local plans reserve that port too
 
 
 def coordinator_endpoint(pserver_endpoints: str) -> tuple[str, int]:

@@ -20,17 +20,15 @@ import numpy as np
 
 from ctr_foundation import pass_format
 from ctr_foundation.atomic import atomic_write_json, staged_directory
+from ctr_foundation.env_vars import TEST_CRASH_EXPORT
 from ctr_foundation.records import GOLDEN_FILE, DonefileEntry, append_donefile, utc_now, write_golden
 from elastic_control.config.data_config import format_hour
 from elastic_control.training.model import SPARSE_ACCESSOR
 
-# Test hook: ELASTIC_CTR_TEST_CRASH_EXPORT=<stage>[:<pass name>] kills the process at that
-# stage of an export (of that pass only), like a machine failure would.
-_CRASH_ENV = "ELASTIC_CTR_TEST_CRASH_EXPORT"
-
 
 def _maybe_crash(stage: str, name: str) -> None:
-    want = os.environ.get(_CRASH_ENV, "")
+    """Test hook ELASTIC_CTR_TEST_CRASH_EXPORT=<stage>[:<pass name>]: exit at that stage, as a machine failure would."""
+    want = TEST_CRASH_EXPORT.get() or ""
     if want in (stage, f"{stage}:{name}"):
         print(f"[test] crashing during the export of {name} at stage {stage!r}", flush=True)
         os._exit(3)

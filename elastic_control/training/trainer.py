@@ -16,8 +16,8 @@ import numpy as np
 from elastic_control.config.data_config import format_hour, parse_hour
 from elastic_control.data.line_batch import LineBatch, concat_batches
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
+from elastic_control.metrics import RecentWindow, auc, log_loss
 from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
-from elastic_control.training.metrics import RecentWindow, auc, log_loss
 from elastic_control.training.settings import RoleSettings
 
 

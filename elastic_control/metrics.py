@@ -1,4 +1,10 @@
-"""Exact, mergeable binary-classification metrics: AUC, log loss, calibration, reliability.
+"""The project's one implementation of binary-classification metrics: AUC, log loss, calibration, reliability.
+
+Exact and mergeable; used by offline evaluation, the promotion gate and shadow
+reports (tables merged across workers), by the trainer (held-out AUC of each
+pass and the progressive-validation window, ``RecentWindow``), by the
+synthetic generator (Bayes-optimal AUC) and by the demo. ``auc`` and
+``log_loss`` are the one-call forms for arrays in memory.
 
 The aggregate is a table of distinct scores with their positive and negative
 counts (``ScoreCounts``). Scores are click probabilities in [0, 1]; the bit
@@ -20,6 +26,7 @@ reliability table then come from float64 running sums (exact up to rounding).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -307,3 +314,49 @@ def summarize(t: ScoreCounts) -> dict:
         "calibration": (sum_pred / n) / observed if P else None,
         "reliability": reliability,
     }
+
+
+# ---- one-call forms and the trainer's running window -------------------------------------------
+
+
+def auc(labels, scores) -> float:
+    """Exact ROC AUC of in-memory arrays, ties counted 1/2 (scikit-learn's ``roc_auc_score``).
+
+    NaN when only one class is present or a score is NaN (a diverged model must not stop a
+    training run through its progress metric); DataError for scores outside [0, 1].
+    """
+    scores = np.asarray(scores, dtype=np.float32).ravel()
+    if np.isnan(scores).any():
+        return float("nan")
+    value, _bound = auc_from_counts(counts_from_arrays(np.asarray(labels).ravel(), scores))
+    return float("nan") if value is None else float(value)
+
+
+def log_loss(labels, probs) -> float:
+    """Mean log loss, predictions clipped as scikit-learn clips float32 input."""
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    lp, lq = _logloss_terms(np.asarray(probs, dtype=np.float64).ravel())
+    return float(np.where(y > 0.5, lp, lq).mean())
+
+
+class RecentWindow:
+    """The last ``size`` (label, prob) pairs, for a running AUC that reflects the current model."""
+
+    def __init__(self, size: int = 100_000):
+        self._labels: deque = deque()
+        self._probs: deque = deque()
+        self._n = 0
+        self.size = size
+
+    def add(self, labels: np.ndarray, probs: np.ndarray) -> None:
+        self._labels.append(np.asarray(labels).ravel())
+        self._probs.append(np.asarray(probs).ravel())
+        self._n += len(self._labels[-1])
+        while self._n - len(self._labels[0]) >= self.size:
+            self._n -= len(self._labels.popleft())
+            self._probs.popleft()
+
+    def auc(self) -> float:
+        if not self._labels:
+            return float("nan")
+        return auc(np.concatenate(self._labels), np.concatenate(self._probs))

@@ -1,0 +1,410 @@
+"""HTTP/1.1 messages for the one HTTP layer: strict request heads, body framing, requests and responses.
+
+Strict on purpose (docs/contracts.md, "HTTP rules"): a request head must use
+CRLF line ends only, hold no NUL or other control bytes, no obsolete line
+folding and no whitespace before a header's colon; a body is framed by
+exactly one ``Content-Length`` (duplicates must agree) or by
+``Transfer-Encoding: chunked`` alone; chunk sizes are plain hex. Everything
+else is a 400 (the connection is then closed: its framing can no longer be
+trusted), so a body can never be read as a second request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import BinaryIO
+from urllib.parse import parse_qsl, unquote_to_bytes
+
+REASONS = {
+    100: "Continue",
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
+    411: "Length Required",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    417: "Expectation Failed",
+    422: "Unprocessable Entity",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
+}
+
+NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# name ":" OWS value OWS; the value holds visible bytes, spaces and tabs (obs-text allowed), nothing else.
+_HEADER_LINE = re.compile(
+    rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)[ \t]*"
+)
+_TARGET = re.compile(rb"/[\x21-\x7e]*")
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk of up to 2^60 - 1 bytes; every limit is far below
+
+
+class HttpError(Exception):
+    """A request the server answers with ``status`` and a JSON ``{"error": message}``.
+
+    ``close``: the connection cannot carry another request (bad framing, or a
+    body left unread). ``headers``: extra response headers (``Allow``, ``WWW-Authenticate``).
+    """
+
+    def __init__(self, status: int, message: str, *, close: bool = False, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.close = close
+        self.headers = headers or {}
+
+    def response(self) -> Response:
+        return Response.error(self.status, self.message, headers=self.headers, close=self.close)
+
+
+@dataclass
+class Request:
+    """One request. ``path`` is percent-decoded (valid UTF-8, no NUL); ``raw_path`` as sent.
+
+    ``body`` holds the whole body for in-memory routes; streaming routes read
+    ``stream`` (a BodyReader) instead and ``body`` stays empty.
+    """
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
+    body: bytes = b""
+    raw_path: str = ""
+    version: str = "HTTP/1.1"
+    keep_alive: bool = True
+    stream: BodyReader | None = None
+    # framing, filled by parse_head
+    content_length: int | None = None
+    chunked: bool = False
+    expect_continue: bool = False
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def json(self, *, max_depth: int | None = None):
+        """The body as JSON through the shared parser (400 on anything that is not plain JSON)."""
+        from ctr_foundation.http_json import DEFAULT_MAX_DEPTH, parse_json
+
+        return parse_json(self.body, max_depth=max_depth or DEFAULT_MAX_DEPTH)
+
+
+@dataclass
+class FileBody:
+    """A response body sent from an open file (``sendfile`` where the loop can), closed when sent."""
+
+    file: BinaryIO
+    offset: int
+    size: int
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes | list | FileBody = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False  # close the connection after this answer
+
+    @classmethod
+    def json(cls, obj, status: int = 200, headers: dict | None = None, *, indent: int | None = None) -> Response:
+        text = json.dumps(obj, indent=indent, default=str) + "\n"
+        return cls(status, text.encode(), "application/json", headers or {})
+
+    @classmethod
+    def error(cls, status: int, message: str, *, headers: dict | None = None, close: bool = False) -> Response:
+        r = cls.json({"error": message}, status, headers)
+        r.close = close
+        return r
+
+    def length(self) -> int:
+        if isinstance(self.body, FileBody):
+            return self.body.size
+        if isinstance(self.body, list):
+            return sum(len(p) for p in self.body)
+        return len(self.body)
+
+    def encode_head(self, keep_alive: bool) -> bytes:
+        head = [
+            f"HTTP/1.1 {self.status} {REASONS.get(self.status, 'Unknown')}",
+            f"Content-Type: {self.content_type}",
+            f"Content-Length: {self.length()}",
+            "Connection: keep-alive" if keep_alive else "Connection: close",
+        ]
+        head += [f"{k}: {v}" for k, v in self.headers.items()]
+        return "\r\n".join(head).encode("latin-1") + b"\r\n\r\n"
+
+    def encode(self, keep_alive: bool, head_only: bool = False) -> list:
+        """Head and body as a list of bytes (not for FileBody, which the protocol streams)."""
+        if head_only:
+            return [self.encode_head(keep_alive)]
+        parts = self.body if isinstance(self.body, list) else [self.body]
+        return [self.encode_head(keep_alive), *parts]
+
+
+class Slot:
+    """The place of one request's answer in its connection's ordered output."""
+
+    __slots__ = ("response", "keep_alive", "head_only")
+
+    def __init__(self, keep_alive: bool, head_only: bool = False):
+        self.response = None  # a Response, or bytes already encoded (cube's fast path)
+        self.keep_alive = keep_alive
+        self.head_only = head_only
+
+
+def parse_head(raw: bytes, *, max_headers: int = 100) -> Request:
+    """Parse a request head (without its final blank line) strictly; raise HttpError (closing) if bad."""
+    if b"\x00" in raw:
+        raise HttpError(400, "NUL byte in the request head", close=True)
+    lines = raw.split(b"\r\n")
+    for line in lines:
+        if b"\n" in line or b"\r" in line:
+            raise HttpError(400, "bare LF or CR in the request head (lines must end with CRLF)", close=True)
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]):
+        raise HttpError(400, f"malformed request line {lines[0][:80]!r}", close=True)
+    method_b, target_b, version_b = parts
+    if version_b not in (b"HTTP/1.1", b"HTTP/1.0"):
+        if re.fullmatch(rb"HTTP/[0-9]\.[0-9]", version_b):  # a 400, not 505: bad input is always a 4xx here
+            raise HttpError(400, f"{version_b.decode()} is not supported; use HTTP/1.1", close=True)
+        raise HttpError(400, f"malformed request line {lines[0][:80]!r}", close=True)
+    if not _TARGET.fullmatch(target_b):
+        raise HttpError(400, f"request target must be a path starting with '/': {target_b[:80]!r}", close=True)
+    if len(lines) - 1 > max_headers:
+        raise HttpError(431, f"more than {max_headers} header lines", close=True)
+    headers: dict[str, str] = {}
+    lengths: list[str] = []
+    encodings = 0
+    for line in lines[1:]:
+        if line[:1] in (b" ", b"\t"):
+            raise HttpError(400, "obsolete line folding in the request head", close=True)
+        m = _HEADER_LINE.fullmatch(line)
+        if m is None:
+            raise HttpError(400, f"malformed header line {line[:80]!r}", close=True)
+        name = m.group(1).decode("ascii").lower()
+        value = m.group(2).decode("latin-1")
+        if name == "content-length":
+            lengths.append(value)
+        elif name == "transfer-encoding":
+            encodings += 1
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    version = version_b.decode("ascii")
+    req = Request(method_b.decode("ascii"), "", {}, headers, version=version)
+    _framing(req, lengths, encodings)
+    conn = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    req.keep_alive = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
+    expect = headers.get("expect")
+    if expect is not None:
+        if expect.lower() != "100-continue":
+            raise HttpError(417, f"Expect: {expect[:40]!r} is not supported", close=True)
+        req.expect_continue = True
+    _target(req, target_b)
+    return req
+
+
+def _framing(req: Request, lengths: list[str], encodings: int) -> None:
+    if encodings:
+        if lengths:
+            raise HttpError(400, "both Content-Length and Transfer-Encoding: send exactly one", close=True)
+        te = req.headers["transfer-encoding"]
+        if encodings > 1 or te.strip().lower() != "chunked":
+            raise HttpError(400, f"Transfer-Encoding {te[:40]!r}: only 'chunked' is supported", close=True)
+        if req.version == "HTTP/1.0":
+            raise HttpError(400, "chunked bodies need HTTP/1.1", close=True)
+        req.chunked = True
+        return
+    if lengths:
+        if not all(_DIGITS.fullmatch(v) for v in lengths):
+            raise HttpError(400, f"bad Content-Length {lengths[0][:40]!r}: expected a non-negative integer", close=True)
+        if len(set(map(int, lengths))) > 1:
+            raise HttpError(400, f"conflicting Content-Length headers {lengths[:3]}", close=True)
+        req.content_length = int(lengths[0])
+
+
+def _target(req: Request, target_b: bytes) -> None:
+    raw_path, _, raw_query = target_b.partition(b"?")
+    req.raw_path = raw_path.decode("ascii")
+    try:
+        path = unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, "the path is not valid UTF-8 (after percent-decoding)") from None
+    if "\x00" in path:
+        raise HttpError(400, "NUL in the path")
+    req.path = path
+    if raw_query:
+        try:
+            pairs = parse_qsl(raw_query.decode("ascii"), keep_blank_values=True, errors="strict")
+        except (UnicodeDecodeError, ValueError):
+            raise HttpError(400, "the query string is not valid UTF-8") from None
+        for k, v in pairs:
+            if "\x00" in k or "\x00" in v:
+                raise HttpError(400, "NUL in the query string")
+            req.query[k] = v
+
+
+class ChunkedDecoder:
+    """Incremental ``Transfer-Encoding: chunked`` decoder with a total size limit.
+
+    ``feed(data, pos)`` consumes from ``data[pos:]`` and returns (new pos,
+    body pieces). Chunk sizes must be plain hex (no sign, no ``0x``, no
+    spaces), every chunk must end with CRLF, trailers are bounded.
+    """
+
+    MAX_LINE = 4096
+    MAX_TRAILERS = 16 * 1024
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.total = 0
+        self.left = 0  # bytes of the current chunk still to come
+        self.state = "size"  # size | data | crlf | trailer | done
+        self.trailer_bytes = 0
+        self.done = False
+
+    def feed(self, data: bytes, pos: int) -> tuple[int, list[bytes]]:
+        pieces: list[bytes] = []
+        n = len(data)
+        while pos < n and not self.done:
+            if self.state == "data":
+                take = min(self.left, n - pos)
+                pieces.append(data[pos : pos + take])
+                pos += take
+                self.left -= take
+                if self.left == 0:
+                    self.state = "crlf"
+                continue
+            if self.state == "crlf":
+                if n - pos < 2:
+                    break
+                if data[pos : pos + 2] != b"\r\n":
+                    raise HttpError(400, "malformed chunked body: a chunk must end with CRLF", close=True)
+                pos += 2
+                self.state = "size"
+                continue
+            eol = data.find(b"\r\n", pos, pos + self.MAX_LINE)
+            if eol < 0:
+                if n - pos >= self.MAX_LINE or b"\n" in data[pos:n]:
+                    raise HttpError(400, "malformed chunked body: bad chunk line", close=True)
+                break
+            line = data[pos:eol]
+            pos = eol + 2
+            if self.state == "trailer":
+                self.trailer_bytes += len(line) + 2
+                if self.trailer_bytes > self.MAX_TRAILERS:
+                    raise HttpError(431, "chunked trailers too large", close=True)
+                if line == b"":
+                    self.done = True
+                elif not _HEADER_LINE.fullmatch(line):
+                    raise HttpError(400, f"malformed chunked trailer {line[:40]!r}", close=True)
+                continue
+            size_b = line.split(b";", 1)[0]
+            if not _HEX.fullmatch(size_b) or (b";" in line and not _valid_extensions(line)):
+                raise HttpError(400, f"malformed chunk size {line[:40]!r}: expected hex digits", close=True)
+            size = int(size_b, 16)
+            if size == 0:
+                self.state = "trailer"
+                continue
+            self.total += size
+            if self.total > self.limit:
+                raise HttpError(413, f"chunked body exceeds the size limit of {self.limit} bytes", close=True)
+            self.left = size
+            self.state = "data"
+        return pos, pieces
+
+
+def _valid_extensions(line: bytes) -> bool:
+    return all(0x20 <= b < 0x7F or b == 0x09 for b in line)
+
+
+class BodyReader:
+    """A streamed request body, read by a handler thread while the event loop receives it.
+
+    ``read(n)`` blocks until bytes arrive; ``b""`` means the body ended
+    (complete); a framing error, a timeout or a vanished client raise from
+    ``read``. Flow control: the loop stops reading the socket while more than
+    ``high`` bytes wait here, and resumes once the reader drained them.
+    """
+
+    def __init__(self, *, high: int, on_drained):
+        self._cond = threading.Condition()
+        self._pieces: deque[bytes] = deque()
+        self._buffered = 0
+        self._high = high
+        self._on_drained = on_drained  # called (from the reader thread) when the buffer fell below high/2
+        self._error: BaseException | None = None
+        self._ended = False
+        self.received = 0
+        self.complete = False  # the whole body was read by the handler
+
+    # ---- loop side
+    def push(self, piece: bytes) -> bool:
+        """Queue a piece; True when the loop should pause reading."""
+        with self._cond:
+            self._pieces.append(piece)
+            self._buffered += len(piece)
+            self.received += len(piece)
+            self._cond.notify()
+            return self._buffered > self._high
+
+    def end(self) -> None:
+        with self._cond:
+            self._ended = True
+            self._cond.notify()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if not self._ended:
+                self._error = error
+            self._cond.notify()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    # ---- handler side
+    def read(self, n: int = -1) -> bytes:
+        with self._cond:
+            while not self._pieces and not self._ended and self._error is None:
+                self._cond.wait()
+            if not self._pieces:
+                if self._error is not None:
+                    raise self._error
+                self.complete = True
+                return b""
+            piece = self._pieces.popleft()
+            if 0 <= n < len(piece):
+                self._pieces.appendleft(piece[n:])
+                piece = piece[:n]
+            before = self._buffered
+            self._buffered -= len(piece)
+            drained = before > self._high // 2 >= self._buffered
+        if drained:
+            self._on_drained()
+        return piece
+
+    def __iter__(self):
+        while True:
+            piece = self.read()
+            if not piece:
+                return
+            yield piece

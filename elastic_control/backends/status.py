@@ -1,0 +1,67 @@
+"""The status document both backends produce: what ``status`` prints and ``status --json`` dumps.
+
+Plain data only (every field is JSON), so the CLI, the demo and scripts read
+the same thing. Component states are the same words on both backends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+STATUS_FORMAT = 1
+
+# Component states.
+RUNNING = "running"  # up and answering its readiness check
+STARTING = "starting"  # started (or waiting for what it depends on), not ready yet
+DEGRADED = "degraded"  # up and answering, but cannot do its job (e.g. serving answers 503)
+HUNG = "hung"  # alive but not answering (SIGSTOPped, deadlocked)
+RESTARTING = "restarting"  # exited; a restart is scheduled
+COMPLETED = "completed"  # a job member that finished its work
+FAILED = "failed"
+STOPPED = "stopped"
+MISSING = "missing"  # planned, but nothing runs (never started, deleted, pod not created, process gone)
+COMPONENT_STATES = (RUNNING, STARTING, DEGRADED, HUNG, RESTARTING, COMPLETED, FAILED, STOPPED, MISSING)
+UNHEALTHY = (DEGRADED, HUNG, FAILED, MISSING)
+
+
+@dataclass
+class ComponentStatus:
+    name: str  # e.g. trainer-0, cube-server-1, serving (a pod or object name on Kubernetes)
+    kind: str  # pserver | trainer | fileserver | mlflow | cube-server | cube-agent | cube-transfer | serving | ...
+    state: str  # one of COMPONENT_STATES
+    detail: str = ""  # why: exit code, what the probe answered, the last log line
+    address: str | None = None  # host:port it answers on, when it listens
+    ready: str | None = None  # Kubernetes: "ready/desired" replicas
+    pid: int | None = None  # local backend: the live process
+    restarts: int = 0
+    version: str | None = None  # the version it serves (cube shards, serving)
+    last_line: str = ""  # the last line of its log (local backend)
+
+
+@dataclass
+class PipelineStatus:
+    """Everything ``status`` shows, probed when it was built."""
+
+    backend: str
+    state_dir: str
+    target: str  # where it runs: "local processes" or the cluster and namespace
+    state: str  # the pipeline as a whole: running | starting | stopped | failed | never started | not running | ...
+    reason: str = ""
+    controller: dict = field(default_factory=dict)  # the supervisor (local) or the cluster (Kubernetes)
+    components: list[ComponentStatus] = field(default_factory=list)
+    # state, attempt, restarts, max_restarts, reason, passes_done, passes_expected, last_pass, last_auc, passes
+    training: dict = field(default_factory=dict)
+    # active, activated_at, shards: [{shard, active, prepared, previous, error}], consistent, rollout (in flight)
+    cube: dict = field(default_factory=dict)
+    # version, cube_version, answers (bool), reason, arms, live (metrics), alerts
+    serving: dict = field(default_factory=dict)
+    rollouts: list[dict] = field(default_factory=list)  # versions served and their freshness
+    alerts: list[str] = field(default_factory=list)  # anything a person should look at
+    probed_at: float | None = None
+    format: int = STATUS_FORMAT
+
+    def component(self, name: str) -> ComponentStatus | None:
+        return next((c for c in self.components if c.name == name), None)
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,183 @@
+"""The Kubernetes options of a plan: what `-r` decided about the cluster, validated once.
+
+Stored in ``plan.json`` under ``kube`` so that ``-a``, ``-l``, ``status`` and
+``delete`` act on exactly what was rendered (the cluster it targets included).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from ctr_foundation.errors import ConfigError, UsageError
+
+ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+MAX_RETRY_RANGE = (0, 10000)
+SERVING_REPLICAS_RANGE = (1, 64)
+DEFAULT_SERVING_REPLICAS = 2
+DEFAULT_MAX_RETRY = 3
+DEFAULT_MAX_RETRY_ONLINE = 100  # an ONLINE job runs for weeks: Volcano's maxRetry counts over its whole life
+# What a pod overlay file may set, merged into every pod the plan renders.
+OVERLAY_KEYS = ("nodeSelector", "tolerations", "affinity", "labels", "annotations", "priorityClassName")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """Cluster-side choices of a plan (everything here is plain JSON)."""
+
+    context: str | None = None  # kubeconfig context; None: the current one (or in-cluster)
+    cluster_server: str | None = None  # the API server that context pointed at when -r ran
+    storage_class: str | None = None  # None: the cluster's default StorageClass
+    shared_access_mode: str = "ReadWriteMany"  # of the claim JOB-shared (training + cube-transfer + eval)
+    serving_replicas: int = DEFAULT_SERVING_REPLICAS
+    max_retry: int = DEFAULT_MAX_RETRY
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    pod_overlay: dict = field(default_factory=dict)  # validated content of --pod-overlay
+    warnings: tuple[str, ...] = ()  # what -r warned about; -a repeats it
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["image_pull_secrets"] = list(self.image_pull_secrets)
+        d["warnings"] = list(self.warnings)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> KubeOptions:
+        d = dict(d or {})
+        d["image_pull_secrets"] = tuple(d.get("image_pull_secrets") or ())
+        d["warnings"] = tuple(d.get("warnings") or ())
+        known = set(cls.__dataclass_fields__)
+        return cls(**{key: value for key, value in d.items() if key in known})
+
+    def with_warnings(self, warnings: list[str]) -> KubeOptions:
+        return replace(self, warnings=tuple(warnings))
+
+
+def pull_policy_for(image: str, requested: str | None = None) -> str:
+    """The pull policy that fits the image reference, unless one is requested.
+
+    A digest (``@sha256:...``) never changes: IfNotPresent. ``:latest`` or no
+    tag is mutable by convention: Always. Other tags (``:0.1.0``) are treated as
+    releases, IfNotPresent, as Kubernetes itself defaults; pass
+    ``--image-pull-policy Always`` for a tag you overwrite.
+    """
+    if requested is not None:
+        if requested not in PULL_POLICIES:
+            raise UsageError(f"--image-pull-policy {requested!r} is not one of {', '.join(PULL_POLICIES)}")
+        return requested
+    if "@" in image:
+        return "IfNotPresent"
+    last = image.rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else ""
+    return "Always" if tag in ("", "latest") else "IfNotPresent"
+
+
+def load_pod_overlay(path: str | Path) -> dict:
+    """The pod overlay file (YAML): nodeSelector, tolerations, affinity, labels, annotations, priorityClassName."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError("file not found (the --pod-overlay file)", path=str(path)) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot read the pod overlay: {first}", path=str(path)) from e
+    return validate_pod_overlay(data, source=str(path))
+
+
+def validate_pod_overlay(data, *, source: str = "pod overlay") -> dict:
+    if not isinstance(data, dict):
+        raise ConfigError(f"must be a mapping of {', '.join(OVERLAY_KEYS)}", path=source)
+    unknown = [key for key in data if key not in OVERLAY_KEYS]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], OVERLAY_KEYS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f" (allowed: {', '.join(OVERLAY_KEYS)})"
+        raise ConfigError(f"unknown key {unknown[0]!r}{hint}", path=source)
+    for key in ("nodeSelector", "labels", "annotations"):
+        value = data.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f"{key} must map names to strings", path=source)
+        for name in value:
+            if not isinstance(name, str) or not _LABEL_KEY.fullmatch(name):
+                raise ConfigError(f"{key}: {name!r} is not a valid label/annotation key", path=source)
+    for name in data.get("annotations", {}):
+        if name.startswith("elastic-ctr/"):
+            raise ConfigError(f"annotations: {name!r} is set by elastic-control itself; pick another key", path=source)
+    for name, value in data.get("labels", {}).items():
+        if name.startswith(("app.kubernetes.io/", "volcano.sh/", "elastic-ctr/")):
+            raise ConfigError(
+                f"labels: {name!r} is set by elastic-control itself (selectors depend on it); pick another key",
+                path=source,
+            )
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            raise ConfigError(f"labels: value {value!r} of {name!r} is not a valid label value", path=source)
+    tolerations = data.get("tolerations", [])
+    if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
+        raise ConfigError("tolerations must be a list of mappings (key, operator, value, effect)", path=source)
+    if "affinity" in data and not isinstance(data["affinity"], dict):
+        raise ConfigError("affinity must be a mapping (nodeAffinity, podAffinity, podAntiAffinity)", path=source)
+    if "priorityClassName" in data and not (
+        isinstance(data["priorityClassName"], str) and _DNS_SUBDOMAIN.fullmatch(data["priorityClassName"])
+    ):
+        raise ConfigError("priorityClassName must be a PriorityClass name", path=source)
+    return data
+
+
+def validate_storage(storage_class: str | None, access_mode: str) -> None:
+    if storage_class is not None and not (_DNS_SUBDOMAIN.fullmatch(storage_class) and len(storage_class) <= 253):
+        raise UsageError(
+            f"--storage-class {storage_class!r} is not a StorageClass name (see `kubectl get storageclass`)"
+        )
+    if access_mode not in ACCESS_MODES:
+        raise UsageError(f"--access-mode {access_mode!r} is not one of {', '.join(ACCESS_MODES)}")
+
+
+def check_range(flag: str, value: int, bounds: tuple[int, int]) -> None:
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        raise UsageError(f"{flag} {value} is out of range ({lo}-{hi})")
+
+
+def build_kube_options(
+    *,
+    image: str,
+    online: bool,
+    target=None,
+    storage_class: str | None = None,
+    access_mode: str = "ReadWriteMany",
+    serving_replicas: int | None = None,
+    max_retry: int | None = None,
+    image_pull_policy: str | None = None,
+    image_pull_secrets: tuple[str, ...] | list[str] = (),
+    pod_overlay: str | None = None,
+) -> KubeOptions:
+    """Validate the flags; ``target`` is the cluster (elastic_control.kube.target.Target) the plan is for."""
+    validate_storage(storage_class, access_mode)
+    replicas = DEFAULT_SERVING_REPLICAS if serving_replicas is None else serving_replicas
+    check_range("--serving-replicas", replicas, SERVING_REPLICAS_RANGE)
+    retry = (DEFAULT_MAX_RETRY_ONLINE if online else DEFAULT_MAX_RETRY) if max_retry is None else max_retry
+    check_range("--max-retry", retry, MAX_RETRY_RANGE)
+    for secret in image_pull_secrets:
+        if not (_DNS_SUBDOMAIN.fullmatch(secret) and len(secret) <= 253):
+            raise UsageError(f"--image-pull-secret {secret!r} is not a Secret name")
+    return KubeOptions(
+        context=target.context if target else None,
+        cluster_server=target.server if target else None,
+        storage_class=storage_class,
+        shared_access_mode=access_mode,
+        serving_replicas=replicas,
+        max_retry=retry,
+        image_pull_policy=pull_policy_for(image, image_pull_policy),
+        image_pull_secrets=tuple(image_pull_secrets),
+        pod_overlay=load_pod_overlay(pod_overlay) if pod_overlay else {},
+    )

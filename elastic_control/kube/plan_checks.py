@@ -1,0 +1,85 @@
+"""What `-r` checks about a plan meant for Kubernetes: options, the target cluster, paths pods can reach.
+
+Everything here runs before anything is written; problems a user must fix are
+UsageErrors, things that would fail later on the cluster are warnings that name
+the fix (printed by -r, kept in the plan and repeated by -a).
+"""
+
+from __future__ import annotations
+
+from ctr_foundation.errors import ClusterUnavailableError
+from elastic_control.config import DataConfig
+from elastic_control.kube import constants as k
+from elastic_control.kube.options import KubeOptions, build_kube_options
+from elastic_control.kube.target import Target, resolve_target
+
+REMOTE_SCHEMES = ("hdfs", "viewfs", "s3", "s3a", "gs", "gcs", "abfs", "az", "http", "https")
+HDFS_SCHEMES = ("hdfs", "viewfs")
+
+
+def dataset_root(data_cfg: DataConfig, hdfs_address: str) -> str:
+    if hdfs_address:
+        return hdfs_address.rstrip("/") + "/" + data_cfg.dataset_path.lstrip("/")
+    return data_cfg.dataset_path
+
+
+def path_warnings(data_cfg: DataConfig, *, hdfs_address: str, job_name: str) -> list[str]:
+    """Why pods would not find the data, and how to fix it (empty when they will)."""
+    root = dataset_root(data_cfg, hdfs_address)
+    scheme = root.split("://", 1)[0].lower() if "://" in root else ""
+    if scheme in HDFS_SCHEMES:
+        return [
+            f"DATASET_PATH {root} is on HDFS: the pods' image needs a Java runtime and libhdfs for it "
+            "(build it with `docker build --build-arg HADOOP_VERSION=3.3.6 ...`, see the Dockerfile)"
+        ]
+    if scheme and scheme != "file":
+        return []  # s3:// (s3fs is in the image), gs:// ...: reachable with the right credentials
+    path = root[len("file://") :] if scheme == "file" else root
+    if path.startswith(k.SHARED_MOUNT.rstrip("/") + "/"):
+        return []
+    return [
+        f"DATASET_PATH {root} is a path on this machine, which pods cannot read: put the hours on HDFS or S3 "
+        f"(DATASET_PATH=hdfs://... or s3://...), or copy them onto the claim {job_name}-shared and set DATASET_PATH "
+        f"under {k.SHARED_MOUNT}/ (e.g. {k.SHARED_MOUNT}/data); then run -r again"
+    ]
+
+
+def image_warnings(image: str, default_image: str) -> list[str]:
+    if image != default_image:
+        return []
+    return [
+        f"the default image {default_image} exists only where it was built: build it (`docker build -t "
+        f"REGISTRY/{default_image} .`), push it where the nodes pull from and pass --image REGISTRY/{default_image} "
+        f"(on kind: `kind load docker-image {default_image}`)"
+    ]
+
+
+def kube_plan_options(
+    *,
+    backend: str,
+    data_cfg: DataConfig,
+    hdfs_address: str,
+    image: str,
+    default_image: str,
+    job_name: str,
+    **flags,
+) -> tuple[KubeOptions, str | None]:
+    """Validated KubeOptions (with warnings when the plan is for Kubernetes) and the context's namespace."""
+    context = flags.pop("context", None)
+    try:
+        target = resolve_target(context)
+    except ClusterUnavailableError:
+        # An unreadable kubeconfig matters only when the plan targets a cluster.
+        if backend == "k8s" or context:
+            raise
+        target = Target(None, None, None)
+    options = build_kube_options(image=image, online=data_cfg.online, target=target, **flags)
+    warnings: list[str] = []
+    if backend == "k8s":
+        warnings += path_warnings(data_cfg, hdfs_address=hdfs_address, job_name=job_name)
+        warnings += image_warnings(image, default_image)
+    return options.with_warnings(warnings), target.namespace
+
+
+def describe_target(options: KubeOptions) -> str:
+    return Target(options.context, options.cluster_server, None).describe()

@@ -1,0 +1,93 @@
+"""Suite-wide fixtures and markers.
+
+Passes: the session fixtures below train with the product trainer
+(`elastic-control train`, see helpers_passes.py), once per test run, and the
+cube, serving and evaluation tests share them. They are read-only: a test that
+changes passes works on ``world.copy_models(tmp_path / ...)``.
+
+Environment markers: a test that needs something the machine may lack says so
+with one of the markers in ENVIRONMENT (``@pytest.mark.needs_root``, ...); it
+is skipped, with the reason, where the need is not met. These are the only
+skips: a product failure (an import error, a process that does not come up)
+fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from helpers_common import CRITEO_FILE, REPO
+
+VOLCANO_SCHEMAS = REPO.parent / "shared" / "schemas" / "volcano"
+
+# marker -> (is the need unmet?, reason shown by -ra)
+ENVIRONMENT = {
+    "needs_criteo": (
+        lambda: not CRITEO_FILE.exists(),
+        f"the real Criteo lines are not at {CRITEO_FILE} (the shared data folder beside the repo)",
+    ),
+    "needs_root": (lambda: os.geteuid() != 0, "needs root (network namespaces, veth pairs, unshare -m)"),
+    "needs_redis": (
+        lambda: shutil.which("redis-server") is None,
+        "redis-server is not installed (scripts/setup.sh installs it when run as root)",
+    ),
+    "needs_venv": (
+        lambda: not (REPO / ".venv" / "bin" / "elastic-control").exists(),
+        "the project's .venv is not set up (bash scripts/setup.sh)",
+    ),
+    "needs_ruff": (
+        lambda: not Path(sys.executable).with_name("ruff").exists(),
+        "ruff is installed by scripts/setup.sh (requirements-dev.txt)",
+    ),
+    "needs_volcano_schemas": (
+        lambda: not VOLCANO_SCHEMAS.is_dir(),
+        f"the real Volcano CRD schemas are not at {VOLCANO_SCHEMAS} (the shared schemas folder)",
+    ),
+}
+
+
+def pytest_configure(config):
+    for name, (_, reason) in ENVIRONMENT.items():
+        config.addinivalue_line("markers", f"{name}: skipped unless met ({reason})")
+
+
+def pytest_collection_modifyitems(config, items):
+    unmet = {name: reason for name, (check, reason) in ENVIRONMENT.items() if check()}
+    for item in items:
+        for name, reason in unmet.items():
+            if item.get_closest_marker(name):
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# ---- passes written by the product trainer ------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def synth_world(tmp_path_factory):
+    """Synthetic data (`elastic-control data synth`, 4 hours) and two consecutive passes trained on its first
+    two hours by `elastic-control train`; the last two hours are held out."""
+    import helpers_passes
+
+    return helpers_passes.session_synth_world(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def shuffled_world(tmp_path_factory, synth_world):
+    """One pass trained by `elastic-control train` on the synthetic first hour with its clicks shuffled."""
+    import helpers_passes
+
+    return helpers_passes.shuffled_label_world(tmp_path_factory.mktemp("shuffled-world"), synth_world)
+
+
+@pytest.fixture(scope="session")
+def criteo_world(tmp_path_factory):
+    """One pass trained by `elastic-control train` on real Criteo lines (39 slots) with SPARSE_DIM.
+
+    Tests using it carry ``needs_criteo``."""
+    import helpers_passes
+
+    return helpers_passes.criteo_world(tmp_path_factory.mktemp("criteo-world"))

@@ -1,0 +1,111 @@
+"""Becomes one container: run as root as PID 1 of fresh mount, UTS and PID namespaces in the pod's
+network namespace (``ip netns exec NS unshare -m -u -p -f --mount-proc ...``), then exec's the
+container's command as the container's user.
+
+``python container_entry.py SPEC.json`` (start a container) or ``--exec SPEC.json`` (run a
+command, e.g. a preStop hook, inside a running container entered with nsenter: only the
+privilege drop). SPEC (written by the harness):
+
+    {"hostname", "hosts_file", "resolv_file", "passwd_line", "group_line", "scratch", "expose",
+     "mounts": [{"source", "target", "read_only"}], "uid", "gid", "groups", "no_new_privs",
+     "drop_all_caps", "env": {...}, "argv": [...], "cwd"}
+
+Mount points that do not exist on the host (``/etc/elastic-ctr``, ``/var/lib/mlflow``...) are
+made inside an overlay of their nearest existing parent, private to this container, so the
+host's file system is never changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+
+def mount(*args: str) -> None:
+    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"container_entry: mount {' '.join(args)} failed: {proc.stderr.strip()}")
+
+
+def existing_ancestor(path: str) -> str:
+    while not os.path.lexists(path):
+        path = os.path.dirname(path.rstrip("/")) or "/"
+    return path
+
+
+def overlay(parent: str, scratch: str) -> None:
+    key = parent.strip("/").replace("/", "_")
+    upper, work = f"{scratch}/overlay/{key}/upper", f"{scratch}/overlay/{key}/work"
+    os.makedirs(upper, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    mount("-t", "overlay", "overlay", "-o", f"lowerdir={parent},upperdir={upper},workdir={work}", parent)
+
+
+def prepare_mount_points(targets: list[str], scratch: str) -> None:
+    """Overlay /etc (the image's user is added to passwd) and the nearest existing parent of every
+    missing mount point, then create the mount points inside the overlays."""
+    overlay("/etc", scratch)
+    overlaid = {"/etc"}
+    for target in sorted(targets):
+        if os.path.lexists(target):
+            continue
+        parent = existing_ancestor(os.path.dirname(target.rstrip("/")))
+        if parent == "/":
+            raise SystemExit(f"container_entry: cannot create {target}: its only existing parent is /")
+        if not any(parent == o or parent.startswith(o + "/") for o in overlaid):
+            overlay(parent, scratch)
+            overlaid.add(parent)
+        os.makedirs(target, exist_ok=True)
+
+
+def expose(items: list[dict], scratch: str) -> None:
+    """Cover ``hide`` with an empty tmpfs that holds only ``keep`` (the interpreter's install)."""
+    for i, item in enumerate(items):
+        stash = f"{scratch}/expose-{i}"
+        os.makedirs(stash, exist_ok=True)
+        mount("--bind", item["keep"], stash)
+        mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", item["hide"])
+        os.makedirs(item["keep"], exist_ok=True)
+        mount("--move", stash, item["keep"])
+
+
+def become_container(spec: dict) -> None:
+    expose(spec.get("expose", []), spec["scratch"])
+    prepare_mount_points([m["target"] for m in spec["mounts"]], spec["scratch"])
+    for path, line in (("/etc/passwd", spec.get("passwd_line")), ("/etc/group", spec.get("group_line"))):
+        if line:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+    mount("--bind", spec["hosts_file"], "/etc/hosts")
+    mount("--bind", spec["resolv_file"], "/etc/resolv.conf")
+    for m in spec["mounts"]:
+        mount("--bind", m["source"], m["target"])
+        if m.get("read_only"):
+            mount("-o", "remount,bind,ro", m["target"])
+    socket.sethostname(spec["hostname"])
+    drop_and_exec(spec)
+
+
+def drop_and_exec(spec: dict) -> None:
+    argv = ["setpriv", f"--reuid={spec['uid']}", f"--regid={spec['gid']}"]
+    groups = [str(g) for g in spec.get("groups", [])]
+    argv += [f"--groups={','.join(groups)}"] if groups else ["--clear-groups"]
+    if spec.get("no_new_privs"):
+        argv.append("--no-new-privs")
+    if spec.get("drop_all_caps"):
+        argv += ["--inh-caps=-all", "--bounding-set=-all"]
+    os.chdir(spec.get("cwd") or "/")
+    os.execvpe("setpriv", argv + ["--", *spec["argv"]], spec["env"])
+
+
+if __name__ == "__main__":
+    exec_only = sys.argv[1] == "--exec"
+    with open(sys.argv[-1]) as f:
+        loaded = json.load(f)
+    if exec_only:
+        drop_and_exec(loaded)
+    else:
+        become_container(loaded)

@@ -1,0 +1,260 @@
+"""The node of the pod harness: Service proxy (kube-proxy) and prober (the kubelet's), in one process.
+
+Runs in the node namespace (``python node_agent.py STATE STATUS``). The harness
+writes STATE (JSON, replaced atomically) with the Services and the pods;
+this process:
+
+- listens on every Service's cluster IP and port and forwards each accepted
+  connection to one endpoint, round-robin: a pod the Service selects that is
+  ready and not terminating; when there is none, a terminating pod that is still
+  ready ("serving"), as kube-proxy does since Kubernetes 1.28 (KEP-1669); with
+  ``publishNotReadyAddresses``: any pod that runs. On the Service port's
+  ``targetPort`` (a number, or a container port's name). No endpoint: the
+  connection is closed at once.
+  Connections are forwarded whole (as kube-proxy's conntrack entries are), so an
+  open keep-alive connection stays with its pod; new ones follow readiness.
+- runs every container's readiness, liveness and startup probes (httpGet and
+  tcpSocket, with their initialDelay, period, timeout and thresholds) from
+  here, against the pod IP, as the kubelet does from the node;
+- writes STATUS (JSON, atomically) with each container's probe results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import sys
+import time
+
+
+def container_ready(container: dict, status: dict | None) -> bool:
+    """A running container is ready when its readiness probe (if any) last succeeded."""
+    if not container.get("running"):
+        return False
+    if not container.get("readinessProbe"):
+        startup = status or {}
+        return not container.get("startupProbe") or startup.get("started", False)
+    return bool(status and status.get("generation") == container["generation"] and status.get("ready"))
+
+
+def pod_ready(pod: dict, statuses: dict) -> bool:
+    """Ready: every container ready, the pod not terminating (what Endpoints and `-a` count)."""
+    if pod.get("terminating") or not pod.get("containers"):
+        return False
+    mine = statuses.get(pod["name"], {})
+    return all(container_ready(c, mine.get(c["name"])) for c in pod["containers"])
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
+
+
+class NodeAgent:
+    def __init__(self, state_path: str, status_path: str):
+        self.state_path, self.status_path = state_path, status_path
+        self.state: dict = {"services": [], "pods": []}
+        self.statuses: dict[str, dict[str, dict]] = {}  # pod -> container -> probe results
+        self.listeners: dict[tuple[str, int], asyncio.AbstractServer] = {}
+        self.probers: dict[tuple[str, str, int], asyncio.Task] = {}
+        self.rr = itertools.count()
+        self._mtime = 0.0
+
+    # ---- state -------------------------------------------------------------------------------------
+    def load_state(self) -> bool:
+        try:
+            mtime = os.stat(self.state_path).st_mtime_ns
+        except FileNotFoundError:
+            return False
+        if mtime == self._mtime:
+            return False
+        with open(self.state_path) as f:
+            self.state = json.load(f)
+        self._mtime = mtime
+        return True
+
+    def write_status(self) -> None:
+        tmp = f"{self.status_path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"time": time.time(), "pods": self.statuses}, f)
+        os.replace(tmp, self.status_path)
+
+    # ---- proxy -------------------------------------------------------------------------------------
+    def endpoints(self, service: dict, port: dict) -> list[tuple[str, int]]:
+        ready, serving_terminating = [], []
+        for pod in self.state["pods"]:
+            if not selects(service["selector"], pod["labels"]) or not pod.get("ip"):
+                continue
+            target = port["targetPort"]
+            if isinstance(target, str) and not target.isdigit():
+                target = pod["ports"].get(target)
+                if target is None:
+                    continue
+            address = (pod["ip"], int(target))
+            if service.get("publishNotReadyAddresses"):
+                if any(c.get("running") for c in pod["containers"]):
+                    ready.append(address)
+            elif pod_ready(pod, self.statuses):
+                ready.append(address)
+            elif pod.get("terminating") and pod_ready({**pod, "terminating": False}, self.statuses):
+                serving_terminating.append(address)
+        return ready or serving_terminating
+
+    async def sync_listeners(self) -> None:
+        wanted = {}
+        for service in self.state["services"]:
+            if not service.get("ip"):
+                continue
+            for port in service["ports"]:
+                wanted[(service["ip"], port["port"])] = (service["name"], port["port"])
+        for key in list(self.listeners):
+            if key not in wanted:
+                self.listeners.pop(key).close()
+        for key, (name, port) in wanted.items():
+            if key in self.listeners:
+                continue
+
+            async def handle(reader, writer, name=name, port=port):
+                await self.forward(name, port, reader, writer)
+
+            self.listeners[key] = await asyncio.start_server(handle, key[0], key[1], reuse_address=True)
+
+    async def forward(self, service_name: str, port_number: int, reader, writer) -> None:
+        service = next((s for s in self.state["services"] if s["name"] == service_name), None)
+        port = next((p for p in (service or {}).get("ports", []) if p["port"] == port_number), None)
+        candidates = self.endpoints(service, port) if service and port else []
+        if not candidates:
+            writer.transport.abort()  # as kube-proxy rejects a Service without endpoints
+            return
+        start = next(self.rr)
+        for attempt in range(len(candidates)):
+            ip, target = candidates[(start + attempt) % len(candidates)]
+            try:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(ip, target), 3)
+                break
+            except (OSError, asyncio.TimeoutError):
+                continue
+        else:
+            writer.transport.abort()
+            return
+
+        async def pipe(src, dst):
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                try:
+                    if dst.can_write_eof():
+                        dst.write_eof()
+                except OSError:
+                    pass
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        for w in (writer, up_writer):
+            w.close()
+
+    # ---- probes ------------------------------------------------------------------------------------
+    async def probe_once(self, pod: dict, container: dict, probe: dict) -> bool:
+        timeout = float(probe.get("timeoutSeconds", 1))
+        if "httpGet" in probe:
+            spec = probe["httpGet"]
+            port = spec["port"]
+            if isinstance(port, str) and not port.isdigit():
+                port = pod["ports"][port]
+            headers = "".join(f"{h['name']}: {h['value']}\r\n" for h in spec.get("httpHeaders", []))
+            request = (
+                f"GET {spec.get('path', '/')} HTTP/1.1\r\nHost: {pod['ip']}:{port}\r\n"
+                f"User-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n{headers}\r\n"
+            ).encode()
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(pod["ip"], int(port)), timeout)
+                writer.write(request)
+                line = await asyncio.wait_for(reader.readline(), timeout)
+                writer.close()
+                code = int(line.split()[1])
+                return 200 <= code < 400
+            except (OSError, asyncio.TimeoutError, ValueError, IndexError):
+                return False
+        if "tcpSocket" in probe:
+            port = probe["tcpSocket"]["port"]
+            if isinstance(port, str) and not port.isdigit():
+                port = pod["ports"][port]
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(pod["ip"], int(port)), timeout)
+                writer.close()
+                return True
+            except (OSError, asyncio.TimeoutError):
+                return False
+        raise ValueError(f"the harness runs httpGet and tcpSocket probes only, not {sorted(probe)}")
+
+    async def run_probes(self, pod: dict, container: dict) -> None:
+        """One container generation's probes, as the kubelet runs them, until it stops running."""
+        status = {"generation": container["generation"], "ready": False, "started": False, "live_failures": 0}
+        self.statuses.setdefault(pod["name"], {})[container["name"]] = status
+        startup, readiness, liveness = (container.get(k) for k in ("startupProbe", "readinessProbe", "livenessProbe"))
+        began = time.monotonic()
+        counts = {"startup": [0, 0], "readiness": [0, 0], "liveness": [0, 0]}  # [successes, failures] in a row
+        last = {"startup": 0.0, "readiness": 0.0, "liveness": 0.0}
+        status["started"] = startup is None
+        while True:
+            now = time.monotonic()
+            for kind, probe in (("startup", startup), ("readiness", readiness), ("liveness", liveness)):
+                if probe is None or (kind == "startup") == status["started"]:
+                    continue  # the startup probe runs until it succeeds, the other two only after
+                if now - began < float(probe.get("initialDelaySeconds", 0)):
+                    continue
+                if now - last[kind] < float(probe.get("periodSeconds", 10)):
+                    continue
+                last[kind] = now
+                ok = await self.probe_once(pod, container, probe)
+                row = counts[kind]
+                row[0], row[1] = (row[0] + 1, 0) if ok else (0, row[1] + 1)
+                if kind == "startup":
+                    if row[0] >= int(probe.get("successThreshold", 1)):
+                        status["started"] = True
+                    elif row[1] >= int(probe.get("failureThreshold", 3)):
+                        status["startup_failed"] = True
+                elif kind == "readiness":
+                    if row[0] >= int(probe.get("successThreshold", 1)):
+                        status["ready"] = True
+                    elif row[1] >= int(probe.get("failureThreshold", 3)):
+                        status["ready"] = False
+                else:
+                    status["live_failures"] = row[1]
+                    if row[1] >= int(probe.get("failureThreshold", 3)):
+                        status["liveness_failed"] = True
+            await asyncio.sleep(0.1)
+
+    def sync_probers(self) -> None:
+        wanted = set()
+        for pod in self.state["pods"]:
+            for container in pod["containers"]:
+                if not container.get("running") or not pod.get("ip"):
+                    continue
+                key = (pod["name"], container["name"], container["generation"])
+                wanted.add(key)
+                if key not in self.probers:
+                    self.probers[key] = asyncio.ensure_future(self.run_probes(pod, container))
+        for key in list(self.probers):
+            if key not in wanted:
+                self.probers.pop(key).cancel()
+        live_pods = {p["name"] for p in self.state["pods"]}
+        for name in list(self.statuses):
+            if name not in live_pods:
+                del self.statuses[name]
+
+    async def main(self) -> None:
+        while True:
+            if self.load_state():
+                await self.sync_listeners()
+                self.sync_probers()
+            self.write_status()
+            await asyncio.sleep(0.1)
+
+
+if __name__ == "__main__":
+    asyncio.run(NodeAgent(sys.argv[1], sys.argv[2]).main())

@@ -1,0 +1,272 @@
+"""The rendered manifests, run as pods (tests/pod_harness): the whole pipeline, then pods killed.
+
+`elastic-control -r --backend k8s` renders a small plan (1 pserver, 1 trainer,
+2 cube shards, 2 serving replicas); the harness runs those documents alone as a
+one-node cluster would: every pod in its own network namespace and IP, Service
+names and the Volcano job's `JOB-TASK-I.JOB` names in its hosts file, Services on
+cluster IPs forwarding to ready pods, probes, Secrets and ConfigMaps, claims,
+Pod Security "restricted". Nothing else is started or configured: training reads
+the data from the claim, logs to MLflow under its Service name, cube-transfer
+rolls the pass out, serving loads it, and a client pod predicts through the
+serving Service. Then a cube shard pod and a serving pod are deleted while a
+client predicts without retries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pod_harness.network import missing_requirements
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+SKIP = missing_requirements()
+if SKIP:
+    pytest.skip(SKIP, allow_module_level=True)
+
+from pod_harness.cluster import Cluster, copy_into_claim  # noqa: E402
+
+JOB = "elastic-ctr"
+SLOTS = list(range(1, 9))
+HOURS, LINES_PER_HOUR = 2, 1500
+UGI = "trainer,not-in-any-configmap-7f3a"
+LOAD_CLIENT = str(Path(__file__).resolve().parent / "pod_harness" / "load_client.py")
+
+
+def cli(*args: str, env=None, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {
+        k: v
+        for k, v in (env or os.environ).items()
+        if not k.startswith(("KUBECONFIG", "ELASTIC_CTR_")) or k == "ELASTIC_CTR_TEMPLATE_DIR"
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastic_control", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    work = tmp_path_factory.mktemp("pods")
+    (work / "slot.conf").write_text("".join(f"{s}\n" for s in SLOTS))
+    cli("data", "synth", "--output", str(work / "data"), "--hours", str(HOURS), "--lines-per-hour",
+        str(LINES_PER_HOUR), "--seed", "3", "-s", str(work / "slot.conf"))  # fmt: skip
+    (work / "data.config").write_text(
+        'export HDFS_ADDRESS=""\n'
+        f'export HDFS_UGI="{UGI}"\n'
+        "export START_DATE_HR=20191221/00\n"
+        f"export END_DATE_HR=20191221/{HOURS - 1:02d}\n"
+        'export DATASET_PATH="/var/lib/elastic-ctr/data"\n'
+    )
+    state = work / "state"
+    render = cli("-r", "--backend", "k8s", "-u", "1", "-m", "1", "-t", "1", "-p", "1", "-b", "2",
+                 "--serving-replicas", "2", "-s", str(work / "slot.conf"), "-f", str(work / "data.config"),
+                 "--state-dir", str(state))  # fmt: skip
+    assert "DATASET_PATH" not in render.stderr  # on the claim: no reachability warning
+    harness = Cluster.from_manifests(state / "manifests", work / "cluster")
+    copy_into_claim(harness, f"{JOB}-shared", work / "data", "data")
+    with harness:
+        harness.work = work
+        harness.state = state
+        yield harness
+
+
+def render_small(work: Path, data_config_text: str) -> Path:
+    (work / "slot.conf").write_text("".join(f"{s}\n" for s in SLOTS))
+    (work / "data.config").write_text(data_config_text)
+    cli("-r", "--backend", "k8s", "-u", "1", "-m", "1", "-t", "1", "-p", "1", "-b", "2", "--serving-replicas", "2",
+        "-s", str(work / "slot.conf"), "-f", str(work / "data.config"), "--state-dir", str(work / "state"))  # fmt: skip
+    return work / "state" / "manifests"
+
+
+def test_a_configuration_error_aborts_the_training_job_at_once(tmp_path):
+    """Exit code 2 (a usage or configuration error) matches the job's first policy: AbortJob, no restart."""
+    manifests = render_small(
+        tmp_path,
+        "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n"
+        'export DATASET_PATH="/var/lib/elastic-ctr/data"\n',
+    )
+    import yaml
+
+    docs = [d for p in sorted(manifests.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    keep = [d for d in docs if d["kind"] in ("ConfigMap", "Secret") or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
+    configmap = next(d for d in keep if d["kind"] == "ConfigMap")
+    # The ConfigMap edited behind the plan's back (kubectl edit): every training pod's data.config is now bad.
+    configmap["data"]["data.config"] = configmap["data"]["data.config"].replace("20191221/01", "2019-12-21 01h")
+    started = time.monotonic()
+    with Cluster(keep, tmp_path / "cluster") as harness:
+        job = harness.jobs[JOB]
+        harness.wait(lambda: job.phase in ("Aborted", "Failed", "Completed"), timeout=180, what="the job ended")
+        assert job.phase == "Aborted" and job.retry_count == 0, job.events
+        assert any("(exit code 2): AbortJob" in e for e in job.events), job.events
+        logs = "".join(harness.log(p) for p in job.pods.values())
+        assert "END_DATE_HR='2019-12-21 01h' is not a date and hour" in logs
+    assert time.monotonic() - started < 120
+
+
+def ready(cluster, component: str, count: int = 1) -> bool:
+    pods = [p for p in cluster.component(component) if not p.terminating]
+    return len(pods) >= count and all(cluster.is_ready(p) for p in pods)
+
+
+def active_version(cluster) -> str | None:
+    current = cluster.claim_dir(f"{JOB}-fileserver") / "cube" / "current.json"
+    return json.loads(current.read_text())["version"] if current.exists() else None
+
+
+def test_pipeline_runs_from_the_rendered_manifests_alone(cluster):
+    job = cluster.jobs[JOB]
+    cluster.wait(lambda: job.phase in ("Completed", "Failed", "Aborted"), timeout=480, what="training job finished")
+    assert job.phase == "Completed", cluster.describe()
+    assert job.retry_count == 0, job.events
+    models = cluster.claim_dir(f"{JOB}-shared") / "models"
+    passes = [json.loads(line)["pass"] for line in (models / "donefile").read_text().splitlines() if line.strip()]
+    assert passes == ["pass-20191221-00", "pass-20191221-01"]
+
+    # The pass rolls out through cube; both serving replicas load it and become ready.
+    cluster.wait(lambda: active_version(cluster) == passes[-1], timeout=240, what="cube rollout of the last pass")
+    cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=180, what="ready")
+
+    # A client pod predicts the pass's golden lines through the serving Service name.
+    golden = [json.loads(line) for line in (models / passes[-1] / "golden.jsonl").read_text().splitlines()][:200]
+    inbox = cluster.work / "inbox"
+    inbox.mkdir(exist_ok=True)
+    (inbox / "lines.txt").write_text("".join(g["line"] + "\n" for g in golden))
+    os.chmod(inbox, 0o755)
+    mount = [{"source": str(inbox), "target": "/var/lib/inbox", "read_only": True}]
+    out = cluster.run(
+        [
+            "elastic-control",
+            "predict",
+            "--serving",
+            f"http://{JOB}-serving:8010",
+            "--retry-for",
+            "0",
+            "/var/lib/inbox/lines.txt",
+        ],  # fmt: skip
+        mounts=mount,
+    )
+    assert out.returncode == 0, out.stderr + cluster.describe()
+    served = [float(x) for x in out.stdout.split()]
+    assert len(served) == len(golden)
+    assert max(abs(s - g["prob"]) for s, g in zip(served, golden, strict=True)) < 1e-5
+
+    # MLflow: the training run and a model version per pass, asked under the Service's name.
+    query = (
+        "import json; from mlflow.tracking import MlflowClient\n"
+        f"c = MlflowClient('http://{JOB}-mlflow:8111')\n"
+        "exp = c.get_experiment_by_name('elastic-ctr')\n"
+        "runs = c.search_runs([exp.experiment_id])\n"
+        "versions = c.search_model_versions(\"name='elastic-ctr'\")\n"
+        "print(json.dumps({'runs': [r.info.run_name for r in runs], 'metrics': sorted(runs[0].data.metrics),"
+        " 'versions': sorted(v.tags.get('pass') for v in versions)}))\n"
+    )
+    mlflow = cluster.run(["python", "-c", query])
+    assert mlflow.returncode == 0, mlflow.stderr
+    tracked = json.loads(mlflow.stdout.strip().splitlines()[-1])
+    assert any(name.startswith("train-") for name in tracked["runs"])
+    assert "pass_auc" in tracked["metrics"] and tracked["versions"] == passes
+
+
+def test_credentials_stay_in_secrets(cluster):
+    configmap = cluster.config_maps[f"{JOB}-config"]
+    assert UGI not in json.dumps(configmap) and 'HDFS_UGI="${HDFS_UGI:-}"' in configmap["data.config"]
+    files = cluster.claim_dir(f"{JOB}-fileserver")
+    assert (files / "config" / "data.config").exists()
+    assert [p for p in files.rglob("*") if p.is_file() and UGI.encode() in p.read_bytes()] == []
+    assert cluster.secrets[f"{JOB}-credentials"] == {"HDFS_UGI": UGI}
+    # The trainer's container got it from the Secret: its reference in the manifest, its value in the process.
+    template = cluster.jobs[JOB].spec["tasks"][1]["template"]
+    ref = {"name": "HDFS_UGI", "valueFrom": {"secretKeyRef": {"name": f"{JOB}-credentials", "key": "HDFS_UGI"}}}
+    assert ref in template["spec"]["containers"][0]["env"]
+    trainer = next(p for p in cluster.jobs[JOB].pods.values() if p.task == "trainer")
+    started = json.loads(next(trainer.dir.glob("trainer.spec-*.json")).read_text())
+    assert started["env"]["HDFS_UGI"] == UGI
+
+
+def test_every_container_ran_as_restricted_pod_security_allows(cluster):
+    assert cluster.refused == []
+    seen = 0
+    for pod in cluster.component("serving") + cluster.component("cube"):
+        for c in pod.containers:
+            pid = c.init_pid()
+            if pid is None:
+                continue
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            assert status["Uid"].split()[:2] == ["10001", "10001"], (pod.name, c.name)
+            assert status["NoNewPrivs"].strip() == "1" and int(status["CapBnd"].strip(), 16) == 0
+            assert int(status["CapEff"].strip(), 16) == 0
+            seen += 1
+    assert seen >= 6  # 2 serving + 2 shards x (server, agent)
+
+
+def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(cluster):
+    version = cluster.wait(lambda: active_version(cluster), timeout=600, what="an active version")
+    cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=300, what="ready")
+    golden = (cluster.claim_dir(f"{JOB}-shared") / "models" / version / "golden.jsonl").read_text().splitlines()
+    box = cluster.work / "load"
+    box.mkdir(exist_ok=True)
+    os.chmod(box, 0o777)
+    (box / "instances.json").write_text(json.dumps([{"line": json.loads(g)["line"]} for g in golden[:8]]))
+    mount = [{"source": str(box), "target": "/var/lib/load", "read_only": False}]
+    results = box / "results.jsonl"
+    load = cluster.spawn(
+        [
+            "python",
+            "/var/lib/harness/load_client.py",
+            f"http://{JOB}-serving:8010",
+            "/var/lib/load/instances.json",
+            "/var/lib/load/results.jsonl",
+            "/var/lib/load/stop",
+        ],  # fmt: skip
+        mounts=mount + [{"source": str(Path(LOAD_CLIENT).parent), "target": "/var/lib/harness", "read_only": True}],
+        log=box / "load.log",
+    )
+
+    def records():
+        return [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+
+    try:
+        cluster.wait(lambda: sum(r["ok"] for r in records()) >= 20, timeout=60, what="predictions flowing")
+        # 1. A cube shard pod deleted: its replacement re-seeds itself with the active version before it is
+        #    ready; the lookups of shard 0 fail only between the old pod's exit and the new one's readiness.
+        shard = {"elastic-ctr/shard": "0"}
+        old_shard = cluster.component("cube", **shard)[0]
+        cluster.delete_pod(old_shard)
+        cluster.wait(
+            lambda: any(p is not old_shard and cluster.is_ready(p) for p in cluster.component("cube", **shard)),
+            timeout=180,
+            what="a new shard-0 pod ready",
+        )
+        cluster.wait(lambda: old_shard.gone, timeout=60, what="the old shard-0 pod gone")
+        back = time.time()
+        cluster.wait(lambda: sum(r["ok"] for r in records() if r["t"] > back) >= 20, timeout=60, what="recovered")
+        after = [r for r in records() if r["t"] > back]
+        assert all(r["ok"] and r["model_version"] == version == r["cube_version"] for r in after), after[:3]
+        server = next(c for c in old_shard.containers if c.name == "cube-server")
+        assert server.exit_after_sigterm is not None and server.exit_after_sigterm < 5, old_shard.events
+
+        # 2. A serving pod deleted: the other replica answers everything while it drains and is replaced.
+        victim = [p for p in cluster.component("serving") if not p.terminating][0]
+        cut = time.time()
+        cluster.delete_pod(victim)
+        cluster.wait(
+            lambda: len([p for p in cluster.component("serving") if not p.terminating and cluster.is_ready(p)]) == 2,
+            timeout=180,
+            what="a replacement serving pod ready",
+        )
+        cluster.wait(lambda: victim.gone, timeout=60, what="the deleted serving pod gone")
+        time.sleep(2)
+        during = [r for r in records() if r["t"] > cut]
+        failed = [r for r in during if not r["ok"]]
+        assert len(during) > 50 and failed == [], failed[:5]
+        assert {r["model_version"] for r in during} == {version}
+    finally:
+        (box / "stop").write_text("")
+        load.wait(30)
