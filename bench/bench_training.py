@@ -4,8 +4,9 @@
 
 Prints, in one run:
 - the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit);
-- examples/s of the default family with 1 trainer and with 2 trainers (1 pserver) on synthetic data
-  (8 slots, 4 hours x 25k lines: the data of the throughput figures in docs/benchmarks.md);
+- examples/s of the defaults with 1 trainer and with 2 trainers (1 pserver) on synthetic data (8 slots,
+  4 hours x 25k lines: the data of the throughput figures in docs/benchmarks.md), beside the defaults
+  before issue 12 (dnn, 1 epoch) in the same run, with the ratio;
 - synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7): held-out AUC
   of the default family vs the Bayes-optimal AUC;
 - the real Criteo split of issue 12 (`data criteo --hours 5`: train on hours 1-4, score hour 5 from the
@@ -42,11 +43,15 @@ CRITEO_SLOTS = tuple(range(1, 40))
 LR_GRID = (0.01, 0.03, 0.1, 0.3)
 
 
-def train(job, trainers: int, *, family: str | None = None) -> tuple[Path, float]:
+# The defaults before issue 12: the original DNN, one epoch per pass, sparse rate 0.02.
+PREVIOUS_DEFAULT = ["--model", "dnn", "--epochs", "1", "--no-early-stop", "--sparse-learning-rate", "0.02"]
+
+
+def train(job, trainers: int, *, family: str | None = None, extra=()) -> tuple[Path, float]:
     """`elastic-control train` with the defaults (or --model FAMILY); (the last pass, mean examples/s of its passes)."""
     from ctr_foundation.records import read_donefile
 
-    args = ["--log-every", "1000"] + (["--model", family] if family else [])
+    args = ["--log-every", "1000"] + (["--model", family] if family else []) + list(extra)
     passes = B.train(*job, trainers=trainers, args=args)
     rates = [e.metrics["examples_per_sec"] for e in read_donefile(job[2])]
     return passes[-1], float(np.mean(rates))
@@ -216,15 +221,26 @@ def main() -> None:
                 flush=True,
             )
             rates = {}
+            for label, extra in (("default", []), ("previous", PREVIOUS_DEFAULT)):
+                for trainers in (1, 2):
+                    job = B.write_job(
+                        root / f"{label}-t{trainers}",
+                        data=root / "data",
+                        slots=THROUGHPUT_SLOTS,
+                        start=B.START,
+                        hours=hours,
+                    )
+                    rates[label, trainers] = train(job, trainers, extra=extra)[1]
             for trainers in (1, 2):
-                job = B.write_job(
-                    root / f"t{trainers}", data=root / "data", slots=THROUGHPUT_SLOTS, start=B.START, hours=hours
+                now, before = rates["default", trainers], rates["previous", trainers]
+                print(
+                    f"training throughput, {trainers} trainer(s) + 1 pserver (synthetic {len(THROUGHPUT_SLOTS)} slots, "
+                    f"{hours} x {lines} lines): defaults ({DEFAULT_MODEL}) {now:,.0f} examples/s; previous defaults "
+                    f"(dnn, 1 epoch) {before:,.0f} examples/s; ratio {now / before:.2f}x",
+                    flush=True,
                 )
-                rates[trainers] = train(job, trainers)[1]
             print(
-                f"training throughput ({DEFAULT_MODEL}, synthetic {len(THROUGHPUT_SLOTS)} slots, {hours} x {lines} "
-                f"lines): 1 trainer {rates[1]:,.0f} examples/s; 2 trainers + 1 pserver {rates[2]:,.0f} examples/s "
-                f"({rates[2] / rates[1]:.2f}x) on 2 shared cores",
+                f"2 trainers vs 1 with the defaults: {rates['default', 2] / rates['default', 1]:.2f}x on 2 cores",
                 flush=True,
             )
         synthetic_gap(root, lines)

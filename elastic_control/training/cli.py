@@ -81,7 +81,7 @@ _OPTIONS = [
         "--early-stop/--no-early-stop",
         "early_stop",
         None,
-        "Stop a pass's epochs when held-out log loss rises (default: EARLY_STOP).",
+        "Stop a pass's epochs when held-out log loss rises (default: EARLY_STOP, else on).",
     ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),

@@ -11,29 +11,33 @@ from elastic_control.config.data_config import DataConfig, load_data_config
 from elastic_control.config.slot_conf import SlotConf, load_slot_conf
 from elastic_control.training.model import DEFAULT_EMBEDDING_DIM, DEFAULT_HIDDEN, ModelSpec
 
-DEFAULT_MODEL = "dnn"
-DEFAULT_EPOCHS: int | str = 1
+# The defaults of issue 12 (docs/benchmarks.md "Model families"): wide & deep (MLP 400-400-400),
+# sparse rates 0.01, epochs enough for 100 steps per trainer per pass (an hour of Criteo lines: 1;
+# a pass of a few thousand lines: several), stopped early when the held-out log loss rises.
+DEFAULT_MODEL = "wide_deep"
+DEFAULT_EPOCHS: int | str = "auto"
+DEFAULT_EARLY_STOP = True
 
 
 @dataclass(frozen=True)
 class Hyperparameters:
     model: str | None = None  # None: MODEL of data.config, else DEFAULT_MODEL
     epochs: int | str | None = None  # None: EPOCHS of data.config, else DEFAULT_EPOCHS; "auto": see min_steps
-    min_steps_per_pass: int = 1000  # EPOCHS=auto: epochs enough for this many steps per trainer per pass
+    min_steps_per_pass: int = 100  # EPOCHS=auto: epochs enough for this many steps per trainer per pass
     max_epochs: int = 20  # EPOCHS=auto: at most this many
-    early_stop: bool | None = None  # None: EARLY_STOP of data.config, else off
+    early_stop: bool | None = None  # None: EARLY_STOP of data.config, else DEFAULT_EARLY_STOP
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     # 128, not 512: one hour of data is one pass, and the MLP needs optimizer steps more than big
     # batches (synthetic held-out AUC 0.801 at 128, 0.795-0.800 at 256, 0.777 at 512; Bayes 0.818).
     batch_size: int = 128
     learning_rate: float = 1e-3  # dense tower (Adam on the pservers)
-    sparse_learning_rate: float = 0.02  # embeddings (sparse Adam rule on the pservers)
-    wide_learning_rate: float = 0.02  # embed_w: the per-key wide weight of the wide families
+    sparse_learning_rate: float = 0.01  # embeddings (sparse Adam rule on the pservers)
+    wide_learning_rate: float = 0.01  # embed_w: the per-key wide weight of the wide families
     sparse_optimizer: str = "adam"  # embedx_w's rule on the pservers: adam | adagrad
     wide_optimizer: str = "adam"  # embed_w's rule
-    l2_embedding: float = 0.0  # L2 per key occurrence on embedx_w (dnn: on the whole row)
-    l2_wide: float = 0.0  # L2 per key occurrence on embed_w (wide families)
+    l2_embedding: float = 0.0  # count-scaled L2 on embedx_w (dnn: on the whole row); scikit-learn C = 1/(2 l2)
+    l2_wide: float = 0.0  # count-scaled L2 on embed_w (wide families)
     dense_l2: float = 0.0  # weight decay of the dense weights (MLP, cross layers, output)
     cross_layers: int = 2  # dcn
     cross_rank: int = 16  # dcn: rank of each cross layer's weight
@@ -86,7 +90,9 @@ class RoleSettings:
     def early_stop(self) -> bool:
         if self.hyper.early_stop is not None:
             return self.hyper.early_stop
-        return bool(self.data_config.early_stop)
+        if self.data_config.early_stop is not None:
+            return bool(self.data_config.early_stop)
+        return DEFAULT_EARLY_STOP
 
     def model_spec(self) -> ModelSpec:
         """The network every role builds (pservers and trainers must build the same one)."""
