@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated families for the Criteo table")
     ap.add_argument("--skip-throughput", action="store_true", help="only the quality figures")
+    ap.add_argument("--skip-quality", action="store_true", help="only the reader and throughput figures")
     args = ap.parse_args()
     families = [f for f in args.families.split(",") if f]
     hours, lines = (2, 5000) if args.quick else (4, 25_000)
@@ -243,6 +244,8 @@ def main() -> None:
                 f"2 trainers vs 1 with the defaults: {rates['default', 2] / rates['default', 1]:.2f}x on 2 cores",
                 flush=True,
             )
+        if args.skip_quality:
+            return
         synthetic_gap(root, lines)
         if not B.CRITEO_FILE.exists():
             print(f"Criteo comparison skipped: {B.CRITEO_FILE} not found")

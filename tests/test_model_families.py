@@ -39,7 +39,14 @@ def family_passes(tmp_path_factory):
     for family in FAMILIES:
         job = write_job(root / family, slots=SLOTS, hours=1, data=data, extra=f'export MODEL="{family}"\n')
         hyper = Hyperparameters(
-            hidden=(16, 16), batch_size=64, epochs=2, log_every=1000, golden_lines=64, l2_embedding=1.0, l2_wide=1.0
+            hidden=(16, 16),
+            batch_size=64,
+            epochs=2,
+            early_stop=False,  # both epochs always run (the default early stop may end a pass after one)
+            log_every=1000,
+            golden_lines=64,
+            l2_embedding=1.0,
+            l2_wide=1.0,
         )
         result = run_training(job, trainers=1, pservers=1, args=hyperparameter_args(hyper), timeout=400)
         passes[family] = job.models / result.passes[-1]

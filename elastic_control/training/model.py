@@ -1,4 +1,4 @@
-"""The CTR network (the original's): per-slot sum-pooled sparse embeddings, concat, MLP 400-400-400, sigmoid.
+"""The CTR network: per-slot sum-pooled sparse embeddings, concat, the family's dense part (families.py), sigmoid.
 
 Two programs share the dense parameters by name:
 - the training net, built in Paddle's DEFAULT main/startup programs (fleet's
@@ -21,7 +21,7 @@ from elastic_control.training.families import FamilySpec, dense_logit, dense_par
 
 SPARSE_TABLE_NAME = "SparseFeatFactors"
 DEFAULT_EMBEDDING_DIM = 9
-DEFAULT_HIDDEN = (400, 400, 400)
+DEFAULT_HIDDEN = (128, 64)  # the original's 400-400-400 overfits small passes (settings.py)
 LABEL_INPUT = "click"
 # embedx_w starts uniform in +-INITIAL_RANGE; embed_w starts at 0 (the accessor's zero_init).
 INITIAL_RANGE = 0.01
