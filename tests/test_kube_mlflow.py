@@ -14,25 +14,19 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers_common import free_port
 from helpers_kube import render_plan
 
 from elastic_control.kube.render import load_manifests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 API = "/api/2.0/mlflow/experiments/search"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rendered_mlflow_command(tmp_path: Path) -> list[str]:

@@ -13,17 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers_common import free_port
 from helpers_kube import render_plan
 
 from elastic_control.kube.render import load_manifests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
