@@ -132,6 +132,27 @@ class Procs:
             time.sleep(0.05)
         return f"http://127.0.0.1:{json.loads(ready.read_text())['port']}"
 
+    def cluster(self, shards: int, names: tuple[str, str] = ("server", "agent")) -> tuple[str, list[str], list[str]]:
+        """The file server (``WORK/files``) and ``shards`` cube-server + cube-agent pairs; (fs_url, servers, agents)."""
+        fs_port = free_port()
+        self.start(
+            "fileserver",
+            [sys.executable, "-m", "elastic_control", "fileserver", "--root", str(self.work / "files"), "--host",
+             "127.0.0.1", "--port", str(fs_port)],
+        )  # fmt: skip
+        fs_url = f"http://127.0.0.1:{fs_port}"
+        wait_http(f"{fs_url}/healthz")
+        servers, agents = [], []
+        for i in range(shards):
+            data = self.work / f"shard-{i}"
+            data.mkdir()
+            common = ["--host", "127.0.0.1", "--port", "0", "--shard", str(i), "--data", str(data)]
+            servers.append(self.cube("server", f"{names[0]}-{i}", common))
+            agents.append(
+                self.cube("agent", f"{names[1]}-{i}", [*common, "--server", servers[-1], "--fileserver", fs_url])
+            )
+        return fs_url, servers, agents
+
     def stop(self) -> None:
         for _, p, _ in self.procs:
             if p.poll() is None:
@@ -230,21 +251,7 @@ def main() -> None:
 
     procs = Procs(work)
     try:
-        fs_port = free_port()
-        procs.start(
-            "fileserver",
-            [sys.executable, "-m", "elastic_control", "fileserver", "--root", str(work / "files"), "--host",
-             "127.0.0.1", "--port", str(fs_port)],
-        )  # fmt: skip
-        fs_url = f"http://127.0.0.1:{fs_port}"
-        wait_http(f"{fs_url}/healthz")
-        servers, agents = [], []
-        for i in range(args.shards):
-            data = work / f"shard-{i}"
-            data.mkdir()
-            common = ["--host", "127.0.0.1", "--port", "0", "--shard", str(i), "--data", str(data)]
-            servers.append(procs.cube("server", f"server-{i}", common))
-            agents.append(procs.cube("agent", f"agent-{i}", [*common, "--server", servers[-1], "--fileserver", fs_url]))
+        fs_url, servers, agents = procs.cluster(args.shards)
         transfer = procs.cube(
             "transfer",
             "transfer",

@@ -176,6 +176,15 @@ TEST_CRASH_EXPORT = _var(
 CUBE_TEST_CRASH = _var(
     "ELASTIC_CTR_CUBE_TEST_CRASH", str, None, "cube-transfer exits mid-rollout: after-first-activate", inherit=True
 )
+TEST_FULL_SAVE = _var(
+    "ELASTIC_CTR_TEST_FULL_SAVE",
+    str,
+    None,
+    "trainer 0 also saves the whole pserver table (mode 0) into DIR/PASS after each incremental export, so "
+    "tests can compare it with the pass chain",
+    PATH,
+    inherit=True,
+)
 
 
 def planned_environment(environ: dict[str, str]) -> dict[str, str]:

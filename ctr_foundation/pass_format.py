@@ -56,8 +56,9 @@ SPARSE_RULE_STATE = {
 }
 
 
-def pass_name(hour: dt.datetime) -> str:
-    return f"{PASS_PREFIX}{hour:%Y%m%d-%H}"
+def pass_name(hour: dt.datetime, minutes: bool = False) -> str:
+    """``pass-YYYYMMDD-HH``, or ``pass-YYYYMMDD-HHMM`` for sub-hour passes (both sort in time order)."""
+    return f"{PASS_PREFIX}{hour:%Y%m%d-%H%M}" if minutes else f"{PASS_PREFIX}{hour:%Y%m%d-%H}"
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,32 @@ def complete_passes(model_path: str | os.PathLike) -> list[PassInfo]:
 def latest_complete_pass(model_path: str | os.PathLike) -> PassInfo | None:
     passes = complete_passes(model_path)
     return passes[-1] if passes else None
+
+
+# A chain longer than this is a loop or a mistake (BASE_EVERY is at most 100000 passes).
+MAX_CHAIN = 100_000
+
+
+def pass_chain(pass_dir: str | os.PathLike) -> list[PassInfo]:
+    """The passes whose tables make up ``pass_dir``'s whole table, oldest first: its base, then every delta
+    down to ``pass_dir`` itself (just the pass for a base). Parents are sibling folders of the pass; a
+    missing parent or a loop is a DataError naming it."""
+    info = load_pass(pass_dir)
+    chain = [info]
+    seen = {info.path.resolve()}
+    while chain[-1].kind == "delta":
+        parent_dir = chain[-1].path.parent / chain[-1].parent
+        if not (parent_dir / META_FILE).exists():
+            raise DataError(
+                f"{chain[-1].path} is a delta on {chain[-1].parent}, but {parent_dir} is not a pass folder "
+                "(deleted, or not copied with it): its whole table cannot be assembled"
+            )
+        parent = load_pass(parent_dir)
+        if parent.path.resolve() in seen or len(chain) > MAX_CHAIN:
+            raise DataError(f"{info.path}: its chain of parents loops at {parent.name}")
+        seen.add(parent.path.resolve())
+        chain.append(parent)
+    return chain[::-1]
 
 
 def sparse_part_files(pass_dir: str | os.PathLike) -> list[Path]:

@@ -80,6 +80,15 @@ class DonefileEntry:
     def epoch(self) -> float | None:
         return self.time.timestamp() if self.time else None
 
+    @property
+    def kind(self) -> str:
+        """``base`` or ``delta`` (delta passes, docs/contracts.md); lines without one are bases."""
+        return str(self.extra.get("kind") or "base")
+
+    @property
+    def parent(self) -> str | None:
+        return self.extra.get("parent") if self.kind == "delta" else None
+
     def to_json(self) -> dict:
         out = dict(self.extra)
         out.update(

@@ -19,8 +19,10 @@ with the version the cluster serves.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -102,6 +104,14 @@ class Agent:
             return 422, {"error": str(e), "refused": True}
         except ControlCallError as e:
             return _server_refusal(e)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # A full disk or quota: the install cleaned up after itself; say so (507), not "internal error".
+            free = shutil.disk_usage(self.data_dir).free
+            why = f"no space left on device for {version} in {self.data_dir} ({free} bytes free): {e.strerror}"
+            log.error("prepare of %s on shard %d failed: %s", version, self.shard, why)
+            return 507, {"error": f"shard {self.shard}: {why}", "refused": False}
         self.last = {"prepared": version, "seconds": round(time.time() - t0, 3), **result}
         return 200, {"version": version, "shard": self.shard, "status": "prepared", **result}
 

@@ -70,7 +70,7 @@ def configure_resource(
 
     ``kube``: the Kubernetes options (keywords of ``kube.plan_checks.kube_plan_options``:
     context, storage_class, access_mode, serving_replicas, max_retry,
-    image_pull_policy, image_pull_secrets, pod_overlay). ``namespace`` defaults
+    image_pull_policy, image_pull_secrets, data_secrets, pod_overlay). ``namespace`` defaults
     to the kubeconfig context's, else ``default``. Nothing in ``state_dir``
     changes unless every step succeeds.
     """
@@ -126,6 +126,8 @@ def configure_resource(
     try:
         (staging / SLOT_CONF_FILE).write_text(slots.to_text())
         shutil.copyfile(data_config, staging / DATA_CONFIG_FILE)
+        # data.config may carry HDFS_UGI (user and password): only its owner reads the state folder's copy.
+        os.chmod(staging / DATA_CONFIG_FILE, 0o600)
         # Keep the token across re-renders: running components already hold it.
         old_token = state / TOKEN_FILE
         token = old_token.read_text().strip() if old_token.exists() else new_token()

@@ -213,7 +213,9 @@ class DeltaPasses:
         keys = np.array(sorted(self.lines), dtype=np.uint64)
         pick = rng.permutation(len(keys))
         changed, deleted = keys[pick[:change]], keys[pick[change : change + delete]]
-        added = rng.integers(1, 2**64 - 1, add, dtype=np.uint64)
+        # Keys as the trainer writes them: below sparse_dim when the pass has one (the builder folds the rest).
+        high = int(self.meta.get("sparse_dim") or 2**64 - 1)
+        added = rng.integers(1, high, add, dtype=np.uint64)
         added = added[~np.isin(added, keys)]
         back = sorted(self.gone - set(self.lines))[:readd]
         added = np.concatenate([added, np.array(back, dtype=np.uint64)])

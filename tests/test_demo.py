@@ -130,3 +130,43 @@ def test_demo_on_real_criteo_lines(tmp_path):
     assert report.golden_max_diff is not None and report.golden_max_diff < 1e-5
     assert report.bayes_auc is None and 0.0 <= report.auc <= 1.0
     assert processes_under(tmp_path / "demo") == []
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_demo_with_sub_hour_delta_passes_admission_and_eviction(tmp_path):
+    """The main job with deltas on (issue 14): 30-minute passes, a base then deltas, rolled out and served."""
+    import json
+
+    from helpers_local import processes_under
+
+    from elastic_control.demo.run import run_demo
+
+    report = run_demo(
+        workdir=str(tmp_path / "demo"),
+        hours=2,
+        lines_per_hour=2000,
+        trainers=2,
+        pservers=1,
+        shards=2,
+        show=False,
+        timeout=780,
+        pass_minutes=30,
+        admit_min_count=2,
+        evict_after=2,
+    )
+    names = ["pass-20191221-0000", "pass-20191221-0030", "pass-20191221-0100", "pass-20191221-0130"]
+    assert [p["pass"] for p in report.passes] == names
+    assert [p["kind"] for p in report.passes] == ["base", "delta", "delta", "delta"]
+    models = tmp_path / "demo" / "models"
+    for parent, name in zip(names, names[1:], strict=False):
+        meta = json.loads((models / name / "meta.json").read_text())
+        assert (meta["kind"], meta["parent"]) == ("delta", parent)
+        assert meta["metrics"]["keys_live"] == meta["metrics"]["keys_admitted"] + meta["metrics"]["keys_pending"]
+    # Served: the last delta, through cube's delta version, the same as the training program computed.
+    assert report.served_version == names[-1] and report.predictions == 2000
+    assert report.golden_max_diff is not None and report.golden_max_diff < 1e-5
+    assert 0.5 < report.auc <= 1.0
+    deltas = [r for r in report.rollouts if r.get("kind") == "delta" and r.get("freshness_s") is not None]
+    assert deltas and all(r["version"] in names[1:] for r in deltas)  # freshness is measured for deltas too
+    assert processes_under(tmp_path / "demo") == []

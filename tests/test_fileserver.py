@@ -290,3 +290,16 @@ def test_large_files_stream_without_buffering(tmp_path):
             tracemalloc.stop()
     assert peak < 16 << 20, f"peak Python allocations {peak >> 20} MiB for a 64 MiB file"
     assert (tmp_path / "back.bin").read_bytes() == big.read_bytes()
+
+
+@pytest.mark.needs_root
+def test_a_full_disk_is_507_and_leaves_no_partial_file(tmp_path):
+    from helpers_faults import tmpfs
+
+    with tmpfs(tmp_path / "root", "1m") as root, fileserver_in_thread(root, token=TOKEN) as url:
+        assert requests.put(f"{url}/files/cube/small.bin", data=b"x" * 1000, headers=AUTH).status_code == 201
+        r = requests.put(f"{url}/files/cube/big.bin", data=os.urandom(2 << 20), headers=AUTH)
+        assert r.status_code == 507 and "no space left" in r.json()["error"], (r.status_code, r.text)
+        assert sorted(p.name for p in root.rglob("*") if p.is_file() and STAGING_DIR not in p.parts) == ["small.bin"]
+        assert not any((root / STAGING_DIR).iterdir()) if (root / STAGING_DIR).exists() else True
+        assert requests.get(f"{url}/files/cube/small.bin").content == b"x" * 1000

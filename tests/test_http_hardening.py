@@ -437,4 +437,6 @@ def test_cube_server_on_uvloop_exits_promptly_on_sigterm(stack, tmp_path, worker
         finally:
             stop.set()
             idle.close()
-        assert time.monotonic() - t0 < 5 and proc.returncode in (0, -15), proc.returncode
+        # The bug waited past wait(15); a clean exit takes well under a second on a quiet machine, but a
+        # shared 2-core machine at load 30+ took 7.8 s to reap two workers.
+        assert time.monotonic() - t0 < 10 and proc.returncode in (0, -15), proc.returncode

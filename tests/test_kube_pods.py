@@ -10,6 +10,9 @@ the data from the claim, logs to MLflow under its Service name, cube-transfer
 rolls the pass out, serving loads it, and a client pod predicts through the
 serving Service. Then a cube shard pod and a serving pod are deleted while a
 client predicts without retries.
+
+The plan runs with delta passes on (`DELTA_PASSES=1`, issue 14): the second pass is a delta, cube
+builds and serves it over the base, and the replaced shard re-seeds itself with base + delta.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ def cluster(tmp_path_factory):
         "export START_DATE_HR=20191221/00\n"
         f"export END_DATE_HR=20191221/{HOURS - 1:02d}\n"
         'export DATASET_PATH="/var/lib/elastic-ctr/data"\n'
+        'export DELTA_PASSES="1"\n'
     )
     state = work / "state"
     render = cli("-r", "--backend", "k8s", "-u", "1", "-m", "1", "-t", "1", "-p", "1", "-b", "2",
@@ -110,6 +114,27 @@ def test_a_configuration_error_aborts_the_training_job_at_once(tmp_path):
     assert time.monotonic() - started < 120
 
 
+def test_an_offline_window_with_no_data_aborts_the_job_naming_the_fix(tmp_path):
+    """DATASET_PATH on the claim, but nothing copied there: the trainers would skip every hour and the job
+    would end Completed with no pass. The trainer's entry checks the window first (exit 2: AbortJob)."""
+    manifests = render_small(
+        tmp_path,
+        "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n"
+        'export DATASET_PATH="/var/lib/elastic-ctr/data"\n',
+    )
+    import yaml
+
+    docs = [d for p in sorted(manifests.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    keep = [d for d in docs if d["kind"] in ("ConfigMap", "Secret") or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
+    with Cluster(keep, tmp_path / "cluster") as harness:
+        job = harness.jobs[JOB]
+        harness.wait(lambda: job.phase in ("Aborted", "Failed", "Completed"), timeout=180, what="the job ended")
+        assert job.phase == "Aborted" and job.retry_count == 0, job.events
+        logs = "".join(harness.log(p) for p in job.pods.values() if p.task == "trainer")
+        assert "no complete hour in 20191221/00..20191221/01 under DATASET_PATH /var/lib/elastic-ctr/data" in logs
+        assert "so training would write no pass" in logs
+
+
 def ready(cluster, component: str, count: int = 1) -> bool:
     pods = [p for p in cluster.component(component) if not p.terminating]
     return len(pods) >= count and all(cluster.is_ready(p) for p in pods)
@@ -126,11 +151,18 @@ def test_pipeline_runs_from_the_rendered_manifests_alone(cluster):
     assert job.phase == "Completed", cluster.describe()
     assert job.retry_count == 0, job.events
     models = cluster.claim_dir(f"{JOB}-shared") / "models"
-    passes = [json.loads(line)["pass"] for line in (models / "donefile").read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in (models / "donefile").read_text().splitlines() if line.strip()]
+    passes = [e["pass"] for e in lines]
     assert passes == ["pass-20191221-00", "pass-20191221-01"]
+    # Deltas on: the first pass is the base, the second a delta on it (donefile line and meta.json agree).
+    assert [(e.get("kind"), e.get("parent")) for e in lines] == [("base", None), ("delta", passes[0])]
+    meta = json.loads((models / passes[1] / "meta.json").read_text())
+    assert (meta["kind"], meta["parent"]) == ("delta", passes[0])
 
-    # The pass rolls out through cube; both serving replicas load it and become ready.
+    # The pass rolls out through cube (a delta version over the base); both serving replicas load it.
     cluster.wait(lambda: active_version(cluster) == passes[-1], timeout=240, what="cube rollout of the last pass")
+    built = json.loads((cluster.claim_dir(f"{JOB}-fileserver") / "cube" / passes[-1] / "manifest.json").read_text())
+    assert (built["kind"], built["parent"]) == ("delta", passes[0])
     cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=180, what="ready")
 
     # A client pod predicts the pass's golden lines through the serving Service name.

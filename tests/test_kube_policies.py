@@ -73,6 +73,7 @@ def test_every_container_of_every_pod_passes_pod_security_restricted(tmp_path, f
         assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] == 10001 and pod_sc["runAsGroup"] == 10001
         assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
         assert spec["enableServiceLinks"] is False, owner
+        assert spec["automountServiceAccountToken"] is False, owner  # no pod calls the API: no token to steal
         for c in containers(template):
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, (owner, c["name"])
@@ -99,6 +100,8 @@ def test_every_container_of_every_pod_passes_pod_security_restricted(tmp_path, f
         (lambda s: s.update(hostNetwork=True), "hostNetwork"),
         (lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "hostPath"),
         (lambda s: s["containers"][0]["securityContext"].update(privileged=True), "privileged"),
+        (lambda s: s["securityContext"].update(seLinuxOptions={"user": "system_u"}), "seLinuxOptions.user"),
+        (lambda s: s["containers"][0]["securityContext"].update(appArmorProfile={"type": "Unconfined"}), "AppArmor"),
     ],
 )
 def test_the_restricted_check_catches_each_rule(tmp_path, breaks, rule):
@@ -311,6 +314,27 @@ def test_image_pull_policy_and_secrets_reach_every_container(tmp_path):
         assert all(c["image"] == "reg.io/ctr:latest" and c["imagePullPolicy"] == "Always" for c in containers(template))
 
 
+def test_data_secrets_reach_exactly_the_pods_that_read_data(tmp_path):
+    """--data-secret: the Secret's keys (AWS_* for s3://) become the environment of pservers, trainers,
+    cube-transfer and the evaluation jobs, and of no other pod; a bad name is refused before -r writes."""
+    templates = all_pod_templates(tmp_path, kube={"data_secrets": ("s3-data", "more-env")})
+    readers = {"elastic-ctr", "elastic-ctr-cube-transfer"}  # the training job's two tasks, the transfer
+    seen = set()
+    for owner, template in templates:
+        for c in containers(template):
+            env_from = c.get("envFrom")
+            if owner in readers or owner.startswith(("elastic-ctr-eval", "elastic-ctr-merge")):  # one template
+                assert env_from == [{"secretRef": {"name": "s3-data"}}, {"secretRef": {"name": "more-env"}}], owner
+                seen.add(owner)
+            else:
+                assert env_from is None, (owner, c["name"])
+    assert readers <= seen and any(o.startswith("elastic-ctr-eval") for o in seen), seen
+    assert all(c.get("envFrom") is None for _, t in all_pod_templates(tmp_path / "none") for c in containers(t))
+    with pytest.raises(UsageError, match=r"--data-secret 'S3_Creds' is not a Secret name"):
+        render_plan(tmp_path / "bad", kube={"data_secrets": ("S3_Creds",)})
+    assert not (tmp_path / "bad" / "plan.json").exists()
+
+
 def test_storage_class_and_a_read_write_once_shared_claim(tmp_path):
     docs = docs_of(tmp_path, kube={"storage_class": "fast-ssd", "access_mode": "ReadWriteOnce"})
     claims = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
@@ -393,17 +417,20 @@ def test_a_remote_model_path_is_refused_with_the_fix(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "dataset, hdfs, warning",
+    "dataset, hdfs, kube, warning",
     [
-        ("/tmp/elastic-ctr/data", "", "is a path on this machine, which pods cannot read"),
-        ("file:///data/ctr", "", "is a path on this machine"),
-        ("/var/lib/elastic-ctr/data", "", None),
-        ("s3://bucket/ctr", "", None),
-        ("/ctr", "hdfs://nn:9000", "needs a Java runtime and libhdfs"),
+        ("/tmp/elastic-ctr/data", "", {}, "is a path on this machine, which pods cannot read"),
+        ("file:///data/ctr", "", {}, "is a path on this machine"),
+        ("/var/lib/elastic-ctr/data", "", {}, None),
+        ("s3://bucket/ctr", "", {}, "pass --data-secret s3-data to -r"),
+        ("s3://bucket/ctr", "", {"data_secrets": ("s3-data",)}, None),
+        ("/ctr", "hdfs://nn:9000", {}, "needs a Java runtime and libhdfs"),
     ],
 )
-def test_data_paths_pods_cannot_reach_are_named_at_r(tmp_path, dataset, hdfs, warning):
-    plan, _ = render_plan(tmp_path / "state", data_config=_config(tmp_path, DATASET_PATH=dataset), hdfs_address=hdfs)
+def test_data_paths_pods_cannot_reach_are_named_at_r(tmp_path, dataset, hdfs, kube, warning):
+    plan, _ = render_plan(
+        tmp_path / "state", data_config=_config(tmp_path, DATASET_PATH=dataset), hdfs_address=hdfs, kube=kube
+    )
     warnings = KubeOptions.from_json(plan.kube).warnings
     found = [w for w in warnings if "DATASET_PATH" in w]
     if warning is None:

@@ -8,10 +8,11 @@ import os
 import jsonschema
 import pytest
 import yaml
-from helpers_kube import REPO, render_plan
+from helpers_kube import EXAMPLE_DATA_CONFIG, REPO, render_plan
 from helpers_kube_schema import validate_builtin, validate_manifest, validate_volcano_job
 
 from ctr_foundation.errors import UsageError
+from ctr_foundation.names import DATA_CONFIG_FILE
 from elastic_control.kube import constants as k
 from elastic_control.kube.render import MANIFEST_FILES, load_manifests
 from elastic_control.kube.volcano_rules import volcano_job_problems
@@ -31,6 +32,7 @@ COMBINATIONS = [
         queue="ads",
         job_name="ctr-daily",
         service_type="LoadBalancer",
+        kube={"data_secrets": ("s3-data",)},  # envFrom in the Volcano job's tasks, against its real schema
     ),
     dict(
         cpu=2, mem=4, trainers=512, pservers=256, cube_shards=2, service_type="NodePort", hdfs_address="hdfs://nn:9000"
@@ -124,7 +126,9 @@ def test_volcano_job_matches_the_design(tmp_path):
         assert env["ELASTIC_CTR_TOKEN"] == {"secretKeyRef": {"name": "elastic-ctr-token", "key": "token"}}
         shell = container["command"][2]
         # The trainer id comes from the env plugin at run time, in the shell (not $(VC_TASK_INDEX)).
-        assert 'PADDLE_TRAINER_ID="${VC_TASK_INDEX' in shell and shell.endswith("exec elastic-control role")
+        # Trainers check the window first: an offline one with no complete hour is a configuration error.
+        entry = "exec elastic-control role --check-window" if role == "trainer" else "exec elastic-control role"
+        assert 'PADDLE_TRAINER_ID="${VC_TASK_INDEX' in shell and shell.endswith(entry)
     pserver_shell = tasks["pserver"]["template"]["spec"]["containers"][0]["command"][2]
     assert 'POD_IP="elastic-ctr-pserver-${VC_TASK_INDEX}.elastic-ctr"' in pserver_shell
 
@@ -137,7 +141,7 @@ def test_entry_shell_really_sets_the_trainer_id(tmp_path):
     tasks = {t["name"]: t for t in _job(load_manifests(manifests))["spec"]["tasks"]}
     for role, expected in (("trainer", "1 "), ("pserver", "1 elastic-ctr-pserver-1.elastic-ctr")):
         shell = tasks[role]["template"]["spec"]["containers"][0]["command"][2]
-        probe = shell.replace("exec elastic-control role", 'echo "$PADDLE_TRAINER_ID ${POD_IP:-}"')
+        probe = shell[: shell.index("exec elastic-control role")] + 'echo "$PADDLE_TRAINER_ID ${POD_IP:-}"'
         out = subprocess.run(
             ["/bin/sh", "-c", probe],
             env={"VC_TASK_INDEX": "1", "PATH": os.environ["PATH"]},
@@ -213,6 +217,15 @@ def test_token_file_mode_and_secret(tmp_path):
     assert (manifests / "30-cube.yaml").stat().st_mode & 0o044 == 0o044
     secret = _by_kind(load_manifests(manifests), "Secret")[0]
     assert secret["stringData"] == {"token": "abc123"}
+
+
+def test_the_state_folders_data_config_is_readable_by_its_owner_only(tmp_path):
+    """It may carry HDFS_UGI (user and password), whatever the mode of the file it was copied from."""
+    source = tmp_path / "data.config"
+    source.write_text(EXAMPLE_DATA_CONFIG.read_text() + 'export HDFS_UGI="alice,s3cr3t"\n')
+    source.chmod(0o644)
+    render_plan(tmp_path / "state", data_config=str(source))
+    assert (tmp_path / "state" / DATA_CONFIG_FILE).stat().st_mode & 0o077 == 0
 
 
 # ---- the strict schema and the webhook rules catch what they should ------------------------------------------

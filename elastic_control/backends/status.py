@@ -49,7 +49,9 @@ class PipelineStatus:
     reason: str = ""
     controller: dict = field(default_factory=dict)  # the supervisor (local) or the cluster (Kubernetes)
     components: list[ComponentStatus] = field(default_factory=list)
-    # state, attempt, restarts, max_restarts, reason, passes_done, passes_expected, last_pass, last_auc, passes
+    # state, attempt, restarts, max_restarts, reason, passes_done, passes_expected, last_pass, last_auc,
+    # last_kind (base|delta), last_parent, keys ({live, admitted, pending, new, newly_admitted, evicted, rows}
+    # of the last pass, with incremental export), passes
     training: dict = field(default_factory=dict)
     # active, activated_at, shards: [{shard, active, prepared, previous, error}], consistent, rollout (in flight)
     cube: dict = field(default_factory=dict)

@@ -189,6 +189,7 @@ def cli(
     max_retry,
     image_pull_policy,
     image_pull_secrets,
+    data_secrets,
     pod_overlay,
     state_dir,
 ):
@@ -226,6 +227,7 @@ def cli(
                 "max_retry": max_retry,
                 "image_pull_policy": image_pull_policy,
                 "image_pull_secrets": tuple(image_pull_secrets),
+                "data_secrets": tuple(data_secrets),
                 "pod_overlay": pod_overlay,
             },
         )

@@ -78,6 +78,15 @@ def kube_render_options(func):
             help="Secret (docker-registry) the pods pull the image with; repeatable.",
         ),
         click.option(
+            "--data-secret",
+            "data_secrets",
+            multiple=True,
+            metavar="SECRET",
+            help="Secret whose keys become environment variables of the pods that read data (pservers, trainers, "
+            "cube-transfer, evaluation): AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for s3://; "
+            "repeatable.",
+        ),
+        click.option(
             "--pod-overlay",
             type=click.Path(dir_okay=False),
             default=None,

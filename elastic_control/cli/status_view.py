@@ -112,7 +112,15 @@ def _print_training(con: Console, training: dict) -> None:
     line += " passes done"
     if training.get("last_pass"):
         auc = training.get("last_auc")
-        line += f", latest {training['last_pass']}" + (f" (AUC {auc:.4f})" if auc is not None else "")
+        about = [f"delta on {training['last_parent']}"] if training.get("last_kind") == "delta" else []
+        about += [f"AUC {auc:.4f}"] if auc is not None else []
+        line += f", latest {training['last_pass']}" + (f" ({', '.join(about)})" if about else "")
+    keys = training.get("keys") or {}
+    if keys:
+        line += "; keys " + ", ".join(
+            f"{name} {keys[name]}" for name in ("live", "admitted", "pending") if name in keys
+        )
+        line += f" ({keys.get('evicted', 0)} evicted by it)"
     if training.get("attempt"):
         line += (
             f"; job {training['state']}, attempt {training['attempt']}, "

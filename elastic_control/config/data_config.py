@@ -31,12 +31,24 @@ KNOWN_KEYS = (
     "MODEL",
     "EPOCHS",
     "EARLY_STOP",
+    # Incremental rollouts (issue 14): delta passes, admission, eviction, sub-hour passes.
+    "DELTA_PASSES",
+    "BASE_EVERY",
+    "ADMIT_MIN_COUNT",
+    "EVICT_AFTER_PASSES",
+    "PASS_MINUTES",
 )
 # MODEL= choices (elastic_control.training.families.FAMILIES; kept here so parsing imports no training code).
 MODEL_FAMILIES = ("dnn", "wide_deep", "deepfm", "dcn")
 MAX_EPOCHS = 1000
 REQUIRED_KEYS = ("START_DATE_HR", "END_DATE_HR", "DATASET_PATH")
 DATE_HR_FORMAT = "%Y%m%d/%H"
+DATE_HR_MIN_FORMAT = "%Y%m%d/%H%M"
+DEFAULT_BASE_EVERY = 24
+# Minutes a sub-hour pass may last: a divisor of 60, so that every hour splits into whole passes.
+PASS_MINUTES_CHOICES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+# Paddle's text save prints show counts with 6 significant digits: counts are exact up to 999999.
+MAX_ADMIT_MIN_COUNT = 1_000_000
 
 _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -57,6 +69,13 @@ class DataConfig:
     model: str | None = None  # MODEL: the model family; None = the trainer's default
     epochs: int | str | None = None  # EPOCHS: passes over each pass's data, or "auto"; None = the default
     early_stop: bool | None = None  # EARLY_STOP: stop a pass's epochs when held-out log loss rises
+    # Incremental rollouts (docs/contracts.md, "Delta passes"): a base pass every base_every passes, deltas
+    # between; admission after admit_min_count sightings; eviction after evict_after_passes passes unseen.
+    delta_passes: bool = False
+    base_every: int = DEFAULT_BASE_EVERY
+    admit_min_count: int | None = None
+    evict_after_passes: int | None = None
+    pass_minutes: int | None = None  # sub-hour passes: data folders YYYYMMDD/HHMM, one pass each
     source: str = "data.config"
     values: Mapping[str, str] = field(default_factory=dict)
 
@@ -75,7 +94,32 @@ class DataConfig:
             t += dt.timedelta(hours=1)
 
     def hour_dir(self, hour: dt.datetime) -> str:
-        return f"{self.dataset_root.rstrip('/')}/{hour:%Y%m%d}/{hour:%H}"
+        return f"{self.dataset_root.rstrip('/')}/{slot_path(hour, self.pass_minutes)}"
+
+    @property
+    def step(self) -> dt.timedelta:
+        """How much data one pass covers: an hour, or PASS_MINUTES."""
+        return dt.timedelta(minutes=self.pass_minutes or 60)
+
+    def slots(self) -> Iterator[dt.datetime]:
+        """The start of every pass's slot from ``start`` to ``end`` inclusive: hours, or PASS_MINUTES slots.
+
+        With PASS_MINUTES, ``end`` is the LAST slot of END_DATE_HR's hour (END_DATE_HR=20191221/01 with
+        15-minute passes: 20191221/0145), so the window covers whole hours.
+        """
+        t = self.start
+        while t <= self.end:
+            yield t
+            t += self.step
+
+    def format_slot(self, t: dt.datetime) -> str:
+        """``YYYYMMDD/HH``, or ``YYYYMMDD/HHMM`` with PASS_MINUTES (how windows and data folders name it)."""
+        return format_slot(t, self.pass_minutes)
+
+    @property
+    def incremental(self) -> bool:
+        """Any of delta passes, admission, eviction: the trainer's incremental export is on."""
+        return self.delta_passes or self.admit_min_count is not None or self.evict_after_passes is not None
 
     def with_window(self, start: dt.datetime, end: dt.datetime) -> DataConfig:
         from dataclasses import replace
@@ -88,6 +132,26 @@ class DataConfig:
 
 def format_hour(hour: dt.datetime) -> str:
     return hour.strftime(DATE_HR_FORMAT)
+
+
+def format_slot(t: dt.datetime, minutes: int | None) -> str:
+    return t.strftime(DATE_HR_MIN_FORMAT if minutes else DATE_HR_FORMAT)
+
+
+def slot_path(t: dt.datetime, minutes: int | None) -> str:
+    """The data folder of a slot under DATASET_PATH: ``YYYYMMDD/HH`` or, with sub-hour passes, ``YYYYMMDD/HHMM``."""
+    return t.strftime("%Y%m%d/%H%M" if minutes else "%Y%m%d/%H")
+
+
+def parse_slot(text: str, *, key: str = "date", source: str = "data.config") -> dt.datetime:
+    """``YYYYMMDD/HH`` or ``YYYYMMDD/HHMM`` (how pass windows name hours and sub-hour slots)."""
+    if re.fullmatch(r"\d{8}/\d{4}", text or ""):
+        try:
+            return dt.datetime.strptime(text, DATE_HR_MIN_FORMAT)
+        except ValueError:
+            pass
+        raise ConfigError(f"{key}={text!r} is not a date and time in the format YYYYMMDD/HHMM", path=source)
+    return parse_hour(text, key=key, source=source)
 
 
 def parse_hour(text: str, *, key: str = "date", source: str = "data.config", line: int | None = None) -> dt.datetime:
@@ -234,6 +298,9 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
     if early_raw not in ("", "0", "1", "true", "false", "yes", "no"):
         raise ConfigError(f"EARLY_STOP={early_raw!r} must be 0 or 1", path=source, line=lines["EARLY_STOP"])
     early_stop = None if not early_raw else early_raw in ("1", "true", "yes")
+    incremental = _parse_incremental(values, lines, source)
+    if incremental["pass_minutes"]:
+        end = end + dt.timedelta(hours=1) - dt.timedelta(minutes=incremental["pass_minutes"])
 
     return DataConfig(
         start=start,
@@ -249,6 +316,7 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
         model=model,
         epochs=epochs,
         early_stop=early_stop,
+        **incremental,
         source=source,
         values=dict(values),
     )
@@ -269,6 +337,62 @@ def parse_epochs(text: str, *, source: str = "data.config", line: int | None = N
             line=line,
         ) from None
     return n
+
+
+_BOOL_TRUE, _BOOL_FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
+def _int_key(values, lines, source, key: str, low: int, high: int, meaning: str) -> int | None:
+    raw = values.get(key, "")
+    if raw == "":
+        return None
+    try:
+        v = int(raw)
+        if not low <= v <= high:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            f"{key}={raw!r} must be an integer from {low} to {high} ({meaning})", path=source, line=lines.get(key)
+        ) from None
+    return v
+
+
+def _parse_incremental(values: Mapping[str, str], lines: Mapping[str, int], source: str) -> dict:
+    """DELTA_PASSES, BASE_EVERY, ADMIT_MIN_COUNT, EVICT_AFTER_PASSES, PASS_MINUTES (docs/contracts.md)."""
+    minutes = None
+    if values.get("PASS_MINUTES"):
+        raw = values["PASS_MINUTES"]
+        try:
+            minutes = int(raw)
+        except ValueError:
+            minutes = -1
+        if minutes not in PASS_MINUTES_CHOICES:
+            raise ConfigError(
+                f"PASS_MINUTES={raw!r} must divide the hour: one of {', '.join(map(str, PASS_MINUTES_CHOICES))} "
+                "(unset for hourly passes)",
+                path=source,
+                line=lines.get("PASS_MINUTES"),
+            )
+    raw = (values.get("DELTA_PASSES") or "").lower()
+    if raw and raw not in _BOOL_TRUE + _BOOL_FALSE:
+        raise ConfigError(f"DELTA_PASSES={raw!r} must be 0 or 1", path=source, line=lines.get("DELTA_PASSES"))
+    # Sub-hour passes are deltas unless DELTA_PASSES=0 says otherwise: a whole table every few minutes is
+    # what incremental rollouts exist to avoid.
+    delta = raw in _BOOL_TRUE if raw else minutes is not None
+    base_every = _int_key(values, lines, source, "BASE_EVERY", 1, 100_000, "a base pass every N passes")
+    admit = _int_key(
+        values, lines, source, "ADMIT_MIN_COUNT", 1, MAX_ADMIT_MIN_COUNT, "sightings before a feasign is trained"
+    )
+    evict = _int_key(
+        values, lines, source, "EVICT_AFTER_PASSES", 1, 100_000, "passes unseen before a feasign is removed"
+    )
+    return {
+        "delta_passes": delta,
+        "base_every": base_every or DEFAULT_BASE_EVERY,
+        "admit_min_count": admit if admit and admit > 1 else None,
+        "evict_after_passes": evict,
+        "pass_minutes": minutes,
+    }
 
 
 def load_data_config(path: str | Path, env: Mapping[str, str] | None = None) -> DataConfig:

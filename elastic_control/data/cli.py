@@ -12,6 +12,19 @@ from elastic_control.config.data_config import parse_hour
 DEFAULT_START = "20191221/00"
 
 
+def _minutes_option(fn):
+    from elastic_control.config.data_config import PASS_MINUTES_CHOICES
+
+    return click.option(
+        "--minutes",
+        type=click.Choice([str(m) for m in PASS_MINUTES_CHOICES]),
+        default=None,
+        callback=lambda ctx, param, value: int(value) if value else None,
+        help="Sub-hour layout for PASS_MINUTES: each hour's lines go into folders YYYYMMDD/HHMM, one per "
+        "MINUTES, each with its donefile.",
+    )(fn)
+
+
 def _hour(ctx, param, value):
     if value is None:
         return None
@@ -54,14 +67,18 @@ def data_group():
 )
 @click.option("--start", callback=_hour, default=DEFAULT_START, show_default=True, help="First hour, YYYYMMDD/HH.")
 @click.option("--parts", type=click.IntRange(1, 1024), default=2, show_default=True, help="Part files per hour.")
-def criteo_command(input_path, output, hours, start, parts):
+@_minutes_option
+def criteo_command(input_path, output, hours, start, parts, minutes):
     from elastic_control.console import done, out
     from elastic_control.data.criteo import convert_file
 
     with _progress(f"converting {input_path}", None) as advance:
-        summary = convert_file(input_path, output, hours=hours, start=start, parts=parts, progress=advance)
+        summary = convert_file(
+            input_path, output, hours=hours, start=start, parts=parts, progress=advance, minutes=minutes
+        )
+    layout = f" in {minutes}-minute folders" if minutes else ""
     done(
-        f"{summary['lines']} lines -> {hours} hour(s) under {output} (CTR {summary['ctr']:.4f}, "
+        f"{summary['lines']} lines -> {hours} hour(s){layout} under {output} (CTR {summary['ctr']:.4f}, "
         f"{summary['bad_lines']} bad lines skipped); slots 1-39"
     )
     out(json.dumps(summary))
@@ -89,7 +106,15 @@ def criteo_command(input_path, output, hours, start, parts):
 )
 @click.option("--parts", type=click.IntRange(1, 1024), default=2, show_default=True, help="Part files per hour.")
 @click.option("--gz", is_flag=True, help="Gzip the part files.")
-def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, parts, gz):
+@_minutes_option
+@click.option(
+    "--drift",
+    type=click.FloatRange(0, 1_000_000),
+    default=0.0,
+    show_default=True,
+    help="Vocabulary drift: popularity ranks move this many feasigns per hour (per slot with --minutes).",
+)
+def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, parts, gz, minutes, drift):
     from elastic_control.config.slot_conf import load_slot_conf
     from elastic_control.console import done, out
     from elastic_control.data.synth import DEFAULT_VOCAB, generate
@@ -107,9 +132,12 @@ def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, 
             compress=gz,
             vocab=vocab or DEFAULT_VOCAB,
             progress=advance,
+            minutes=minutes,
+            drift=drift,
         )
+    layout = f" in {minutes}-minute folders" if minutes else ""
     done(
-        f"{summary['lines']} lines in {hours} hour(s) under {output} (CTR {summary['ctr']:.4f}, "
+        f"{summary['lines']} lines in {hours} hour(s){layout} under {output} (CTR {summary['ctr']:.4f}, "
         f"Bayes-optimal AUC {summary['bayes_auc']:.4f})"
     )
     out(json.dumps(summary))

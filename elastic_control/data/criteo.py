@@ -90,8 +90,12 @@ def convert_file(
     parts: int = 2,
     max_bad_fraction: float = 0.01,
     progress: Callable[[int], None] | None = None,
+    minutes: int | None = None,
 ) -> dict:
-    """Convert a raw Criteo file into ``hours`` consecutive hours (lines split evenly, in file order)."""
+    """Convert a raw Criteo file into ``hours`` consecutive hours (lines split evenly, in file order).
+
+    ``minutes`` (PASS_MINUTES) spreads each hour over its sub-hour folders ``YYYYMMDD/HHMM``.
+    """
     if hours < 1:
         raise DataError(f"--hours must be at least 1, got {hours}")
     conv = CriteoConverter()
@@ -117,7 +121,8 @@ def convert_file(
     per_hour = math.ceil(len(lines) / hours)
     positives = sum(1 for ln in lines if ln[2] == "1")
     for h in range(hours):
-        write_hour(output, start + dt.timedelta(hours=h), lines[h * per_hour : (h + 1) * per_hour], parts=parts)
+        hour_lines = lines[h * per_hour : (h + 1) * per_hour]
+        write_hour(output, start + dt.timedelta(hours=h), hour_lines, parts=parts, minutes=minutes)
     return {
         "lines": len(lines),
         "bad_lines": bad,

@@ -4,6 +4,10 @@ Layout: ``{HDFS_ADDRESS}{DATASET_PATH}/YYYYMMDD/HH/part-*`` (text, plain or
 .gz; or Parquet) and an hour is complete when ``donefile`` exists in it.
 Offline, a missing hour is skipped with a warning; online (ONLINE=1) the
 reader waits for its donefile, and keeps going after END_DATE_HR.
+
+With ``PASS_MINUTES=M`` the same holds for sub-hour slots: folders
+``YYYYMMDD/HHMM`` (MM a multiple of M), each with its own donefile, one pass
+each; the window START_DATE_HR..END_DATE_HR covers every slot of its hours.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ctr_foundation.errors import DataError
-from elastic_control.config.data_config import DataConfig, format_hour
+from elastic_control.config.data_config import DataConfig, format_slot, slot_path
 from elastic_control.data.filesystems import DataLocation, open_location
 from elastic_control.data.line_batch import BadLine, LineBatch, parse_lines
 
@@ -31,13 +35,14 @@ MIN_LINES_FOR_EARLY_CHECK = 10_000
 
 @dataclass(frozen=True)
 class HourPartition:
-    hour: dt.datetime
+    hour: dt.datetime  # the start of the slot: an hour, or a PASS_MINUTES slot
     location: DataLocation
     files: tuple[str, ...]
+    minutes: int | None = None  # PASS_MINUTES of the layout (None: hourly folders)
 
     @property
     def name(self) -> str:
-        return format_hour(self.hour)
+        return format_slot(self.hour, self.minutes)
 
 
 @dataclass
@@ -89,7 +94,12 @@ class HourlyData:
         self._sleep = sleep
 
     def hour_location(self, hour: dt.datetime) -> DataLocation:
-        return self.root.join(f"{hour:%Y%m%d}", f"{hour:%H}")
+        """The folder of an hour (or, with PASS_MINUTES, of the sub-hour slot starting at ``hour``)."""
+        return self.root.join(*slot_path(hour, self.config.pass_minutes).split("/"))
+
+    def _name(self, hour: dt.datetime) -> str:
+        what = "slot" if self.config.pass_minutes else "hour"
+        return f"{what} {format_slot(hour, self.config.pass_minutes)}"
 
     def is_ready(self, hour: dt.datetime) -> bool:
         loc = self.hour_location(hour)
@@ -110,12 +120,12 @@ class HourlyData:
         return tuple(sorted(names))
 
     def schedule(self) -> Iterator[dt.datetime]:
-        """START..END; online, continues past END one hour at a time."""
+        """START..END (every slot of those hours); online, continues past END one slot at a time."""
         if not self.config.online:
-            yield from self.config.hours()
+            yield from self.config.slots()
             return
         for i in itertools.count():
-            yield self.config.start + dt.timedelta(hours=i)
+            yield self.config.start + i * self.config.step
 
     def partitions(self, *, after: dt.datetime | None = None) -> Iterator[HourPartition]:
         """Ready hours in order (strictly after ``after`` when resuming); waits online, skips offline."""
@@ -125,12 +135,11 @@ class HourlyData:
             if not self.is_ready(hour):
                 if not self.config.online:
                     self._warn(
-                        f"hour {format_hour(hour)} is missing (no {HOUR_DONEFILE} in "
-                        f"{self.hour_location(hour).url}); skipped"
+                        f"{self._name(hour)} is missing (no {HOUR_DONEFILE} in {self.hour_location(hour).url}); skipped"
                     )
                     continue
                 self.wait_for(hour)
-            yield HourPartition(hour, self.hour_location(hour), self.list_files(hour))
+            yield HourPartition(hour, self.hour_location(hour), self.list_files(hour), self.config.pass_minutes)
 
     def wait_for(self, hour: dt.datetime) -> None:
         """Block until the hour's donefile exists; DataError after ``wait_timeout`` seconds."""
@@ -140,11 +149,11 @@ class HourlyData:
             waited = time.monotonic() - started
             if self.wait_timeout is not None and waited >= self.wait_timeout:
                 raise DataError(
-                    f"hour {format_hour(hour)}: no {HOUR_DONEFILE} in {self.hour_location(hour).url} "
+                    f"{self._name(hour)}: no {HOUR_DONEFILE} in {self.hour_location(hour).url} "
                     f"after waiting {waited:.0f}s (ONLINE=1)"
                 )
             if not announced:
-                self._warn(f"waiting for hour {format_hour(hour)} ({self.hour_location(hour).url}/{HOUR_DONEFILE})")
+                self._warn(f"waiting for {self._name(hour)} ({self.hour_location(hour).url}/{HOUR_DONEFILE})")
                 announced = True
             pause = self.poll_seconds
             if self.wait_timeout is not None:

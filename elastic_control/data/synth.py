@@ -24,6 +24,7 @@ times whose weights cannot be learnt from 100k lines.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ctr_foundation.atomic import atomic_write_text
-from elastic_control.data.hourly_writer import hour_dir, write_hour
+from elastic_control.data.hourly_writer import hour_dir, hour_slots, split_hour, write_folder
 
 TRUTH_PREFIX = "truth-"
 # How many features a slot has in one line: usually one, sometimes none or two.
@@ -135,22 +136,53 @@ def generate(
     parts: int = 2,
     compress: bool = False,
     progress: Callable[[int], None] | None = None,
+    minutes: int | None = None,
+    drift: float = 0.0,
     **model_options,
 ) -> dict:
-    """Write ``hours`` hours of synthetic data under ``output``; return a summary with the Bayes-optimal AUC."""
+    """Write ``hours`` hours of synthetic data under ``output``; return a summary with the Bayes-optimal AUC.
+
+    ``minutes`` (PASS_MINUTES) spreads each hour over sub-hour folders ``YYYYMMDD/HHMM``. ``drift`` makes
+    the vocabulary move (what feature eviction is for): every slot (hour, or sub-hour slot) the Zipf
+    popularity ranks shift by ``drift`` feasigns along a stream of feasigns, ``vocab`` of them live at a
+    time: fresh feasigns enter at the tail and become frequent, and the head's feasigns retire (never seen
+    again), so the set of feasigns ever seen keeps growing as in live click logs.
+    """
     from elastic_control.metrics import auc as auc_of
 
+    window = int(model_options.get("vocab", DEFAULT_VOCAB))
+    if drift:  # room for every feasign that enters the window during the run
+        total_slots = hours * len(hour_slots(start, minutes))
+        model_options = {**model_options, "vocab": window + int(np.ceil(total_slots * drift)) + 1}
     model = build_planted_model(slots, seed, **model_options)
     all_prob, all_click = [], []
+    index = 0
     for h in range(hours):
         hour = start + dt.timedelta(hours=h)
         rng = np.random.default_rng([seed, 2, h])
-        lines, prob, clicks = sample_lines(model, lines_per_hour, rng)
-        folder = hour_dir(output, hour)
-        # Truth files first: the hour's donefile (written by write_hour) seals everything.
-        for i in range(parts):
-            atomic_write_text(folder / f"{TRUTH_PREFIX}{i:05d}", "".join(f"{p:.9f}\n" for p in prob[i::parts]))
-        write_hour(output, hour, lines, parts=parts, compress=compress)
+        starts = hour_slots(hour, minutes)
+        if drift:
+            chunks = []
+            for i in range(len(starts)):
+                moved = _drifted(model, int((index + i) * drift), window)
+                n = len(split_hour(list(range(lines_per_hour)), minutes)[i])
+                chunks.append(sample_lines(moved, n, rng))
+            lines = [ln for c in chunks for ln in c[0]]
+            prob = np.concatenate([c[1] for c in chunks])
+            clicks = np.concatenate([c[2] for c in chunks])
+        else:
+            lines, prob, clicks = sample_lines(model, lines_per_hour, rng)
+        offset = 0
+        for slot, chunk in zip(starts, split_hour(lines, minutes), strict=True):
+            folder = hour_dir(output, slot, minutes)
+            folder.mkdir(parents=True, exist_ok=True)
+            p_chunk = prob[offset : offset + len(chunk)]
+            offset += len(chunk)
+            # Truth files first: the folder's donefile (written by write_folder) seals everything.
+            for i in range(parts):
+                atomic_write_text(folder / f"{TRUTH_PREFIX}{i:05d}", "".join(f"{p:.9f}\n" for p in p_chunk[i::parts]))
+            write_folder(folder, chunk, parts=parts, compress=compress)
+        index += len(starts)
         all_prob.append(prob)
         all_click.append(clicks)
         if progress:
@@ -163,6 +195,18 @@ def generate(
         "bayes_auc": float(auc_of(clicks, prob)),
         "start": f"{start:%Y%m%d/%H}",
     }
+
+
+def _drifted(model: PlantedModel, shift: int, window: int) -> PlantedModel:
+    """The planted model with ``window`` live feasigns per slot starting at ``shift``: rank r is feasign
+    ``shift + r`` (Zipf over the window); feasigns before ``shift`` have retired, those after it are unborn."""
+    popularity = []
+    for p in model.popularity:
+        z = p[:window] / p[:window].sum()  # p is Zipf over ranks: its first entries are Zipf over the window
+        moved = np.zeros_like(p)
+        moved[shift : shift + window] = z
+        popularity.append(moved)
+    return dataclasses.replace(model, popularity=tuple(popularity))
 
 
 def read_truth(hour_folder: str | Path) -> tuple[list[str], np.ndarray]:

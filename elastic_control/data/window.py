@@ -28,10 +28,11 @@ class WindowCheck:
 def make_data_hint(config: DataConfig) -> str:
     """The command that writes synthetic hours for exactly this window."""
     hours = sum(1 for _ in config.hours())
+    minutes = f" --minutes {config.pass_minutes}" if config.pass_minutes else ""
     return (
         f"`elastic-control data synth --output {config.dataset_root} --start {format_hour(config.start)} "
-        f"--hours {hours}` (or `elastic-control data criteo --input FILE --output {config.dataset_root} "
-        f"--start {format_hour(config.start)} --hours {hours}` for real Criteo lines)"
+        f"--hours {hours}{minutes}` (or `elastic-control data criteo --input FILE --output {config.dataset_root} "
+        f"--start {format_hour(config.start)} --hours {hours}{minutes}` for real Criteo lines)"
     )
 
 
@@ -43,8 +44,8 @@ def check_data_window(config: DataConfig) -> WindowCheck:
     """
     from elastic_control.data.readers import HourlyData
 
-    hours = list(config.hours())
-    window = f"{format_hour(config.start)}..{format_hour(config.end)}"
+    hours = list(config.slots())
+    window = f"{config.format_slot(config.start)}..{config.format_slot(config.end)}"
     try:
         data = HourlyData(config)
         for checked, hour in enumerate(hours, start=1):
@@ -58,10 +59,11 @@ def check_data_window(config: DataConfig) -> WindowCheck:
         ) from e
     if config.online:
         return WindowCheck(len(hours), None, len(hours), True)
+    unit, folder = ("slot", "YYYYMMDD/HHMM") if config.pass_minutes else ("hour", "YYYYMMDD/HH")
     raise ConfigError(
-        f"no complete hour in {window} under DATASET_PATH {config.dataset_root} (an hour is complete once "
-        f"{config.dataset_root.rstrip('/')}/YYYYMMDD/HH/{HOUR_DONEFILE} exists; none of the {len(hours)} "
-        f"hour(s) has one), so training would write no pass. Make data with {make_data_hint(config)}, "
+        f"no complete {unit} in {window} under DATASET_PATH {config.dataset_root} (an {unit} is complete once "
+        f"{config.dataset_root.rstrip('/')}/{folder}/{HOUR_DONEFILE} exists; none of the {len(hours)} "
+        f"{unit}(s) has one), so training would write no pass. Make data with {make_data_hint(config)}, "
         "point DATASET_PATH at your click logs, or set ONLINE=1 to wait for hours to arrive",
         path=config.source,
     )

@@ -53,8 +53,11 @@ def _labels(lines: list[str]) -> np.ndarray:
     return np.array([int(line.split(maxsplit=2)[1]) for line in lines], dtype=np.int64)
 
 
-def write_configs(workdir: Path, *, slots, train_hours: int, dataset: Path, model_path: Path) -> tuple[Path, Path]:
-    """slot.conf and data.config for the training window (the held-out hour is left out)."""
+def write_configs(
+    workdir: Path, *, slots, train_hours: int, dataset: Path, model_path: Path, extra: dict | None = None
+) -> tuple[Path, Path]:
+    """slot.conf and data.config for the training window (the held-out hour is left out); ``extra`` adds
+    keys (the incremental ones: DELTA_PASSES, PASS_MINUTES, ...)."""
     slot_conf = workdir / "slot.conf"
     data_config = workdir / "data.config"
     end = DEMO_START + dt.timedelta(hours=train_hours - 1)
@@ -71,6 +74,7 @@ def write_configs(workdir: Path, *, slots, train_hours: int, dataset: Path, mode
                 'export DATA_FORMAT="text"',
                 'export ONLINE="0"',
                 f'export MODEL_PATH="{model_path}"',
+                *(f'export {k}="{v}"' for k, v in (extra or {}).items()),
                 "",
             ]
         ),
@@ -78,12 +82,38 @@ def write_configs(workdir: Path, *, slots, train_hours: int, dataset: Path, mode
     return slot_conf, data_config
 
 
+def _heldout(dataset: Path, hour: dt.datetime, minutes: int | None, truth: bool):
+    """(lines, true probabilities or None) of the held-out hour, over its sub-hour folders if any."""
+    from elastic_control.data.hourly_writer import hour_dir, hour_slots
+    from elastic_control.data.synth import read_truth
+
+    lines: list[str] = []
+    probs = []
+    for slot in hour_slots(hour, minutes):
+        folder = hour_dir(dataset, slot, minutes)
+        if truth:
+            got, p = read_truth(folder)
+            lines += got
+            probs.append(p)
+        else:
+            lines += _hour_lines(folder)
+    return lines, (np.concatenate(probs) if truth else None)
+
+
 def prepare_synthetic(
-    workdir: Path, *, train_hours: int, lines_per_hour: int, seed: int = 7, progress=None
+    workdir: Path,
+    *,
+    train_hours: int,
+    lines_per_hour: int,
+    seed: int = 7,
+    progress=None,
+    extra: dict | None = None,
 ) -> DemoData:
-    """Planted-model hours (``elastic-control data synth``): train_hours + 1 held-out hour."""
-    from elastic_control.data.hourly_writer import hour_dir
-    from elastic_control.data.synth import generate, read_truth
+    """Planted-model hours (``elastic-control data synth``): train_hours + 1 held-out hour.
+
+    ``extra`` data.config keys; with PASS_MINUTES the hours are written as sub-hour folders.
+    """
+    from elastic_control.data.synth import generate
     from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     dataset, model_path = workdir / "data", workdir / "models"
@@ -95,13 +125,13 @@ def prepare_synthetic(
         seed=seed,
         start=DEMO_START,
         progress=progress,
+        minutes=_minutes(extra),
     )
-    heldout = hour_dir(dataset, DEMO_START + dt.timedelta(hours=train_hours))
-    lines, truth = read_truth(heldout)
+    lines, truth = _heldout(dataset, DEMO_START + dt.timedelta(hours=train_hours), _minutes(extra), truth=True)
     labels = _labels(lines)
     bayes, _ = auc_from_counts(counts_from_arrays(labels, truth))
     slot_conf, data_config = write_configs(
-        workdir, slots=SYNTH_SLOTS, train_hours=train_hours, dataset=dataset, model_path=model_path
+        workdir, slots=SYNTH_SLOTS, train_hours=train_hours, dataset=dataset, model_path=model_path, extra=extra
     )
     return DemoData(
         slot_conf,
@@ -118,15 +148,25 @@ def prepare_synthetic(
     )
 
 
+def _minutes(extra: dict | None) -> int | None:
+    value = (extra or {}).get("PASS_MINUTES")
+    return int(value) if value else None
+
+
 def prepare_criteo(
-    workdir: Path, criteo_file: str, *, train_hours: int, lines_per_hour: int | None, progress=None
+    workdir: Path,
+    criteo_file: str,
+    *,
+    train_hours: int,
+    lines_per_hour: int | None,
+    progress=None,
+    extra: dict | None = None,
 ) -> DemoData:
     """Real Criteo lines (``elastic-control data criteo``), split into train_hours + 1 hours.
 
     With ``lines_per_hour``, only the first (train_hours + 1) * lines_per_hour lines of the file are used.
     """
     from elastic_control.data.criteo import convert_file
-    from elastic_control.data.hourly_writer import hour_dir
 
     dataset, model_path = workdir / "data", workdir / "models"
     source = Path(criteo_file)
@@ -142,11 +182,12 @@ def prepare_criteo(
                     break
                 out.write(raw if raw.endswith("\n") else raw + "\n")
         source = prefix
-    summary = convert_file(source, dataset, hours=train_hours + 1, start=DEMO_START, progress=progress)
-    heldout = hour_dir(dataset, DEMO_START + dt.timedelta(hours=train_hours))
-    lines = _hour_lines(heldout)
+    summary = convert_file(
+        source, dataset, hours=train_hours + 1, start=DEMO_START, progress=progress, minutes=_minutes(extra)
+    )
+    lines, _ = _heldout(dataset, DEMO_START + dt.timedelta(hours=train_hours), _minutes(extra), truth=False)
     slot_conf, data_config = write_configs(
-        workdir, slots=CRITEO_SLOTS, train_hours=train_hours, dataset=dataset, model_path=model_path
+        workdir, slots=CRITEO_SLOTS, train_hours=train_hours, dataset=dataset, model_path=model_path, extra=extra
     )
     return DemoData(
         slot_conf,

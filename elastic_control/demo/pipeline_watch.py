@@ -24,6 +24,7 @@ class PassEvent:
     done_at: float | None
     auc: float | None
     metrics: dict = field(default_factory=dict)
+    kind: str = "base"  # base | delta
 
 
 def log_tail(deployment: Deployment, component: str, lines: int = 12) -> str:
@@ -48,7 +49,8 @@ def _last_line(status: PipelineStatus, component: str) -> str:
 
 def _events(status: PipelineStatus) -> list[PassEvent]:
     return [
-        PassEvent(p["pass"], p.get("done_at"), p.get("auc"), p.get("metrics") or {}) for p in status.training["passes"]
+        PassEvent(p["pass"], p.get("done_at"), p.get("auc"), p.get("metrics") or {}, p.get("kind") or "base")
+        for p in status.training["passes"]
     ]
 
 

@@ -132,10 +132,17 @@ def run_demo(
     timeout: float = 900.0,
     show: bool = True,
     on_pass=None,
+    deltas: bool = False,
+    pass_minutes: int | None = None,
+    admit_min_count: int | None = None,
+    evict_after: int | None = None,
 ) -> DemoReport:
     """Run the main job; returns the report (also printed). Stops everything at the end unless ``keep``.
 
     ``on_pass(event, deployment)`` is called as each training pass completes (tests use it to inject failures).
+    ``deltas`` (DELTA_PASSES=1: the first pass a base, the others deltas), ``pass_minutes`` (PASS_MINUTES:
+    sub-hour passes, deltas unless ``deltas`` is off), ``admit_min_count`` and ``evict_after`` go into the
+    demo's data.config (docs/contracts.md, "Delta passes").
     """
     from elastic_control import api
     from elastic_control.config import Resources
@@ -148,6 +155,8 @@ def run_demo(
     if criteo and not Path(criteo).is_file():
         raise UsageError(f"--criteo {criteo}: file not found")
     resources = Resources(trainers=trainers, pservers=pservers, cube_shards=shards)  # validates the ranges
+    extra = demo_config_keys(deltas, pass_minutes, admit_min_count, evict_after)
+    expected_passes = hours * (60 // pass_minutes if pass_minutes else 1)
     root = Path(workdir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     _reset_workdir(root)
@@ -158,14 +167,16 @@ def run_demo(
     with _timed(report, "data"):
         if criteo:
             info(f"converting real Criteo lines from {criteo} into {hours} training hours + 1 held-out hour")
-            data = prepare_criteo(root, criteo, train_hours=hours, lines_per_hour=lines_per_hour)
+            data = prepare_criteo(root, criteo, train_hours=hours, lines_per_hour=lines_per_hour, extra=extra)
         else:
             info(
                 f"generating {hours} training hours + 1 held-out hour of synthetic planted-model data "
                 f"({lines_per_hour} lines per hour)"
             )
-            data = prepare_synthetic(root, train_hours=hours, lines_per_hour=lines_per_hour, seed=seed)
+            data = prepare_synthetic(root, train_hours=hours, lines_per_hour=lines_per_hour, seed=seed, extra=extra)
     done(f"data: {data.lines_total} lines ({data.source}) in {report.timings['data']:.1f}s under {data.dataset}")
+    if extra:
+        info("data.config: " + " ".join(f"{k}={v}" for k, v in extra.items()))
     report.bayes_auc = data.bayes_auc
 
     pipeline = None
@@ -189,7 +200,7 @@ def run_demo(
         remaining = lambda: max(30.0, timeout - (time.monotonic() - t_start))  # noqa: E731
         passes = wait_for_training(
             pipeline,
-            expected_passes=hours,
+            expected_passes=expected_passes,
             timeout=remaining(),
             show=show,
             on_pass=(lambda event: on_pass(event, pipeline)) if on_pass else None,
@@ -205,7 +216,16 @@ def run_demo(
         previous = None
         for p in passes:
             seconds = None if p.done_at is None or previous is None else round(p.done_at - previous, 2)
-            report.passes.append({"pass": p.name, "auc": p.auc, "seconds_since_previous": seconds})
+            report.passes.append(
+                {
+                    "pass": p.name,
+                    "auc": p.auc,
+                    "seconds_since_previous": seconds,
+                    "kind": p.kind,
+                    "rows": p.metrics.get("rows"),
+                    "keys_live": p.metrics.get("keys_live"),
+                }
+            )
             previous = p.done_at
         last = passes[-1].name
 
@@ -250,12 +270,28 @@ def run_demo(
             )
 
 
+def demo_config_keys(deltas: bool, pass_minutes, admit_min_count, evict_after) -> dict:
+    """The demo's incremental data.config keys (validated like any data.config by -r)."""
+    extra: dict = {}
+    if deltas:
+        extra["DELTA_PASSES"] = 1
+    if pass_minutes:
+        extra["PASS_MINUTES"] = pass_minutes  # sub-hour passes are deltas by default (data_config.py)
+    if admit_min_count:
+        extra["ADMIT_MIN_COUNT"] = admit_min_count
+    if evict_after:
+        extra["EVICT_AFTER_PASSES"] = evict_after
+    return extra
+
+
 def print_report(report: DemoReport, data) -> None:
     console.rule("ElasticCTR demo")
-    info(f"trained {len(report.passes)} hourly passes on {data.source}; serving {report.served_version}")
+    unit = "passes" if any(p.get("kind") == "delta" for p in report.passes) else "hourly passes"
+    info(f"trained {len(report.passes)} {unit} on {data.source}; serving {report.served_version}")
     for p in report.passes:
         auc = f"AUC {p['auc']:.4f}" if p["auc"] is not None else "AUC n/a"
-        info(f"  {p['pass']}: {auc} (held out by the trainer)")
+        rows = f", {p['kind']} of {p['rows']} rows, {p['keys_live']} live keys" if p.get("rows") is not None else ""
+        info(f"  {p['pass']}: {auc} (held out by the trainer){rows}")
     line = f"held-out hour through the client: {report.predictions} predictions, AUC {report.auc:.4f}"
     if report.bayes_auc is not None:
         line += f" (Bayes-optimal {report.bayes_auc:.4f}, gap {report.bayes_auc - report.auc:+.4f})"
@@ -275,9 +311,11 @@ def print_report(report: DemoReport, data) -> None:
         info(f"  click={e['label']}  p={e['prediction']:.4f}{truth}   {e['line']}…")
     for r in report.rollouts:
         if r.get("freshness_s") is not None:
+            kind = f" ({r['kind']})" if r.get("kind") else ""
+            shipped = f", {r['shipped_bytes'] / 1e6:.1f} MB shipped to the shards" if r.get("shipped_bytes") else ""
             info(
-                f"freshness of {r['version']}: {r['freshness_s']:.1f}s"
-                " from its donefile line to serving answering with it"
+                f"freshness of {r['version']}{kind}: {r['freshness_s']:.1f}s"
+                f" from its donefile line to serving answering with it{shipped}"
             )
     t = report.timings
     info(

@@ -55,8 +55,8 @@ def _finish(result, output: str | None, mlflow: bool, as_json: bool) -> None:
 @click.option("--group-slot", type=int, help="Slot whose feasign names the group (user/query): grouped AUC, NDCG@k.")
 @click.option("--ndcg-k", type=click.IntRange(1, 10000), default=10, show_default=True, help="k of NDCG@k.")
 @click.option("--workers", type=click.IntRange(1, 512), help="Worker processes (default: all cores).")
-@click.option("--start", help="First hour YYYYMMDD/HH (default: START_DATE_HR).")
-@click.option("--end", help="Last hour YYYYMMDD/HH (default: END_DATE_HR).")
+@click.option("--start", help="First hour YYYYMMDD/HH, or slot YYYYMMDD/HHMM (default: START_DATE_HR).")
+@click.option("--end", help="Last hour YYYYMMDD/HH, or slot YYYYMMDD/HHMM (default: END_DATE_HR).")
 @click.option("--shard", help="Run only share I of W (a cluster worker) and write its partial to --partial-out.")
 @click.option(
     "--partial-out",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ctr_foundation.errors import ConfigError, DataError, UsageError
 from ctr_foundation.pass_format import load_pass
-from elastic_control.config.data_config import format_hour, load_data_config, parse_hour
+from elastic_control.config.data_config import load_data_config, parse_slot
 
 _NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 _CLAUSE = re.compile(rf"^\s*([a-z_]+)\s*(<=|>=|=)\s*({_NUMBER})(?:\s*\.\.\s*({_NUMBER}))?\s*$")
@@ -110,15 +110,21 @@ class GateDecision:
 
 
 def holdout_window(candidate_meta: dict, config, hours: int, ready) -> tuple[dt.datetime, dt.datetime, bool]:
-    """(start, end, after_training): the hours after the candidate's window, or the last ones of it."""
+    """(start, end, after_training): the hours after the candidate's window, or the last ones of it.
+
+    With PASS_MINUTES the hours are counted in sub-hour slots (``hours * 60 / PASS_MINUTES`` of them) and
+    the candidate's window end is a slot (``YYYYMMDD/HHMM``).
+    """
     try:
-        end = parse_hour(candidate_meta["window"]["end"], key="meta.json window.end")
+        end = parse_slot(candidate_meta["window"]["end"], key="meta.json window.end")
     except (KeyError, TypeError):
         raise DataError("the candidate's meta.json has no window.end: cannot choose hold-out hours") from None
-    after = [end + dt.timedelta(hours=i + 1) for i in range(hours)]
+    step = config.step if config is not None else dt.timedelta(hours=1)
+    n = hours * (dt.timedelta(hours=1) // step)
+    after = [end + step * (i + 1) for i in range(n)]
     if all(ready(h) for h in after):
         return after[0], after[-1], True
-    within = [end - dt.timedelta(hours=i) for i in range(hours)][::-1]
+    within = [end - step * i for i in range(n)][::-1]
     return within[0], within[-1], False
 
 
@@ -158,7 +164,7 @@ def evaluate_candidate(
         return HourlyData(config).is_ready(hour)
 
     start, end, after_training = holdout_window(candidate.meta, config, rule.holdout_hours, ready)
-    window = f"{format_hour(start)}..{format_hour(end)}"
+    window = f"{config.format_slot(start)}..{config.format_slot(end)}"
     note = "" if after_training else " (no complete hour after the training window yet: judged on its last hours)"
     try:
         spec = EvalSpec.create(
@@ -166,15 +172,19 @@ def evaluate_candidate(
             data_config=data_config,
             shares=workers or 1,
             baseline=active,
-            start=format_hour(start),
-            end=format_hour(end),
+            start=config.format_slot(start),
+            end=config.format_slot(end),
         )
         result = evaluate(spec, workers=workers or 1)
         metrics = result.metrics
     except DataError as e:
         decision = GateDecision(False, f"hold-out {window}{note}: cannot evaluate: {e}", {})
     else:
-        metrics["holdout"] = {"start": format_hour(start), "end": format_hour(end), "after_training": after_training}
+        metrics["holdout"] = {
+            "start": config.format_slot(start),
+            "end": config.format_slot(end),
+            "after_training": after_training,
+        }
         decision = apply_rule(rule, metrics)
         decision.reason = f"hold-out {window}{note}: {decision.reason}"
     if record:

@@ -18,6 +18,7 @@ content), so a lost worker's share is redone alone::
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import math
@@ -30,7 +31,7 @@ import numpy as np
 
 from ctr_foundation.atomic import atomic_write_json, staged_directory
 from ctr_foundation.errors import DataError, UsageError
-from elastic_control.config.data_config import format_hour, load_data_config, parse_hour
+from elastic_control.config.data_config import load_data_config, parse_slot
 from elastic_control.evaluation.grouped import group_bucket
 from elastic_control.metrics import CountsBuilder
 
@@ -81,10 +82,10 @@ class EvalSpec:
         if baseline:
             load_pass(baseline)
         config = load_data_config(data_config)
-        s = parse_hour(start, key="--start") if start else config.start
-        e = parse_hour(end, key="--end") if end else config.end
+        s = parse_slot(start, key="--start") if start else config.start
+        e = window_end(end, config) if end else config.end
         if e < s:
-            raise UsageError(f"--end {format_hour(e)} is before --start {format_hour(s)}")
+            raise UsageError(f"--end {config.format_slot(e)} is before --start {config.format_slot(s)}")
         if shares < 1:
             raise UsageError(f"the number of shares must be at least 1, got {shares}")
         if ndcg_k < 1:
@@ -92,8 +93,8 @@ class EvalSpec:
         return cls(
             str(Path(model).resolve()),
             str(Path(data_config).resolve()),
-            format_hour(s),
-            format_hour(e),
+            config.format_slot(s),
+            config.format_slot(e),
             shares,
             str(Path(baseline).resolve()) if baseline else None,
             group_slot,
@@ -108,6 +109,15 @@ class EvalSpec:
     def from_json(cls, d: dict) -> EvalSpec:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in fields})
+
+
+def window_end(text: str, config) -> dt.datetime:
+    """The last slot of an evaluation window: ``YYYYMMDD/HH`` names a whole hour (its last PASS_MINUTES
+    slot when the data has sub-hour folders), ``YYYYMMDD/HHMM`` one slot."""
+    end = parse_slot(text, key="--end")
+    if config.pass_minutes and len(text) == len("YYYYMMDD/HH"):
+        end += dt.timedelta(hours=1) - config.step
+    return end
 
 
 def share_dir(partials: str | os.PathLike, index: int, shares: int) -> Path:
@@ -129,7 +139,7 @@ def _window_data(spec: EvalSpec):
     from elastic_control.data.readers import HourlyData
 
     config = load_data_config(spec.data_config)
-    config = config.with_window(parse_hour(spec.start), parse_hour(spec.end))
+    config = config.with_window(parse_slot(spec.start), parse_slot(spec.end))
     if config.online:
         config = dataclasses.replace(config, online=False)  # an evaluation window is closed
     return HourlyData(config)

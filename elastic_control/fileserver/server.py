@@ -85,6 +85,9 @@ def _fs_errors(fn):
         except OSError as e:
             if e.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # the client's path, not our disk
                 raise HttpError(400, f"refused path: {e.strerror}") from None
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk or quota: the upload was discarded
+                log.error("%s %s: %s", req.method, req.path, e)
+                raise HttpError(507, f"no space left on the file server's disk: {e.strerror}") from None
             log.error("%s %s: %s", req.method, req.path, e)
             raise HttpError(500, f"file system error: {e.strerror or e}") from None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo, read_sparse_table
+from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo
 from ctr_foundation.sample import Sample, parse_sample_line, slot_keys
 
 
@@ -74,7 +74,10 @@ class InMemoryTable:
 
     @classmethod
     def from_pass(cls, info: PassInfo) -> InMemoryTable:
-        return cls(*read_sparse_table(info.path, info.layout))
+        """The pass's whole table: a delta pass is assembled with its chain down to its base."""
+        from elastic_control.inference.whole_table import read_whole_table
+
+        return cls(*read_whole_table(info))
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values float32 [n, dim], found bool [n]); missing keys give zero vectors."""

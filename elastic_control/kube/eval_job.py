@@ -21,7 +21,7 @@ import yaml
 
 from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import UsageError
-from elastic_control.config.data_config import format_hour, parse_hour
+from elastic_control.config.data_config import format_slot, parse_slot
 from elastic_control.kube import constants as k
 from elastic_control.kube.render import (
     RenderInputs,
@@ -92,14 +92,19 @@ def validate_request(request: EvalJobRequest) -> None:
         raise UsageError(f"--ndcg-k must be at least 1, got {request.ndcg_k}")
     for flag, value in (("--start", request.start), ("--end", request.end)):
         if value is not None:
-            parse_hour(value, key=flag)
-    if request.start and request.end and parse_hour(request.end) < parse_hour(request.start):
+            parse_slot(value, key=flag)
+    if request.start and request.end and parse_slot(request.end) < parse_slot(request.start):
         raise UsageError(f"--end {request.end} is before --start {request.start}")
     if request.run is not None and (not _RUN_NAME.fullmatch(request.run) or len(request.run) > 12):
         raise UsageError(
             f"--run {request.run!r} must be a short name: at most 12 lower-case letters, digits and '-' "
             "(it becomes part of pod names)"
         )
+
+
+def _normal_slot(text: str) -> str:
+    """``YYYYMMDD/HH`` or ``YYYYMMDD/HHMM`` (sub-hour data), validated and written back the same way."""
+    return format_slot(parse_slot(text), minutes=len(text.strip()) > len("YYYYMMDD/HH"))
 
 
 def pod_pass_path(name_or_path: str, model_path: str) -> str:
@@ -116,9 +121,9 @@ def worker_entry(request: EvalJobRequest, *, model_path: str, partials: str) -> 
     if request.group_slot is not None:
         args += ["--group-slot", str(request.group_slot), "--ndcg-k", str(request.ndcg_k)]
     if request.start:
-        args += ["--start", format_hour(parse_hour(request.start))]
+        args += ["--start", _normal_slot(request.start)]
     if request.end:
-        args += ["--end", format_hour(parse_hour(request.end))]
+        args += ["--end", _normal_slot(request.end)]
     quoted = " ".join(shlex.quote(a) for a in args)
     shard = f'"${{VC_TASK_INDEX:?the Volcano env plugin did not set VC_TASK_INDEX}}/{request.workers}"'
     return f"exec elastic-control eval {quoted} --shard {shard} --partial-out {shlex.quote(partials)}"

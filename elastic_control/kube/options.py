@@ -40,12 +40,16 @@ class KubeOptions:
     max_retry: int = DEFAULT_MAX_RETRY
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
+    # Secrets (the user's) whose keys become environment variables of every pod that reads data
+    # (pservers, trainers, cube-transfer, evaluation): AWS_* for s3://, and the like.
+    data_secrets: tuple[str, ...] = ()
     pod_overlay: dict = field(default_factory=dict)  # validated content of --pod-overlay
     warnings: tuple[str, ...] = ()  # what -r warned about; -a repeats it
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["image_pull_secrets"] = list(self.image_pull_secrets)
+        d["data_secrets"] = list(self.data_secrets)
         d["warnings"] = list(self.warnings)
         return d
 
@@ -53,6 +57,7 @@ class KubeOptions:
     def from_json(cls, d: dict | None) -> KubeOptions:
         d = dict(d or {})
         d["image_pull_secrets"] = tuple(d.get("image_pull_secrets") or ())
+        d["data_secrets"] = tuple(d.get("data_secrets") or ())
         d["warnings"] = tuple(d.get("warnings") or ())
         known = set(cls.__dataclass_fields__)
         return cls(**{key: value for key, value in d.items() if key in known})
@@ -159,6 +164,7 @@ def build_kube_options(
     max_retry: int | None = None,
     image_pull_policy: str | None = None,
     image_pull_secrets: tuple[str, ...] | list[str] = (),
+    data_secrets: tuple[str, ...] | list[str] = (),
     pod_overlay: str | None = None,
 ) -> KubeOptions:
     """Validate the flags; ``target`` is the cluster (elastic_control.kube.target.Target) the plan is for."""
@@ -167,9 +173,10 @@ def build_kube_options(
     check_range("--serving-replicas", replicas, SERVING_REPLICAS_RANGE)
     retry = (DEFAULT_MAX_RETRY_ONLINE if online else DEFAULT_MAX_RETRY) if max_retry is None else max_retry
     check_range("--max-retry", retry, MAX_RETRY_RANGE)
-    for secret in image_pull_secrets:
-        if not (_DNS_SUBDOMAIN.fullmatch(secret) and len(secret) <= 253):
-            raise UsageError(f"--image-pull-secret {secret!r} is not a Secret name")
+    for flag, secrets in (("--image-pull-secret", image_pull_secrets), ("--data-secret", data_secrets)):
+        for secret in secrets:
+            if not (_DNS_SUBDOMAIN.fullmatch(secret) and len(secret) <= 253):
+                raise UsageError(f"{flag} {secret!r} is not a Secret name")
     return KubeOptions(
         context=target.context if target else None,
         cluster_server=target.server if target else None,
@@ -179,5 +186,6 @@ def build_kube_options(
         max_retry=retry,
         image_pull_policy=pull_policy_for(image, image_pull_policy),
         image_pull_secrets=tuple(image_pull_secrets),
+        data_secrets=tuple(data_secrets),
         pod_overlay=load_pod_overlay(pod_overlay) if pod_overlay else {},
     )

@@ -15,6 +15,7 @@ from elastic_control.kube.target import Target, resolve_target
 
 REMOTE_SCHEMES = ("hdfs", "viewfs", "s3", "s3a", "gs", "gcs", "abfs", "az", "http", "https")
 HDFS_SCHEMES = ("hdfs", "viewfs")
+S3_SCHEMES = ("s3", "s3a")
 
 
 def dataset_root(data_cfg: DataConfig, hdfs_address: str) -> str:
@@ -23,7 +24,9 @@ def dataset_root(data_cfg: DataConfig, hdfs_address: str) -> str:
     return data_cfg.dataset_path
 
 
-def path_warnings(data_cfg: DataConfig, *, hdfs_address: str, job_name: str) -> list[str]:
+def path_warnings(
+    data_cfg: DataConfig, *, hdfs_address: str, job_name: str, data_secrets: tuple[str, ...] = ()
+) -> list[str]:
     """Why pods would not find the data, and how to fix it (empty when they will)."""
     root = dataset_root(data_cfg, hdfs_address)
     scheme = root.split("://", 1)[0].lower() if "://" in root else ""
@@ -32,8 +35,16 @@ def path_warnings(data_cfg: DataConfig, *, hdfs_address: str, job_name: str) -> 
             f"DATASET_PATH {root} is on HDFS: the pods' image needs a Java runtime and libhdfs for it "
             "(build it with `docker build --build-arg HADOOP_VERSION=3.3.6 ...`, see the Dockerfile)"
         ]
+    if scheme in S3_SCHEMES and not data_secrets:
+        return [
+            f"DATASET_PATH {root} is on S3: the pods that read it get no AWS_* variables unless you give them "
+            "some: create a Secret (`kubectl create secret generic s3-data --from-literal=AWS_ACCESS_KEY_ID=... "
+            "--from-literal=AWS_SECRET_ACCESS_KEY=... [--from-literal=AWS_ENDPOINT_URL=...]`) and pass "
+            "--data-secret s3-data to -r, unless the namespace's default ServiceAccount or the nodes' role "
+            "grants access (IRSA, EKS Pod Identity)"
+        ]
     if scheme and scheme != "file":
-        return []  # s3:// (s3fs is in the image), gs:// ...: reachable with the right credentials
+        return []  # reachable with the credentials of --data-secret (or the pods' identity)
     path = root[len("file://") :] if scheme == "file" else root
     if path.startswith(k.SHARED_MOUNT.rstrip("/") + "/"):
         return []
@@ -76,7 +87,9 @@ def kube_plan_options(
     options = build_kube_options(image=image, online=data_cfg.online, target=target, **flags)
     warnings: list[str] = []
     if backend == "k8s":
-        warnings += path_warnings(data_cfg, hdfs_address=hdfs_address, job_name=job_name)
+        warnings += path_warnings(
+            data_cfg, hdfs_address=hdfs_address, job_name=job_name, data_secrets=options.data_secrets
+        )
         warnings += image_warnings(image, default_image)
     return options.with_warnings(warnings), target.namespace
 

@@ -212,6 +212,7 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "shared_access_mode": options.shared_access_mode,
         "image_pull_policy": options.image_pull_policy,
         "image_pull_secrets": list(options.image_pull_secrets),
+        "data_secrets": list(options.data_secrets),
         "pservers": res.pservers,
         "trainers": res.trainers,
         "cube_shards": res.cube_shards,
@@ -237,8 +238,10 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         # so a pserver's POD_IP must be its host name from that list.
         "pserver_entry": f'export POD_IP="{pserver_host}" PADDLE_TRAINER_ID="${{VC_TASK_INDEX}}"; '
         "exec elastic-control role",
+        # --check-window: an offline window with no complete hour aborts the job (exit 2) instead of
+        # completing it with no pass.
         "trainer_entry": 'export PADDLE_TRAINER_ID="${VC_TASK_INDEX:?the Volcano env plugin did not set '
-        'VC_TASK_INDEX}"; exec elastic-control role',
+        'VC_TASK_INDEX}"; exec elastic-control role --check-window',
         "configmap_name": f"{job}-config",
         "secret_name": f"{job}-token",
         "shared_pvc_name": f"{job}-shared",

@@ -19,7 +19,6 @@ from pathlib import Path
 from ctr_foundation import env_vars as ev
 from ctr_foundation.names import COORDINATOR_PORT_OFFSET, StateFolder
 from elastic_control.config import DataConfig
-from elastic_control.config.data_config import format_hour
 from elastic_control.local.ports import LOOPBACK, free_ports
 from elastic_control.local.spec import JOB, SERVICE, ComponentSpec, LocalPlan
 from elastic_control.plan import Plan
@@ -97,7 +96,7 @@ def training_window(cfg: DataConfig) -> dict | None:
     """The window an offline job must write a pass of (None online: the job waits for hours instead)."""
     if cfg.online:
         return None
-    return {"start": format_hour(cfg.start), "end": format_hour(cfg.end), "dataset": cfg.dataset_root}
+    return {"start": cfg.format_slot(cfg.start), "end": cfg.format_slot(cfg.end), "dataset": cfg.dataset_root}
 
 
 def draw_ports(services: int, pservers: int, trainers: int) -> tuple[list[int], list[int], list[int]]:

@@ -59,7 +59,7 @@ def transfer_timings(transfer_url: str, version: str, timeout: float = 1.0) -> d
         if entry.get("version") == version and entry.get("result") == "active":
             out = {
                 k: entry[k]
-                for k in ("build_s", "publish_s", "prepare_s", "activate_s", "total_s")
+                for k in ("build_s", "publish_s", "prepare_s", "activate_s", "total_s", "shipped_bytes")
                 if isinstance(entry.get(k), (int, float))
             }
             if isinstance(entry.get("at"), (int, float)):
@@ -100,6 +100,7 @@ class RolloutWatcher:
             for entry in read_donefile(self.model_path):
                 if entry.pass_name == version:
                     t = entry.epoch
+                    record["kind"] = entry.kind  # base | delta: deltas are measured the same way
                     record["donefile_time"] = t
                     record["freshness_s"] = None if t is None else round(now - t, 2)
         record.update(transfer_timings(self.transfer_url, version) if self.transfer_url else {})

@@ -51,15 +51,24 @@ def pass_auc(entry: DonefileEntry) -> float | None:
     return None
 
 
+# The incremental export's per-pass counts (training/delta_export.py), as status shows them.
+KEY_COUNTS = ("keys_live", "keys_admitted", "keys_pending", "keys_new", "keys_newly_admitted", "keys_evicted", "rows")
+
+
+def pass_keys(entry: DonefileEntry) -> dict:
+    """{live, admitted, pending, new, newly_admitted, evicted, rows} of a pass; {} without incremental export."""
+    return {k.removeprefix("keys_"): entry.metrics[k] for k in KEY_COUNTS if k in entry.metrics}
+
+
 def expected_passes(layout: StateFolder) -> int | None:
-    """Hours in the data window: the passes a finished (offline) job writes."""
+    """Hours (or PASS_MINUTES slots) in the data window: the passes a finished (offline) job writes."""
     from elastic_control.config import load_data_config
 
     try:
         cfg = load_data_config(layout.local_data_config, env={})
     except Exception:  # noqa: BLE001 - status must not fail on a broken config; -r reports that
         return None
-    return None if cfg.online else sum(1 for _ in cfg.hours())
+    return None if cfg.online else sum(1 for _ in cfg.slots())
 
 
 def _last_line(layout: StateFolder, name: str) -> str:
@@ -170,8 +179,19 @@ def _training(plan: LocalPlan, layout: StateFolder, record: dict, entries: list[
         "passes_expected": expected_passes(layout),
         "last_pass": last.pass_name if last else None,
         "last_auc": pass_auc(last) if last else None,
+        "last_kind": last.kind if last else None,  # base | delta (delta passes)
+        "last_parent": last.parent if last else None,
+        "keys": pass_keys(last) if last else {},
         "passes": [
-            {"pass": e.pass_name, "auc": pass_auc(e), "done_at": e.epoch, "window": e.window, "metrics": e.metrics}
+            {
+                "pass": e.pass_name,
+                "auc": pass_auc(e),
+                "done_at": e.epoch,
+                "window": e.window,
+                "metrics": e.metrics,
+                "kind": e.kind,
+                "parent": e.parent,
+            }
             for e in entries[-PASSES_LISTED:]
         ],
         "model_path": plan.model_path,

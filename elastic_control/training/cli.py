@@ -198,17 +198,40 @@ def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, 
         out(result.passes[-1])
 
 
+def check_window_in_pod(config) -> None:
+    """In a pod, an offline window without a complete hour would end the job Completed with no pass:
+    that is a configuration error (exit 2: the job's policy aborts it at once, the reason in trainer 0's
+    log). A store that cannot be read right now is a failure (exit 1): the job restarts and tries again."""
+    from ctr_foundation.errors import ConfigError, DataError
+    from elastic_control.data.window import check_data_window
+
+    try:
+        check_data_window(config)
+    except ConfigError as e:
+        if e.__cause__ is not None and not isinstance(e.__cause__, ConfigError):
+            raise DataError(str(e)) from e
+        raise
+
+
 @click.command(
     "role",
     hidden=True,
     help="Run one training role from the environment (TRAINING_ROLE, PADDLE_*, "
     "ELASTIC_CTR_DATA_CONFIG, ELASTIC_CTR_SLOT_CONF, MODEL_PATH).",
 )
+@click.option(
+    "--check-window",
+    is_flag=True,
+    hidden=True,
+    help="Trainers: first check that an offline window has a complete hour (the Kubernetes manifests pass it).",
+)
 @hyperparameter_options
-def role_command(hyper):
+def role_command(hyper, check_window):
     from elastic_control.training.settings import role_settings_from_env
 
     settings = role_settings_from_env(hyper)
+    if check_window and settings.role == "TRAINER":
+        check_window_in_pod(settings.data_config)
     if settings.role == "PSERVER":
         from elastic_control.training.pserver import run_pserver
 

@@ -117,8 +117,12 @@ def _l2_of_rows(paddle, emb, scale, spec: ModelSpec):
     return terms
 
 
-def build_training_net(paddle, spec: ModelSpec) -> TrainingNet:
+def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> TrainingNet:
     """Build the training net in the default programs and the dense inference program beside it.
+
+    ``embedding_hook(slot, emb) -> emb`` rewrites each slot's looked-up embeddings before pooling
+    (feature admission's mask, training/admission.py); the L2 terms below see the rewritten rows, so a
+    key the mask holds back gets no gradient from them either.
 
     The loss is the mean log loss of the batch plus, with ``l2_wide``/``l2_embedding`` set, a
     count-scaled L2 on the looked-up rows: each occurrence of key k adds
@@ -142,12 +146,14 @@ def build_training_net(paddle, spec: ModelSpec) -> TrainingNet:
     )
     init = paddle.nn.initializer.Uniform(-INITIAL_RANGE, INITIAL_RANGE)
     pooled, l2_terms = [], []
-    for i, x in enumerate(slot_inputs):
+    for i, (slot, x) in enumerate(zip(spec.slots, slot_inputs, strict=True)):
         emb = paddle.static.nn.sparse_embedding(
             input=x,
             size=[1024, spec.embedding_dim],
             param_attr=paddle.ParamAttr(name=SPARSE_TABLE_NAME, initializer=init),
         )
+        if embedding_hook is not None:
+            emb = embedding_hook(slot, emb)
         if uses_l2:
             l2_terms += _l2_of_rows(paddle, emb, l2_inputs[i], spec)
         pooled.append(paddle.static.nn.sequence_lod.sequence_pool(emb, pool_type="sum"))
@@ -179,12 +185,14 @@ SPARSE_ACCESSOR = "SparseAccessor"
 SPARSE_RULES = {"adam": "SparseAdamSGDRule", "adagrad": "SparseAdaGradSGDRule"}
 
 
-def make_strategy(fleet, spec: ModelSpec, *, shards: int = SPARSE_SHARDS):
+def make_strategy(fleet, spec: ModelSpec, *, shards: int = SPARSE_SHARDS, accessor: dict | None = None):
     """Fully asynchronous parameter-server training (the original's setting), table layout pinned.
 
     The accessor and the sparse optimizer rules decide the saved table's columns
     (pass_format.SparseLayout), so they are set explicitly, not left to defaults.
     embed_w (the wide weight of the wide families) and embedx_w have a rule each.
+    ``accessor`` adds accessor settings (``{"ctr_accessor_param.delta_threshold": ...}``: the
+    incremental export's, training/delta_export.py).
     """
     strategy = fleet.DistributedStrategy()
     strategy.a_sync = True
@@ -204,5 +212,6 @@ def make_strategy(fleet, spec: ModelSpec, *, shards: int = SPARSE_SHARDS):
         config[f"{prefix}.accessor.{part}_sgd_param.{rule}.learning_rate"] = rate
         # The same start as the Adam rule's (which takes the initializer's range); adagrad's own default is 1e-4.
         config[f"{prefix}.accessor.{part}_sgd_param.{rule}.initial_range"] = INITIAL_RANGE
+    config.update({f"{prefix}.accessor.{k}": v for k, v in (accessor or {}).items()})
     strategy.sparse_table_configs = {SPARSE_TABLE_NAME: config}
     return strategy

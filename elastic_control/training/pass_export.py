@@ -22,7 +22,7 @@ from ctr_foundation import pass_format
 from ctr_foundation.atomic import atomic_write_json, staged_directory
 from ctr_foundation.env_vars import TEST_CRASH_EXPORT
 from ctr_foundation.records import GOLDEN_FILE, DonefileEntry, append_donefile, utc_now, write_golden
-from elastic_control.config.data_config import format_hour
+from elastic_control.config.data_config import format_slot
 from elastic_control.training.model import SPARSE_ACCESSOR
 
 
@@ -43,15 +43,20 @@ def write_pass(
     save_dense: Callable[[Path], None],
     score_golden: Callable[[], list[dict]],
     meta: dict,
+    minutes: int | None = None,
 ) -> DonefileEntry:
     """Stage and publish one pass; return the donefile entry.
 
     ``score_golden`` runs AFTER the sparse and dense exports so the golden
-    probabilities come from exactly the exported state.
+    probabilities come from exactly the exported state. ``save_sparse`` may add
+    to ``meta`` (the incremental export's key counts). With ``minutes``
+    (PASS_MINUTES) the pass is named ``pass-YYYYMMDD-HHMM`` and its window says
+    ``YYYYMMDD/HHMM``. meta's ``kind``/``parent`` (delta passes) go on the
+    donefile line too.
     """
-    name = pass_format.pass_name(hour_end)
+    name = pass_format.pass_name(hour_end, minutes=bool(minutes))
     final = Path(model_path) / name
-    window = {"start": format_hour(hour_start), "end": format_hour(hour_end)}
+    window = {"start": format_slot(hour_start, minutes), "end": format_slot(hour_end, minutes)}
     with staged_directory(final) as stage:
         save_sparse(stage / pass_format.SPARSE_DIR)
         _maybe_crash("after_sparse", name)
@@ -70,7 +75,8 @@ def write_pass(
         atomic_write_json(stage / pass_format.META_FILE, full_meta)
         _maybe_crash("before_rename", name)
     _maybe_crash("before_donefile", name)
-    entry = DonefileEntry(name, str(final.resolve()), window, utc_now(), dict(meta.get("metrics", {})))
+    lineage = {k: meta[k] for k in ("kind", "parent") if k in meta}
+    entry = DonefileEntry(name, str(final.resolve()), window, utc_now(), dict(meta.get("metrics", {})), lineage)
     append_donefile(model_path, entry)
     return entry
 

@@ -9,6 +9,7 @@ short grace period after the job has finished.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 from elastic_control.training.coordinator import Coordinator, CoordinatorClient, coordinator_endpoint
@@ -60,15 +61,36 @@ def run_pserver(settings: RoleSettings) -> None:
     import paddle
     import paddle.distributed.fleet as fleet
 
-    from elastic_control.training.model import build_training_net, make_strategy
+    from elastic_control.training import delta_export
+    from elastic_control.training.admission import embedding_hook
+    from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
 
     paddle.enable_static()
     fleet.init(is_collective=False)
     spec = settings.model_spec()
-    net = build_training_net(paddle, spec)
-    strategy = make_strategy(fleet, spec)
+    config = settings.data_config
+    # The same program and table settings as the trainers' (admission adds its mask inputs).
+    hook = embedding_hook(paddle) if config.admit_min_count else None
+    net = build_training_net(paddle, spec, embedding_hook=hook)
+    strategy = make_strategy(fleet, spec, accessor=delta_export.accessor_overrides(config))
     fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), strategy).minimize(net.loss)
-    if start.get("last_pass"):
+    if start.get("last_pass") and config.incremental:
+        # Deltas (and pending keys) hold part of the table each: merge the chain for this pserver's shards.
+        out = os.path.join(settings.model_path, f"{delta_export.RESUME_PREFIX}{start['last_pass']}-ps{index}")
+        t = time.monotonic()
+        delta_export.assemble_resume_table(
+            start["last_pass_dir"],
+            out,
+            shards=SPARSE_SHARDS,
+            mine=delta_export.local_shards(index, settings.pservers, SPARSE_SHARDS),
+            log=lambda m: _log(settings, f"resuming: {m}"),
+        )
+        _log(settings, f"resuming: loading the whole table of {start['last_pass']} ({time.monotonic() - t:.1f}s)")
+        try:
+            fleet.init_server(out)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    elif start.get("last_pass"):
         sparse_dir = os.path.join(start["last_pass_dir"], "sparse")
         _log(settings, f"resuming: loading the sparse table of {start['last_pass']} from {sparse_dir}")
         fleet.init_server(sparse_dir)

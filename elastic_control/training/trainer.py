@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elastic_control.config.data_config import format_hour, parse_hour
+from elastic_control.config.data_config import format_hour, parse_slot
 from elastic_control.data.line_batch import LineBatch, concat_batches
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
 from elastic_control.metrics import RecentWindow, auc, log_loss
@@ -51,14 +51,19 @@ class Trainer:
         import paddle
         import paddle.distributed.fleet as fleet
 
-        from elastic_control.training.model import build_training_net, make_strategy
+        from elastic_control.training.incremental import Incremental
+        from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
 
         self.paddle, self.fleet = paddle, fleet
+        # Delta passes, admission, eviction (None when all are off: full passes as before).
+        self.incremental = Incremental.for_role(settings.data_config, is_chief=settings.is_chief, log=self.log)
+        self.sparse_shards = SPARSE_SHARDS
         paddle.enable_static()
         fleet.init(is_collective=False)
         self.spec = settings.model_spec()
-        self.net = build_training_net(paddle, self.spec)
-        strategy = make_strategy(fleet, self.spec)
+        inc = self.incremental
+        self.net = build_training_net(paddle, self.spec, embedding_hook=inc.embedding_hook(paddle) if inc else None)
+        strategy = make_strategy(fleet, self.spec, accessor=inc.accessor() if inc else None)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), strategy)
         optimizer.minimize(self.net.loss)
         self.main = paddle.static.default_main_program()
@@ -96,6 +101,8 @@ class Trainer:
         self._dense_ctx = self._dense_pull_context()
         if hello.get("last_pass"):
             self.log(f"resuming after {hello['last_pass']} (hours up to {hello['resume_after']} are done)")
+            if self.incremental:
+                self.incremental.resume(hello["last_pass_dir"])
         if self.tracker:
             self.tracker.log_params(
                 {
@@ -122,6 +129,7 @@ class Trainer:
                     "dataset": self.s.data_config.dataset_root,
                     "online": self.s.data_config.online,
                     "resumed_after": hello.get("last_pass") or "",
+                    **self._incremental_params(),
                 }
             )
 
@@ -171,7 +179,7 @@ class Trainer:
             warn=self.log,
         )
         hello = self.coord.hello()
-        after = parse_hour(hello["resume_after"]) if hello.get("resume_after") else None
+        after = parse_slot(hello["resume_after"]) if hello.get("resume_after") else None
         partitions = data.partitions(after=after)
         first = next(partitions, None)
         self.start(hello, first, data)
@@ -190,9 +198,10 @@ class Trainer:
                     "seconds": stats.seconds,
                 },
             )
-            if self.s.is_chief:
-                self.export(part, stats, everyone)
-            self.coord.barrier(f"{part.name}/exported", self.rank, self.s.trainers)
+            published = self.export(part, stats, everyone) if self.s.is_chief else None
+            done = self.coord.barrier(f"{part.name}/exported", self.rank, self.s.trainers, {"pass_dir": published})
+            if self.incremental and not self.s.is_chief:
+                self.incremental.follow(done["0"]["pass_dir"])
             passes += 1
         self.log(f"finished: {passes} pass(es)")
         self.shutdown()
@@ -204,6 +213,9 @@ class Trainer:
         h = self.s.hyper
         stats = PassStats()
         counter = BadLineCounter(self.s.data_config.max_bad_line_fraction)
+        if self.incremental:
+            # Admission's own counts restart at each pass (they are the occurrences fed since the last export).
+            self.incremental.start_pass()
         need = max(h.holdout_lines, h.golden_lines) if self.s.is_chief else 0
         holdout = Holdout(need, h.golden_stride)
         started = time.monotonic()
@@ -271,12 +283,21 @@ class Trainer:
         if epoch > 1:  # bad lines are counted (and checked) in the first epoch
             counter = BadLineCounter(1.0)
         chunks = data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=counter)
-        rng = np.random.default_rng([self.rank, epoch, part.hour.toordinal() * 24 + part.hour.hour])
+        seed = [self.rank, epoch, part.hour.toordinal() * 24 + part.hour.hour]
+        if part.minutes:  # sub-hour passes: each slot of the hour its own order
+            seed.append(part.hour.minute)
+        rng = np.random.default_rng(seed)
         lines = shuffled(without_holdout(chunks, holdout, first_epoch=epoch == 1), h.shuffle_lines, rng)
 
         def feeds():
+            mask = self.incremental.train_mask if self.incremental else None
             for b in rebatch(lines, h.batch_size):
-                yield b, make_feed(self.paddle, b, self.spec.slots, self.spec.sparse_dim, self.place, l2_scale)
+                yield (
+                    b,
+                    make_feed(
+                        self.paddle, b, self.spec.slots, self.spec.sparse_dim, self.place, l2_scale, admission=mask
+                    ),
+                )
 
         steps = 0
         last_log, last_examples = time.monotonic(), stats.examples
@@ -345,11 +366,13 @@ class Trainer:
         """Probabilities from the training program's forward pass (no gradient push)."""
         from elastic_control.training.feeding import make_feed
 
-        feed = make_feed(self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place)
+        mask = self.incremental.mask if self.incremental else None
+        feed = make_feed(self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, admission=mask)
         (prob,) = self.exe.run(self.forward, feed=feed, fetch_list=[self.net.prob.name])
         return np.array(prob).ravel()
 
-    def export(self, part: HourPartition, stats: PassStats, everyone: dict) -> None:
+    def export(self, part: HourPartition, stats: PassStats, everyone: dict) -> str:
+        """Write the pass (trainer 0, every trainer waiting); returns its folder."""
         from elastic_control.training import pass_export
         from elastic_control.training.families import row_layout
 
@@ -373,6 +396,7 @@ class Trainer:
         scored: dict = {}
 
         timings = {}
+        plan = self.incremental.plan() if self.incremental else None
 
         def save_sparse(path):
             t = time.monotonic()
@@ -380,7 +404,10 @@ class Trainer:
             # dense table as text (seconds, and nobody reads it: dense/ has it).
             rt = self.fleet.fleet._runtime_handle
             (table_id,) = {ctx.table_id() for ctx in rt._send_ctx.values() if ctx.is_sparse()}
-            rt._worker.save_one_model(table_id, str(path), 0)
+            if plan is None:
+                rt._worker.save_one_model(table_id, str(path), 0)
+            else:  # base or delta, admission, eviction: training/delta_export.py
+                metrics.update(self.incremental.export(rt._worker, table_id, self.sparse_shards, path.parent, plan))
             timings["sparse"] = time.monotonic() - t
 
         def save_dense(prefix):
@@ -425,6 +452,7 @@ class Trainer:
             "pservers": self.s.pservers,
             "metrics": metrics,
             "model": self.spec.to_json(),
+            **(plan.meta() if plan else {}),
         }
         entry = pass_export.write_pass(
             self.s.model_path,
@@ -434,7 +462,11 @@ class Trainer:
             save_dense=save_dense,
             score_golden=score_golden,
             meta=meta,
+            minutes=self.s.data_config.pass_minutes,
         )
+        if self.incremental:
+            self.incremental.exported(entry.path)
+            self.log(self._incremental_summary(entry.pass_name, plan, metrics))
         self.log("export timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
         self.log(
             f"exported {entry.pass_name}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
@@ -452,6 +484,28 @@ class Trainer:
                 family=self.spec.family,
             )
             self.log(f"MLflow: logged and registered {entry.pass_name} in {time.monotonic() - t:.1f}s")
+        return entry.path
+
+    def _incremental_params(self) -> dict:
+        c = self.s.data_config
+        if not self.incremental:
+            return {}
+        return {
+            "delta_passes": c.delta_passes,
+            "base_every": c.base_every,
+            "admit_min_count": c.admit_min_count or 0,
+            "evict_after_passes": c.evict_after_passes or 0,
+            "pass_minutes": c.pass_minutes or 60,
+        }
+
+    @staticmethod
+    def _incremental_summary(name: str, plan, m: dict) -> str:
+        kind = f"delta on {plan.parent}" if plan.kind == "delta" else "base"
+        return (
+            f"{name} ({kind}): {m['rows']} rows, {m['keys_deleted']} deleted; keys live {m['keys_live']}, "
+            f"admitted {m['keys_admitted']}, new {m['keys_new']}, newly admitted {m['keys_newly_admitted']}, "
+            f"evicted {m['keys_evicted']}"
+        )
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:

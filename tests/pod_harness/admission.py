@@ -55,6 +55,7 @@ def restricted_violations(spec: dict) -> list[str]:
         problems.append("pod runAsUser=0")
     if pod_sc.get("runAsNonRoot") is False:
         problems.append("pod runAsNonRoot=false")
+    problems += _selinux_and_apparmor("pod", pod_sc)
     for kind, c in all_containers(spec):
         where = f"{kind[:-1]} {c.get('name')!r}"
         sc = c.get("securityContext") or {}
@@ -81,7 +82,19 @@ def restricted_violations(spec: dict) -> list[str]:
         for port in c.get("ports") or []:
             if port.get("hostPort"):
                 problems.append(f"{where}: hostPort {port['hostPort']}")
-        se = sc.get("seLinuxOptions") or {}
-        if se.get("type") not in (None, "", "container_t", "container_init_t", "container_kvm_t"):
-            problems.append(f"{where}: seLinuxOptions.type {se['type']}")
+        problems += _selinux_and_apparmor(where, sc)
+    return problems
+
+
+def _selinux_and_apparmor(where: str, sc: dict) -> list[str]:
+    """Baseline: SELinux type one of the container types, no user or role; AppArmor not Unconfined."""
+    problems = []
+    se = sc.get("seLinuxOptions") or {}
+    if se.get("type") not in (None, "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"):
+        problems.append(f"{where}: seLinuxOptions.type {se['type']}")
+    for field in ("user", "role"):
+        if se.get(field):
+            problems.append(f"{where}: seLinuxOptions.{field} must not be set")
+    if (sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+        problems.append(f"{where}: AppArmor profile Unconfined")
     return problems
