@@ -87,7 +87,7 @@ class RoleSettings:
 
     @property
     def epochs(self) -> int | str:
-        return self.hyper.epochs or self.data_config.epochs or DEFAULT_EPOCHS
+        return resolve_epochs(self.hyper.epochs, self.data_config)
 
     @property
     def early_stop(self) -> bool:
@@ -119,6 +119,24 @@ class RoleSettings:
         )
 
 
+def resolve_epochs(flag: int | str | None, data_config: DataConfig) -> int | str:
+    """Epochs per pass: the flag, else data.config's EPOCHS, else the default; 1 with ADMIT_MIN_COUNT.
+
+    Admission counts a feasign's sightings as the pushes the parameter servers count (``show``), one
+    per epoch: with several epochs a feasign seen once in the data would pass ADMIT_MIN_COUNT=N after N
+    epochs. So with admission on, ``auto`` is one epoch and an explicit EPOCHS above 1 is refused.
+    """
+    setting = flag or data_config.epochs or DEFAULT_EPOCHS
+    if data_config.admit_min_count:
+        if setting != "auto" and int(setting) > 1:
+            raise ConfigError(
+                f"EPOCHS={setting} with ADMIT_MIN_COUNT={data_config.admit_min_count}: admission counts one "
+                "sighting per epoch, so a pass trains one epoch when admission is on (set EPOCHS=1 or auto)"
+            )
+        return 1
+    return setting
+
+
 def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings:
     """Validate every variable a role needs; ConfigError naming the first one missing or wrong."""
     env = os.environ if environ is None else environ
@@ -134,6 +152,7 @@ def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings
     trainer_id = env_vars.PADDLE_TRAINER_ID.get(env)
     if role == "TRAINER" and not 0 <= trainer_id < trainers:
         raise ConfigError(f"PADDLE_TRAINER_ID={trainer_id} must be in 0..PADDLE_TRAINERS_NUM-1 ({trainers - 1})")
+    resolve_epochs(hyper.epochs, data_config)  # refuses EPOCHS > 1 with admission before Paddle starts
     return RoleSettings(
         role=role,
         pserver_endpoints=env_vars.PADDLE_PSERVERS_IP_PORT_LIST.require(env),
