@@ -11,6 +11,10 @@
  * previous answer is complete; no new request starts after SECONDS.
  * Prints "requests elapsed_seconds"; writes each request's latency (uint32
  * nanoseconds, capped) to LATENCY_OUT.
+ *
+ * An answer length of 0 means "an HTTP/1.1 answer": its length is read from
+ * its Content-Length header (bench_serving.py: merged batches make the
+ * digits of a prediction, and so an answer's length, vary from run to run).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,13 +24,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 typedef struct { uint32_t len, answer; const char *data; } request_t;
-typedef struct { int fd; uint64_t next, got, want; double t0; int active; } conn_t;
+typedef struct { int fd; uint64_t next, got, want; double t0; int active, http; size_t head_len; char head[8192]; } conn_t;
+
+/* HTTP mode: the whole answer's length once its head is in, else 0 (need more bytes). */
+static uint64_t http_answer_length(conn_t *c) {
+    c->head[c->head_len < sizeof c->head ? c->head_len : sizeof c->head - 1] = 0;
+    char *end = strstr(c->head, "\r\n\r\n");
+    if (!end) {
+        if (c->head_len >= sizeof c->head - 1) { fprintf(stderr, "loadgen: answer head too long\n"); exit(1); }
+        return 0;
+    }
+    for (char *p = c->head; p < end; p++) {
+        if ((p == c->head || p[-1] == '\n') && strncasecmp(p, "content-length:", 15) == 0)
+            return (uint64_t)(end + 4 - c->head) + strtoull(p + 15, NULL, 10);
+    }
+    fprintf(stderr, "loadgen: answer without Content-Length\n");
+    exit(1);
+}
 
 static double now(void) {
     struct timespec ts;
@@ -81,6 +102,7 @@ int main(int argc, char **argv) {
     for (int c = 0; c < clients; c++) {
         request_t *r = &reqs[conns[c].next % count];
         conns[c].want = r->answer; conns[c].got = 0; conns[c].t0 = now();
+        conns[c].http = r->answer == 0; conns[c].head_len = 0;
         send_all(conns[c].fd, r->data, r->len);
     }
     int active = clients;
@@ -95,8 +117,14 @@ int main(int argc, char **argv) {
             ssize_t k = recv(c->fd, buf, sizeof buf, 0);
             if (k == 0) { fprintf(stderr, "loadgen: the server closed a connection\n"); return 1; }
             if (k < 0) { if (errno == EAGAIN || errno == EINTR) continue; die("recv"); }
+            if (c->http && c->want == 0) {
+                size_t room = sizeof c->head - 1 - c->head_len, take = (size_t)k < room ? (size_t)k : room;
+                memcpy(c->head + c->head_len, buf, take);
+                c->head_len += take;
+                c->want = http_answer_length(c);
+            }
             c->got += (uint64_t)k;
-            if (c->got < c->want) continue;
+            if (c->want == 0 || c->got < c->want) continue;
             if (c->got > c->want) { fprintf(stderr, "loadgen: answer longer than expected\n"); return 1; }
             double t = now(), l = (t - c->t0) * 1e9;
             if (lat_n == lat_cap) { lat_cap *= 2; lat = realloc(lat, lat_cap * sizeof *lat); }
@@ -106,6 +134,7 @@ int main(int argc, char **argv) {
                 c->next += (uint64_t)clients;
                 request_t *r = &reqs[c->next % count];
                 c->want = r->answer; c->got = 0; c->t0 = t;
+                c->http = r->answer == 0; c->head_len = 0;
                 send_all(c->fd, r->data, r->len);
             } else {
                 close(c->fd); c->active = 0; active--;

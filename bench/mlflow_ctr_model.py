@@ -16,7 +16,9 @@ class CtrPassModel(mlflow.pyfunc.PythonModel):
         import pyarrow  # noqa: F401  (before paddle)
 
         from ctr_foundation.pass_format import load_pass
-        from elastic_control.inference.scoring import DenseModel, InMemoryTable
+        from elastic_control.inference.scoring import DenseModel, InMemoryTable, prefer_fast_mkl
+
+        prefer_fast_mkl()  # the same MKL kernels serving uses: the peer's dense model is as fast as ours
 
         self.info = load_pass(context.artifacts["pass"])
         self.table = InMemoryTable.from_pass(self.info)

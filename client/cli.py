@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from client.api import ServingClient, check_health, resolve_client_settings, upload_configs
+from client.api import check_health, resolve_client_settings, serving_client, upload_configs
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.env_vars import STATE_DIR
 from ctr_foundation.errors import ElasticControlError
@@ -30,6 +30,16 @@ _state_option = click.option(
     help="State folder holding client.json (default: $ELASTIC_CTR_STATE_DIR or .elastic-ctr).",
 )
 _serving_option = click.option("--serving", "serving_url", default=None, help="Serving URL (overrides client.json).")
+_grpc_option = click.option(
+    "--grpc", "serving_grpc", default=None, help="Serving's gRPC HOST:PORT (overrides client.json's serving_grpc)."
+)
+_transport_option = click.option(
+    "--transport",
+    type=click.Choice(["http", "grpc"]),
+    default="http",
+    show_default=True,
+    help="Talk to serving over HTTP (/v1/predict) or gRPC (Prediction.Predict).",
+)
 _fileserver_option = click.option(
     "--fileserver", "fileserver_url", default=None, help="File server URL (overrides client.json)."
 )
@@ -45,17 +55,57 @@ _fileserver_option = click.option(
     type=click.FloatRange(0),
     help="Seconds to keep retrying a batch while serving is unavailable.",
 )
+@_transport_option
 @_serving_option
+@_grpc_option
 @_state_option
 @click.pass_context
-def predict_command(ctx, input_file, batch_size, retry_for, serving_url, state_dir):
+def predict_command(ctx, input_file, batch_size, retry_for, transport, serving_url, serving_grpc, state_dir):
     """Print one click probability per slot-format line of INPUT_FILE ('-' = stdin); blank lines are skipped."""
-    config = resolve_client_settings(state_dir=_state_dir(ctx, state_dir), serving_url=serving_url)
-    client = ServingClient(config.serving_url, retry_for=retry_for)
+    config = resolve_client_settings(
+        state_dir=_state_dir(ctx, state_dir), serving_url=serving_url, serving_grpc=serving_grpc
+    )
+    client = serving_client(config, transport=transport, retry_for=retry_for)
     write = sys.stdout.write
     for prob in client.predict_lines(input_file, batch_size=batch_size):
         write(f"{prob:.9g}\n")
     sys.stdout.flush()
+
+
+@click.command("feedback", context_settings=CONTEXT)
+@click.argument("events_file", type=click.File("r", encoding="utf-8"))
+@_transport_option
+@_serving_option
+@_grpc_option
+@_state_option
+@click.pass_context
+def feedback_command(ctx, events_file, transport, serving_url, serving_grpc, state_dir):
+    """Send click outcomes: EVENTS_FILE ('-' = stdin) has one JSON object per line,
+    {"request_id": ID, "index": I, "click": 0|1}; prints the join counts as JSON."""
+    import json
+
+    from ctr_foundation.errors import UsageError
+
+    events = []
+    for number, line in enumerate(events_file, start=1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{events_file.name}:{number}: not JSON ({e.msg})") from None
+        if not isinstance(event, dict):
+            raise UsageError(f"{events_file.name}:{number}: expected an object with request_id, index, click")
+        events.append(event)
+    config = resolve_client_settings(
+        state_dir=_state_dir(ctx, state_dir), serving_url=serving_url, serving_grpc=serving_grpc
+    )
+    client = serving_client(config, transport=transport)
+    totals = {"joined": 0, "unknown": 0, "duplicate": 0, "invalid": 0}
+    for k in range(0, len(events), 10_000):
+        for key, n in client.feedback(events[k : k + 10_000]).items():
+            totals[key] = totals.get(key, 0) + n
+    click.echo(json.dumps(totals))
 
 
 @click.command("upload", context_settings=CONTEXT)
@@ -95,6 +145,7 @@ def cli():
 
 
 cli.add_command(predict_command)
+cli.add_command(feedback_command)
 cli.add_command(upload_command)
 cli.add_command(health_command)
 

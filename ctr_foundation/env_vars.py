@@ -109,6 +109,7 @@ CUBE_SERVERS = _var("ELASTIC_CTR_CUBE_SERVERS", str, None, "comma-separated cube
 CUBE_AGENTS = _var("ELASTIC_CTR_CUBE_AGENTS", str, None, "comma-separated cube-agent URLs, shard order", ADDRESS)
 CUBE_ROOT = _var("ELASTIC_CTR_CUBE_ROOT", str, None, "folder holding cube/VERSION/ shard files", PATH)
 SERVING_URL = _var("ELASTIC_CTR_SERVING_URL", str, None, "base URL of the serving process", ADDRESS)
+SERVING_GRPC = _var("ELASTIC_CTR_SERVING_GRPC", str, None, "HOST:PORT of serving's gRPC API (the client)", ADDRESS)
 
 # Listening ports and per-component settings; the Kubernetes manifests set
 # these (the defaults are the ports in DESIGN.md, so a program that only uses
@@ -118,6 +119,12 @@ FILESERVER_PORT = _var(
 )
 FILESERVER_ROOT = _var("ELASTIC_CTR_FILESERVER_ROOT", str, None, "folder the file server serves and writes", PATH)
 SERVING_PORT = _var("ELASTIC_CTR_SERVING_PORT", int, names.SERVING_PORT, "serving listening port", LISTEN_PORT)
+SERVING_GRPC_PORT = _var(
+    "ELASTIC_CTR_SERVING_GRPC_PORT", int, names.SERVING_GRPC_PORT, "serving's gRPC listening port", LISTEN_PORT
+)
+SERVING_SPLIT = _var(
+    "ELASTIC_CTR_SERVING_SPLIT", str, None, "serving's A/B split at start, e.g. 'challenger=pass-20200101-05:10'"
+)
 CUBE_SERVER_PORT = _var(
     "ELASTIC_CTR_CUBE_SERVER_PORT", int, names.CUBE_SERVER_PORT, "cube-server listening port", LISTEN_PORT
 )
@@ -153,6 +160,11 @@ MLFLOW_SERVER_ENABLE_JOB_EXECUTION = _var(
     str,
     None,
     "MLflow server: 'false' turns off its background job runner (a pool of processes the pipeline never uses)",
+)
+
+# Paddle's MKL (read by MKL itself); serving sets a default (inference/scoring.py: prefer_fast_mkl).
+MKL_DEBUG_CPU_TYPE = _var(
+    "MKL_DEBUG_CPU_TYPE", str, None, "MKL's kernel choice; serving sets 5 (AVX2) on AMD CPUs unless given", inherit=True
 )
 
 # Where the Kubernetes client finds a cluster (read by kube/target.py and kube/adaptor.py only).

@@ -75,6 +75,7 @@ class HttpServer:
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self._stop: asyncio.Event | None = None
+        self._server: asyncio.Server | None = None
         self._stopped = threading.Event()
         self._running = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,6 +117,7 @@ class HttpServer:
         server = await self.loop.create_server(
             lambda: self.protocol_factory(self), sock=self.socket, backlog=self.backlog
         )
+        self._server = server
         sweeper = self.loop.create_task(self._sweep())
         try:
             if on_started is not None:
@@ -163,6 +165,11 @@ class HttpServer:
         if errors:
             raise errors[0]
         return self
+
+    def stop_accepting(self) -> None:
+        """Stop accepting connections, keep serving the open ones (a graceful drain); call on the loop."""
+        if self._server is not None:
+            self._server.close()
 
     def _request_stop(self) -> None:
         if self._stop is not None:

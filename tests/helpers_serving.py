@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
+import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -79,11 +81,15 @@ def serving_in_thread(source, wait_ready: bool = True, **kwargs):
     from elastic_control.serving.app import ServingApp
     from elastic_control.serving.http_server import ServingServer
 
+    grpc = kwargs.pop("grpc", False)
+    server_kwargs = {k: kwargs.pop(k) for k in ("drain_delay", "drain_timeout", "max_body") if k in kwargs}
     app = ServingApp(source, poll_interval=kwargs.pop("poll_interval", 0.2), **kwargs)
-    server = ServingServer(app, host="127.0.0.1", port=0).start_in_thread()
+    server = ServingServer(
+        app, host="127.0.0.1", port=0, grpc_port=0 if grpc else None, **server_kwargs
+    ).start_in_thread()
     try:
         deadline = time.monotonic() + 60
-        while wait_ready and app.active is None and time.monotonic() < deadline:
+        while wait_ready and not app.readiness()[0] and time.monotonic() < deadline:
             time.sleep(0.05)
         yield server
     finally:
@@ -142,3 +148,121 @@ def switch_cube_version(urls: list[str], version: str, token: str = SERVING_TOKE
         for url in urls:
             r = requests.post(f"{url}/v1/{step}", json={"version": version}, headers=headers, timeout=60)
             assert r.status_code == 200, (step, url, r.text)
+
+
+def copy_pass(src: Path, model_path: Path, name: str, *, donefile: bool = True) -> Path:
+    """``src`` under a new pass name in ``model_path`` (same weights), recorded in its donefile."""
+    import json as _json
+    import shutil as _shutil
+
+    from ctr_foundation.atomic import append_line_durably
+
+    dst = model_path / name
+    _shutil.copytree(src, dst)
+    meta = _json.loads((dst / "meta.json").read_text())
+    (dst / "meta.json").write_text(_json.dumps({**meta, "pass": name}))
+    if donefile:
+        append_line_durably(
+            model_path / "donefile",
+            _json.dumps({"pass": name, "path": str(dst), "window": meta.get("window", {}), "time": time.time()}),
+        )
+    return dst
+
+
+_SHIFT_SCRIPT = r"""
+import sys
+import pyarrow  # before paddle
+import numpy as np
+import paddle
+
+paddle.enable_static()
+prefix, shift = sys.argv[1], float(sys.argv[2])
+exe = paddle.static.Executor(paddle.CPUPlace())
+program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
+scope = paddle.static.global_scope()
+shifted = 0
+for var in program.list_vars():
+    if var.persistable and var.name not in ("feed", "fetch") and tuple(var.shape) == (1,):
+        tensor = scope.find_var(var.name).get_tensor()
+        tensor.set(np.array(tensor) + np.float32(shift), paddle.CPUPlace())
+        shifted += 1
+assert shifted == 1, f"expected one bias of shape [1] (the output layer's), found {shifted}"
+block = program.global_block()
+paddle.static.save_inference_model(prefix, [block.var(n) for n in feeds], fetches, exe, program=program)
+"""
+
+
+def shift_output_logit(pass_dir: Path, shift: float) -> None:
+    """Add ``shift`` to the dense model's output-layer bias: a deliberately miscalibrated model."""
+    out = subprocess.run(
+        [PYTHON, "-c", _SHIFT_SCRIPT, str(pass_dir / "dense" / "inference"), str(shift)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (pass_dir / "golden.jsonl").unlink(missing_ok=True)  # its probabilities are not the shifted model's
+
+
+@dataclass(frozen=True)
+class ServedPasses:
+    """MODEL_PATH with three passes: A (trained), M = A with its output logit shifted by +1.5 (a
+    miscalibrated challenger), and C = A under the newest name (the control: what ModelDirSource serves)."""
+
+    models: Path
+    a: Path
+    miscalibrated: Path
+    control: Path
+
+
+def make_served_passes(root: Path, world) -> ServedPasses:
+    """The three passes from the session's Criteo pass (the ``criteo_world`` fixture: `elastic-control train`)."""
+    a = copy_pass(world.latest, root, "pass-20200101-00")
+    m = copy_pass(a, root, "pass-20200101-01")
+    shift_output_logit(m, 1.5)
+    c = copy_pass(a, root, "pass-20200101-02")
+    return ServedPasses(root, a, m, c)
+
+
+def _served_fixture(tmp_path_factory, criteo_world):
+    return make_served_passes(tmp_path_factory.mktemp("served-models"), criteo_world)
+
+
+def _install_fixture():
+    import pytest
+
+    return pytest.fixture(scope="session", name="served")(_served_fixture)
+
+
+# Import this into a test module (``from helpers_serving import served_fixture``) for the session-scoped
+# fixture ``served``: one training run shared by every serving test module of the session.
+served_fixture = _install_fixture()
+
+
+def scale_embeddings(pass_dir: Path, factor: float) -> None:
+    """Multiply every embedding in the pass's sparse table by ``factor`` and rewrite golden.jsonl with the
+    probabilities offline scoring gives the changed pass (a version whose rows differ from its source's)."""
+    import gzip
+    import json as _json
+
+    import pyarrow  # noqa: F401  (before paddle)
+
+    from ctr_foundation.pass_format import load_pass, sparse_part_files
+    from elastic_control.inference.scoring import DenseModel, InMemoryTable, score_lines
+
+    info = load_pass(pass_dir)
+    cols = info.layout.embedding_column_indices()
+    for part in sparse_part_files(pass_dir):
+        opener = gzip.open if part.name.endswith(".gz") else open
+        with opener(part, "rt", encoding="ascii") as f:
+            rows = [ln.split() for ln in f if ln.strip()]
+        for toks in rows:
+            for i in cols:
+                toks[i] = f"{float(toks[i]) * factor:.8g}"
+        with opener(part, "wt", encoding="ascii") as f:
+            f.write("".join(" ".join(t) + "\n" for t in rows))
+    lines = [_json.loads(ln)["line"] for ln in (pass_dir / "golden.jsonl").read_text().splitlines() if ln.strip()]
+    probs = score_lines(lines, info, InMemoryTable.from_pass(info).lookup, DenseModel.from_pass(info))
+    (pass_dir / "golden.jsonl").write_text(
+        "".join(_json.dumps({"line": ln, "prob": float(p)}) + "\n" for ln, p in zip(lines, probs, strict=True))
+    )

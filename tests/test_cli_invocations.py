@@ -62,7 +62,7 @@ def test_the_four_documented_invocations(kube_env, entry):
         "pservers": 2,
         "cube_shards": 5,
     }
-    assert len(list((state / "manifests").glob("*.yaml"))) == 7
+    assert len(list((state / "manifests").glob("*.yaml"))) == 8
 
     r = run(entry, ["-a"], env)
     assert r.returncode == 0, r.stderr

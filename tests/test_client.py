@@ -92,7 +92,7 @@ def test_health_reports_each_component(state, tmp_path, capsys):
             main(["health", "--state-dir", str(state), "--fileserver", url])
         assert e.value.code == 0
         report = json.loads(capsys.readouterr().out)
-        assert report == {"fileserver": {"status": "ok"}, "serving": "not configured"}
+        assert report == {"fileserver": {"status": "ok"}, "serving": "not configured", "serving_grpc": "not configured"}
         with pytest.raises(SystemExit) as e:
             main(
                 [

@@ -267,11 +267,6 @@ def test_a_full_file_server_disk_fails_the_publish_and_keeps_current_json(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 15 item 7 on main: serving's /readyz stays 200 while a cube shard is stopped or killed (it does "
-    "not probe its cube); the fix is on branch `serving` (this test passes with that branch's serving)",
-)
 def test_serving_over_a_stopped_or_killed_cube_shard_answers_clear_errors_and_heals(tmp_path, synth_world):
     """Serving (a real `elastic-control serve` following the file server) over the faulty pipeline: while a
     cube shard is stopped or killed, predictions are 503s with the reason (never a wrong probability) and

@@ -336,6 +336,7 @@ def test_configure_client_via_nodeport_fetches_slot_conf(tmp_path, monkeypatch, 
     adaptor.reset()
     config = json.loads(path.read_text())
     assert config["serving_url"] == "http://127.0.0.1:31010"
+    assert config["serving_grpc"] == "127.0.0.1:31010"  # the fake API gives every port of a Service that nodePort
     assert config["fileserver_url"] == f"http://127.0.0.1:{slot_conf_server}"
     assert config["slots"] == [7, 9]
     assert open(config["slot_conf"]).read() == "# published\n7\n9\n"
@@ -354,9 +355,11 @@ def test_configure_client_clusterip_prints_port_forward_and_falls_back(cluster, 
     path = KubeBackend().configure_client(plan)
     err = capsys.readouterr().err
     assert "kubectl port-forward -n default svc/elastic-ctr-serving 8010:8010" in err
+    assert "svc/elastic-ctr-serving 8010:8010 8011:8011" in err  # one port-forward for both of serving's ports
     assert "using the copy in the state folder" in err
     config = json.loads(path.read_text())
     assert config["serving_url"] == "http://127.0.0.1:8010"
+    assert config["serving_grpc"] == "127.0.0.1:8011"
     assert config["slots"] == list(range(1, 40))
 
 

@@ -82,8 +82,9 @@ def test_every_manifest_validates_strictly(tmp_path, flags):
     docs = load_manifests(manifests)
     shards = flags["cube_shards"]
     # shared (ConfigMap, token and credentials Secrets, claim) + (claim, deploy, svc) mlflow + (claim, deploy, svc)
-    # file server + (deploy, lookup svc, agent svc) per shard + the shards' PDB + transfer 2 + serving 3 + job
-    assert len(docs) == 4 + 3 + 3 + 3 * shards + 1 + 2 + 3 + 1
+    # file server + (deploy, lookup svc, agent svc) per shard + the shards' PDB + transfer 2 + serving 3
+    # + serving's alerting rules (ConfigMap) + job
+    assert len(docs) == 4 + 3 + 3 + 3 * shards + 1 + 2 + 3 + 1 + 1
     for doc in docs:
         validate_manifest(doc)
         labels = doc["metadata"]["labels"]
@@ -168,7 +169,10 @@ def test_components_get_their_contract_variables(tmp_path):
     assert server["command"] == ["cube-server", "--port", "8027", "--shard", "2", "--data", k.CUBE_DATA_DIR]
     assert _env(agent)["ELASTIC_CTR_CUBE_SHARD"] == "2"
     serving = deployments["elastic-ctr-serving"]["spec"]["template"]["spec"]["containers"][0]
-    assert serving["command"] == ["elastic-control", "serve", "--port", "8010"]
+    assert serving["command"] == ["elastic-control", "serve", "--port", "8010", "--drain-delay", "5"]
+    assert _env(serving)["ELASTIC_CTR_SERVING_GRPC_PORT"] == "8011"
+    assert [p["containerPort"] for p in serving["ports"]] == [8010, 8011]
+    assert serving["readinessProbe"]["httpGet"]["path"] == "/readyz"
     fileserver = deployments["elastic-ctr-fileserver"]["spec"]["template"]["spec"]
     assert fileserver["containers"][0]["command"] == [
         "elastic-control",

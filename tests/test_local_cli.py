@@ -78,7 +78,7 @@ def test_render_plans_every_component_on_distinct_free_ports(rendered):
         "trainer-1",
     ]
     ports = [p for c in plan["components"] for p in ([c["port"]] if c["port"] else []) + c["extra_ports"]]
-    assert len(ports) == len(set(ports)) == len(names) + 1
+    assert len(ports) == len(set(ports)) == len(names) + 2  # + pserver 0's barrier port and serving's gRPC port
     # pserver 0 also listens on its port + 1 (the trainers' barrier service): planned, so never given away.
     pserver0 = next(c for c in plan["components"] if c["name"] == "pserver-0")
     assert pserver0["extra_ports"] == [pserver0["port"] + 1]
@@ -91,7 +91,7 @@ def test_render_plans_every_component_on_distinct_free_ports(rendered):
     # tests/test_env_parity.py checks they are those whose pods get it).
     token = (state / "token").read_text().strip()
     assert token not in (state / "local" / "components.json").read_text()
-    assert {c["name"] for c in plan["components"] if c["secrets"]} == set(names) - {"mlflow", "serving"}
+    assert {c["name"] for c in plan["components"] if c["secrets"]} == set(names) - {"mlflow"}  # serving: split control
     # Every component listens on loopback only.
     for c in plan["components"]:
         if c["kind"] in ("mlflow", "fileserver", "cube-server", "cube-agent", "cube-transfer", "serving"):

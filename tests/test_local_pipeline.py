@@ -123,6 +123,27 @@ def test_served_predictions_match_the_last_pass(pipeline):
     assert np.max(np.abs(served - offline)) < 1e-5
 
 
+def test_client_json_names_serving_grpc_and_grpc_predictions_equal_http(pipeline):
+    """-c writes serving_grpc (HOST:PORT) into client.json; `predict --transport grpc` answers what HTTP does."""
+    report, _, _ = pipeline
+    state = state_of(pipeline)
+    config = json.loads((state / "client.json").read_text())
+    assert config["serving_grpc"].startswith("127.0.0.1:"), config
+    golden = [
+        json.loads(ln)
+        for ln in (Path(report.workdir) / "models" / report.served_version / "golden.jsonl").read_text().splitlines()
+    ][:40]
+    lines_file = state / "grpc-lines.txt"
+    lines_file.write_text("".join(g["line"] + "\n" for g in golden))
+    outs = {}
+    for transport in ("http", "grpc"):
+        out = cli("predict", str(lines_file), "--transport", transport, "--state-dir", str(state))
+        assert out.returncode == 0, out.stderr
+        outs[transport] = [float(x) for x in out.stdout.split()]
+    assert max(abs(a - b) for a, b in zip(outs["http"], outs["grpc"], strict=True)) < 1e-6
+    assert max(abs(a - g["prob"]) for a, g in zip(outs["grpc"], golden, strict=True)) < 1e-5
+
+
 def test_status_and_logs_commands(pipeline):
     state = state_of(pipeline)
     res = cli("status", "--state-dir", str(state))

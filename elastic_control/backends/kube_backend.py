@@ -246,12 +246,12 @@ class KubeBackend(Backend):
             namespace=plan.namespace,
             serving_name=f"{plan.job_name}-serving",
             serving_port=k.SERVING_PORT,
+            serving_grpc_port=k.SERVING_GRPC_PORT,
             fileserver_name=f"{plan.job_name}-fileserver",
             fileserver_port=k.FILESERVER_PORT,
             state_dir=plan.state_path,
             fallback_slot_conf=plan.slot_conf_text,
             token=plan.token(),
-            serving_grpc_port=k.SERVING_GRPC_PORT,
         )
         done(f"client configured: {path}")
         return path

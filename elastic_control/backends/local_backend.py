@@ -112,7 +112,9 @@ class LocalBackend(Backend):
         if not rt.supervisor_info(layout).alive:
             raise UsageError(f"the pipeline in {layout.state}/ is not running: run `elastic-control -a` first")
         fileserver_url = f"http://127.0.0.1:{local_plan.by_name(FILESERVER).port}"
-        serving_url = f"http://127.0.0.1:{local_plan.by_name(SERVING).port}"
+        serving = local_plan.by_name(SERVING)
+        serving_url = f"http://127.0.0.1:{serving.port}"
+        serving_grpc = f"127.0.0.1:{serving.extra_ports[0]}" if serving.extra_ports else None
         try:
             # config/ is readable only with the deployment's token (docs/contracts.md, "HTTP rules").
             fs = FileServerClient(fileserver_url, token=plan.token(), timeout=10)
@@ -126,8 +128,14 @@ class LocalBackend(Backend):
         slots = parse_slot_conf(text, f"{fileserver_url}/files/config/slot.conf")
         slot_path = layout.client_slot_conf
         atomic_write_text(slot_path, text)
-        ClientConfig(serving_url, fileserver_url, str(slot_path), tuple(slots.slots)).save(layout.client_config)
-        done(f"client configured: {layout.client_config} (serving {serving_url}, file server {fileserver_url})")
+        ClientConfig(serving_url, fileserver_url, str(slot_path), tuple(slots.slots), serving_grpc).save(
+            layout.client_config
+        )
+        grpc_text = f", gRPC {serving_grpc}" if serving_grpc else ""
+        done(
+            f"client configured: {layout.client_config} (serving {serving_url}{grpc_text}, "
+            f"file server {fileserver_url})"
+        )
         state_flag = "" if str(plan.state_dir) in (".elastic-ctr", "") else f" --state-dir {plan.state_dir}"
         info(
             f"next: elastic-control predict{state_flag} FILE   (one slot-format line per example, "

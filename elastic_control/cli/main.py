@@ -30,6 +30,7 @@ LAZY_COMMANDS = {
     "role": ("elastic_control.training.cli", "role_command"),
     "eval": ("elastic_control.evaluation.cli", "eval_command"),
     "serve": ("elastic_control.serving.cli", "serve_command"),
+    "ab-report": ("elastic_control.serving.ab_report", "ab_report_command"),
     "fileserver": ("elastic_control.fileserver.cli", "fileserver_command"),
     "predict": ("client.cli", "predict_command"),
     "supervise": ("elastic_control.local.cli", "supervise_command"),

@@ -175,11 +175,49 @@ def _print_serving(con: Console, serving: dict) -> None:
         for a in arms:
             t.add_row(*[_cell(a.get(k)) for k in keys])
         con.print(t)
+    _print_live(con, serving.get("live"))
+
+
+def _print_live(con: Console, live) -> None:
+    """Serving's /v1/monitor window per arm and version: predictions, joined clicks, observed CTR, calibration."""
+    series = (live or {}).get("series") if isinstance(live, dict) else None
+    if not isinstance(series, list) or not series:
+        return
+    window = live.get("window_seconds")
+    title = "serving live metrics" + (f" (last {window:g} s, joined click feedback)" if window else "")
+    t = Table(title=title, show_edge=False, pad_edge=False, header_style="bold")
+    for col in ("arm", "version", "predictions", "mean prediction", "feedback", "clicks", "observed CTR"):
+        t.add_column(col)
+    for col in ("calibration", "log loss", "AUC", "unknown keys"):
+        t.add_column(col)
+    for s in series:
+        if not isinstance(s, dict):
+            continue
+        pred, fb, cov = s.get("predictions") or {}, s.get("feedback") or {}, s.get("coverage") or {}
+        t.add_row(
+            *[
+                _cell(v)
+                for v in (
+                    s.get("arm"),
+                    s.get("version"),
+                    pred.get("count"),
+                    pred.get("mean"),
+                    fb.get("count"),
+                    fb.get("clicks"),
+                    fb.get("observed_ctr"),
+                    fb.get("calibration"),
+                    fb.get("logloss"),
+                    fb.get("auc"),
+                    cov.get("unknown_share"),
+                )
+            ]
+        )
+    con.print(t)
 
 
 def _cell(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.6g}"
     return str(value)

@@ -12,8 +12,9 @@ import os
 import numpy as np
 
 from ctr_foundation.pass_format import PassInfo, load_pass
-from elastic_control.data.line_batch import LineBatch, batch_slot_keys
+from elastic_control.data.line_batch import LineBatch
 from elastic_control.inference.scoring import DenseModel, InMemoryTable, KeyBatch, pool
+from elastic_control.inference.scoring import key_batch as build_key_batch
 
 # The dense model runs on chunks of exactly this many rows (the last one zero-padded). The CPU
 # kernels pick their code path by the number of rows, and a row's float32 result differs in the
@@ -26,18 +27,8 @@ DENSE_CHUNK_ROWS = 256
 
 
 def key_batch(batch: LineBatch, slots, sparse_dim: int | None) -> KeyBatch:
-    """The scoring KeyBatch of a LineBatch (padding and slot order as in training)."""
-    per_slot = batch_slot_keys(batch, slots, sparse_dim)
-    n = len(batch)
-    keys = [k for k, _ in per_slot]
-    rows = [np.repeat(np.arange(n, dtype=np.int64), lengths) for _, lengths in per_slot]
-    pos = [np.full(len(k), j, np.int64) for j, (k, _) in enumerate(per_slot)]
-    if not keys:
-        z = np.zeros(0, np.int64)
-        return KeyBatch(np.zeros(0, np.uint64), z, z, n, 0)
-    return KeyBatch(
-        np.concatenate(keys).astype(np.uint64, copy=False), np.concatenate(rows), np.concatenate(pos), n, len(per_slot)
-    )
+    """The scoring KeyBatch of a LineBatch (the one builder: padding and slot order as in training)."""
+    return build_key_batch(batch.feature_line, batch.feasigns, batch.feature_slots, len(batch), slots, sparse_dim)
 
 
 def group_keys(batch: LineBatch, group_slot: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -42,6 +42,7 @@ MANIFEST_FILES = (
     ("30-cube.yaml", "cube.yaml.j2"),
     ("40-cube-transfer.yaml", "cube_transfer.yaml.j2"),
     ("50-serving.yaml", "serving.yaml.j2"),
+    ("51-serving-alerts.yaml", "serving_alerts.yaml.j2"),
     ("60-training-job.yaml", "training_job.yaml.j2"),
 )
 SECRET_FILES = {"00-shared.yaml"}  # hold the token: readable by the owner only

@@ -181,10 +181,11 @@ def plan_components(
 ) -> LocalPlan:
     """Every component with its argv, environment and port (drawn fresh, free now)."""
     res = plan.resources
-    service_ports, pserver_ports, trainer_ports = draw_ports(4 + 2 * res.cube_shards, res.pservers, res.trainers)
+    service_ports, pserver_ports, trainer_ports = draw_ports(5 + 2 * res.cube_shards, res.pservers, res.trainers)
     take = iter(service_ports)
     mlflow_port, fileserver_port, transfer_port, serving_port = next(take), next(take), next(take), next(take)
     cube_ports = [(next(take), next(take)) for _ in range(res.cube_shards)]
+    serving_grpc_port = next(take)
 
     def url(port: int) -> str:
         return f"http://{LOOPBACK}:{port}"
@@ -311,6 +312,8 @@ def plan_components(
             name=SERVING,
             kind="serving",
             port=serving_port,
+            extra_ports=[serving_grpc_port],
+            secrets=[ev.TOKEN.name],  # split control and version pins, as the serving container gets it
             ready="http:/healthz",
             after=[FILESERVER] + [cube_server_name(i) for i in range(res.cube_shards)],
             argv=elastic_control_argv(
@@ -319,6 +322,8 @@ def plan_components(
                 LOOPBACK,
                 "--port",
                 str(serving_port),
+                "--grpc-port",
+                str(serving_grpc_port),
                 "--cache-dir",
                 str(layout.state / "serving-cache"),
                 "--poll-interval",
@@ -326,6 +331,8 @@ def plan_components(
             ),
             env={
                 ev.SERVING_PORT.name: str(serving_port),
+                ev.SERVING_GRPC_PORT.name: str(serving_grpc_port),
+                ev.MLFLOW_TRACKING_URI.name: mlflow_url,
                 ev.CUBE_SERVERS.name: cube_servers,
                 ev.FILESERVER_URL.name: fileserver_url,
                 **config_env,

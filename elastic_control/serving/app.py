@@ -1,65 +1,58 @@
-"""Serving's core: the active version, hot reload, merged batches, and the HTTP routes.
+"""Serving's core: versions (active and pinned), the A/B split, readiness, lookups, feedback, monitoring.
 
-Requests are parsed for shape on the event loop and queued; batch workers
-take everything queued (up to ``max_batch_instances``), so concurrent
-requests share one cube round trip per shard and one dense-model run. A
-worker picks the active version once per batch and pins the cube lookup to
-it, so every answer's model and cube versions match. A version switch
-replaces the whole LoadedVersion object: batches already running finish
-with the old one (cube keeps the previous version mapped), new batches take
-the new one, and no request fails during the switch.
+Frontends (routes.py for HTTP, grpc_frontend.py for gRPC) parse and validate each request, then hand
+it to the batcher (batcher.py), which merges concurrent requests and scores them per arm. The control
+arm follows the source's active version (cube/current.json); challenger arms are pinned to cube
+versions that stay loaded, and pinned in cube (pins.py), until the split ends.
+
+A version switch replaces the whole LoadedVersion: batches already running finish with the old one
+(cube keeps the previous version mapped, and its predictors stay until every worker moved on), new
+batches take the new one only after every worker has created and probed its predictor, so no
+request fails during a switch. A split change is the same: the new split (and any version it adds)
+is ready before it takes traffic; a request routed to an arm that no longer exists is scored by the
+control arm, and every answer names the arm and versions that actually scored it.
 """
 
 from __future__ import annotations
 
-import collections
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ctr_foundation import names
-from ctr_foundation.http_json import parse_json
-from ctr_foundation.http_messages import HttpError, Request, Response, Slot
-from elastic_control.inference.scoring import KeyBatch, pool
-from elastic_control.serving.instances import InstanceError, build_key_batch, concat_batches, instances_of
+from elastic_control.serving.arms import Arm, Split, SplitError, make_split
+from elastic_control.serving.batcher import Batcher, Refusal
+from elastic_control.serving.cache import EmbeddingCaches
+from elastic_control.serving.feedback import PredictionLog
+from elastic_control.serving.instances import PredictRequest
 from elastic_control.serving.lookup import CubeUnavailable
 from elastic_control.serving.metrics import ServingMetrics
+from elastic_control.serving.monitor import Monitor
 from elastic_control.serving.versions import LoadedVersion
 
 log = logging.getLogger("elastic_control.serving")
 
 DEFAULT_PORT = names.SERVING_PORT
+DEFAULT_GRPC_PORT = names.SERVING_GRPC_PORT
 DEFAULT_MAX_BODY = 8 << 20
+DEFAULT_CACHE_ENTRIES = 1 << 20
 
 
-@dataclass
-class PendingRequest:
-    instances: list
-    slot: Slot
-    deliver: Callable[[Slot, Response], None]
-    started: float
+class SplitConflict(SplitError):
+    """A split that cannot take effect now (a challenger's version is not available) -> HTTP 409."""
 
 
 @dataclass(frozen=True)
-class ScoredBatch:
-    """What an after-response hook sees: a merged batch as scored by the active version.
+class Promotion:
+    """A challenger that won: it serves every request until the active version changes."""
 
-    Shadow scoring (issue 7) plugs in here: score ``batch`` with a candidate
-    version's lookup and dense model, log both scores. Hooks run on the batch
-    worker after the answers were sent; their failures are logged, never served.
-    """
-
-    instances: list
-    batch: KeyBatch
+    arm: str
     version: str
-    probabilities: np.ndarray
-
-
-AfterResponseHook = Callable[[ScoredBatch], None]
+    active_at_promotion: str | None
 
 
 class ServingApp:
@@ -71,46 +64,94 @@ class ServingApp:
         poll_interval: float = 1.0,
         max_batch_instances: int = 2048,
         reload_wait: float = 10.0,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        monitor: Monitor | None = None,
+        prediction_log: PredictionLog | None = None,
+        token: str | None = None,
+        onednn: bool = False,
+        probe_interval: float = 1.0,
+        pin_wait: float = 60.0,
     ):
         self.source = source
         self.workers = workers
         self.poll_interval = poll_interval
-        self.max_batch_instances = max_batch_instances
         self.reload_wait = reload_wait
+        self.probe_interval = probe_interval
+        self.pin_wait = pin_wait  # how long a new challenger may take to be held by every cube shard
+        self.token = token
         self.metrics = ServingMetrics()
+        self.monitor = monitor or Monitor()
+        self.prediction_log = prediction_log or PredictionLog()
+        self.cache = EmbeddingCaches(cache_entries) if cache_entries else None
+        self.batcher = Batcher(self, workers=workers, max_batch_instances=max_batch_instances, onednn=onednn)
         self.active: LoadedVersion | None = None
+        self.pinned: dict[str, LoadedVersion] = {}  # challengers' versions
+        self.split = Split.single()
+        self.promotion: Promotion | None = None
         self.last_reload_error: str | None = None
-        self.loop = None  # the HTTP server's event loop; answers are handed back to it
-        self.hooks: list[AfterResponseHook] = []
-        self._queue: collections.deque[PendingRequest] = collections.deque()
-        self._cond = threading.Condition()
+        self.draining = False
+        self.frontends: dict[str, object] = {}  # name -> frontend with its address, for status
+        self._load_ids = itertools.count(1)
         self._reload_lock = threading.Lock()
+        self._split_lock = threading.Lock()
         self._failed_version: tuple[str, float] | None = None
+        self._probe: dict[int, tuple[str | None, float]] = {}  # load_id -> (failure reason or None, when)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._alerts_in_force: set[tuple] = set()
+        self.monitor_hooks: list = []  # fn(summary, alerts) every monitor tick (e.g. MLflow recording)
+        self.start_split: Split | None = None  # --split: applied once the first version is active
+        self._start_split_error: tuple[str, float] | None = None
 
-    # ---- lifecycle ------------------------------------------------------
+    # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._threads = [threading.Thread(target=self._poll_versions, name="serving-reload", daemon=True)]
-        self._threads += [
-            threading.Thread(target=self._batch_worker, args=(i,), name=f"serving-batch-{i}", daemon=True)
-            for i in range(self.workers)
+        self.batcher.start()
+        self._threads = [
+            threading.Thread(target=self._poll_versions, name="serving-reload", daemon=True),
+            threading.Thread(target=self._probe_loop, name="serving-probe", daemon=True),
+            threading.Thread(target=self._monitor_loop, name="serving-monitor", daemon=True),
         ]
         for t in self._threads:
             t.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        with self._cond:
-            self._cond.notify_all()
+        self.batcher.stop()
         for t in self._threads:
             t.join(5)
 
-    def add_after_response_hook(self, hook: AfterResponseHook) -> None:
-        """Run ``hook(ScoredBatch)`` after every scored batch (e.g. shadow scoring of a candidate)."""
-        self.hooks.append(hook)
+    def begin_drain(self) -> None:
+        """Readiness turns false (``draining``); requests already accepted are still answered."""
+        self.draining = True
 
-    # ---- versions -------------------------------------------------------
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every accepted request is answered; True if it happened within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self.batcher.inflight > 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def add_after_response_hook(self, hook) -> None:
+        """Run ``hook(ScoredBatch)`` after every scored batch of the control arm (e.g. shadow scoring)."""
+        self.batcher.hooks.append(hook)
+
+    # ---- versions -------------------------------------------------------------------------------
+    def _materialise(self, record) -> LoadedVersion:
+        loaded = self.source.materialise(record)
+        loaded.load_id = next(self._load_ids)
+        self.batcher.prepare(loaded)  # every worker's own predictor, created and probed in its thread
+        self._probe_now(loaded)  # readiness knows at once whether cube answers for it
+        return loaded
+
+    def _probe_now(self, v: LoadedVersion) -> None:
+        try:
+            reason = v.probe()
+        except Exception as e:  # noqa: BLE001 - a probe failure is a reason, not a crash
+            reason = f"{type(e).__name__}: {e}"
+        self._probe[v.load_id] = (reason, time.monotonic())
+
     def check_version_now(self, timeout: float | None = None) -> bool:
         """Load the source's current version if it differs from the active one; True if it switched."""
         if not self._reload_lock.acquire(timeout=self.reload_wait if timeout is None else timeout):
@@ -128,7 +169,8 @@ class ServingApp:
                 return False  # a broken version is retried every 30 s, not every poll
             started = time.monotonic()
             try:
-                loaded = self.source.materialise(record, self.workers)
+                pinned = self.pinned.get(version)
+                loaded = pinned if pinned is not None else self._materialise(record)
             except Exception as e:  # noqa: BLE001 - keep serving the old version, report why
                 self._failed_version = (version, time.monotonic())
                 self.last_reload_error = f"version {version} failed to load: {e}"
@@ -140,21 +182,37 @@ class ServingApp:
             old, self.active = self.active, loaded
             self.last_reload_error = None
             self.metrics.count("reloads")
+            if self.promotion is not None and version != self.promotion.active_at_promotion:
+                log.info("active version is now %s: the promotion of %s ends", version, self.promotion.version)
+                self.promotion = None
+                self._release_unused()
             log.info(
                 "serving version %s (was %s), loaded in %.2fs",
                 version,
                 old.version if old else None,
                 time.monotonic() - started,
             )
-            if old is not None:
-                # Batches still using ``old`` hold their own reference; close its lookup a bit later.
-                threading.Timer(30.0, old.lookup.close).start()
+            if old is not None and not self._in_use(old):
+                self._retire(old)
             prune = getattr(self.source, "prune", None)
             if prune:  # downloaded copies of versions nobody can switch back to
-                prune(keep={version} | ({old.version} if old else set()))
+                prune(keep={version} | ({old.version} if old else set()) | set(self.pinned))
             return True
         finally:
             self._reload_lock.release()
+
+    def _in_use(self, v: LoadedVersion) -> bool:
+        return v is self.active or any(p is v for p in self.pinned.values())
+
+    def _retire(self, old: LoadedVersion) -> None:
+        """Drop a version nothing routes to any more: predictors between batches, its lookup a bit later."""
+        self.batcher.forget(old)
+        self._probe.pop(old.load_id, None)
+        if self.cache is not None:
+            self.cache.drop(old.version, old.load_id)
+        t = threading.Timer(30.0, old.lookup.close)
+        t.daemon = True
+        t.start()
 
     def _poll_versions(self) -> None:
         while not self._stopping.is_set():
@@ -165,160 +223,321 @@ class ServingApp:
                 if message != self.last_reload_error:  # log a lasting outage once, not every poll
                     log.warning(message)
                 self.last_reload_error = message
+            if self.start_split is not None and self.active is not None:
+                self._apply_start_split()
             self._stopping.wait(self.poll_interval)
 
-    # ---- batches --------------------------------------------------------
-    def submit(self, job: PendingRequest) -> None:
-        with self._cond:
-            self._queue.append(job)
-            self._cond.notify()
-
-    def _take_jobs(self) -> list[PendingRequest]:
-        with self._cond:
-            while not self._queue and not self._stopping.is_set():
-                self._cond.wait(0.5)
-            jobs, n = [], 0
-            while self._queue and (not jobs or n + len(self._queue[0].instances) <= self.max_batch_instances):
-                job = self._queue.popleft()
-                jobs.append(job)
-                n += len(job.instances)
-            return jobs
-
-    def _batch_worker(self, worker_id: int) -> None:
-        while not self._stopping.is_set():
-            jobs = self._take_jobs()
-            if not jobs:
-                continue
-            try:
-                self._score_jobs(jobs, worker_id)
-            except Exception as e:  # noqa: BLE001 - answer every request, whatever happened
-                log.exception("batch failed")
-                for job in jobs:
-                    self._answer(job, Response.error(500, f"internal error: {type(e).__name__}: {e}"))
-
-    def _score_jobs(self, jobs: list[PendingRequest], worker_id: int) -> None:
-        model = self.active
-        for attempt in range(2):
-            if model is None:
-                for job in jobs:
-                    self._answer(job, self._not_ready())
-                return
-            try:
-                self._score_with(model, jobs, worker_id)
-                return
-            except CubeUnavailable as e:
-                self.metrics.count("cube_errors")
-                # The version may have moved on under us (cube dropped ours): switch and retry once.
-                if attempt == 0 and (self.active is not model or self.check_version_now()):
-                    model = self.active
-                    continue
-                for job in jobs:
-                    self._answer(job, Response.error(503, f"cube unavailable: {e}"))
-                return
-
-    def _score_with(self, model: LoadedVersion, jobs: list[PendingRequest], worker_id: int) -> None:
-        batches, scored_jobs = [], []
-        for job in jobs:
-            try:
-                batches.append(build_key_batch(job.instances, model.slots, model.sparse_dim))
-                scored_jobs.append(job)
-            except InstanceError as e:
-                self._answer(job, Response.error(400, str(e)))
-        jobs[:] = scored_jobs  # a retry must not answer the refused ones twice
-        if not scored_jobs:
+    def _apply_start_split(self) -> None:
+        last = self._start_split_error
+        if last and time.monotonic() - last[1] < 10:
             return
-        merged, offsets = concat_batches(batches)
-        unique, inverse = np.unique(merged.keys, return_inverse=True)
-        values, _found = model.lookup.lookup(unique, model.version)
-        probs = model.dense[worker_id].predict(pool(merged, values[inverse]))
-        self.metrics.observe_batch(merged.n)
-        for job, b, off in zip(scored_jobs, batches, offsets, strict=True):
-            self._answer(
-                job,
-                Response.json(
-                    {
-                        "predictions": probs[off : off + b.n].tolist(),
-                        "model_version": model.version,
-                        "cube_version": model.version,
-                    }
-                ),
-                instances=b.n,
-            )
-        if self.hooks:
-            scored = ScoredBatch([i for j in scored_jobs for i in j.instances], merged, model.version, probs)
-            for hook in self.hooks:
-                try:
-                    hook(scored)
-                except Exception:  # noqa: BLE001
-                    log.exception("after-response hook %r failed", hook)
-
-    def _answer(self, job: PendingRequest, response: Response, instances: int = 0) -> None:
-        self.metrics.observe_request(response.status, time.perf_counter() - job.started, instances)
-        self.loop.call_soon_threadsafe(job.deliver, job.slot, response)
-
-    def _not_ready(self) -> Response:
-        why = self.last_reload_error or f"waiting for the first active version from {self.source.describe}"
-        return Response.error(503, f"no model version is active yet: {why}")
-
-    # ---- HTTP routes (event loop thread) ---------------------------------
-    def handle(self, request: Request, slot: Slot, deliver) -> Response | None:
-        path, method = request.path, request.method
-        if path == "/v1/predict":
-            if method != "POST":
-                return Response.error(405, "use POST /v1/predict")
-            return self._predict(request, slot, deliver)
-        if method not in ("GET", "HEAD"):
-            return Response.error(405, f"{method} is not allowed on {path}")
-        if path == "/healthz":
-            return Response.json(
-                {
-                    "status": "ok",
-                    "ready": self.active is not None,
-                    "model_version": self.active.version if self.active else None,
-                }
-            )
-        if path == "/readyz":
-            return Response.json({"ready": True}) if self.active else self._not_ready()
-        if path == "/metrics":
-            text = self.metrics.render(self.active.version if self.active else None)
-            return Response(200, text.encode(), "text/plain; version=0.0.4")
-        if path == "/v1/status":
-            return Response.json(self.status())
-        return Response.error(404, f"unknown path {path}; try POST /v1/predict")
-
-    def _predict(self, request: Request, slot: Slot, deliver) -> Response | None:
-        started = time.perf_counter()
         try:
-            body = parse_json(request.body)  # the shared parser: UTF-8, depth and integer-size limits
-        except HttpError as e:
-            return self._refuse(e.status, e.message, started)
-        try:
-            instances = instances_of(body)
-        except InstanceError as e:
-            return self._refuse(e.status, str(e), started)  # 413 for too many instances (docs/contracts.md)
-        if self.active is None:
-            response = self._not_ready()
-            self.metrics.observe_request(503, time.perf_counter() - started)
-            return response
-        self.submit(PendingRequest(instances, slot, deliver, started))
+            self.set_split(self.start_split)
+            self.start_split = None
+        except SplitError as e:
+            if not last or last[0] != str(e):
+                log.error("the --split cannot start yet (retrying every 10 s): %s", e)
+            self._start_split_error = (str(e), time.monotonic())
+
+    # ---- routing ----------------------------------------------------------------------------------
+    def control_arm_name(self) -> str:
+        return self.promotion.arm if self.promotion else self.split.control.name
+
+    def resolve(self, request: PredictRequest) -> tuple[str, LoadedVersion | None]:
+        """(arm, version) that scores a request, with the split in force now."""
+        if self.promotion is not None:
+            return self.promotion.arm, self.pinned.get(self.promotion.version)
+        split = self.split
+        arm = split.pick(request.routing_key, request.arm)
+        if arm.version is not None:
+            v = self.pinned.get(arm.version)
+            if v is not None:
+                return arm.name, v
+            arm = split.control  # the arm's version went away with a split change: control answers
+        return arm.name, self.active
+
+    def after_cube_failure(self, arm: str, version: LoadedVersion) -> tuple[str, LoadedVersion] | None:
+        """Where a batch whose cube lookup failed may be retried once, or None."""
+        if version is self.active or arm == self.control_arm_name():
+            # The version may have moved on under us (cube dropped ours): switch and retry once.
+            if self.active is not version or self.check_version_now():
+                return self.control_arm_name(), self.active
+            return None
+        if self.active is not None and self.active is not version:  # a challenger's cube failed: control answers
+            return self.split.control.name, self.active
         return None
 
-    def _refuse(self, status: int, message: str, started: float) -> Response:
-        self.metrics.observe_request(status, time.perf_counter() - started)
-        return Response.error(status, message)
+    def not_ready(self) -> Refusal:
+        why = self.last_reload_error or f"waiting for the first active version from {self.source.describe}"
+        return Refusal(503, f"no model version is active yet: {why}")
+
+    # ---- embeddings ---------------------------------------------------------------------------------
+    def embeddings(self, version: LoadedVersion, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows float32 [m, width], found bool [m]) for every key of a batch: the cache, then cube for misses."""
+        if self.cache is None:
+            unique, inverse = np.unique(keys, return_inverse=True)
+            values, found = self._cube_rows(version, unique)
+            return values[inverse], found[inverse]
+        cache = self.cache.for_version(version.version, version.load_id, version.width)
+        hit, values, found = cache.get(keys)
+        miss = np.flatnonzero(~hit)
+        self.cache.count(len(keys), len(keys) - len(miss))
+        if len(miss):
+            unique, inverse = np.unique(keys[miss], return_inverse=True)
+            v, f = self._cube_rows(version, unique)
+            values[miss] = v[inverse]
+            found[miss] = f[inverse]
+            cache.put(unique, v, f)
+        return values, found
+
+    @staticmethod
+    def _cube_rows(version: LoadedVersion, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        values, found = version.lookup.lookup(keys, version.version)
+        if values.shape[1] != version.width:
+            raise CubeUnavailable(
+                f"cube answered rows of {values.shape[1]} floats for version {version.version}, "
+                f"expected {version.width}"
+            )
+        return values, found
+
+    # ---- A/B split ------------------------------------------------------------------------------------
+    def set_split(self, split: Split) -> Split:
+        """Make ``split`` the one in force: its challengers' versions loaded, pinned and probed first."""
+        with self._split_lock:
+            if self.active is None:
+                raise SplitConflict("no active version yet: a split can start once serving answers")
+            wanted = {a.version for a in split.challengers}
+            if self.active.version in wanted:
+                raise SplitError(f"version {self.active.version} is the active version: the control arm serves it")
+            loaded: dict[str, LoadedVersion] = {}
+            self._write_pins(set(self.pinned) | wanted)  # pin before loading, so nothing removes it meanwhile
+            try:
+                for v in sorted(wanted - set(self.pinned)):
+                    loaded[v] = self._load_pinned(v)
+            except Exception:
+                self._write_pins(set(self.pinned))
+                for lv in loaded.values():
+                    self._retire(lv)
+                raise
+            new_pinned = {v: self.pinned.get(v) or loaded[v] for v in wanted}
+            old = self.pinned
+            generation = self.split.generation + 1
+            split = Split(split.arms, generation)
+            self.pinned, self.split, self.promotion = new_pinned, split, None
+            self._release(old)
+            self._write_pins(set(self.pinned))
+            log.info(
+                "A/B split %d: %s",
+                generation,
+                ", ".join(f"{a.name}={a.version or 'active'}:{a.weight:g}" for a in split.arms),
+            )
+            return split
+
+    def end_split(self, winner: str | None = None) -> dict:
+        """End the split in one call: drop every challenger, or promote ``winner`` (an arm name)."""
+        with self._split_lock:
+            split = self.split
+            if winner is None or winner == split.control.name:
+                single = make_split([Arm(split.control.name, 1.0, None)])
+                self.split, self.promotion = Split(single.arms, split.generation + 1), None
+                old, self.pinned = self.pinned, {}
+                self._release(old)
+                self._write_pins(set())
+                log.info("A/B split ended: %s serves everything (%s)", split.control.name, self.active_version)
+                return {"ended": True, "serving": split.control.name, "version": self.active_version}
+            arm = split.arm(winner)
+            if arm is None:
+                raise SplitError(f"no arm named {winner!r}; arms: {[a.name for a in split.arms]}")
+            keep = self.pinned[arm.version]
+            self.promotion = Promotion(arm.name, arm.version, self.active_version)
+            self.split = Split((Arm(split.control.name, 1.0, None),), split.generation + 1)
+            old, self.pinned = self.pinned, {arm.version: keep}
+            self._release(old)
+            self._write_pins({arm.version}, reason="promoted A/B arm")
+            log.info(
+                "A/B split ended: arm %s (%s) promoted: it serves everything until the active version changes",
+                arm.name,
+                arm.version,
+            )
+            return {
+                "ended": True,
+                "serving": arm.name,
+                "version": arm.version,
+                "promoted_until": "the active version changes (cube-transfer rolls out a newer pass)",
+            }
+
+    def _load_pinned(self, version: str) -> LoadedVersion:
+        try:
+            record = self.source.record_for(version)
+        except Exception as e:  # noqa: BLE001 - any reason means the same: the version is not available
+            raise SplitConflict(f"version {version} cannot be an arm: {e}") from e
+        try:
+            loaded = self.source.materialise(record)
+        except Exception as e:  # noqa: BLE001
+            raise SplitConflict(f"version {version} failed to load: {e}") from e
+        loaded.load_id = next(self._load_ids)
+        # The pin is written: cube-transfer loads the version on every shard (pinned) at its next poll.
+        deadline = time.monotonic() + self.pin_wait
+        while (reason := loaded.probe()) is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if reason is not None:
+            loaded.lookup.close()
+            raise SplitConflict(
+                f"cube does not answer for version {version} on every shard after {self.pin_wait:.0f}s ({reason}); "
+                "cube-transfer loads the versions of cube/pins.json on every shard (docs/contracts.md)"
+            )
+        self._probe[loaded.load_id] = (None, time.monotonic())
+        self.batcher.prepare(loaded)
+        return loaded
+
+    def _release(self, old: dict[str, LoadedVersion]) -> None:
+        for v in old.values():
+            if not self._in_use(v):
+                self._retire(v)
+
+    def _release_unused(self) -> None:
+        keep = {a.version for a in self.split.challengers}
+        old = {v: lv for v, lv in self.pinned.items() if v not in keep}
+        self.pinned = {v: lv for v, lv in self.pinned.items() if v in keep}
+        self._release(old)
+        self._write_pins(set(self.pinned), quiet=True)
+
+    def _write_pins(self, versions: set[str], reason: str = "A/B challenger arm", quiet: bool = False) -> None:
+        pins = getattr(self.source, "pins", None)
+        if pins is None:
+            return
+        try:
+            pins.set_serving_pins((v, reason) for v in versions)
+        except Exception as e:  # noqa: BLE001
+            if quiet:
+                log.warning("%s", e)
+                return
+            raise SplitConflict(str(e)) from e
+
+    @property
+    def active_version(self) -> str | None:
+        return self.active.version if self.active else None
+
+    def arms(self) -> list[dict]:
+        """Every arm in force with its weight and the version pair it answers with."""
+        if self.promotion is not None:
+            return [
+                {
+                    "name": self.promotion.arm,
+                    "weight": 1.0,
+                    "model_version": self.promotion.version,
+                    "cube_version": self.promotion.version,
+                    "pinned": True,
+                    "promoted": True,
+                }
+            ]
+        weights = self.split.weights()
+        out = []
+        for a in self.split.arms:
+            v = self.active if a.version is None else self.pinned.get(a.version)
+            out.append(
+                {
+                    "name": a.name,
+                    "weight": weights[a.name],
+                    "model_version": v.version if v else None,
+                    "cube_version": v.version if v else None,
+                    "pinned": a.version is not None,
+                }
+            )
+        return out
+
+    # ---- readiness ----------------------------------------------------------------------------------
+    def _probe_loop(self) -> None:
+        while not self._stopping.is_set():
+            for v in [self.active, *self.pinned.values()]:
+                if v is not None:
+                    self._probe_now(v)
+            self._stopping.wait(self.probe_interval)
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): a model is loaded AND its cube shards answered a probe lookup of it lately."""
+        if self.draining:
+            return False, "draining: serving is shutting down"
+        a = self.active
+        if a is None:
+            return False, self.not_ready().message
+        reason, when = self._probe.get(a.load_id, ("not probed yet", 0.0))
+        if reason is not None:
+            return False, f"version {a.version} loaded but cube does not answer for it: {reason}"
+        if time.monotonic() - when > max(15.0, 5 * self.probe_interval):  # the probe itself hangs
+            return False, f"version {a.version}: the last cube probe is {time.monotonic() - when:.0f}s old"
+        return True, f"serving {a.version}"
+
+    # ---- feedback and monitoring ------------------------------------------------------------------
+    def feedback(self, events) -> dict:
+        result = self.prediction_log.join(events, self.monitor.observe_feedback)
+        return result.to_json()
+
+    def monitor_document(self) -> dict:
+        summary = self.monitor.summary()
+        alerts = self.monitor.alerts(summary)
+        weights = {a["name"]: a["weight"] for a in self.arms()}
+        for s in summary:
+            s["weight"] = weights.get(s["arm"], 0.0) if self._serves(s["arm"], s["version"]) else 0.0
+        r = self.monitor.rules
+        return {
+            "window_seconds": self.monitor.window_s,
+            "arms": self.arms(),
+            "series": summary,
+            "alerts": alerts,
+            "rules": {
+                "calibration_band": [r.calibration_low, r.calibration_high],
+                "coverage_floor": r.coverage_floor,
+                "min_feedback": r.min_feedback,
+                "min_keys": r.min_keys,
+            },
+            "feedback": self.prediction_log.snapshot(),
+            "cache": self.cache.snapshot() if self.cache else None,
+        }
+
+    def _serves(self, arm: str, version: str) -> bool:
+        return any(a["name"] == arm and a["model_version"] == version for a in self.arms())
+
+    def _monitor_loop(self) -> None:
+        while not self._stopping.wait(5.0):
+            try:
+                summary = self.monitor.summary()
+                alerts = self.monitor.alerts(summary)
+                self._log_alert_changes(alerts)
+                for hook in self.monitor_hooks:
+                    hook(summary, alerts)
+            except Exception:  # noqa: BLE001 - monitoring must never take serving down
+                log.exception("monitor tick failed")
+
+    def _log_alert_changes(self, alerts: list[dict]) -> None:
+        now = {(a["kind"], a["arm"], a["version"], a.get("slot")): a for a in alerts}
+        for key in now.keys() - self._alerts_in_force:
+            log.warning("ALERT %s", now[key]["message"])
+        for key in self._alerts_in_force - now.keys():
+            kind, arm, version, slot = key
+            log.info("alert cleared: %s arm %s (%s)%s", kind, arm, version, f" slot {slot}" if slot else "")
+        self._alerts_in_force = set(now)
 
     def status(self) -> dict:
         a = self.active
+        ready, reason = self.readiness()
         return {
             "model_version": a.version if a else None,
             "cube_version": a.version if a else None,
-            "ready": a is not None,
+            "ready": ready,
+            "ready_reason": reason,
+            "draining": self.draining,
             "source": self.source.describe,
             "slots": list(a.slots) if a else None,
-            "embedding_dim": a.dim if a else None,
+            "embedding_dim": a.width if a else None,
             "sparse_dim": a.sparse_dim if a else None,
             "loaded_at": a.loaded_at if a else None,
             "last_reload_error": self.last_reload_error,
             "workers": self.workers,
+            "split": self.split.to_json(),
+            "arms": self.arms(),
+            "promotion": self.promotion.__dict__ if self.promotion else None,
+            "frontends": {k: getattr(f, "address", None) for k, f in self.frontends.items()},
+            "cache": self.cache.snapshot() if self.cache else None,
             "metrics": self.metrics.snapshot(),
         }

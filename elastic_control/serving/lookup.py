@@ -24,6 +24,9 @@ class Lookup(Protocol):
     def lookup(self, keys: np.ndarray, version: str) -> tuple[np.ndarray, np.ndarray]:
         """(values float32 [n, dim], found bool [n]) for uint64 ``keys`` of ``version``."""
 
+    def probe(self, version: str) -> None:
+        """Raise CubeUnavailable unless every shard answers a one-key lookup pinned to ``version``."""
+
     def close(self) -> None: ...
 
 
@@ -48,6 +51,10 @@ class CubeLookup:
             raise CubeUnavailable(f"cube answered version {got!r} for a lookup pinned to {version!r}")
         return np.asarray(values, dtype=np.float32), np.asarray(found, dtype=bool)
 
+    def probe(self, version: str) -> None:
+        # key % N picks the shard: keys 0..N-1 reach every shard once
+        self.lookup(np.arange(len(self.shard_urls), dtype=np.uint64), version)
+
     def close(self) -> None:
         close = getattr(self._client, "close", None)
         if close:
@@ -65,6 +72,9 @@ class TableLookup:
         if version != self.version:
             raise CubeUnavailable(f"the in-memory table holds {self.version}, not {version}")
         return self.table.lookup(keys)
+
+    def probe(self, version: str) -> None:
+        self.lookup(np.zeros(1, np.uint64), version)
 
     def close(self) -> None:
         pass

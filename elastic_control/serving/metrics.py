@@ -29,6 +29,15 @@ class ServingMetrics:
             self._buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
             self._latency_sum += seconds
 
+    def observe_requests(self, items) -> None:
+        """Many ``(status, seconds, instances)`` at once (one lock for a whole batch of answers)."""
+        with self._lock:
+            for status, seconds, instances in items:
+                self.requests[status] += 1
+                self.instances += instances
+                self._buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+                self._latency_sum += seconds
+
     def observe_batch(self, instances: int) -> None:
         with self._lock:
             self.batches += 1
@@ -50,7 +59,7 @@ class ServingMetrics:
                 "reload_failures": self.reload_failures,
             }
 
-    def render(self, model_version: str | None) -> str:
+    def render(self, model_version: str | None, *, cache: dict | None = None, feedback: dict | None = None) -> str:
         with self._lock:
             lines = [
                 "# HELP serving_requests_total Prediction requests by HTTP status.",
@@ -85,4 +94,19 @@ class ServingMetrics:
                 "# TYPE serving_model_info gauge",
                 f'serving_model_info{{version="{model_version or ""}"}} 1',
             ]
+        if cache is not None:
+            for name, value, kind, doc in (
+                ("serving_cache_lookups_total", cache["lookups"], "counter", "Keys looked up in the hot-key cache."),
+                ("serving_cache_hits_total", cache["hits"], "counter", "Keys the cache answered (no cube lookup)."),
+                ("serving_cache_hit_rate", cache["hit_rate"] or 0.0, "gauge", "Hits / lookups since start."),
+                ("serving_cache_entries", cache["entries"], "gauge", "Entries held."),
+                ("serving_cache_capacity", cache["capacity"], "gauge", "Entries the cache can hold."),
+            ):
+                lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        if feedback is not None:
+            lines += [
+                "# HELP serving_feedback_events_total Click feedback events by result.",
+                "# TYPE serving_feedback_events_total counter",
+            ]
+            lines += [f'serving_feedback_events_total{{result="{k}"}} {v}' for k, v in sorted(feedback.items())]
         return "\n".join(lines) + "\n"

@@ -1,0 +1,220 @@
+"""Serving's gRPC API (ctr_foundation/grpc_api/serving.proto) beside HTTP, on its own port.
+
+``Predict`` takes the instances ``/v1/predict`` takes (a slot-format line, or slot -> feasigns),
+validated the same way (instances.py), and goes through the same batcher: the same merged batches,
+arms, versions and answers. ``Feedback`` is ``/v1/feedback``. Errors are gRPC status codes with the
+HTTP route's message: 400 -> INVALID_ARGUMENT, 413 -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE,
+500 -> INTERNAL. The standard ``grpc.health.v1.Health`` service answers SERVING (for "" and for
+``elasticctr.serving.v1.Prediction``) only while serving is ready, and server reflection lists the
+services. The server is grpc.aio on its own event loop thread; answers come back from batch workers
+with one ``call_soon_threadsafe`` per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from ctr_foundation.grpc_api import SERVICE, serving_pb2, serving_pb2_grpc
+from elastic_control.serving.app import ServingApp
+from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
+from elastic_control.serving.instances import (
+    InstanceColumns,
+    InstanceError,
+    ParsedInstances,
+    PredictRequest,
+    arm_of,
+    check_count,
+    routing_key_of,
+)
+
+log = logging.getLogger("elastic_control.serving")
+
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+MAX_MESSAGE_BYTES = 8 << 20
+MAX_FEEDBACK_EVENTS = 100_000
+
+
+def parse_proto_instances(instances) -> ParsedInstances:
+    """Proto instances -> feature columns, with the HTTP route's rules (instances.py)."""
+    check_count(len(instances))
+    columns = InstanceColumns(len(instances))
+    for r, inst in enumerate(instances):
+        kind = inst.WhichOneof("features")
+        if kind == "line":
+            columns.add_line(r, inst.line)
+        elif kind == "slots":
+            if not inst.slots.slots:
+                raise InstanceError(f'instance {r}: "slots" must name at least one slot')
+            for slot, values in sorted(inst.slots.slots.items()):
+                columns.add_slot(r, slot, list(values.feasigns))  # uint64 already: nothing else to check
+        else:
+            raise InstanceError(f'instance {r} is empty: give "line" or "slots"')
+    return columns.build()
+
+
+class GrpcFrontend(Frontend):
+    name = "grpc"
+
+    def __init__(self, app: ServingApp, *, host: str, port: int):
+        self.app = app
+        self.host, self.port = host, port
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: grpc.aio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._grace = 5.0
+        self.health = _Health(app)
+        self.address: str | None = None
+
+    # answers from batch workers -> this loop
+    def deliver(self, items: list[tuple[Job, Outcome]]) -> None:
+        self.loop.call_soon_threadsafe(_resolve_all, items)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> GrpcFrontend:
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run():
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self.loop = loop
+            try:
+                loop.run_until_complete(self._start())
+            except BaseException as e:  # noqa: BLE001 - reported to start()
+                errors.append(e)
+                ready.set()
+                return
+            ready.set()
+            loop.run_until_complete(self._serve_until_stopped())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="serving-grpc", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if errors:
+            raise errors[0]
+        return self
+
+    async def _start(self) -> None:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        serving_pb2_grpc.add_PredictionServicer_to_server(_PredictionServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        )
+        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise OSError(f"gRPC cannot listen on {self.host}:{self.port}")
+        self.port = bound
+        self.address = f"{self.host}:{bound}"
+        await self._update_health()
+        await server.start()
+        self._server = server
+
+    async def _update_health(self) -> None:
+        ready, _ = self.app.readiness()
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE):
+            await self.health.set(service, status)
+
+    async def _serve_until_stopped(self) -> None:
+        while not self._stopped.is_set():
+            await self._update_health()
+            await asyncio.sleep(0.2)
+        await self.health.enter_graceful_shutdown()
+        await self._server.stop(self._grace)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop taking calls; answer the ones in flight (up to ``grace`` seconds), then close."""
+        self._grace = grace
+        self._stopped.set()
+        if self._thread:
+            self._thread.join(grace + 5)
+
+
+class _Health(HealthServicer):
+    """grpc.health.v1.Health: Check answers from serving's readiness at the moment of the call; Watch
+    streams the changes (the status is refreshed every 0.2 s)."""
+
+    def __init__(self, app: ServingApp):
+        super().__init__()
+        self.app = app
+
+    async def Check(self, request, context):
+        if request.service not in ("", SERVICE):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        ready, _ = self.app.readiness()
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def _resolve_all(items) -> None:
+    for job, outcome in items:
+        fut = job.context
+        if not fut.done():
+            fut.set_result(outcome)
+
+
+class _PredictionServicer(serving_pb2_grpc.PredictionServicer):
+    def __init__(self, frontend: GrpcFrontend):
+        self.frontend = frontend
+        self.app = frontend.app
+
+    async def Predict(self, request, context):
+        started = time.perf_counter()
+        app = self.app
+        try:
+            parsed = PredictRequest(
+                parse_proto_instances(request.instances), routing_key_of(request.routing_key), arm_of(request.arm)
+            )
+        except InstanceError as e:
+            app.metrics.observe_request(e.status, time.perf_counter() - started)
+            await context.abort(STATUS_CODES[e.status], str(e))
+        if app.active is None:  # while draining, calls still reaching us are answered
+            refusal = app.not_ready()
+            app.metrics.observe_request(refusal.status, time.perf_counter() - started)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal.message)
+        fut = asyncio.get_running_loop().create_future()
+        app.batcher.submit(Job(parsed, self.frontend, fut, started))
+        outcome = await fut
+        if isinstance(outcome, Answer):
+            return serving_pb2.PredictResponse(
+                probabilities=outcome.probabilities,
+                request_id=outcome.request_id,
+                arm=outcome.arm,
+                model_version=outcome.model_version,
+                cube_version=outcome.cube_version,
+            )
+        await context.abort(STATUS_CODES.get(outcome.status, grpc.StatusCode.INTERNAL), outcome.message)
+
+    async def Feedback(self, request, context):
+        if len(request.events) > MAX_FEEDBACK_EVENTS:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(request.events)} events; at most {MAX_FEEDBACK_EVENTS}"
+            )
+        result = self.app.feedback([(e.request_id, e.index, e.click) for e in request.events])
+        return serving_pb2.FeedbackResponse(**result)

@@ -1,0 +1,332 @@
+"""Serving's parts on their own: request parsing, the one KeyBatch builder, the cache, A/B routing, the
+prediction log and the live monitor (no model, no servers)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from helpers_serving import criteo_slot_lines
+from sklearn.metrics import log_loss, roc_auc_score
+
+from ctr_foundation.sample import PADDING_FEASIGN, parse_sample_line, slot_keys
+from elastic_control.data.line_batch import parse_lines
+from elastic_control.evaluation.pass_scorer import key_batch as line_batch_key_batch
+from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, concat_key_batches, pool
+from elastic_control.serving.arms import Arm, SplitError, make_split, route_point, split_from_flag, split_from_json
+from elastic_control.serving.cache import EmbeddingCaches, VersionCache
+from elastic_control.serving.feedback import PredictionLog
+from elastic_control.serving.instances import (
+    InstanceError,
+    TooManyInstances,
+    build_key_batch,
+    decode_json,
+    parse_instances,
+    parse_lines_strict,
+    predict_request,
+)
+from elastic_control.serving.monitor import AlertRules, Monitor
+
+SLOTS = list(range(1, 40))
+
+
+# ---- the one KeyBatch builder ----------------------------------------------------------------
+
+
+def reference_pooled(lines, slots, sparse_dim, table):
+    """Per line, per slot: sum of the key vectors, from the per-line reference parser (sample.py)."""
+    rows = []
+    for ln in lines:
+        per_slot = slot_keys(parse_sample_line(ln), tuple(slots), sparse_dim)
+        rows.append(np.concatenate([table.lookup(k)[0].sum(axis=0) for k in per_slot]))
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("sparse_dim", [None, 1000003])
+def test_every_builder_pools_like_the_per_line_reference(sparse_dim):
+    lines = criteo_slot_lines(0, 150) + ["1 0", "1 1 5:1 6:1 7:99 8:1", "0 1 3:2 4:2 5:2"]
+    rng = np.random.default_rng(0)
+    keys = np.unique(np.concatenate([k for ln in lines for k in slot_keys(parse_sample_line(ln), SLOTS, sparse_dim)]))
+    table = InMemoryTable(keys, rng.normal(size=(len(keys), 9)).astype(np.float32))
+    want = reference_pooled(lines, SLOTS, sparse_dim, table)
+    batches = {
+        "lines": batch_from_lines(lines, SLOTS, sparse_dim),
+        "serving instances": build_key_batch([{"line": ln} for ln in lines], SLOTS, sparse_dim),
+        "evaluation LineBatch": line_batch_key_batch(parse_lines(lines)[0], SLOTS, sparse_dim),
+    }
+    for name, kb in batches.items():
+        got = pool(kb, table.lookup(kb.keys)[0])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=name)
+        cells = kb.rows * kb.num_slots + kb.slot_pos
+        assert (np.diff(cells) >= 0).all(), f"{name}: keys are sorted by (row, slot)"
+    # merging keeps each part's rows
+    merged, offsets = concat_key_batches([batches["lines"], batches["serving instances"]])
+    got = pool(merged, table.lookup(merged.keys)[0])
+    np.testing.assert_allclose(got[offsets[1] :], want, rtol=0, atol=1e-5)
+
+
+def test_one_key_per_cell_pools_by_reshape_and_padding_fills_empty_slots():
+    kb = build_key_batch([{"slots": {"3": [10]}}, {"slots": {"1": [20], "3": [30]}}], [3, 1], None)
+    table = InMemoryTable(
+        np.array([10, 20, 30, PADDING_FEASIGN], np.uint64), np.arange(8, dtype=np.float32).reshape(4, 2)
+    )
+    assert kb.cell_starts is None  # every (row, slot) cell has exactly one key
+    np.testing.assert_array_equal(pool(kb, table.lookup(kb.keys)[0]), [[0, 1, 6, 7], [4, 5, 2, 3]])
+
+
+def test_slots_form_equals_line_form():
+    big = (1 << 64) - 5
+    a = build_key_batch([{"line": f"1 0 {big}:0 7:1 8:1"}], [0, 1, 2], None)
+    b = build_key_batch([{"slots": {"0": [str(big)], "1": [7, 8]}}], [0, 1, 2], None)
+    assert a.keys.tolist() == b.keys.tolist() and a.slot_pos.tolist() == b.slot_pos.tolist()
+
+
+# ---- strict request parsing (issue 15, items 1 and 10) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("1 0 ²:1", "ASCII digits"),  # str.isdigit() is true for '²'
+        ("1 0 ٣:1", "ASCII digits"),  # an Arabic-Indic digit: int() would take it
+        ("1 0 1_0:1", "ASCII digits"),  # int() takes underscores
+        ("1 0 " + "9" * 4300 + ":1", "feasign above 20 digits"),
+        ("1 0 " + "9" * 21 + ":1", "feasign above 20 digits"),
+        ("1 0 18446744073709551616:1", "unsigned 64-bit"),  # 2**64
+        ("1 0 1:2:3 4", "integer:integer"),
+        ("1 0 :5 6:", "integer:integer"),
+        ("1 0 12", "integer:integer"),
+        ("1:0 1 1:1", "show/click"),
+        ("1 2 1:1", "show/click"),
+        ("1 0 1:1234567890", "slot above 9"),
+        ("1 0 1:1\n1 0 1:2", "integer:integer"),
+        ("", "expected"),
+    ],
+)
+def test_bad_lines_are_refused_with_the_reason(line, words):
+    with pytest.raises(InstanceError, match=words):
+        parse_lines_strict([line], [0])
+
+
+def test_fast_and_exact_line_paths_agree_on_random_lines():
+    rng = random.Random(7)
+    lines = criteo_slot_lines(500, 40)
+    good = [ln for ln in lines]
+    good += ["1 0 18446744073709551615:3", "0 1", "7 1 1:2\t3:4", "1 0  5:1 ", "1 1 00012:0001"]
+    feats, bads = [], []
+    for ln in good:
+        for many in (1, 6):  # the few-lines path and the vectorised path
+            f = parse_lines_strict([ln] * many, list(range(many)))
+            want = parse_sample_line(ln)
+            assert list(f[1]) == list(want.feasigns) * many and list(f[2]) == list(want.slots) * many, ln
+            assert list(f[0]) == [len(want.feasigns)] * many
+        feats.append(f)
+    alphabet = "0123456789 :\t²x-\n"
+    for _ in range(400):  # mutations: either refused with InstanceError, or parsed like the reference
+        base = list(rng.choice(lines))
+        for _ in range(rng.randint(1, 3)):
+            base[rng.randrange(len(base))] = rng.choice(alphabet)
+        mutated = "".join(base)
+        for many in (1, 6):
+            try:
+                got = parse_lines_strict([mutated] * many, list(range(many)))
+            except InstanceError:
+                bads.append(mutated)
+                continue
+            want = parse_sample_line(mutated)
+            assert list(got[1]) == list(want.feasigns) * many and list(got[2]) == list(want.slots) * many, mutated
+    assert bads, "the mutations must produce some bad lines"
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nested deeper than"),
+        (b'{"instances": [{"slots": {"1": [' + b"9" * 5000 + b"]}}]}", 400, "malformed JSON"),
+        (b'{"instances": [{"slots": {"1": [' + b"9" * 30 + b"]}}]}", 400, "unsigned 64-bit"),
+        (b'{"instances": [{"slots": {"1": ["' + b"9" * 30 + b'"]}}]}', 400, "more than 20 digits"),
+        (b'{"instances": [{"slots": {"1": ["\xc2\xb2"]}}]}', 400, "ASCII digits"),
+        (b'{"instances": [{"slots": {"1": [true]}}]}', 400, "not an integer"),
+        (b'{"instances": [{"slots": {"1": [-1]}}]}', 400, "unsigned 64-bit"),
+        (b'{"instances": [{"slots": {"\xc2\xb2": [1]}}]}', 400, "unknown slot"),
+        (json.dumps({"instances": [{"line": "1 0 1:1"}] * 10_001}).encode(), 413, "at most 10000"),
+        (b'{"instances": []}', 400, "empty"),
+        (b'{"instances": [{"line": "1 0 1:1"}], "routing_key": []}', 400, "routing_key"),
+        (b'{"instances": [{"line": "1 0 1:1"}], "arm": "No Such"}', 400, "arm"),
+    ],
+)
+def test_bad_bodies_are_client_errors(body, status, words):
+    with pytest.raises(InstanceError, match=words) as info:
+        predict_request(decode_json(body))
+    assert info.value.status == status
+    assert isinstance(info.value, TooManyInstances) == (status == 413)
+
+
+def test_mixed_forms_keep_instance_order():
+    parsed = parse_instances([{"slots": {"2": [5]}}, {"line": "1 0 7:1"}, {"slots": {"1": ["8"]}}])
+    assert parsed.feature_row.tolist() == [0, 1, 2]
+    assert list(parsed.feasigns) == [5, 7, 8] and list(parsed.feature_slots) == [2, 1, 1]
+    assert list(parsed.strict_rows) == [True, False, True]
+
+
+# ---- the hot-key cache ------------------------------------------------------------------------
+
+
+def test_version_cache_hits_only_what_it_was_given_and_stays_bounded():
+    rng = np.random.default_rng(1)
+    cache = VersionCache(1024, 3)
+    keys = np.unique(rng.integers(0, 2**63, 5000, dtype=np.int64).astype(np.uint64))
+    values = rng.normal(size=(len(keys), 3)).astype(np.float32)
+    found = rng.random(len(keys)) < 0.8
+    hit, _, _ = cache.get(keys)
+    assert not hit.any()
+    cache.put(keys, values, found)
+    hit, got, got_found = cache.get(keys)
+    assert 0 < hit.sum() <= cache.capacity == 1024 and cache.filled <= 1024
+    np.testing.assert_array_equal(got[hit], values[hit])  # a hit is always that key's own row
+    np.testing.assert_array_equal(got_found[hit], found[hit])
+    hit0, _, _ = cache.get(np.array([0, 1, 2], np.uint64))  # never given: the empty ways never match
+    assert not hit0.any()
+
+
+def test_caches_are_per_version():
+    caches = EmbeddingCaches(64)
+    a, b = caches.for_version("pass-a", 1, 2), caches.for_version("pass-b", 2, 2)
+    keys = np.array([5, 6], np.uint64)
+    a.put(keys, np.ones((2, 2), np.float32), np.ones(2, bool))
+    assert a.get(keys)[0].all() and not b.get(keys)[0].any()
+    caches.drop("pass-a", 1)
+    assert caches.snapshot()["versions"] == ["pass-b"]
+
+
+# ---- A/B routing ---------------------------------------------------------------------------------
+
+
+def test_split_routes_keys_stably_within_3_percent_of_the_weights():
+    split = split_from_flag("challenger=pass-20200101-05:10")
+    assert split.weights() == {"control": 0.9, "challenger": 0.1}
+    arms = [split.pick(f"user-{i}").name for i in range(2000)]
+    share = arms.count("challenger") / 2000
+    assert abs(share - 0.10) <= 0.03, share
+    assert arms == [split.pick(f"user-{i}").name for i in range(2000)]  # the same key, the same arm
+    assert route_point("user-1") == route_point("user-1") and 0 <= route_point("x") < 1
+
+
+def test_split_validation():
+    with pytest.raises(SplitError, match="exactly one arm"):
+        make_split([Arm("a", 1, "v1"), Arm("b", 1, "v2")])
+    with pytest.raises(SplitError, match="unique"):
+        make_split([Arm("a", 1, None), Arm("a", 1, "v2")])
+    with pytest.raises(SplitError, match="add up to"):
+        split_from_flag("x=pass-1:60,y=pass-2:50")
+    with pytest.raises(SplitError, match="NAME=VERSION:WEIGHT"):
+        split_from_flag("challenger")
+    with pytest.raises(SplitError, match="body must be"):
+        split_from_json({"arms": "x"}, 1)
+    s = split_from_json({"arms": [{"name": "control", "weight": 0}, {"name": "b", "weight": 1, "version": "v"}]}, 3)
+    assert s.pick("anyone").name == "b" and s.generation == 3
+
+
+# ---- the prediction log and the monitor ------------------------------------------------------------
+
+
+def test_prediction_log_joins_once_within_the_window_and_counts_the_rest():
+    log = PredictionLog(window_s=60, capacity=10, max_requests=4)
+    seen = []
+    rid = log.record("control", "v1", np.array([0.1, 0.2, 0.3], np.float32), now=1000.0)
+    r = log.join(
+        [(rid, 0, 1), (rid, 2, 0), (rid, 2, 1), (rid, 3, 1), (rid, 1, 2), ("nope", 0, 1)],
+        lambda *a: seen.append(a),
+        now=1001.0,
+    )
+    assert (r.joined, r.duplicate, r.invalid, r.unknown) == (2, 1, 2, 1)
+    arm, version, probs, clicks = seen[0]
+    assert (arm, version) == ("control", "v1")
+    np.testing.assert_allclose(probs, [0.1, 0.3], rtol=1e-6)
+    assert clicks.tolist() == [1, 0]
+    assert log.join([(rid, 1, 1)], lambda *a: None, now=1061.0).unknown == 1  # older than the window
+    for _ in range(4):  # the request ring wraps: the first request is gone
+        log.record("control", "v1", np.array([0.5], np.float32), now=1002.0)
+    assert log.join([(rid, 1, 1)], lambda *a: None, now=1003.0).unknown == 1
+
+
+def test_monitor_figures_match_a_recomputation_and_alerts_fire():
+    rng = np.random.default_rng(3)
+    mon = Monitor(window_s=600, rules=AlertRules(min_feedback=100, min_keys=10, coverage_floor=0.9))
+    p = rng.uniform(0.01, 0.6, 3000)
+    y = (rng.random(3000) < p * 0.5).astype(np.int64)  # outcomes at half the predicted rate: miscalibrated
+    mon.observe_predictions("control", "v1", [1, 2], p.astype(np.float32), np.array([100, 100]), np.array([0, 50]))
+    mon.observe_feedback("control", "v1", p, y)
+    (s,) = mon.summary()
+    fb = s["feedback"]
+    assert fb["count"] == 3000 and fb["clicks"] == int(y.sum())
+    assert fb["observed_ctr"] == pytest.approx(y.mean()) and fb["mean_prediction"] == pytest.approx(p.mean())
+    assert fb["calibration"] == pytest.approx(p.mean() / y.mean())
+    assert fb["logloss"] == pytest.approx(log_loss(y, p), rel=1e-9)
+    assert fb["auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)
+    assert s["coverage"]["slots"]["2"]["unknown_share"] == 0.5
+    kinds = {(a["kind"], a.get("slot")) for a in mon.alerts()}
+    assert kinds == {("calibration", None), ("coverage", "2")}
+
+
+def test_pins_keep_other_writers_versions(tmp_path):
+    import json as _json
+
+    from elastic_control.serving.pins import PinStore
+
+    (tmp_path / "pins.json").write_text(_json.dumps({"versions": ["pass-ops"]}))  # pinned by someone else
+    store = PinStore.local(tmp_path)
+    store.set_serving_pins([("pass-b", "A/B challenger arm")])
+    doc = _json.loads((tmp_path / "pins.json").read_text())
+    assert doc["versions"] == ["pass-b", "pass-ops"] and store.serving_versions() == ["pass-b"]
+    store.set_serving_pins([])
+    assert _json.loads((tmp_path / "pins.json").read_text())["versions"] == ["pass-ops"]
+
+
+def test_a_batch_recorded_at_once_joins_like_requests_recorded_one_by_one():
+    log = PredictionLog(window_s=60, capacity=8, max_requests=16)
+    ids = log.record_batch("a", "v", np.array([0.1, 0.2, 0.3, 0.4, 0.5], np.float32), [2, 1, 2])
+    ids += log.record_batch("a", "v", np.array([0.6, 0.7, 0.8, 0.9], np.float32), [4])  # wraps the ring
+    seen = []
+    r = log.join([(ids[1], 0, 1), (ids[2], 1, 0), (ids[3], 3, 1), (ids[0], 0, 1)], lambda *a: seen.append(a))
+    assert (r.joined, r.unknown) == (3, 1)  # ids[0]'s probabilities were overwritten by the wrap
+    np.testing.assert_allclose(sorted(seen[0][2]), [0.3, 0.5, 0.9], rtol=1e-6)
+    assert len(set(ids)) == 4 and all(len(i) == 24 for i in ids)
+
+
+def test_answer_bytes_equal_json_dumps():
+    from elastic_control.serving.batcher import Answer
+
+    a = Answer(np.array([0.1, 1e-8, 0.99999994], np.float32), "ab" * 12, "control", 'pass-"x"', "pass-y")
+    assert json.loads(a.to_json_bytes()) == a.to_json()
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--split", "foo"], "NAME=VERSION:WEIGHT"),
+        (["--split", "a=pass-1:70,b=pass-2:40"], "add up to 110%"),
+        (["--alert-calibration", "2..1"], "0 < LOW < 1 < HIGH"),
+    ],
+)
+def test_serve_refuses_bad_flags_in_one_line(tmp_path, flags, words):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "elastic_control", "serve", "--model-dir", str(tmp_path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_batcher_that_never_started_stops_cleanly():
+    """A start-up failure (e.g. the gRPC front end failing to import) stops the app before its workers started:
+    stop() must not raise over the real error."""
+    from elastic_control.serving.batcher import Batcher
+
+    Batcher(app=None, workers=2).stop()
