@@ -1,12 +1,18 @@
-"""Training benchmark: throughput (1 vs 2 trainers), reader parse rate vs bare pyarrow CSV, and quality.
+"""Training benchmark: every model family on real Criteo lines beside logistic regression, throughput, synthetic gap.
 
-    .venv/bin/python bench/bench_training.py [--quick]
+    .venv/bin/python bench/bench_training.py [--quick] [--families dnn,wide_deep] [--skip-throughput]
 
-Prints:
-- examples/s of 1 trainer and of 2 trainers (1 pserver) on the same synthetic data;
+Prints, in one run:
 - the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit);
-- held-out AUC vs the Bayes-optimal AUC on synthetic data;
-- held-out AUC on real Criteo lines vs a scikit-learn logistic regression on hashed features, same split.
+- examples/s of the defaults with 1 trainer and with 2 trainers (1 pserver) on synthetic data (8 slots,
+  4 hours x 25k lines: the data of the throughput figures in docs/benchmarks.md), beside the defaults
+  before issue 12 (dnn, 1 epoch) in the same run, with the ratio;
+- synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7): held-out AUC
+  of the default family vs the Bayes-optimal AUC;
+- the real Criteo split of issue 12 (`data criteo --hours 5`: train on hours 1-4, score hour 5 from the
+  saved pass) for every family with the defaults: AUC, log loss, calibration (mean predicted CTR /
+  observed), examples/s with 1 and with 2 trainers; beside a scikit-learn logistic regression on the
+  same one-hot feasigns and split, best C over a small grid, measured in the same run.
 """
 
 from __future__ import annotations
@@ -28,20 +34,27 @@ import numpy as np  # noqa: E402
 from elastic_control.data.hourly_writer import hour_dir  # noqa: E402
 from elastic_control.data.synth import generate, read_truth  # noqa: E402
 from elastic_control.metrics import auc, log_loss  # noqa: E402
+from elastic_control.training.families import FAMILIES  # noqa: E402
+from elastic_control.training.settings import DEFAULT_MODEL  # noqa: E402
 
-SLOTS = tuple(range(1, 9))
+THROUGHPUT_SLOTS = tuple(range(1, 9))
+DEMO_SLOTS = tuple(range(1, 27))
+CRITEO_SLOTS = tuple(range(1, 40))
+LR_GRID = (0.01, 0.03, 0.1, 0.3)
 
 
-def throughput(root: Path, hours: int, lines: int, trainers: int) -> tuple[float, Path]:
-    """examples/s summed over trainers (training time of the passes, as the trainers report it); the last pass."""
+# The defaults before issue 12: the original DNN, one epoch per pass, sparse rate 0.02.
+PREVIOUS_DEFAULT = ["--model", "dnn", "--epochs", "1", "--no-early-stop", "--sparse-learning-rate", "0.02"]
+
+
+def train(job, trainers: int, *, family: str | None = None, extra=()) -> tuple[Path, float]:
+    """`elastic-control train` with the defaults (or --model FAMILY); (the last pass, mean examples/s of its passes)."""
     from ctr_foundation.records import read_donefile
 
-    config, slot_conf, models = B.write_job(
-        root / f"t{trainers}", data=root / "data", slots=SLOTS, start=B.START, hours=hours
-    )
-    passes = B.train(config, slot_conf, models, trainers=trainers, args=["--log-every", "1000"])
-    rates = [e.metrics["examples_per_sec"] for e in read_donefile(models)]
-    return float(np.mean(rates)), passes[-1]
+    args = ["--log-every", "1000"] + (["--model", family] if family else []) + list(extra)
+    passes = B.train(*job, trainers=trainers, args=args)
+    rates = [e.metrics["examples_per_sec"] for e in read_donefile(job[2])]
+    return passes[-1], float(np.mean(rates))
 
 
 def labels_of(lines: list[str]) -> np.ndarray:
@@ -83,91 +96,161 @@ def parse_rate(path: Path) -> tuple[float, float]:
     return n / ours, table.num_rows / bare
 
 
-def logistic_regression_auc(train_lines: list[str], test_lines: list[str]) -> float:
-    """scikit-learn logistic regression on hashed (slot, feasign) features."""
-    from sklearn.feature_extraction import FeatureHasher
+def logistic_regression(train_lines: list[str], test_lines: list[str]) -> tuple[float, dict]:
+    """scikit-learn logistic regression on one-hot (feasign, slot) features; (best C, {C: (auc, logloss, calib)})."""
+    import scipy.sparse as sp
     from sklearn.linear_model import LogisticRegression
 
-    def feats(lines):
-        return [[f"{tok.split(':')[1]}_{tok.split(':')[0]}" for tok in ln.split()[2:]] for ln in lines]
+    vocab: dict[str, int] = {}
 
-    hasher = FeatureHasher(n_features=2**20, input_type="string", alternate_sign=False)
-    x_train, x_test = hasher.transform(feats(train_lines)), hasher.transform(feats(test_lines))
-    model = LogisticRegression(C=0.1, max_iter=300, solver="liblinear")
-    model.fit(x_train, labels_of(train_lines))
-    return auc(labels_of(test_lines), model.predict_proba(x_test)[:, 1])
+    def onehot(lines, grow):
+        cols, ptr = [], [0]
+        for ln in lines:
+            for tok in ln.split()[2:]:
+                j = vocab.setdefault(tok, len(vocab)) if grow else vocab.get(tok)
+                if j is not None:
+                    cols.append(j)
+            ptr.append(len(cols))
+        return cols, ptr
+
+    a, b = onehot(train_lines, True), onehot(test_lines, False)
+    x_train, x_test = (sp.csr_matrix((np.ones(len(c)), c, p), shape=(len(p) - 1, len(vocab))) for c, p in (a, b))
+    y_train, y_test = labels_of(train_lines), labels_of(test_lines)
+    out = {}
+    for c in LR_GRID:
+        p = LogisticRegression(C=c, max_iter=2000, solver="liblinear").fit(x_train, y_train).predict_proba(x_test)[:, 1]
+        out[c] = (auc(y_test, p), log_loss(y_test, p), float(p.mean() / y_test.mean()))
+    best = max(out, key=lambda c: out[c][0])
+    return best, out
 
 
 def read_hour_lines(folder: Path) -> list[str]:
     return [ln for p in sorted(folder.glob("part-*")) for ln in p.read_text().splitlines() if ln]
 
 
+def synthetic_gap(root: Path, lines: int) -> None:
+    hours = 4
+    data = root / "demo-data"
+    summary = generate(data, slots=DEMO_SLOTS, hours=hours + 1, lines_per_hour=lines, seed=7, start=B.START)
+    job = B.write_job(root / "demo-job", data=data, slots=DEMO_SLOTS, start=B.START, hours=hours)
+    last, _ = train(job, 2)
+    test_lines, truth = read_truth(hour_dir(data, B.START + dt.timedelta(hours=hours)))
+    labels = labels_of(test_lines)
+    probs = B.score_pass(last, test_lines)
+    ours, bayes = auc(labels, probs), auc(labels, truth)
+    print(
+        f"synthetic (the demo's data: {len(DEMO_SLOTS)} slots, {hours} x {lines} lines, CTR {summary['ctr']:.3f}), "
+        f"{DEFAULT_MODEL}: held-out AUC {ours:.4f} vs Bayes-optimal {bayes:.4f} (gap {bayes - ours:.4f}); "
+        f"calibration {probs.mean() / labels.mean():.3f}",
+        flush=True,
+    )
+
+
+def criteo_families(root: Path, families: list[str], quick: bool) -> None:
+    from elastic_control.data.criteo import convert_file
+
+    hours = 5
+    source = B.CRITEO_FILE
+    if quick:  # the first 30k lines, same 4 + 1 split
+        source = root / "criteo-prefix.txt"
+        with open(B.CRITEO_FILE, encoding="utf-8") as f, open(source, "w", encoding="utf-8") as out:
+            for _ in range(30_000):
+                out.write(next(f))
+    convert_file(source, root / "criteo", hours=hours, start=B.START)
+    train_lines = [
+        ln
+        for h in range(hours - 1)
+        for ln in read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=h)))
+    ]
+    test_lines = read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=hours - 1)))
+    labels = labels_of(test_lines)
+    t = time.perf_counter()
+    best_c, lr = logistic_regression(train_lines, test_lines)
+    lr_auc, lr_loss, lr_cal = lr[best_c]
+    print(
+        f"Criteo split ({len(train_lines)} train lines in {hours - 1} hourly passes, {len(test_lines)} test): "
+        f"scikit-learn logistic regression on the same one-hot feasigns, best C={best_c} of {LR_GRID}: "
+        f"AUC {lr_auc:.4f}, log loss {lr_loss:.4f}, calibration {lr_cal:.3f} "
+        f"({', '.join(f'C={c}: {v[0]:.4f}' for c, v in lr.items())}; {time.perf_counter() - t:.0f}s)",
+        flush=True,
+    )
+    rows = []
+    for family in families:
+        runs = {}
+        for trainers in (1, 2):
+            job = B.write_job(
+                root / f"criteo-{family}-t{trainers}",
+                data=root / "criteo",
+                slots=CRITEO_SLOTS,
+                start=B.START,
+                hours=hours - 1,
+            )
+            last, rate = train(job, trainers, family=family)
+            probs = B.score_pass(last, test_lines)
+            runs[trainers] = (auc(labels, probs), log_loss(labels, probs), probs.mean() / labels.mean(), rate)
+        a, ll, cal, rate2 = runs[2]
+        rows.append((family, a, ll, cal, runs[1][3], rate2, runs[1][0]))
+        print(
+            f"  {family:9s} AUC {a:.4f} ({a - lr_auc:+.4f} vs LR)  log loss {ll:.4f}  calibration {cal:.3f}  "
+            f"examples/s 1 trainer {runs[1][3]:,.0f}, 2 trainers {rate2:,.0f}  (AUC with 1 trainer {runs[1][0]:.4f})",
+            flush=True,
+        )
+    print("\n| family | AUC | vs LR | log loss | calibration | examples/s, 1 trainer | 2 trainers | AUC, 1 trainer |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| scikit-learn LR (C={best_c}) | {lr_auc:.4f} | - | {lr_loss:.4f} | {lr_cal:.3f} | - | - | - |")
+    for family, a, ll, cal, r1, r2, a1 in rows:
+        print(f"| {family} | {a:.4f} | {a - lr_auc:+.4f} | {ll:.4f} | {cal:.3f} | {r1:,.0f} | {r2:,.0f} | {a1:.4f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes (about a minute or two)")
+    ap.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated families for the Criteo table")
+    ap.add_argument("--skip-throughput", action="store_true", help="only the quality figures")
+    ap.add_argument("--skip-quality", action="store_true", help="only the reader and throughput figures")
     args = ap.parse_args()
+    families = [f for f in args.families.split(",") if f]
     hours, lines = (2, 5000) if args.quick else (4, 25_000)
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         root = Path(tmp)
-        summary = generate(
-            root / "data", slots=SLOTS, hours=hours + 1, lines_per_hour=lines, seed=1, start=B.START, vocab=50
-        )
-        print(
-            f"synthetic data: {hours} training hours x {lines} lines, {len(SLOTS)} slots "
-            f"(+1 held-out hour); CTR {summary['ctr']:.3f}"
-        )
-
-        reader, bare = parse_rate(hour_dir(root / "data", B.START) / "part-00000")
-        print(
-            f"reader parse rate: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
-            f"(reader = {reader / bare:.2f}x of the limit)"
-        )
-
-        one, _ = throughput(root, hours, lines, 1)
-        two, last_pass = throughput(root, hours, lines, 2)
-        print(
-            f"training throughput: 1 trainer {one:,.0f} examples/s; 2 trainers + 1 pserver {two:,.0f} examples/s "
-            f"({two / one:.2f}x) on 2 shared cores"
-        )
-
-        held = hour_dir(root / "data", B.START + dt.timedelta(hours=hours))
-        test_lines, truth = read_truth(held)
-        labels = labels_of(test_lines)
-        model_auc = auc(labels, B.score_pass(last_pass, test_lines))
-        bayes = auc(labels, truth)
-        print(
-            f"synthetic held-out AUC {model_auc:.4f} vs Bayes-optimal {bayes:.4f} (gap {bayes - model_auc:.4f}, "
-            f"ratio {model_auc / bayes:.3f})"
-        )
-
+        if not args.skip_throughput:
+            generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=B.START)
+            reader, bare = parse_rate(hour_dir(root / "data", B.START) / "part-00000")
+            print(
+                f"reader parse rate: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
+                f"(reader = {reader / bare:.2f}x of the limit)",
+                flush=True,
+            )
+            rates = {}
+            for label, extra in (("default", []), ("previous", PREVIOUS_DEFAULT)):
+                for trainers in (1, 2):
+                    job = B.write_job(
+                        root / f"{label}-t{trainers}",
+                        data=root / "data",
+                        slots=THROUGHPUT_SLOTS,
+                        start=B.START,
+                        hours=hours,
+                    )
+                    rates[label, trainers] = train(job, trainers, extra=extra)[1]
+            for trainers in (1, 2):
+                now, before = rates["default", trainers], rates["previous", trainers]
+                print(
+                    f"training throughput, {trainers} trainer(s) + 1 pserver (synthetic {len(THROUGHPUT_SLOTS)} slots, "
+                    f"{hours} x {lines} lines): defaults ({DEFAULT_MODEL}) {now:,.0f} examples/s; previous defaults "
+                    f"(dnn, 1 epoch) {before:,.0f} examples/s; ratio {now / before:.2f}x",
+                    flush=True,
+                )
+            print(
+                f"2 trainers vs 1 with the defaults: {rates['default', 2] / rates['default', 1]:.2f}x on 2 cores",
+                flush=True,
+            )
+        if args.skip_quality:
+            return
+        synthetic_gap(root, lines)
         if not B.CRITEO_FILE.exists():
             print(f"Criteo comparison skipped: {B.CRITEO_FILE} not found")
             return
-        from elastic_control.data.criteo import convert_file
-
-        c_hours = 4
-        convert_file(B.CRITEO_FILE, root / "criteo", hours=c_hours, start=B.START)
-        train_hours = 1 if args.quick else c_hours - 1
-        cjob = B.write_job(
-            root / "criteo-job", data=root / "criteo", slots=B.CRITEO_SLOTS, start=B.START, hours=train_hours
-        )
-        cpass = B.train(*cjob, trainers=2, args=["--log-every", "1000"])[-1]
-        test_lines = read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=c_hours - 1)))
-        train_lines = [
-            ln
-            for h in range(train_hours)
-            for ln in read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=h)))
-        ]
-        labels = labels_of(test_lines)
-        probs = B.score_pass(cpass, test_lines)
-        ours = auc(labels, probs)
-        lr = logistic_regression_auc(train_lines, test_lines)
-        const = log_loss(labels, np.full(len(labels), labels_of(train_lines).mean()))
-        print(
-            f"Criteo ({len(train_lines)} train / {len(test_lines)} test lines): AUC {ours:.4f}, log loss "
-            f"{log_loss(labels, probs):.4f} (positive-rate constant {const:.4f}); scikit-learn logistic "
-            f"regression on hashed features AUC {lr:.4f} (ours = {ours / lr:.3f}x)"
-        )
+        criteo_families(root, families, args.quick)
 
 
 if __name__ == "__main__":

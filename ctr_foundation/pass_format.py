@@ -47,12 +47,12 @@ PASS_PREFIX = "pass-"
 # Values that fleet's SparseAccessor (what sparse_embedding gets in 2.6.2) writes per key in text form, before the
 # embedding: slot, unseen_days, delta_score, show, click.
 ACCESSOR_HEAD_COLUMNS = 5
-# Optimizer state columns per sparse optimizer rule: (after embed_w, after embedx_w(d-1)).
-SPARSE_OPTIMIZER_STATE = {
-    "naive": lambda d: (0, 0),
-    "adagrad": lambda d: (1, 1),
-    "std_adagrad": lambda d: (1, d - 1),
-    "adam": lambda d: (4, 2 * (d - 1) + 2),
+# Optimizer state columns a sparse rule keeps beside a part of ``n`` values (embed_w: n = 1; embedx_w: n = d - 1).
+SPARSE_RULE_STATE = {
+    "naive": lambda n: 0,
+    "adagrad": lambda n: 1,
+    "std_adagrad": lambda n: n,
+    "adam": lambda n: 2 * n + 2,
 }
 
 
@@ -70,15 +70,21 @@ class SparseLayout:
     """
 
     embedding_dim: int
-    optimizer: str = "adam"
+    optimizer: str = "adam"  # embedx_w's rule
+    embed_optimizer: str | None = None  # embed_w's rule; None = the same as embedx_w's
 
     def __post_init__(self):
-        if self.optimizer not in SPARSE_OPTIMIZER_STATE:
-            raise DataError(f"unknown sparse optimizer {self.optimizer!r}; known: {sorted(SPARSE_OPTIMIZER_STATE)}")
+        for rule in (self.optimizer, self.embed_optimizer):
+            if rule is not None and rule not in SPARSE_RULE_STATE:
+                raise DataError(f"unknown sparse optimizer {rule!r}; known: {sorted(SPARSE_RULE_STATE)}")
+
+    @property
+    def embed_rule(self) -> str:
+        return self.embed_optimizer or self.optimizer
 
     @property
     def state_columns(self) -> tuple[int, int]:
-        return SPARSE_OPTIMIZER_STATE[self.optimizer](self.embedding_dim)
+        return SPARSE_RULE_STATE[self.embed_rule](1), SPARSE_RULE_STATE[self.optimizer](self.embedding_dim - 1)
 
     @property
     def value_columns(self) -> int:
@@ -97,6 +103,7 @@ class SparseLayout:
         return {
             "accessor": "SparseAccessor",
             "optimizer": self.optimizer,
+            "embed_optimizer": self.embed_rule,
             "embedding_dim": self.embedding_dim,
             "value_columns": self.value_columns,
         }
@@ -137,7 +144,7 @@ class PassInfo:
     @property
     def layout(self) -> SparseLayout:
         s = self.meta.get("sparse_layout", {})
-        return SparseLayout(self.embedding_dim, s.get("optimizer", "adam"))
+        return SparseLayout(self.embedding_dim, s.get("optimizer", "adam"), s.get("embed_optimizer"))
 
     @property
     def dense_model_prefix(self) -> Path:

@@ -24,6 +24,11 @@ from helpers_common import CRITEO_FILE, REPO
 
 VOLCANO_SCHEMAS = REPO.parent / "shared" / "schemas" / "volcano"
 
+# A `serve` a test starts without --grpc-port takes a free gRPC port, not the fixed default 8011 (which two test
+# runs, or a test run and a benchmark, on one machine would both bind). Tests of the gRPC front end, the local
+# backend and the rendered pods set the port explicitly.
+os.environ.setdefault("ELASTIC_CTR_SERVING_GRPC_PORT", "0")
+
 # marker -> (is the need unmet?, reason shown by -ra)
 ENVIRONMENT = {
     "needs_criteo": (

@@ -281,3 +281,26 @@ def test_drift_brings_fresh_feasigns_and_retires_old_ones_for_good(tmp_path):
     assert not first & last  # 5 slots x 20 = 100 ranks later, every first-slot feasign has retired
     later = set().union(*seen[1:])
     assert len(set().union(*seen)) > 120 and first - later  # the vocabulary keeps growing; retired ones stay gone
+
+
+def test_admission_trains_one_epoch_per_pass_and_refuses_more(tmp_path):
+    """A sighting is a push (one per epoch): with ADMIT_MIN_COUNT, EPOCHS=auto is 1 and EPOCHS>1 a usage error."""
+    import subprocess
+    import sys
+
+    from elastic_control.training.settings import resolve_epochs
+
+    admit = _cfg("export ADMIT_MIN_COUNT=2\n")
+    assert resolve_epochs(None, admit) == 1 and resolve_epochs("auto", admit) == 1 and resolve_epochs(1, admit) == 1
+    assert resolve_epochs(None, _cfg()) == "auto" and resolve_epochs(3, _cfg()) == 3  # without admission: as set
+    with pytest.raises(ConfigError, match="EPOCHS=3 with ADMIT_MIN_COUNT=2"):
+        resolve_epochs(None, _cfg("export ADMIT_MIN_COUNT=2\nexport EPOCHS=3\n"))
+    (tmp_path / "data.config").write_text(HEAD + f"export ADMIT_MIN_COUNT=2\nexport MODEL_PATH={tmp_path / 'm'}\n")
+    (tmp_path / "slot.conf").write_text("1\n2\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "elastic_control", "train", "-f", str(tmp_path / "data.config"), "-s",
+         str(tmp_path / "slot.conf"), "--epochs", "4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "EPOCHS=4 with ADMIT_MIN_COUNT=2" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "m").exists()

@@ -28,6 +28,9 @@ KNOWN_KEYS = (
     "ONLINE",
     "MODEL_PATH",
     "MAX_BAD_LINE_FRACTION",
+    "MODEL",
+    "EPOCHS",
+    "EARLY_STOP",
     # Incremental rollouts (issue 14): delta passes, admission, eviction, sub-hour passes.
     "DELTA_PASSES",
     "BASE_EVERY",
@@ -35,6 +38,9 @@ KNOWN_KEYS = (
     "EVICT_AFTER_PASSES",
     "PASS_MINUTES",
 )
+# MODEL= choices (elastic_control.training.families.FAMILIES; kept here so parsing imports no training code).
+MODEL_FAMILIES = ("dnn", "wide_deep", "deepfm", "dcn")
+MAX_EPOCHS = 1000
 REQUIRED_KEYS = ("START_DATE_HR", "END_DATE_HR", "DATASET_PATH")
 DATE_HR_FORMAT = "%Y%m%d/%H"
 DATE_HR_MIN_FORMAT = "%Y%m%d/%H%M"
@@ -60,6 +66,9 @@ class DataConfig:
     online: bool = False
     model_path: str | None = None
     max_bad_line_fraction: float = 0.01
+    model: str | None = None  # MODEL: the model family; None = the trainer's default
+    epochs: int | str | None = None  # EPOCHS: passes over each pass's data, or "auto"; None = the default
+    early_stop: bool | None = None  # EARLY_STOP: stop a pass's epochs when held-out log loss rises
     # Incremental rollouts (docs/contracts.md, "Delta passes"): a base pass every base_every passes, deltas
     # between; admission after admit_min_count sightings; eviction after evict_after_passes passes unseen.
     delta_passes: bool = False
@@ -275,6 +284,20 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
                 line=lines["MAX_BAD_LINE_FRACTION"],
             ) from None
 
+    model = values.get("MODEL") or None
+    if model is not None and model not in MODEL_FAMILIES:
+        close = difflib.get_close_matches(model, MODEL_FAMILIES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"MODEL={model!r} is not a model family (one of {', '.join(MODEL_FAMILIES)}){hint}",
+            path=source,
+            line=lines["MODEL"],
+        )
+    epochs = parse_epochs(values["EPOCHS"], source=source, line=lines["EPOCHS"]) if values.get("EPOCHS") else None
+    early_raw = (values.get("EARLY_STOP") or "").lower()
+    if early_raw not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise ConfigError(f"EARLY_STOP={early_raw!r} must be 0 or 1", path=source, line=lines["EARLY_STOP"])
+    early_stop = None if not early_raw else early_raw in ("1", "true", "yes")
     incremental = _parse_incremental(values, lines, source)
     if incremental["pass_minutes"]:
         end = end + dt.timedelta(hours=1) - dt.timedelta(minutes=incremental["pass_minutes"])
@@ -290,10 +313,30 @@ def parse_data_config(text: str, source: str = "data.config", env: Mapping[str, 
         online=online_raw.lower() in ("1", "true", "yes"),
         model_path=values.get("MODEL_PATH") or None,
         max_bad_line_fraction=fraction,
+        model=model,
+        epochs=epochs,
+        early_stop=early_stop,
         **incremental,
         source=source,
         values=dict(values),
     )
+
+
+def parse_epochs(text: str, *, source: str = "data.config", line: int | None = None, key: str = "EPOCHS") -> int | str:
+    """EPOCHS: a whole number of epochs per pass (1..MAX_EPOCHS) or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+        if not 1 <= n <= MAX_EPOCHS:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            f"{key}={text!r} must be 'auto' or a whole number of epochs per pass in 1..{MAX_EPOCHS}",
+            path=source,
+            line=line,
+        ) from None
+    return n
 
 
 _BOOL_TRUE, _BOOL_FALSE = ("1", "true", "yes"), ("0", "false", "no")

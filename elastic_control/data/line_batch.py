@@ -183,6 +183,25 @@ def take_rows(batch: LineBatch, rows: np.ndarray) -> LineBatch:
     )
 
 
+def permute_rows(batch: LineBatch, order: np.ndarray) -> LineBatch:
+    """The lines in the order ``order`` (a permutation of range(len(batch))), features kept line after line."""
+    order = np.asarray(order, dtype=np.int64)
+    counts = np.bincount(batch.feature_line, minlength=len(batch))
+    starts = np.cumsum(counts) - counts
+    new_counts = counts[order]
+    new_line = np.repeat(np.arange(len(order), dtype=np.int64), new_counts)
+    within = np.arange(len(new_line), dtype=np.int64) - np.repeat(np.cumsum(new_counts) - new_counts, new_counts)
+    src = starts[order][new_line] + within
+    return LineBatch(
+        batch.shows[order],
+        batch.clicks[order],
+        new_line,
+        batch.feasigns[src],
+        batch.feature_slots[src],
+        None if batch.lines is None else [batch.lines[i] for i in order.tolist()],
+    )
+
+
 def batch_slot_keys(batch: LineBatch, slots, sparse_dim: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per slot of ``slots``: (keys uint64[k], lengths int64[n]) for all lines of the batch.
 

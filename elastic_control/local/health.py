@@ -91,7 +91,10 @@ def probe_component(spec: ComponentSpec, pid: int | None, *, timeout: float = PR
                 if i == 0:
                     # Alive but silent: a deadlock or a stopped worker; refused: not listening (yet).
                     state = st.HUNG if "no answer" in error else st.DEGRADED
-                    return Probe(state, f"{path}: {error}")
+                    # A SIGSTOP sent just before the first look takes effect only when the process is next
+                    # scheduled: look again after the silence, so the stop and its remedy are named.
+                    dead, why = process_state(pid)
+                    return Probe(dead, why) if dead else Probe(state, f"{path}: {error}")
                 continue
             probe.codes[path] = code
             if body is not None and 200 <= code < 300:

@@ -10,127 +10,141 @@ import functools
 
 import click
 
-from elastic_control.training.settings import Hyperparameters
+from elastic_control.training.families import FAMILIES
+from elastic_control.training.settings import DEFAULT_EPOCHS, DEFAULT_MODEL, Hyperparameters
 
 _DEFAULTS = Hyperparameters()
 
 
+class _Hidden(click.ParamType):
+    """``400,400,400`` -> (400, 400, 400); ``none`` or empty -> () (no MLP)."""
+
+    name = "WIDTHS"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip().lower()
+        if text in ("", "none", "0"):
+            return ()
+        try:
+            widths = tuple(int(v) for v in text.split(","))
+            if any(not 1 <= w <= 100_000 for w in widths):
+                raise ValueError
+        except ValueError:
+            self.fail(
+                f"{value!r} is not a comma-separated list of layer widths (e.g. 400,400,400) or 'none'", param, ctx
+            )
+        return widths
+
+
+class _Epochs(click.ParamType):
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        from ctr_foundation.errors import ConfigError
+        from elastic_control.config.data_config import parse_epochs
+
+        if isinstance(value, int) or value is None:
+            return value
+        try:
+            return parse_epochs(str(value), key="--epochs")
+        except ConfigError as e:
+            self.fail(str(e), param, ctx)
+
+
+_RULES = click.Choice(["adam", "adagrad"])
+_RATE = click.FloatRange(0, 10, min_open=True)
+
+# (flag, Hyperparameters field, click type, help); every one is also a `role` flag (hyperparameter_args).
+_OPTIONS = [
+    (
+        "--model",
+        "model",
+        click.Choice(FAMILIES),
+        f"Model family (default: MODEL of data.config, else {DEFAULT_MODEL}).",
+    ),
+    (
+        "--epochs",
+        "epochs",
+        _Epochs(),
+        f"Epochs per pass, or auto (default: EPOCHS of data.config, else {DEFAULT_EPOCHS}).",
+    ),
+    (
+        "--min-steps-per-pass",
+        "min_steps_per_pass",
+        click.IntRange(1),
+        "EPOCHS=auto: epochs enough for this many steps.",
+    ),
+    ("--max-epochs", "max_epochs", click.IntRange(1, 1000), "EPOCHS=auto: at most this many epochs per pass."),
+    (
+        "--early-stop/--no-early-stop",
+        "early_stop",
+        None,
+        "Stop a pass's epochs when held-out log loss rises (default: EARLY_STOP, else on).",
+    ),
+    ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
+    ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),
+    ("--batch-size", "batch_size", click.IntRange(1, 1_000_000), None),
+    ("--learning-rate", "learning_rate", _RATE, "Dense part (Adam on the pservers)."),
+    ("--sparse-learning-rate", "sparse_learning_rate", _RATE, "embedx_w, the embeddings (sparse rule)."),
+    ("--wide-learning-rate", "wide_learning_rate", _RATE, "embed_w, the wide weight of the wide families."),
+    ("--sparse-optimizer", "sparse_optimizer", _RULES, "Sparse rule of embedx_w."),
+    ("--wide-optimizer", "wide_optimizer", _RULES, "Sparse rule of embed_w."),
+    ("--l2-embedding", "l2_embedding", click.FloatRange(0), "L2 per key occurrence on embedx_w."),
+    ("--l2-wide", "l2_wide", click.FloatRange(0), "L2 per key occurrence on embed_w."),
+    ("--dense-l2", "dense_l2", click.FloatRange(0), "Weight decay of the dense weights."),
+    ("--cross-layers", "cross_layers", click.IntRange(1, 16), "dcn: cross layers."),
+    ("--cross-rank", "cross_rank", click.IntRange(1, 4096), "dcn: rank of each cross layer."),
+    (
+        "--shuffle-lines",
+        "shuffle_lines",
+        click.IntRange(0),
+        "Shuffle lines within windows of this many (0: file order).",
+    ),
+    ("--holdout-lines", "holdout_lines", click.IntRange(0, 1_000_000), "Trainer 0's held-out lines per pass."),
+    ("--log-every", "log_every", click.IntRange(1), "Steps between progress lines and MLflow step metrics."),
+    ("--golden-lines", "golden_lines", click.IntRange(0, 100_000), "Held-out lines per pass scored into golden.jsonl."),
+    ("--dense-pull-every", "dense_pull_every", click.IntRange(1), "Steps between pulls of the dense parameters."),
+    ("--wait-timeout", "wait_timeout", click.FloatRange(0), "ONLINE=1: fail after waiting this long for an hour (s)."),
+    ("--poll-seconds", "poll_seconds", click.FloatRange(0.01), "ONLINE=1: how often to look for an hour's donefile."),
+]
+
+
 def hyperparameter_options(fn):
     """Options shared by `train` and `role`, turned into a Hyperparameters object."""
-    options = [
-        click.option(
-            "--embedding-dim",
-            type=click.IntRange(2, 512),
-            default=_DEFAULTS.embedding_dim,
-            show_default=True,
-            help="Embedding dimension per slot.",
-        ),
-        click.option(
-            "--batch-size", type=click.IntRange(1, 1_000_000), default=_DEFAULTS.batch_size, show_default=True
-        ),
-        click.option(
-            "--learning-rate",
-            type=click.FloatRange(0, 10, min_open=True),
-            default=_DEFAULTS.learning_rate,
-            show_default=True,
-        ),
-        click.option(
-            "--sparse-learning-rate",
-            type=click.FloatRange(0, 10, min_open=True),
-            default=_DEFAULTS.sparse_learning_rate,
-            show_default=True,
-            help="Learning rate of the embeddings (sparse Adam rule).",
-        ),
-        click.option(
-            "--log-every",
-            type=click.IntRange(1),
-            default=_DEFAULTS.log_every,
-            show_default=True,
-            help="Steps between progress lines and MLflow step metrics.",
-        ),
-        click.option(
-            "--golden-lines",
-            type=click.IntRange(0, 100_000),
-            default=_DEFAULTS.golden_lines,
-            show_default=True,
-            help="Held-out lines per pass scored into golden.jsonl.",
-        ),
-        click.option(
-            "--dense-pull-every",
-            type=click.IntRange(1),
-            default=_DEFAULTS.dense_pull_every,
-            show_default=True,
-            help="Steps between pulls of the dense parameters from the pservers.",
-        ),
-        click.option(
-            "--wait-timeout",
-            type=click.FloatRange(0),
-            default=None,
-            help="ONLINE=1: fail after waiting this many seconds for an hour (default: wait forever).",
-        ),
-        click.option(
-            "--poll-seconds",
-            type=click.FloatRange(0.01),
-            default=_DEFAULTS.poll_seconds,
-            show_default=True,
-            help="ONLINE=1: how often to look for an hour's donefile.",
-        ),
-    ]
+    fields = [field for _, field, _, _ in _OPTIONS]
 
     @functools.wraps(fn)
-    def wrapper(
-        *args,
-        embedding_dim,
-        batch_size,
-        learning_rate,
-        sparse_learning_rate,
-        log_every,
-        golden_lines,
-        dense_pull_every,
-        wait_timeout,
-        poll_seconds,
-        **kwargs,
-    ):
-        hyper = Hyperparameters(
-            embedding_dim=embedding_dim,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            sparse_learning_rate=sparse_learning_rate,
-            log_every=log_every,
-            golden_lines=golden_lines,
-            dense_pull_every=dense_pull_every,
-            wait_timeout=wait_timeout,
-            poll_seconds=poll_seconds,
-        )
-        return fn(*args, hyper=hyper, **kwargs)
+    def wrapper(*args, **kwargs):
+        values = {f: kwargs.pop(f) for f in fields}
+        return fn(*args, hyper=Hyperparameters(**values), **kwargs)
 
-    for option in reversed(options):
+    for flag, field, kind, help_text in reversed(_OPTIONS):
+        default = getattr(_DEFAULTS, field)
+        if kind is None:  # a boolean pair; None keeps "not given" apart from --no-...
+            option = click.option(flag, field, default=None, help=help_text)
+        else:
+            option = click.option(
+                flag, field, type=kind, default=default, show_default=default is not None, help=help_text
+            )
         wrapper = option(wrapper)
     return wrapper
 
 
 def hyperparameter_args(hyper: Hyperparameters) -> list[str]:
     """The same settings as `role` flags, for the role processes `train` starts."""
-    args = [
-        "--embedding-dim",
-        str(hyper.embedding_dim),
-        "--batch-size",
-        str(hyper.batch_size),
-        "--learning-rate",
-        repr(hyper.learning_rate),
-        "--sparse-learning-rate",
-        repr(hyper.sparse_learning_rate),
-        "--log-every",
-        str(hyper.log_every),
-        "--golden-lines",
-        str(hyper.golden_lines),
-        "--poll-seconds",
-        repr(hyper.poll_seconds),
-        "--dense-pull-every",
-        str(hyper.dense_pull_every),
-    ]
-    if hyper.wait_timeout is not None:
-        args += ["--wait-timeout", repr(hyper.wait_timeout)]
+    args: list[str] = []
+    for flag, field, _, _ in _OPTIONS:
+        value = getattr(hyper, field)
+        if value is None:
+            continue
+        if flag.startswith("--early-stop"):
+            args.append("--early-stop" if value else "--no-early-stop")
+        elif field == "hidden":
+            args += [flag, ",".join(map(str, value)) or "none"]
+        else:
+            args += [flag, repr(value) if isinstance(value, float) else str(value)]
     return args
 
 
@@ -155,8 +169,10 @@ def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, 
     from elastic_control.data.window import check_data_window
     from elastic_control.local.components import training_window
     from elastic_control.local.train_job import run_training_job
+    from elastic_control.training.settings import resolve_epochs
 
     config = load_data_config(datafile)
+    resolve_epochs(hyper.epochs, config)  # EPOCHS > 1 with ADMIT_MIN_COUNT: a usage error, before any process
     slots = load_slot_conf(slot_conf)
     model_path = model_path or MODEL_PATH.get() or config.model_path
     if not model_path:

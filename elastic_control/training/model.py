@@ -1,4 +1,4 @@
-"""The CTR network (the original's): per-slot sum-pooled sparse embeddings, concat, MLP 400-400-400, sigmoid.
+"""The CTR network: per-slot sum-pooled sparse embeddings, concat, the family's dense part (families.py), sigmoid.
 
 Two programs share the dense parameters by name:
 - the training net, built in Paddle's DEFAULT main/startup programs (fleet's
@@ -17,34 +17,71 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ctr_foundation.pass_format import DENSE_INPUT
+from elastic_control.training.families import FamilySpec, dense_logit, dense_param_names
 
 SPARSE_TABLE_NAME = "SparseFeatFactors"
 DEFAULT_EMBEDDING_DIM = 9
-DEFAULT_HIDDEN = (400, 400, 400)
+DEFAULT_HIDDEN = (128, 64)  # the original's 400-400-400 overfits small passes (settings.py)
 LABEL_INPUT = "click"
+# embedx_w starts uniform in +-INITIAL_RANGE; embed_w starts at 0 (the accessor's zero_init).
+INITIAL_RANGE = 0.01
 
 
 def slot_input_name(slot: int) -> str:
     return f"slot_{slot}"
 
 
+def slot_l2_input_name(slot: int) -> str:
+    """Per key of the slot: 1 / its count in the trainer's share of the pass (the count-scaled L2)."""
+    return f"slot_{slot}_l2"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     slots: tuple[int, ...]
-    embedding_dim: int = DEFAULT_EMBEDDING_DIM
+    embedding_dim: int = DEFAULT_EMBEDDING_DIM  # the row width: embed_w + embedx_w(d-1)
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     learning_rate: float = 1e-3
     sparse_dim: int | None = None
     sparse_learning_rate: float = 0.02
+    family: str = "dnn"
+    wide_learning_rate: float = 0.02  # embed_w's rule (the wide weight in the wide families)
+    sparse_optimizer: str = "adam"  # embedx_w's rule: adam | adagrad
+    wide_optimizer: str = "adam"  # embed_w's rule
+    l2_embedding: float = 0.0  # count-scaled L2 strength on embedx_w (the whole row for dnn); see build_training_net
+    l2_wide: float = 0.0  # the same on embed_w (wide families)
+    cross_layers: int = 2
+    cross_rank: int = 16
+    dense_l2: float = 0.0  # weight decay of the dense weights
+
+    @property
+    def family_spec(self) -> FamilySpec:
+        return FamilySpec(
+            self.family,
+            len(self.slots),
+            self.embedding_dim,
+            self.hidden,
+            self.cross_layers,
+            self.cross_rank,
+            self.dense_l2,
+        )
 
     def to_json(self) -> dict:
         return {
+            "family": self.family,
             "slots": list(self.slots),
             "embedding_dim": self.embedding_dim,
             "hidden": list(self.hidden),
             "learning_rate": self.learning_rate,
             "sparse_learning_rate": self.sparse_learning_rate,
+            "wide_learning_rate": self.wide_learning_rate,
+            "sparse_optimizer": self.sparse_optimizer,
+            "wide_optimizer": self.wide_optimizer,
+            "l2_embedding": self.l2_embedding,
+            "l2_wide": self.l2_wide,
+            "dense_l2": self.dense_l2,
             "sparse_dim": self.sparse_dim,
+            **({"cross_layers": self.cross_layers, "cross_rank": self.cross_rank} if self.family == "dcn" else {}),
         }
 
 
@@ -60,50 +97,56 @@ class TrainingNet:
     infer_input: object
     infer_prob: object
     dense_param_names: list[str] = field(default_factory=list)
+    log_loss: object = None  # the data term of ``loss`` (without the L2 terms)
+    l2_inputs: list = field(default_factory=list)  # per slot, the keys' L2 scales (empty without L2)
+
+    @property
+    def uses_l2(self) -> bool:
+        return bool(self.l2_inputs)
 
 
-def _dense_tower(paddle, x, hidden):
-    """The MLP on the concatenated embeddings; parameter names are fixed so both programs share them."""
-    import math
-
-    h = x
-    fan_in = x.shape[-1]
-    for i, width in enumerate(hidden):
-        init = paddle.nn.initializer.Normal(std=1.0 / math.sqrt(fan_in))
-        h = paddle.static.nn.fc(
-            h,
-            width,
-            activation="relu",
-            weight_attr=paddle.ParamAttr(name=f"fc{i}.w", initializer=init),
-            bias_attr=paddle.ParamAttr(name=f"fc{i}.b"),
-        )
-        fan_in = width
-    init = paddle.nn.initializer.Normal(std=1.0 / math.sqrt(fan_in))
-    return paddle.static.nn.fc(
-        h, 1, weight_attr=paddle.ParamAttr(name="logit.w", initializer=init), bias_attr=paddle.ParamAttr(name="logit.b")
-    )
-
-
-def dense_param_names(hidden) -> list[str]:
-    names = []
-    for i in range(len(hidden)):
-        names += [f"fc{i}.w", f"fc{i}.b"]
-    return names + ["logit.w", "logit.b"]
+def _l2_of_rows(paddle, emb, scale, spec: ModelSpec):
+    """Sum over the batch's looked-up rows of the count-scaled L2 terms (embed_w and embedx_w apart)."""
+    terms = []
+    wide = spec.family_spec.has_wide
+    if wide and spec.l2_wide:
+        terms.append(spec.l2_wide * paddle.sum(paddle.square(emb[:, 0:1]) * scale))
+    if spec.l2_embedding:
+        cols = emb[:, 1:] if wide else emb
+        terms.append(spec.l2_embedding * paddle.sum(paddle.sum(paddle.square(cols), axis=1, keepdim=True) * scale))
+    return terms
 
 
 def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> TrainingNet:
     """Build the training net in the default programs and the dense inference program beside it.
 
     ``embedding_hook(slot, emb) -> emb`` rewrites each slot's looked-up embeddings before pooling
-    (feature admission's mask, training/admission.py).
+    (feature admission's mask, training/admission.py); the L2 terms below see the rewritten rows, so a
+    key the mask holds back gets no gradient from them either.
+
+    The loss is the mean log loss of the batch plus, with ``l2_wide``/``l2_embedding`` set, a
+    count-scaled L2 on the looked-up rows: each occurrence of key k adds
+    ``lambda * |row part|^2 * scale_k / batch`` where the feed gives scale_k = 1 / (k's count in this
+    trainer's share of the pass). Over one epoch every key is then pulled toward 0 with the same
+    strength ``lambda / batch`` whatever its frequency: logistic regression's L2 (scikit-learn's
+    C = 1 / (2 * lambda)), where a per-occurrence L2 would barely touch the rare keys that overfit.
     """
     slot_inputs = [
         paddle.static.data(name=slot_input_name(s), shape=[-1, 1], dtype="int64", lod_level=1) for s in spec.slots
     ]
     label = paddle.static.data(name=LABEL_INPUT, shape=[-1, 1], dtype="float32")
-    init = paddle.nn.initializer.Uniform(-0.01, 0.01)
-    pooled = []
-    for slot, x in zip(spec.slots, slot_inputs, strict=True):
+    uses_l2 = bool(spec.l2_embedding or (spec.l2_wide and spec.family_spec.has_wide))
+    l2_inputs = (
+        [
+            paddle.static.data(name=slot_l2_input_name(s), shape=[-1, 1], dtype="float32", lod_level=1)
+            for s in spec.slots
+        ]
+        if uses_l2
+        else []
+    )
+    init = paddle.nn.initializer.Uniform(-INITIAL_RANGE, INITIAL_RANGE)
+    pooled, l2_terms = [], []
+    for i, (slot, x) in enumerate(zip(spec.slots, slot_inputs, strict=True)):
         emb = paddle.static.nn.sparse_embedding(
             input=x,
             size=[1024, spec.embedding_dim],
@@ -111,50 +154,64 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         )
         if embedding_hook is not None:
             emb = embedding_hook(slot, emb)
+        if uses_l2:
+            l2_terms += _l2_of_rows(paddle, emb, l2_inputs[i], spec)
         pooled.append(paddle.static.nn.sequence_lod.sequence_pool(emb, pool_type="sum"))
-    logit = _dense_tower(paddle, paddle.concat(pooled, axis=1), spec.hidden)
+    family = spec.family_spec
+    logit = dense_logit(paddle, paddle.concat(pooled, axis=1), family)
     prob = paddle.nn.functional.sigmoid(logit)
-    loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
+    log_loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
+    loss = log_loss
+    if l2_terms:
+        batch = paddle.cast(paddle.shape(label)[0], "float32")
+        loss = log_loss + paddle.add_n(l2_terms) / batch
 
     infer, infer_startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(infer, infer_startup):
         emb_concat = paddle.static.data(
             name=DENSE_INPUT, shape=[-1, len(spec.slots) * spec.embedding_dim], dtype="float32"
         )
-        infer_prob = paddle.nn.functional.sigmoid(_dense_tower(paddle, emb_concat, spec.hidden))
-    return TrainingNet(slot_inputs, label, prob, loss, infer, emb_concat, infer_prob, dense_param_names(spec.hidden))
+        infer_prob = paddle.nn.functional.sigmoid(dense_logit(paddle, emb_concat, family))
+    return TrainingNet(
+        slot_inputs, label, prob, loss, infer, emb_concat, infer_prob, dense_param_names(family), log_loss, l2_inputs
+    )
 
 
 # Shards of the sparse table per pserver. Paddle's default (1000) writes 1000
 # files per save and makes every pass export take tens of seconds.
 SPARSE_SHARDS = 16
 SPARSE_ACCESSOR = "SparseAccessor"
-SPARSE_RULE = "SparseAdamSGDRule"
+# The sparse optimizer rules the trainer can pin, by their pass_format.SparseLayout names.
+SPARSE_RULES = {"adam": "SparseAdamSGDRule", "adagrad": "SparseAdaGradSGDRule"}
 
 
-def make_strategy(fleet, *, sparse_learning_rate: float, shards: int = SPARSE_SHARDS, accessor: dict | None = None):
+def make_strategy(fleet, spec: ModelSpec, *, shards: int = SPARSE_SHARDS, accessor: dict | None = None):
     """Fully asynchronous parameter-server training (the original's setting), table layout pinned.
 
-    The accessor and the sparse optimizer rule decide the saved table's columns
+    The accessor and the sparse optimizer rules decide the saved table's columns
     (pass_format.SparseLayout), so they are set explicitly, not left to defaults.
+    embed_w (the wide weight of the wide families) and embedx_w have a rule each.
     ``accessor`` adds accessor settings (``{"ctr_accessor_param.delta_threshold": ...}``: the
     incremental export's, training/delta_export.py).
     """
     strategy = fleet.DistributedStrategy()
     strategy.a_sync = True
     prefix = f"table_parameters.{SPARSE_TABLE_NAME}"
-    strategy.sparse_table_configs = {
-        SPARSE_TABLE_NAME: {
-            f"{prefix}.table_class": "MemorySparseTable",
-            f"{prefix}.shard_num": shards,
-            f"{prefix}.accessor.accessor_class": SPARSE_ACCESSOR,
-            f"{prefix}.accessor.embed_sgd_param.name": SPARSE_RULE,
-            f"{prefix}.accessor.embedx_sgd_param.name": SPARSE_RULE,
-            # Embeddings get few updates each (a key is in few batches): they learn
-            # with their own, larger rate than the dense tower's Adam.
-            f"{prefix}.accessor.embed_sgd_param.adam.learning_rate": sparse_learning_rate,
-            f"{prefix}.accessor.embedx_sgd_param.adam.learning_rate": sparse_learning_rate,
-            **{f"{prefix}.accessor.{k}": v for k, v in (accessor or {}).items()},
-        }
+    config = {
+        f"{prefix}.table_class": "MemorySparseTable",
+        f"{prefix}.shard_num": shards,
+        f"{prefix}.accessor.accessor_class": SPARSE_ACCESSOR,
     }
+    for part, rule, rate in (
+        ("embed", spec.wide_optimizer, spec.wide_learning_rate),
+        ("embedx", spec.sparse_optimizer, spec.sparse_learning_rate),
+    ):
+        # Embeddings get few updates each (a key is in few batches): they learn
+        # with their own, larger rate than the dense tower's Adam.
+        config[f"{prefix}.accessor.{part}_sgd_param.name"] = SPARSE_RULES[rule]
+        config[f"{prefix}.accessor.{part}_sgd_param.{rule}.learning_rate"] = rate
+        # The same start as the Adam rule's (which takes the initializer's range); adagrad's own default is 1e-4.
+        config[f"{prefix}.accessor.{part}_sgd_param.{rule}.initial_range"] = INITIAL_RANGE
+    config.update({f"{prefix}.accessor.{k}": v for k, v in (accessor or {}).items()})
+    strategy.sparse_table_configs = {SPARSE_TABLE_NAME: config}
     return strategy

@@ -25,9 +25,6 @@ from ctr_foundation.records import GOLDEN_FILE, DonefileEntry, append_donefile, 
 from elastic_control.config.data_config import format_slot
 from elastic_control.training.model import SPARSE_ACCESSOR
 
-# The sparse table's rule (model.SPARSE_RULE) in pass_format.SparseLayout's terms.
-SPARSE_OPTIMIZER = "adam"
-
 
 def _maybe_crash(stage: str, name: str) -> None:
     """Test hook ELASTIC_CTR_TEST_CRASH_EXPORT=<stage>[:<pass name>]: exit at that stage, as a machine failure would."""
@@ -88,7 +85,8 @@ def golden_rows(lines: list[str], probs: np.ndarray) -> list[dict]:
     return [{"line": ln, "prob": float(p)} for ln, p in zip(lines, np.asarray(probs).ravel().tolist(), strict=True)]
 
 
-def sparse_layout_json(embedding_dim: int) -> dict:
-    layout = pass_format.SparseLayout(embedding_dim, SPARSE_OPTIMIZER).to_json()
+def sparse_layout_json(embedding_dim: int, *, optimizer: str = "adam", embed_optimizer: str | None = None) -> dict:
+    """meta.json ``sparse_layout``: the saved table's columns (rules of embedx_w and embed_w, model.SPARSE_RULES)."""
+    layout = pass_format.SparseLayout(embedding_dim, optimizer, embed_optimizer).to_json()
     layout["accessor"] = SPARSE_ACCESSOR
     return layout

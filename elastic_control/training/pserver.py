@@ -61,27 +61,18 @@ def run_pserver(settings: RoleSettings) -> None:
     import paddle
     import paddle.distributed.fleet as fleet
 
-    from elastic_control.training.model import SPARSE_SHARDS, ModelSpec, build_training_net, make_strategy
+    from elastic_control.training import delta_export
+    from elastic_control.training.admission import embedding_hook
+    from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
 
     paddle.enable_static()
     fleet.init(is_collective=False)
-    spec = ModelSpec(
-        settings.slot_conf.slots,
-        settings.hyper.embedding_dim,
-        learning_rate=settings.hyper.learning_rate,
-        sparse_dim=settings.data_config.sparse_dim,
-        sparse_learning_rate=settings.hyper.sparse_learning_rate,
-    )
-    from elastic_control.training import delta_export
-    from elastic_control.training.admission import embedding_hook
-
+    spec = settings.model_spec()
     config = settings.data_config
     # The same program and table settings as the trainers' (admission adds its mask inputs).
     hook = embedding_hook(paddle) if config.admit_min_count else None
     net = build_training_net(paddle, spec, embedding_hook=hook)
-    strategy = make_strategy(
-        fleet, sparse_learning_rate=spec.sparse_learning_rate, accessor=delta_export.accessor_overrides(config)
-    )
+    strategy = make_strategy(fleet, spec, accessor=delta_export.accessor_overrides(config))
     fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), strategy).minimize(net.loss)
     if start.get("last_pass") and config.incremental:
         # Deltas (and pending keys) hold part of the table each: merge the chain for this pserver's shards.

@@ -9,17 +9,43 @@ from ctr_foundation import env_vars
 from ctr_foundation.errors import ConfigError
 from elastic_control.config.data_config import DataConfig, load_data_config
 from elastic_control.config.slot_conf import SlotConf, load_slot_conf
-from elastic_control.training.model import DEFAULT_EMBEDDING_DIM
+from elastic_control.training.model import DEFAULT_EMBEDDING_DIM, DEFAULT_HIDDEN, ModelSpec
+
+# The defaults of issue 12 (figures in docs/benchmarks.md "Model families and defaults"): wide & deep
+# with an MLP 128-64, sparse rates 0.01, count-scaled L2 2.0 on the cube rows, lines shuffled, epochs
+# enough for 100 steps per trainer per pass (an hour of Criteo lines: 1; a pass of a few thousand
+# lines: several), stopped early when the held-out log loss rises. Chosen for being good on both a
+# 6,000-line pass and the 133k-line Criteo split (an MLP 400-400-400 without L2 is 0.0025 better on
+# the latter and overfits the former: AUC 0.64, calibration 1.68).
+DEFAULT_MODEL = "wide_deep"
+DEFAULT_EPOCHS: int | str = "auto"
+DEFAULT_EARLY_STOP = True
 
 
 @dataclass(frozen=True)
 class Hyperparameters:
+    model: str | None = None  # None: MODEL of data.config, else DEFAULT_MODEL
+    epochs: int | str | None = None  # None: EPOCHS of data.config, else DEFAULT_EPOCHS; "auto": see min_steps
+    min_steps_per_pass: int = 100  # EPOCHS=auto: epochs enough for this many steps per trainer per pass
+    max_epochs: int = 20  # EPOCHS=auto: at most this many
+    early_stop: bool | None = None  # None: EARLY_STOP of data.config, else DEFAULT_EARLY_STOP
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
+    hidden: tuple[int, ...] = DEFAULT_HIDDEN
     # 128, not 512: one hour of data is one pass, and the MLP needs optimizer steps more than big
     # batches (synthetic held-out AUC 0.801 at 128, 0.795-0.800 at 256, 0.777 at 512; Bayes 0.818).
     batch_size: int = 128
     learning_rate: float = 1e-3  # dense tower (Adam on the pservers)
-    sparse_learning_rate: float = 0.02  # embeddings (sparse Adam rule on the pservers)
+    sparse_learning_rate: float = 0.01  # embeddings (sparse Adam rule on the pservers)
+    wide_learning_rate: float = 0.01  # embed_w: the per-key wide weight of the wide families
+    sparse_optimizer: str = "adam"  # embedx_w's rule on the pservers: adam | adagrad
+    wide_optimizer: str = "adam"  # embed_w's rule
+    l2_embedding: float = 2.0  # count-scaled L2 on embedx_w (dnn: on the whole row); scikit-learn C = 1/(2 l2)
+    l2_wide: float = 2.0  # count-scaled L2 on embed_w (wide families)
+    dense_l2: float = 0.0  # weight decay of the dense weights (MLP, cross layers, output)
+    cross_layers: int = 2  # dcn
+    cross_rank: int = 16  # dcn: rank of each cross layer's weight
+    shuffle_lines: int = 100_000  # shuffle each trainer's lines within windows of this many (0: file order)
+    holdout_lines: int = 2048  # trainer 0's held-out lines per pass (metrics, early stop; golden ones first)
     log_every: int = 50  # steps between progress lines and MLflow step metrics
     golden_lines: int = 256  # held-out lines per pass scored into golden.jsonl
     golden_stride: int = 20  # trainer 0 holds out every Nth line of its share until it has enough
@@ -28,7 +54,9 @@ class Hyperparameters:
     poll_seconds: float = 10.0
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["hidden"] = list(self.hidden)
+        return out
 
 
 @dataclass(frozen=True)
@@ -52,6 +80,62 @@ class RoleSettings:
     def is_chief(self) -> bool:
         return self.role == "TRAINER" and self.trainer_id == 0
 
+    @property
+    def model_family(self) -> str:
+        """The flag, else data.config's MODEL, else the default."""
+        return self.hyper.model or self.data_config.model or DEFAULT_MODEL
+
+    @property
+    def epochs(self) -> int | str:
+        return resolve_epochs(self.hyper.epochs, self.data_config)
+
+    @property
+    def early_stop(self) -> bool:
+        if self.hyper.early_stop is not None:
+            return self.hyper.early_stop
+        if self.data_config.early_stop is not None:
+            return bool(self.data_config.early_stop)
+        return DEFAULT_EARLY_STOP
+
+    def model_spec(self) -> ModelSpec:
+        """The network every role builds (pservers and trainers must build the same one)."""
+        h = self.hyper
+        return ModelSpec(
+            tuple(self.slot_conf.slots),
+            h.embedding_dim,
+            hidden=tuple(h.hidden),
+            learning_rate=h.learning_rate,
+            sparse_dim=self.data_config.sparse_dim,
+            sparse_learning_rate=h.sparse_learning_rate,
+            family=self.model_family,
+            wide_learning_rate=h.wide_learning_rate,
+            sparse_optimizer=h.sparse_optimizer,
+            wide_optimizer=h.wide_optimizer,
+            l2_embedding=h.l2_embedding,
+            l2_wide=h.l2_wide,
+            dense_l2=h.dense_l2,
+            cross_layers=h.cross_layers,
+            cross_rank=h.cross_rank,
+        )
+
+
+def resolve_epochs(flag: int | str | None, data_config: DataConfig) -> int | str:
+    """Epochs per pass: the flag, else data.config's EPOCHS, else the default; 1 with ADMIT_MIN_COUNT.
+
+    Admission counts a feasign's sightings as the pushes the parameter servers count (``show``), one
+    per epoch: with several epochs a feasign seen once in the data would pass ADMIT_MIN_COUNT=N after N
+    epochs. So with admission on, ``auto`` is one epoch and an explicit EPOCHS above 1 is refused.
+    """
+    setting = flag or data_config.epochs or DEFAULT_EPOCHS
+    if data_config.admit_min_count:
+        if setting != "auto" and int(setting) > 1:
+            raise ConfigError(
+                f"EPOCHS={setting} with ADMIT_MIN_COUNT={data_config.admit_min_count}: admission counts one "
+                "sighting per epoch, so a pass trains one epoch when admission is on (set EPOCHS=1 or auto)"
+            )
+        return 1
+    return setting
+
 
 def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings:
     """Validate every variable a role needs; ConfigError naming the first one missing or wrong."""
@@ -68,6 +152,7 @@ def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings
     trainer_id = env_vars.PADDLE_TRAINER_ID.get(env)
     if role == "TRAINER" and not 0 <= trainer_id < trainers:
         raise ConfigError(f"PADDLE_TRAINER_ID={trainer_id} must be in 0..PADDLE_TRAINERS_NUM-1 ({trainers - 1})")
+    resolve_epochs(hyper.epochs, data_config)  # refuses EPOCHS > 1 with admission before Paddle starts
     return RoleSettings(
         role=role,
         pserver_endpoints=env_vars.PADDLE_PSERVERS_IP_PORT_LIST.require(env),

@@ -136,7 +136,9 @@ class Tracker:
         if items:
             self._call("logging metrics", lambda: self.client.log_batch(self.run_id, metrics=items))
 
-    def register_pass(self, pass_dir: str | os.PathLike, *, pass_name: str, window: dict, metrics: dict) -> str | None:
+    def register_pass(
+        self, pass_dir: str | os.PathLike, *, pass_name: str, window: dict, metrics: dict, family: str | None = None
+    ) -> str | None:
         """Log the pass's small files as run artifacts and register them as a new model version.
 
         An MLflow *server* only accepts a version source inside the run's
@@ -159,6 +161,8 @@ class Tracker:
             "window_end": window["end"],
             "pass_dir": str(folder),
         }
+        if family:
+            tags["model_family"] = family
         tags.update({k: f"{v:.6f}" if isinstance(v, float) else str(v) for k, v in metrics.items()})
         artifact_path = f"{PASS_ARTIFACTS}/{pass_name}"
         try:

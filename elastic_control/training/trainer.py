@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elastic_control.config.data_config import format_hour, parse_slot
-from elastic_control.data.line_batch import LineBatch, concat_batches, take_rows
+from elastic_control.data.line_batch import LineBatch, concat_batches
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
 from elastic_control.metrics import RecentWindow, auc, log_loss
 from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
@@ -29,7 +29,10 @@ class PassStats:
     bad_lines: int = 0
     lines: int = 0
     seconds: float = 0.0
-    golden: list[LineBatch] = field(default_factory=list)
+    golden: list[LineBatch] = field(default_factory=list)  # trainer 0's held-out lines
+    epochs: int = 0  # epochs run
+    planned_epochs: int = 1
+    holdout_losses: list[float] = field(default_factory=list)  # after each epoch, with the early stop
 
 
 class Trainer:
@@ -49,7 +52,7 @@ class Trainer:
         import paddle.distributed.fleet as fleet
 
         from elastic_control.training.incremental import Incremental
-        from elastic_control.training.model import SPARSE_SHARDS, ModelSpec, build_training_net, make_strategy
+        from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
 
         self.paddle, self.fleet = paddle, fleet
         # Delta passes, admission, eviction (None when all are off: full passes as before).
@@ -57,18 +60,10 @@ class Trainer:
         self.sparse_shards = SPARSE_SHARDS
         paddle.enable_static()
         fleet.init(is_collective=False)
-        self.spec = ModelSpec(
-            settings.slot_conf.slots,
-            settings.hyper.embedding_dim,
-            learning_rate=settings.hyper.learning_rate,
-            sparse_dim=settings.data_config.sparse_dim,
-            sparse_learning_rate=settings.hyper.sparse_learning_rate,
-        )
+        self.spec = settings.model_spec()
         inc = self.incremental
         self.net = build_training_net(paddle, self.spec, embedding_hook=inc.embedding_hook(paddle) if inc else None)
-        strategy = make_strategy(
-            fleet, sparse_learning_rate=self.spec.sparse_learning_rate, accessor=inc.accessor() if inc else None
-        )
+        strategy = make_strategy(fleet, self.spec, accessor=inc.accessor() if inc else None)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), strategy)
         optimizer.minimize(self.net.loss)
         self.main = paddle.static.default_main_program()
@@ -88,12 +83,13 @@ class Trainer:
         print(f"[trainer {self.rank}] {message}", flush=True)
 
     # -- setup -------------------------------------------------------------------------------
-    def start(self) -> dict:
-        hello = self.coord.hello()
+    def start(self, hello: dict, first: HourPartition | None, data: HourlyData) -> None:
         self.exe.run(self.paddle.static.default_startup_program())
         if hello.get("last_pass") and self.s.is_chief:
             # init_worker pushes trainer 0's dense parameters to the servers: make them the last pass's.
             self._load_dense_from_pass(hello["last_pass_dir"])
+        elif self.s.is_chief and first is not None:
+            self._init_bias_at_base_rate(data, first)
         # init_worker: trainer 0 pushes its dense parameters, then every trainer pulls them. Paddle's
         # barrier in between is a no-op without Gloo, so the others wait for trainer 0 here.
         if self.s.is_chief:
@@ -110,6 +106,15 @@ class Trainer:
         if self.tracker:
             self.tracker.log_params(
                 {
+                    "model_family": self.spec.family,
+                    "epochs": self.s.epochs,
+                    "early_stop": self.s.early_stop,
+                    "sparse_learning_rate": self.spec.sparse_learning_rate,
+                    "wide_learning_rate": self.spec.wide_learning_rate,
+                    "sparse_optimizer": self.spec.sparse_optimizer,
+                    "wide_optimizer": self.spec.wide_optimizer,
+                    "l2_embedding": self.spec.l2_embedding,
+                    "l2_wide": self.spec.l2_wide,
                     "slots": ",".join(map(str, self.spec.slots)),
                     "num_slots": len(self.spec.slots),
                     "embedding_dim": self.spec.embedding_dim,
@@ -127,7 +132,28 @@ class Trainer:
                     **self._incremental_params(),
                 }
             )
-        return hello
+
+    def _init_bias_at_base_rate(self, data: HourlyData, part: HourPartition, lines: int = 20_000) -> None:
+        """A fresh model starts at the first pass's base rate: logit bias = its log-odds.
+
+        Estimated from up to ``lines`` of trainer 0's share of the first hour, before init_worker
+        pushes trainer 0's dense parameters to the servers (so every trainer starts from it).
+        """
+        clicks = shows = 0
+        for chunk in data.iter_batches(part, trainer_id=0, trainers=self.s.trainers, counter=BadLineCounter(1.0)):
+            clicks += int(chunk.clicks.sum())
+            shows += len(chunk)
+            if shows >= lines:
+                break
+        if not shows:
+            return
+        rate = min(max((clicks + 0.5) / (shows + 1.0), 1e-4), 1 - 1e-4)
+        bias = float(np.log(rate / (1 - rate)))
+        tensor = self.paddle.static.global_scope().find_var("logit.b").get_tensor()
+        tensor.set(np.full(np.array(tensor).shape, bias, np.float32), self.place)
+        self.log(
+            f"logit bias set to {bias:.4f}: the log-odds of the base rate {rate:.4f} ({shows} lines of {part.name})"
+        )
 
     def _load_dense_from_pass(self, pass_dir: str) -> None:
         paddle = self.paddle
@@ -142,18 +168,23 @@ class Trainer:
 
     # -- training ----------------------------------------------------------------------------
     def run(self) -> None:
+        import itertools
+
         from elastic_control.training.feeding import prefetch, rebatch
 
-        hello = self.start()
         data = HourlyData(
             self.s.data_config,
             wait_timeout=self.s.hyper.wait_timeout,
             poll_seconds=self.s.hyper.poll_seconds,
             warn=self.log,
         )
+        hello = self.coord.hello()
         after = parse_slot(hello["resume_after"]) if hello.get("resume_after") else None
+        partitions = data.partitions(after=after)
+        first = next(partitions, None)
+        self.start(hello, first, data)
         passes = 0
-        for part in data.partitions(after=after):
+        for part in itertools.chain([first] if first else [], partitions):
             stats = self.train_hour(data, part, prefetch, rebatch)
             self._flush_pushes()
             everyone = self.coord.barrier(
@@ -176,62 +207,116 @@ class Trainer:
         self.shutdown()
 
     def train_hour(self, data: HourlyData, part: HourPartition, prefetch, rebatch) -> PassStats:
-        from elastic_control.training.feeding import make_feed
+        """Train on this trainer's share of one pass, for the pass's epochs; trainer 0 keeps its held-out lines."""
+        from elastic_control.training.pass_stream import Holdout, planned_epochs
 
+        h = self.s.hyper
         stats = PassStats()
         counter = BadLineCounter(self.s.data_config.max_bad_line_fraction)
         if self.incremental:
+            # Admission's own counts restart at each pass (they are the occurrences fed since the last export).
             self.incremental.start_pass()
-        golden_need = self.s.hyper.golden_lines if self.s.is_chief else 0
-        stride = self.s.hyper.golden_stride
-        seen = 0
+        need = max(h.holdout_lines, h.golden_lines) if self.s.is_chief else 0
+        holdout = Holdout(need, h.golden_stride)
+        started = time.monotonic()
+        l2_scale = self._count_keys(data, part) if self.net.uses_l2 else None
+        epochs, epoch = 1, 0
+        best_loss = None
+        while epoch < epochs:
+            epoch += 1
+            steps = self._train_epoch(data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale)
+            if epoch == 1:
+                stats.bad_lines, stats.lines = counter.bad, counter.total
+                epochs = planned_epochs(self.s.epochs, steps, min_steps=h.min_steps_per_pass, max_epochs=h.max_epochs)
+                stats.planned_epochs = epochs
+            if not (self.s.epochs == "auto" or self.s.early_stop):
+                continue  # a fixed number of epochs: nothing to decide
+            # Every trainer ends the epoch the same way: trainer 0 decides, from its own steps
+            # (EPOCHS=auto) and its held-out lines (early stop), whether another epoch follows.
+            self._flush_pushes()
+            decision = {}
+            if self.s.is_chief:
+                if epoch == 1:
+                    decision["epochs"] = epochs
+                if self.s.early_stop and epoch < epochs and holdout.count:
+                    self._pull_dense()
+                    loss = log_loss(holdout.batch().clicks, self.score(holdout.batch()))
+                    stats.holdout_losses.append(loss)
+                    if best_loss is not None and loss >= best_loss:
+                        decision["stop"] = True
+                        self.log(f"pass {part.name}: early stop after epoch {epoch} (held-out log loss {loss:.5f})")
+                    best_loss = loss if best_loss is None else min(best_loss, loss)
+            got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, decision)["0"] or {}
+            epochs = int(got.get("epochs", epochs))
+            if got.get("stop"):
+                break
+        stats.epochs = epoch
+        stats.seconds = time.monotonic() - started
+        stats.golden = [holdout.batch()] if holdout.count else []
+        rate = stats.examples / max(stats.seconds, 1e-9)
+        self.log(
+            f"pass {part.name}: {stats.examples} examples in {stats.steps} steps ({epoch} epoch(s)), "
+            f"{rate:.0f} examples/s, {counter.bad} bad lines"
+        )
+        return stats
 
-        def batches():
-            nonlocal seen, golden_need
-            for chunk in data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=counter):
-                if golden_need > 0:
-                    # Trainer 0 holds out every stride-th line until it has enough golden lines.
-                    idx = np.arange(seen, seen + len(chunk))
-                    held = np.flatnonzero(idx % stride == stride - 1)[:golden_need]
-                    if len(held):
-                        stats.golden.append(take_rows(chunk, held))
-                        golden_need -= len(held)
-                        rest = np.setdiff1d(np.arange(len(chunk)), held, assume_unique=True)
-                        seen += len(chunk)
-                        chunk = take_rows(chunk, rest)
-                    else:
-                        seen += len(chunk)
-                yield chunk
+    def _count_keys(self, data: HourlyData, part: HourPartition):
+        """Read this trainer's share once to count its keys: the count-scaled L2's 1 / count per key."""
+        from elastic_control.data.line_batch import batch_slot_keys
+        from elastic_control.training.pass_stream import KeyCounts
+
+        t = time.monotonic()
+        counts = KeyCounts()
+        chunks = data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=BadLineCounter(1.0))
+        for chunk in chunks:
+            for keys, _ in batch_slot_keys(chunk, self.spec.slots, self.spec.sparse_dim):
+                counts.add(keys)
+        self.log(f"pass {part.name}: {len(counts)} distinct keys counted in {time.monotonic() - t:.1f}s (L2 scales)")
+        return counts.inverse
+
+    def _train_epoch(self, data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale=None) -> int:
+        """One epoch over this trainer's share of the pass; the number of steps."""
+        from elastic_control.training.feeding import make_feed
+        from elastic_control.training.pass_stream import shuffled, without_holdout
+
+        h = self.s.hyper
+        if epoch > 1:  # bad lines are counted (and checked) in the first epoch
+            counter = BadLineCounter(1.0)
+        chunks = data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=counter)
+        seed = [self.rank, epoch, part.hour.toordinal() * 24 + part.hour.hour]
+        if part.minutes:  # sub-hour passes: each slot of the hour its own order
+            seed.append(part.hour.minute)
+        rng = np.random.default_rng(seed)
+        lines = shuffled(without_holdout(chunks, holdout, first_epoch=epoch == 1), h.shuffle_lines, rng)
 
         def feeds():
             mask = self.incremental.train_mask if self.incremental else None
-            for b in rebatch(batches(), self.s.hyper.batch_size):
-                yield b, make_feed(self.paddle, b, self.spec.slots, self.spec.sparse_dim, self.place, mask)
+            for b in rebatch(lines, h.batch_size):
+                yield (
+                    b,
+                    make_feed(
+                        self.paddle, b, self.spec.slots, self.spec.sparse_dim, self.place, l2_scale, admission=mask
+                    ),
+                )
 
-        started = time.monotonic()
-        last_log, last_examples = started, 0
+        steps = 0
+        last_log, last_examples = time.monotonic(), stats.examples
         for batch, feed in prefetch(feeds()):
-            loss, prob = self.exe.run(self.main, feed=feed, fetch_list=[self.net.loss, self.net.prob])
+            loss, prob = self.exe.run(self.main, feed=feed, fetch_list=[self.net.log_loss, self.net.prob])
+            steps += 1
             stats.steps += 1
-            if stats.steps % self.s.hyper.dense_pull_every == 0:
+            if stats.steps % h.dense_pull_every == 0:
                 self._pull_dense()
             stats.examples += len(batch)
             stats.loss_sum += float(np.array(loss)) * len(batch)
             self.global_step += 1
             self.window.add(batch.clicks, np.array(prob))
-            if self.global_step % self.s.hyper.log_every == 0:
+            if self.global_step % h.log_every == 0:
                 now = time.monotonic()
                 rate = (stats.examples - last_examples) / max(now - last_log, 1e-9)
                 last_log, last_examples = now, stats.examples
                 self._log_step(part, float(np.array(loss)), rate)
-        stats.seconds = time.monotonic() - started
-        stats.bad_lines, stats.lines = counter.bad, counter.total
-        rate = stats.examples / max(stats.seconds, 1e-9)
-        self.log(
-            f"pass {part.name}: {stats.examples} examples in {stats.steps} steps, "
-            f"{rate:.0f} examples/s, {counter.bad} bad lines"
-        )
-        return stats
+        return steps
 
     def _log_step(self, part: HourPartition, loss: float, rate: float) -> None:
         window_auc = self.window.auc()
@@ -282,16 +367,18 @@ class Trainer:
         from elastic_control.training.feeding import make_feed
 
         mask = self.incremental.mask if self.incremental else None
-        feed = make_feed(self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, mask)
+        feed = make_feed(self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, admission=mask)
         (prob,) = self.exe.run(self.forward, feed=feed, fetch_list=[self.net.prob.name])
         return np.array(prob).ravel()
 
     def export(self, part: HourPartition, stats: PassStats, everyone: dict) -> str:
         """Write the pass (trainer 0, every trainer waiting); returns its folder."""
         from elastic_control.training import pass_export
+        from elastic_control.training.families import row_layout
 
         self._pull_dense()
-        golden = concat_batches(stats.golden)
+        held_out = concat_batches(stats.golden)
+        golden_count = min(len(held_out), self.s.hyper.golden_lines)
         examples = sum(int(d["examples"]) for d in everyone.values())
         bad = sum(int(d["bad_lines"]) for d in everyone.values())
         train_loss = stats.loss_sum / max(stats.examples, 1)
@@ -300,7 +387,9 @@ class Trainer:
             "bad_lines": bad,
             "train_loss": train_loss,
             "train_auc": self.window.auc(),
-            "golden_lines": len(golden),
+            "golden_lines": golden_count,
+            "holdout_lines": len(held_out),
+            "epochs": stats.epochs,
             "examples_per_sec": examples / max(max(float(d["seconds"]) for d in everyone.values()), 1e-9),
         }
         snapshot = {}
@@ -331,22 +420,34 @@ class Trainer:
         def score_golden():
             timings["dense"] = time.monotonic() - timings["dense"]
             t = time.monotonic()
-            probs = self.score(golden) if len(golden) else np.zeros(0)
+            probs = self.score(held_out) if len(held_out) else np.zeros(0)
             timings["golden"] = time.monotonic() - t
             after = self._dense_snapshot()
             if any(not np.array_equal(after[k], v) for k, v in snapshot.items()):
                 raise RuntimeError("dense parameters changed during the export; refusing an inconsistent pass")
             scored["probs"] = probs
-            if len(golden):
-                metrics["auc"] = auc(golden.clicks, probs)
-                metrics["logloss"] = log_loss(golden.clicks, probs)
-            return pass_export.golden_rows([golden.line_at(i) for i in range(len(golden))], probs)
+            if len(held_out):
+                metrics["auc"] = auc(held_out.clicks, probs)
+                metrics["logloss"] = log_loss(held_out.clicks, probs)
+                metrics["calibration"] = float(probs.mean() / max(held_out.clicks.mean(), 1e-12))
+            lines = [held_out.line_at(i) for i in range(golden_count)]
+            return pass_export.golden_rows(lines, probs[:golden_count])
 
         meta = {
             "slots": list(self.spec.slots),
             "embedding_dim": self.spec.embedding_dim,
             "sparse_dim": self.spec.sparse_dim,
-            "sparse_layout": pass_export.sparse_layout_json(self.spec.embedding_dim),
+            "sparse_layout": pass_export.sparse_layout_json(
+                self.spec.embedding_dim, optimizer=self.spec.sparse_optimizer, embed_optimizer=self.spec.wide_optimizer
+            ),
+            "model_family": self.spec.family,
+            "row_layout": row_layout(self.spec.family, self.spec.embedding_dim),
+            "training": {
+                "epochs": self.s.epochs,
+                "epochs_run": stats.epochs,
+                "early_stop": self.s.early_stop,
+                "batch_size": self.s.hyper.batch_size,
+            },
             "trainers": self.s.trainers,
             "pservers": self.s.pservers,
             "metrics": metrics,
@@ -369,7 +470,7 @@ class Trainer:
         self.log("export timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
         self.log(
             f"exported {entry.pass_name}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
-            f"{len(golden)} golden lines, train AUC {metrics['train_auc']:.4f}"
+            f"{len(held_out)} held-out lines, train AUC {metrics['train_auc']:.4f}"
         )
         if self.tracker:
             t = time.monotonic()
@@ -380,6 +481,7 @@ class Trainer:
                 pass_name=entry.pass_name,
                 window=entry.window,
                 metrics={k: metrics[k] for k in ("auc", "train_auc", "examples") if k in metrics},
+                family=self.spec.family,
             )
             self.log(f"MLflow: logged and registered {entry.pass_name} in {time.monotonic() - t:.1f}s")
         return entry.path

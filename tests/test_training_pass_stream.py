@@ -1,0 +1,82 @@
+"""Pure pieces of multi-epoch training: held-out lines, shuffling, epoch plans, key counts, settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ctr_foundation.errors import ConfigError
+from elastic_control.config.data_config import parse_data_config
+from elastic_control.data.line_batch import parse_lines, permute_rows
+from elastic_control.training.pass_stream import Holdout, KeyCounts, planned_epochs, shuffled, without_holdout
+
+BASE = "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\nexport DATASET_PATH=/data\n"
+
+
+def _chunks(n, size):
+    lines = [f"1 {i % 2} {100 + i}:1 {200 + i}:2\n" for i in range(n)]
+    return [parse_lines(lines[i : i + size])[0] for i in range(0, n, size)]
+
+
+def _ids(batches):
+    return [int(f) - 100 for b in batches for f in b.feasigns[b.feature_slots == 1]]
+
+
+def test_held_out_lines_are_the_same_in_every_epoch_and_never_trained():
+    holdout = Holdout(need=5, stride=4)
+    first = _ids(without_holdout(_chunks(50, 7), holdout, first_epoch=True))
+    held = _ids(holdout.lines)
+    assert held == [3, 7, 11, 15, 19] and holdout.end == 20
+    second = _ids(without_holdout(_chunks(50, 9), holdout, first_epoch=False))  # other chunking, same lines
+    assert first == second == [i for i in range(50) if i not in held]
+    assert _ids(holdout.lines) == held  # collected once
+
+
+def test_shuffle_is_a_permutation_within_windows_with_features_kept_per_line():
+    rng = np.random.default_rng(0)
+    out = list(shuffled(_chunks(100, 10), 30, rng))
+    ids = _ids(out)
+    assert sorted(ids) == list(range(100)) and ids != list(range(100))
+    assert sorted(ids[:30]) == list(range(30))  # a window mixes only its own lines
+    for b in out:  # each line still carries its own features
+        for i in range(len(b)):
+            f = b.feasigns[b.feature_line == i]
+            assert int(f[1]) - int(f[0]) == 100 and b.clicks[i] == (int(f[0]) - 100) % 2
+    assert _ids(shuffled(_chunks(20, 10), 0, rng)) == list(range(20))
+
+
+def test_permute_rows_rebuilds_lines():
+    batch, _ = parse_lines(["1 0 5:1 6:2\n", "1 1 7:1\n", "1 0 8:1 9:2 10:3\n"])
+    p = permute_rows(batch, np.array([2, 0, 1]))
+    assert [p.line_at(i) for i in range(3)] == ["1 0 8:1 9:2 10:3", "1 0 5:1 6:2", "1 1 7:1"]
+
+
+@pytest.mark.parametrize(
+    "setting,steps,want",
+    [(3, 10, 3), ("auto", 31, 33), ("auto", 500, 2), ("auto", 2000, 1), ("auto", 1, 40), ("auto", 0, 1)],
+)
+def test_planned_epochs(setting, steps, want):
+    assert planned_epochs(setting, steps, min_steps=1000, max_epochs=40) == want
+
+
+def test_key_counts_merge_blocks():
+    counts = KeyCounts(block=5)
+    for keys in ([3, 1, 3], [2**64 - 1, 3], [1], [7, 7, 7, 7]):
+        counts.add(np.array(keys, dtype=np.uint64))
+    assert len(counts) == 4
+    np.testing.assert_allclose(
+        counts.inverse(np.array([3, 1, 2**64 - 1, 7, 99], dtype=np.uint64)), [1 / 3, 1 / 2, 1, 1 / 4, 1]
+    )
+
+
+def test_data_config_model_epochs_early_stop():
+    cfg = parse_data_config(BASE + 'export MODEL="wide_deep"\nexport EPOCHS=auto\nexport EARLY_STOP=1\n', env={})
+    assert (cfg.model, cfg.epochs, cfg.early_stop) == ("wide_deep", "auto", True)
+    cfg = parse_data_config(BASE + "export EPOCHS=3\n", env={})
+    assert (cfg.model, cfg.epochs, cfg.early_stop) == (None, 3, None)
+    with pytest.raises(ConfigError, match="did you mean 'deepfm'"):
+        parse_data_config(BASE + "export MODEL=deepFM\n", env={})
+    with pytest.raises(ConfigError, match="EPOCHS='0' must be 'auto' or a whole number"):
+        parse_data_config(BASE + "export EPOCHS=0\n", env={})
+    with pytest.raises(ConfigError, match="EARLY_STOP"):
+        parse_data_config(BASE + "export EARLY_STOP=maybe\n", env={})
