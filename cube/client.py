@@ -15,7 +15,6 @@ active and previous versions); so one call never mixes versions.
 
 from __future__ import annotations
 
-import http.client
 import json
 import queue
 import socket
@@ -38,40 +37,61 @@ class CubeVersionError(CubeUnavailableError):
 
 
 class _ShardConnections:
-    """A small pool of keep-alive HTTP connections to one shard."""
+    """A small pool of keep-alive HTTP/1.1 connections to one shard.
+
+    A minimal client on purpose (serving's hot path: about one lookup per merged batch): the request is
+    one ``sendall`` of head and body (http.client sends them in two, each a wake-up of the shard), with
+    TCP_NODELAY, and the answer's head is split by hand (http.client parses it with the email package).
+    Cube servers frame every answer with Content-Length (ctr_foundation.http_messages); anything else is
+    an error naming the shard.
+    """
 
     def __init__(self, url: str, timeout: float):
         u = urlsplit(url if "://" in url else f"http://{url}")
         if u.scheme != "http" or not u.hostname:
             raise UsageError(f"cube shard URL {url!r} must look like http://HOST:PORT")
         self.url, self.host, self.port, self.timeout = url, u.hostname, u.port or 80, timeout
+        self._host_header = f"Host: {self.host}:{self.port}\r\n".encode()
         self.idle: queue.LifoQueue = queue.LifoQueue()
 
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
     def request(self, method: str, path: str, body: bytes = b"", headers: dict | None = None):
-        """(status, headers, body); one retry on a fresh connection if a kept-alive one went stale."""
-        headers = {"Content-Length": str(len(body)), **(headers or {})}
+        """(status, headers with lower-case names, body); one retry on a fresh connection if a kept-alive one
+        went stale."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        message = (
+            f"{method} {path} HTTP/1.1\r\n".encode()
+            + self._host_header
+            + f"{extra}Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         for attempt in (0, 1):
             try:
-                conn = self.idle.get_nowait()
+                sock = self.idle.get_nowait()
                 reused = True
             except queue.Empty:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-                reused = False
+                sock, reused = None, False
             try:
-                conn.request(method, path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
+                if sock is None:
+                    sock = self._connect()
+                sock.sendall(message)
+                status, head, data, keep = _read_answer(sock, method)
+            except (OSError, _BadAnswer) as e:
+                if sock is not None:
+                    sock.close()
                 if reused and attempt == 0 and not isinstance(e, socket.timeout):
                     continue
                 what = "timed out" if isinstance(e, socket.timeout) else f"unreachable ({e})"
                 raise CubeUnavailableError(f"cube shard {self.url} {what}") from e
-            if resp.will_close:
-                conn.close()
+            if keep:
+                self.idle.put(sock)
             else:
-                self.idle.put(conn)
-            return resp.status, resp.headers, data
+                sock.close()
+            return status, head, data
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -80,6 +100,56 @@ class _ShardConnections:
                 self.idle.get_nowait().close()
             except queue.Empty:
                 return
+
+
+class _BadAnswer(Exception):
+    """A shard's answer that is not HTTP/1.x framed by Content-Length (or the connection closed early)."""
+
+
+MAX_ANSWER_HEAD = 64 << 10
+
+
+def _read_answer(sock: socket.socket, method: str) -> tuple[int, dict, bytes, bool]:
+    """(status, headers, body, keep-alive) of one answer read from ``sock``."""
+    buf = bytearray()
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            break
+        if len(buf) > MAX_ANSWER_HEAD:
+            raise _BadAnswer(f"answer head longer than {MAX_ANSWER_HEAD} bytes")
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise _BadAnswer("connection closed before an answer" if not buf else "connection closed mid-answer")
+        buf += chunk
+    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise _BadAnswer(f"not an HTTP answer: {lines[0][:80]!r}")
+    head: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise _BadAnswer(f"bad header line {line[:80]!r}")
+        head[name.strip().lower()] = value.strip()
+    status = int(parts[1])
+    if "transfer-encoding" in head or "content-length" not in head:
+        if method == "HEAD" or status in (204, 304):
+            return status, head, b"", head.get("connection", "").lower() != "close"
+        raise _BadAnswer("answer not framed by Content-Length")
+    length = int(head["content-length"]) if head["content-length"].isdigit() else -1
+    if length < 0:
+        raise _BadAnswer(f"bad Content-Length {head['content-length'][:40]!r}")
+    body = buf[end + 4 :]
+    while len(body) < length:
+        chunk = sock.recv(max(1 << 16, length - len(body)))
+        if not chunk:
+            raise _BadAnswer("connection closed mid-answer")
+        body += chunk
+    if len(body) > length:
+        raise _BadAnswer("more bytes than Content-Length")
+    keep = parts[0] == "HTTP/1.1" and head.get("connection", "").lower() != "close"
+    return status, head, bytes(body), keep
 
 
 def _error_text(body: bytes) -> str:
@@ -127,7 +197,7 @@ class CubeClient:
             raise CubeVersionError(f"cube shard {self.shards[i].url}: {_error_text(body)}")
         if status != 200:
             raise CubeUnavailableError(f"cube shard {self.shards[i].url} answered {status}: {_error_text(body)}")
-        n, dim = len(keys), int(headers["X-Cube-Dim"])
+        n, dim = len(keys), int(headers["x-cube-dim"])
         if len(body) != n * dim * 4 + (n + 7) // 8:
             raise CubeUnavailableError(
                 f"cube shard {self.shards[i].url}: answer of {len(body)} bytes does not fit {n} keys of dim {dim}"
@@ -136,7 +206,7 @@ class CubeClient:
         found = np.unpackbits(np.frombuffer(body, np.uint8, offset=n * dim * 4), count=n, bitorder="little").astype(
             bool
         )
-        return values, found, headers["X-Cube-Version"]
+        return values, found, headers["x-cube-version"]
 
     def _lookup_once(self, keys: np.ndarray, version: str | None):
         n_shards = len(self.shards)
@@ -145,8 +215,16 @@ class CubeClient:
         shard_of = keys % np.uint64(n_shards)
         groups = {i: np.flatnonzero(shard_of == i) for i in range(n_shards)}
         groups = {i: idx for i, idx in groups.items() if len(idx)}
-        futures = {i: self._pool.submit(self._lookup_shard, i, keys[idx], version) for i, idx in groups.items()}
-        return {i: (groups[i], f.result()) for i, f in futures.items()}
+        # the calling thread asks the last shard itself: a batch whose keys all live on one shard (a few cache
+        # misses) costs no thread hand-off, and n shards cost n - 1 (each is a wake-up and a GIL switch)
+        *others, (last, last_idx) = groups.items()
+        futures = {i: self._pool.submit(self._lookup_shard, i, keys[idx], version) for i, idx in others}
+        try:
+            mine = self._lookup_shard(last, keys[last_idx], version)
+        finally:
+            parts = {i: (groups[i], f.result()) for i, f in futures.items()}  # (raises the first shard error)
+        parts[last] = (last_idx, mine)
+        return parts
 
     def lookup(self, keys, version: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:
         """(values float32[n, dim], found bool[n], version) for uint64 ``keys``; missing keys are zeros."""

@@ -44,6 +44,11 @@ def test_every_key_of_a_real_paddle_table_comes_back_exactly(real_pass, tmp_path
             got, found, version = client.lookup(keys[perm])
             assert version == info.name and found.all()
             np.testing.assert_array_equal(got, values[perm])  # bit-exact, in input order
+            for shard in (0, 1):  # keys of one shard only: the calling thread asks that shard itself
+                mine = perm[keys[perm] % np.uint64(2) == shard][:50]
+                got, found, _ = client.lookup(keys[mine])
+                assert found.all()
+                np.testing.assert_array_equal(got, values[mine])
             missing = np.array([1, 2, 3, 2**64 - 1], dtype=np.uint64)
             missing = missing[~np.isin(missing, keys)]
             before = _metric(u0, "cube_lookup_misses_total") + _metric(u1, "cube_lookup_misses_total")
@@ -205,4 +210,52 @@ def test_client_errors_are_clear_and_bounded_in_time(tmp_path):
         assert time.monotonic() - t0 < 5
     with pytest.raises(CubeUnavailableError, match="unreachable"):
         CubeClient([f"http://127.0.0.1:{port}"], timeout=0.5).lookup(np.arange(3, dtype=np.uint64))
+    # two shards, both unreachable: whichever the calling thread or the pool asks, the lookup fails clearly
+    with pytest.raises(CubeUnavailableError, match="unreachable"):
+        CubeClient([f"http://127.0.0.1:{port}"] * 2, timeout=0.5).lookup(np.arange(4, dtype=np.uint64))
     assert issubclass(CubeVersionError, CubeUnavailableError)
+
+
+def _one_answer_server(answers: list[bytes]):
+    """A TCP server answering the i-th request it reads (one per connection) with ``answers[i]``, then closing."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def run():
+        for answer in answers:
+            conn, _ = srv.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(
+                    next(
+                        v
+                        for k, v in (ln.split(b":", 1) for ln in head.split(b"\r\n")[1:])
+                        if k.lower() == b"content-length"
+                    )
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                conn.sendall(answer)
+        srv.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+def test_the_lookup_client_retries_a_closed_keep_alive_connection_and_refuses_unframed_answers():
+    from cube.client import _ShardConnections
+
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Cube-Dim: 4\r\n\r\nhi"
+    shard = _ShardConnections(_one_answer_server([ok, ok]), timeout=2)
+    status, head, body = shard.request("POST", "/v1/lookup", b"12345678")
+    assert (status, head["x-cube-dim"], body) == (200, "4", b"hi")
+    # the server closed that kept-alive connection: the next request goes out again on a fresh one
+    assert shard.request("POST", "/v1/lookup", b"12345678")[2] == b"hi"
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+    shard = _ShardConnections(_one_answer_server([chunked]), timeout=2)
+    with pytest.raises(CubeUnavailableError, match="Content-Length"):
+        shard.request("POST", "/v1/lookup", b"12345678")

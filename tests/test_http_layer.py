@@ -166,6 +166,7 @@ def test_nesting_depth_ignores_brackets_inside_strings():
         (b"[" * 65 + b"]" * 65, "nested deeper"),
         (b"\xff", "UTF-8"),
         (b"[" + b"1" * 41 + b"]", "digits"),
+        (b'{"x": "' + b"1 0 12:3 " * 3000 + b'", "n": -' + b"7" * 45 + b"}", "digits"),  # far into a large body
         (b"NaN", "not valid JSON"),
         (b'{"a": Infinity}', "not valid JSON"),
         (b"{", "malformed"),
@@ -185,6 +186,7 @@ def test_parse_json_accepts_plain_json():
         "f": 1.5,
     }
     assert parse_json(b'{"s": "' + b"9" * 100 + b'"}') == {"s": "9" * 100}  # long digit runs in strings are fine
+    assert parse_json(b"[-" + b"9" * 40 + b", 1e5]") == [-int("9" * 40), 1e5]  # 40 digits: the limit itself
 
 
 def test_downstream_errors_keep_their_meaning():

@@ -232,6 +232,8 @@ def test_no_skew_through_cube_servers_file_server_and_client(tmp_path, criteo_wo
                 ",".join(urls),
                 "--cache-dir",
                 str(tmp_path / "cache"),
+                "--grpc-port",
+                "0",  # never the fixed default 8011: the machine is shared
             ],
             log_path=tmp_path / "serving.log",
         ) as proc:
@@ -343,6 +345,8 @@ def test_client_survives_serving_restart_without_losing_lines(tmp_path, models, 
         str(port),
         "--model-dir",
         str(models),
+        "--grpc-port",
+        "0",  # never the fixed default 8011: the machine is shared
     ]
     url = f"http://127.0.0.1:{port}"
     with process(serve, log_path=tmp_path / "s1.log") as first:
