@@ -232,6 +232,21 @@ def test_concurrent_uploads_of_one_path_end_whole(served):
     assert list((root / STAGING_DIR).iterdir()) == []
 
 
+def test_rewrites_of_equal_size_never_serve_an_old_digest(served):
+    """Each upload frees the previous file's inode, which the next may reuse within one timestamp tick."""
+    url, root = served
+    for i in range(60):
+        body = os.urandom(4096)
+        assert requests.put(f"{url}/files/again", data=body, headers=AUTH).status_code == 201
+        g = requests.get(f"{url}/files/again", headers=AUTH)
+        assert g.content == body
+        assert g.headers["X-Content-Sha256"] == hashlib.sha256(body).hexdigest(), f"upload {i}"
+    requests.delete(f"{url}/files/again", headers=AUTH)
+    assert requests.put(f"{url}/files/again", data=b"x" * 4096, headers=AUTH).status_code == 201
+    g = requests.get(f"{url}/files/again", headers=AUTH)
+    assert g.headers["X-Content-Sha256"] == hashlib.sha256(b"x" * 4096).hexdigest()
+
+
 def test_errors_are_json_and_server_keeps_serving(served):
     url, _ = served
     assert requests.get(f"{url}/nothing").status_code == 404

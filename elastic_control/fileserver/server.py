@@ -42,31 +42,65 @@ DEFAULT_PORT = names.FILESERVER_PORT
 LIMITS = HttpLimits(max_connections=512, threads=32, body_timeout=120.0)
 
 
+def _stat_key(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class ShaCache:
+    """sha256 of served files by path, so GETs of large shards hash each file once.
+
+    An entry is (the file's stat key, its digest) and is trusted only for the file
+    that holds that path now: the server's own renames and deletes update the entry
+    under the lock they happen in, so a freed inode reused by a later upload with
+    the same size and timestamp tick can never inherit an old digest.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple, str]] = {}
+        self._lock = threading.Lock()
+
+    def digest(self, path: Path, f) -> str:
+        """sha256 of ``f``, the open file read from ``path``."""
+        key = _stat_key(os.fstat(f.fileno()))
+        with self._lock:
+            known = self._entries.get(str(path))
+        if known and known[0] == key:
+            return known[1]
+        h = hashlib.sha256()
+        f.seek(0)
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+        digest = h.hexdigest()
+        with self._lock:
+            # Remember it only if the path still names the file just hashed.
+            with contextlib.suppress(FileNotFoundError):
+                if _stat_key(os.stat(path)) == key:
+                    self._entries[str(path)] = (key, digest)
+        return digest
+
+    def install(self, staged: str, target: Path, digest: str) -> None:
+        """Rename ``staged`` over ``target`` and record its digest in one step."""
+        key = _stat_key(os.stat(staged))
+        with self._lock:
+            os.replace(staged, target)
+            # A rename changes ctime on some file systems: key the file as it is now.
+            with contextlib.suppress(FileNotFoundError):
+                key = _stat_key(os.stat(target))
+            self._entries[str(target)] = (key, digest)
+
+    def forget_under(self, path: Path) -> None:
+        prefix = str(path)
+        with self._lock:
+            for p in [p for p in self._entries if p == prefix or p.startswith(prefix + os.sep)]:
+                del self._entries[p]
+
+
 @dataclass
 class FileServerConfig:
     root: Path
     token: str | None
     max_bytes: int = DEFAULT_MAX_BYTES
-    # sha256 of files by (inode, size, mtime_ns): GETs of large shards hash each file once.
-    sha_cache: dict = field(default_factory=dict)
-    sha_lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _file_sha256(cfg: FileServerConfig, f, st: os.stat_result) -> str:
-    """sha256 of the open file ``f``; files are only ever replaced, never edited, so the key is safe."""
-    key = (st.st_ino, st.st_size, st.st_mtime_ns)
-    with cfg.sha_lock:
-        known = cfg.sha_cache.get(key)
-    if known:
-        return known
-    h = hashlib.sha256()
-    f.seek(0)
-    for chunk in iter(lambda: f.read(CHUNK), b""):
-        h.update(chunk)
-    digest = h.hexdigest()
-    with cfg.sha_lock:
-        cfg.sha_cache[key] = digest
-    return digest
+    sha: ShaCache = field(default_factory=ShaCache)
 
 
 def _fs_errors(fn):
@@ -165,7 +199,7 @@ class FileServerApp:
             raise HttpError(404, f"no such file: {'/'.join(parts)}") from None
         try:
             st = os.fstat(f.fileno())  # the open file: a concurrent rename cannot mix two versions
-            sha = _file_sha256(self.cfg, f, st)
+            sha = self.cfg.sha.digest(target, f)
         except BaseException:
             f.close()
             raise
@@ -202,14 +236,11 @@ class FileServerApp:
             if target.is_dir():
                 raise HttpError(409, f"{'/'.join(parts)} is a folder")
             os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
+            self.cfg.sha.install(tmp, target, digest)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        st = os.stat(target)
-        with self.cfg.sha_lock:
-            self.cfg.sha_cache[(st.st_ino, st.st_size, st.st_mtime_ns)] = digest
         log.info("PUT %s (%d bytes)", "/".join(parts), size)
         return Response.json({"path": "/".join(parts), "size": size, "sha256": digest}, 201)
 
@@ -217,6 +248,7 @@ class FileServerApp:
         parts, _is_dir, target = self._target(req)
         if not parts:
             raise HttpError(400, "refusing to delete the root")
+        self.cfg.sha.forget_under(target)
         if target.is_symlink() or target.is_file():
             target.unlink()
         elif target.is_dir():
