@@ -100,6 +100,11 @@ def policy() -> client.PolicyV1Api:
 
 
 @functools.lru_cache(maxsize=1)
+def networking() -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(api_client())
+
+
+@functools.lru_cache(maxsize=1)
 def custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())
 
@@ -111,7 +116,7 @@ def apiextensions() -> client.ApiextensionsV1Api:
 
 def reset() -> None:
     """Forget the loaded configuration and API objects (after KUBECONFIG changes)."""
-    for cached in (api_client, core, apps, policy, custom, apiextensions):
+    for cached in (api_client, core, apps, policy, networking, custom, apiextensions):
         cached.cache_clear()
 
 
