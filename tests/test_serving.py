@@ -231,7 +231,11 @@ def test_cube_unreachable_is_a_quick_503(tmp_path, pass_a):
     publish_version(fs_root, pass_a, shards=2)
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
     lines, _ = golden(pass_a)
-    with serving_in_thread(CubeRootSource(fs_root / "cube", dead, lookup_timeout=1.0)) as srv:
+    # Not ready (readiness asks cube, which is down): wait for the model alone, not the 60 s readiness limit.
+    with serving_in_thread(CubeRootSource(fs_root / "cube", dead, lookup_timeout=1.0), wait_ready=False) as srv:
+        deadline = time.monotonic() + 60
+        while srv.app.active is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         t0 = time.monotonic()
         r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": lines[0]}]}, timeout=30)
         assert r.status_code == 503 and "cube unavailable" in r.json()["error"]
