@@ -32,7 +32,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,16 +49,13 @@ sys.path.insert(0, str(REPO))
 from ctr_foundation.pass_format import SparseLayout  # noqa: E402
 from cube.client import CubeClient  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))
+from bench_support import free_port  # noqa: E402
+
 DIM = 9
 TOKEN = "bench-rollout-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LAYOUT = SparseLayout(DIM, "adam")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- passes in the trainer's layout ------------------------------------------------------------
@@ -152,6 +148,15 @@ class Procs:
                 self.cube("agent", f"{names[1]}-{i}", [*common, "--server", servers[-1], "--fileserver", fs_url])
             )
         return fs_url, servers, agents
+
+    def transfer(
+        self, models: Path, fs_url: str, agents: list[str], *extra: str, name: str = "transfer", timeout: int = 60
+    ) -> str:
+        """cube-transfer over ``models`` shipping to ``agents`` (built versions under WORK/built); its URL."""
+        argv = ["--model-path", str(models), "--cube-root", str(self.work / "built"), "--fileserver", fs_url,
+                "--agents", ",".join(agents), "--host", "127.0.0.1", "--port", "0", "--timeout", str(timeout),
+                *extra]  # fmt: skip
+        return self.cube("transfer", name, argv)
 
     def stop(self) -> None:
         for _, p, _ in self.procs:
@@ -252,13 +257,7 @@ def main() -> None:
     procs = Procs(work)
     try:
         fs_url, servers, agents = procs.cluster(args.shards)
-        transfer = procs.cube(
-            "transfer",
-            "transfer",
-            ["--model-path", str(models), "--cube-root", str(work / "built"), "--fileserver", fs_url,
-             "--agents", ",".join(agents), "--poll-interval", "0.2", "--compact-after", "0", "--host", "127.0.0.1",
-             "--port", "0", "--timeout", "600"],
-        )  # fmt: skip
+        transfer = procs.transfer(models, fs_url, agents, "--poll-interval", "0.2", "--compact-after", "0", timeout=600)
         warm = roll(models, transfer, servers, b1, 1800)
         print(f"warm-up (pass 1 to empty shards): {warm['seconds']:.1f}s", flush=True)
         full = roll(models, transfer, servers, b2, 1800)

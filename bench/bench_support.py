@@ -185,16 +185,8 @@ def cube_servers(cube_root: Path, shards: int, log_dir: Path, token: str = "benc
         yield urls
 
 
-@contextlib.contextmanager
 def fileserver_in_thread(root: Path, token: str = "bench-token"):
-    """The product's file server on 127.0.0.1:0 in this process; yields its URL."""
-    from ctr_foundation.http_server import serve_in_thread
-    from elastic_control.fileserver.server import make_fileserver
+    """The product's file server on 127.0.0.1:0 in this process; a context yielding its URL."""
+    from elastic_control.fileserver.server import fileserver_in_thread as serve
 
-    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token)
-    serve_in_thread(server)
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return serve(root, token=token)

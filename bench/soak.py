@@ -301,13 +301,7 @@ def main() -> int:
     ok = False
     try:
         fs_url, servers, agents = procs.cluster(2, ("cube-server", "cube-agent"))
-        transfer = procs.cube(
-            "transfer",
-            "cube-transfer",
-            ["--model-path", str(models), "--cube-root", str(work / "built"), "--fileserver", fs_url,
-             "--agents", ",".join(agents), "--poll-interval", "1", "--host", "127.0.0.1", "--port", "0",
-             "--timeout", "60", "--keep", "4"],
-        )  # fmt: skip
+        transfer = procs.transfer(models, fs_url, agents, "--poll-interval", "1", "--keep", "4", name="cube-transfer")
         first = new_pass("A")
         append_done(models, first)
         s_port = free_port()

@@ -69,7 +69,7 @@ def configure_resource(
     """``-r``: validate everything, then render the plan and manifests into ``state_dir``.
 
     ``kube``: the Kubernetes options (keywords of ``kube.plan_checks.kube_plan_options``:
-    context, storage_class, access_mode, serving_replicas, max_retry,
+    context, storage_class, access_mode, serving_replicas, network_policy, max_retry,
     image_pull_policy, image_pull_secrets, data_secrets, pod_overlay). ``namespace`` defaults
     to the kubeconfig context's, else ``default``. Nothing in ``state_dir``
     changes unless every step succeeds.

@@ -108,19 +108,12 @@ def wait_ready_file(path: Path, proc: subprocess.Popen, log_path: Path | None, d
     return json.loads(path.read_text())
 
 
-@contextlib.contextmanager
 def fileserver_in_thread(root, token: str | None = "t0ken", max_bytes: int | None = None):
-    """The project's real file server bound to 127.0.0.1:0 in this process; yields its base URL."""
-    from ctr_foundation.http_server import serve_in_thread
-    from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, make_fileserver
+    """The project's real file server bound to 127.0.0.1:0 in this process; a context yielding its base URL."""
+    from elastic_control.fileserver.server import DEFAULT_MAX_BYTES
+    from elastic_control.fileserver.server import fileserver_in_thread as serve
 
-    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
-    serve_in_thread(server)
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return serve(root, token=token, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
 
 
 def run_cli(*args, env: dict | None = None, env_extra: dict | None = None, timeout: float = 300, cwd=None, stdin=None):

@@ -62,6 +62,7 @@ KINDS = {  # (group/version, plural) -> kind
     ("apps/v1", "deployments"): "Deployment",
     ("apps/v1", "replicasets"): "ReplicaSet",
     ("policy/v1", "poddisruptionbudgets"): "PodDisruptionBudget",
+    ("networking.k8s.io/v1", "networkpolicies"): "NetworkPolicy",
     ("scheduling.volcano.sh/v1beta1", "podgroups"): "PodGroup",
     (VOLCANO, "jobs"): "Job",
     ("scheduling.volcano.sh/v1beta1", "queues"): "Queue",

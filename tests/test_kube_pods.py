@@ -202,11 +202,55 @@ def test_pipeline_runs_from_the_rendered_manifests_alone(cluster):
         "print(json.dumps({'runs': [r.info.run_name for r in runs], 'metrics': sorted(runs[0].data.metrics),"
         " 'versions': sorted(v.tags.get('pass') for v in versions)}))\n"
     )
-    mlflow = cluster.run(["python", "-c", query])
+    mlflow = cluster.run(["python", "-c", query], member=True)  # the NetworkPolicy admits the instance's pods
     assert mlflow.returncode == 0, mlflow.stderr
     tracked = json.loads(mlflow.stdout.strip().splitlines()[-1])
     assert any(name.startswith("train-") for name in tracked["runs"])
     assert "pass_auc" in tracked["metrics"] and tracked["versions"] == passes
+
+
+# Whether a port answers: a connection the harness's Service proxy refuses is accepted and then reset,
+# one a pod's routes refuse times out (a real CNI drops both), so "answers" means bytes came back.
+REACH = """
+import json, socket, sys
+H2 = b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+out = {}
+for name, host, port in json.loads(sys.argv[1]):
+    try:
+        with socket.create_connection((host, port), timeout=2) as s:
+            s.sendall(H2 if "grpc" in name else b"GET /healthz HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n")
+            out[name] = "answers" if s.recv(64) else "closed"
+    except OSError as e:
+        out[name] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def test_network_policies_admit_only_the_instance_except_serving(cluster):
+    """Another app's pod reaches serving and nothing else, by Service name or pod IP; an instance pod all."""
+    from elastic_control.kube import constants as k
+
+    cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=600, what="ready")
+    shard = cluster.component("cube")[0]
+    targets = [
+        ("serving", f"{JOB}-serving", k.SERVING_PORT),
+        ("serving-grpc", f"{JOB}-serving", k.SERVING_GRPC_PORT),
+        ("fileserver", f"{JOB}-fileserver", k.FILESERVER_PORT),
+        ("mlflow", f"{JOB}-mlflow", k.MLFLOW_PORT),
+        ("cube", f"{JOB}-cube-0", k.CUBE_SERVER_PORT),
+        ("cube-agent", f"{JOB}-cube-agent-0", k.CUBE_AGENT_PORT),
+        ("cube-transfer", f"{JOB}-cube-transfer", k.CUBE_TRANSFER_PORT),
+        ("cube-pod-ip", shard.ip, k.CUBE_SERVER_PORT),  # direct, as to a pserver's headless name
+    ]
+    seen = {}
+    for member in (False, True):
+        out = cluster.run(["python", "-c", REACH, json.dumps(targets)], member=member)
+        assert out.returncode == 0, out.stderr
+        seen[member] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen[True] == {name: "answers" for name, _, _ in targets}, seen[True]
+    outsider = seen[False]
+    assert outsider.pop("serving") == outsider.pop("serving-grpc") == "answers", outsider
+    assert "answers" not in outsider.values(), outsider
 
 
 def test_credentials_stay_in_secrets(cluster):

@@ -9,6 +9,7 @@ import copy
 import pytest
 import yaml
 from helpers_kube import render_plan
+from helpers_kube_schema import validate_builtin
 from pod_harness.admission import restricted_violations
 
 from ctr_foundation.errors import ConfigError, UsageError
@@ -157,6 +158,18 @@ def test_readiness_means_loaded_and_pods_drain_before_sigterm(tmp_path):
                 assert all(
                     port["targetPort"] in {p["name"] for c in containers(t) for p in c.get("ports", [])} for t in pods
                 )
+
+
+def test_every_long_running_container_has_readiness_and_liveness(tmp_path):
+    docs = docs_of(tmp_path, cube_shards=2)
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    assert len(deployments) == 2 + 2 + 1 + 1  # mlflow, file server, 2 shards, cube-transfer, serving
+    for doc in deployments:
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            assert "readinessProbe" in c and "livenessProbe" in c, (doc["metadata"]["name"], c["name"])
+            live = c["livenessProbe"]
+            # Restarted only after a minute of silence: never for a slow answer during a long rollout.
+            assert live["periodSeconds"] * live["failureThreshold"] >= 60
 
 
 def test_disruption_budgets_for_serving_and_the_shards(tmp_path):
@@ -437,3 +450,58 @@ def test_data_paths_pods_cannot_reach_are_named_at_r(tmp_path, dataset, hdfs, ku
         assert found == []
     else:
         assert len(found) == 1 and warning in found[0]
+
+
+# ---- network policies ------------------------------------------------------------------------------------------
+
+
+def _admits(policies: list[dict], pod_labels: dict, port_names: set[str], source_labels: dict | None) -> set[str]:
+    """The named ports of a pod that a source (labels; None: outside the namespace's pods) may reach."""
+    chosen = [p["spec"] for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()]
+    if not chosen:
+        return set(port_names)  # no policy selects the pod: everything is allowed
+    allowed: set[str] = set()
+    for spec in chosen:
+        for rule in spec.get("ingress", []):
+            peers = rule.get("from")
+            if peers is not None and not any(
+                source_labels is not None and peer["podSelector"]["matchLabels"].items() <= source_labels.items()
+                for peer in peers
+            ):
+                continue
+            allowed |= {p["port"] for p in rule["ports"]} if "ports" in rule else set(port_names)
+    return allowed
+
+
+@pytest.mark.parametrize("service_type", ["ClusterIP", "LoadBalancer"])
+def test_network_policies_admit_the_instance_and_serving_clients_only(tmp_path, service_type):
+    docs = docs_of(tmp_path, service_type=service_type)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert policies and all(d["spec"]["policyTypes"] == ["Ingress"] for d in policies)
+    instance = {k.LABEL_INSTANCE: "elastic-ctr"}
+    outsider = {"app": "someone-else"}
+    templates = [(d, t) for d in docs for t in pod_templates(d)]
+    templates += [(d, t) for d in eval_docs(render_plan(tmp_path / "again", service_type=service_type)[0])
+                  for t in pod_templates(d)]  # fmt: skip
+    assert len(templates) > 6
+    for doc, template in templates:
+        labels = template["metadata"]["labels"]
+        ports = {p["name"] for c in containers(template) for p in c.get("ports", [])}
+        # Every pod is selected (none is left open) and the instance's own pods reach all its ports.
+        assert any(p["spec"]["podSelector"]["matchLabels"].items() <= labels.items() for p in policies), labels
+        assert instance.items() <= labels.items(), doc["metadata"]["name"]
+        assert _admits(policies, labels, ports, labels) == ports
+        component = labels[k.LABEL_COMPONENT]
+        public = {"serving": {"http", "grpc"}}
+        if service_type != "ClusterIP":
+            public["fileserver"] = {"http"}
+        for source in (outsider, None):
+            assert _admits(policies, labels, ports, source) == public.get(component, set()), component
+    for doc in policies:
+        validate_builtin(doc)
+
+
+def test_no_network_policy_renders_none(tmp_path):
+    docs = docs_of(tmp_path, kube={"network_policy": False})
+    assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert by_name(docs, "Deployment", "elastic-ctr-serving")  # the rest is as before

@@ -83,8 +83,10 @@ def test_every_manifest_validates_strictly(tmp_path, flags):
     shards = flags["cube_shards"]
     # shared (ConfigMap, token and credentials Secrets, claim) + (claim, deploy, svc) mlflow + (claim, deploy, svc)
     # file server + (deploy, lookup svc, agent svc) per shard + the shards' PDB + transfer 2 + serving 3
-    # + serving's alerting rules (ConfigMap) + job
-    assert len(docs) == 4 + 3 + 3 + 3 * shards + 1 + 2 + 3 + 1 + 1
+    # + serving's alerting rules (ConfigMap) + job + NetworkPolicies (instance only, serving's clients, and the
+    # file server's when its Service is exposed)
+    policies = 2 + (flags.get("service_type", "ClusterIP") != "ClusterIP")
+    assert len(docs) == 4 + 3 + 3 + 3 * shards + 1 + 2 + 3 + 1 + 1 + policies
     for doc in docs:
         validate_manifest(doc)
         labels = doc["metadata"]["labels"]

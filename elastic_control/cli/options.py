@@ -58,6 +58,14 @@ def kube_render_options(func):
             help="Serving pods behind the serving Service (1-64) [default: 2: one restarts, the other answers].",
         ),
         click.option(
+            "--network-policy/--no-network-policy",
+            default=True,
+            show_default=True,
+            help="Render NetworkPolicies: only the instance's own pods reach its pods, except serving's ports "
+            "(and the file server's when --service-type exposes it). Label another pod "
+            "app.kubernetes.io/instance=JOB, or use `kubectl port-forward`, to reach MLflow or the file server.",
+        ),
+        click.option(
             "--max-retry",
             type=int,
             default=None,

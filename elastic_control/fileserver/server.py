@@ -262,6 +262,18 @@ class FileServerApp:
         return Response.json({"path": "/".join(parts), "deleted": True})
 
 
+@contextlib.contextmanager
+def fileserver_in_thread(root: str | os.PathLike, *, token: str | None, max_bytes: int = DEFAULT_MAX_BYTES):
+    """A file server for ``root`` on 127.0.0.1:0 in this process (tests, benchmarks); yields its base URL."""
+    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token, max_bytes=max_bytes)
+    server.start_in_thread()
+    try:
+        yield server.url
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def make_fileserver(
     *,
     root: str | os.PathLike,

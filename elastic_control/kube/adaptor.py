@@ -100,6 +100,11 @@ def policy() -> client.PolicyV1Api:
 
 
 @functools.lru_cache(maxsize=1)
+def networking() -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(api_client())
+
+
+@functools.lru_cache(maxsize=1)
 def custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())
 

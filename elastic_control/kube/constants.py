@@ -72,7 +72,9 @@ TRANSFER_CUBE_ROOT = f"{SHARED_MOUNT}/cube"  # cube-transfer's builds and journa
 MLFLOW_DATA_DIR = "/var/lib/mlflow"
 
 # Component names: the value of app.kubernetes.io/component and the suffix of object names.
-COMPONENTS = ("config", "mlflow", "fileserver", "pserver", "trainer", "cube", "cube-transfer", "serving")
+COMPONENTS = (
+    "config", "mlflow", "fileserver", "pserver", "trainer", "cube", "cube-transfer", "serving", "network-policy",
+)  # fmt: skip
 # Exit code of a configuration or usage error (ctr_foundation.errors.EXIT_USAGE): the job aborts at once,
 # since restarting cannot fix a bad flag or config file.
 CONFIG_ERROR_EXIT_CODE = 2

@@ -43,6 +43,7 @@ TYPED_KINDS = {
     "Service": TypedKind("Service", "service", adaptor.core),
     "Deployment": TypedKind("Deployment", "deployment", adaptor.apps),
     "PodDisruptionBudget": TypedKind("PodDisruptionBudget", "pod_disruption_budget", adaptor.policy),
+    "NetworkPolicy": TypedKind("NetworkPolicy", "network_policy", adaptor.networking),
 }
 # What `delete` and pruning remove by label; claims stay.
 DELETABLE_KINDS = tuple(name for name, kind in TYPED_KINDS.items() if kind.prunable)

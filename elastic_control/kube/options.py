@@ -37,6 +37,9 @@ class KubeOptions:
     storage_class: str | None = None  # None: the cluster's default StorageClass
     shared_access_mode: str = "ReadWriteMany"  # of the claim JOB-shared (training + cube-transfer + eval)
     serving_replicas: int = DEFAULT_SERVING_REPLICAS
+    # NetworkPolicies: only the instance's pods reach its pods, except serving's (and an exposed
+    # file server's) ports (templates/network_policy.yaml.j2).
+    network_policy: bool = True
     max_retry: int = DEFAULT_MAX_RETRY
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
@@ -161,6 +164,7 @@ def build_kube_options(
     storage_class: str | None = None,
     access_mode: str = "ReadWriteMany",
     serving_replicas: int | None = None,
+    network_policy: bool = True,
     max_retry: int | None = None,
     image_pull_policy: str | None = None,
     image_pull_secrets: tuple[str, ...] | list[str] = (),
@@ -183,6 +187,7 @@ def build_kube_options(
         storage_class=storage_class,
         shared_access_mode=access_mode,
         serving_replicas=replicas,
+        network_policy=bool(network_policy),
         max_retry=retry,
         image_pull_policy=pull_policy_for(image, image_pull_policy),
         image_pull_secrets=tuple(image_pull_secrets),

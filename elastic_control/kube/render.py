@@ -37,6 +37,7 @@ def template_dir() -> Path:
 # config and storage first, then what the others connect to.
 MANIFEST_FILES = (
     ("00-shared.yaml", "shared.yaml.j2"),
+    ("05-network-policy.yaml", "network_policy.yaml.j2"),
     ("10-mlflow.yaml", "mlflow.yaml.j2"),
     ("20-fileserver.yaml", "fileserver.yaml.j2"),
     ("30-cube.yaml", "cube.yaml.j2"),
@@ -209,6 +210,7 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "queue": plan.queue,
         "max_retry": options.max_retry,
         "serving_replicas": options.serving_replicas,
+        "network_policy": options.network_policy,
         "storage_class": options.storage_class,
         "shared_access_mode": options.shared_access_mode,
         "image_pull_policy": options.image_pull_policy,

@@ -57,13 +57,16 @@ import yaml
 from pod_harness.admission import restricted_violations
 from pod_harness.image import SYSTEM_PATH, interpreter_exposure, load_image, venv_bin
 from pod_harness.network import NODE_IP, Network
-from pod_harness.node_agent import pod_ready
+from pod_harness.node_agent import admitted_ports, pod_ready
 from pod_harness.runtime import Container, Kubelet, Pod, die_with_parent
 
 AGENT = str(Path(__file__).resolve().parent / "node_agent.py")
 VOLCANO_API = "batch.volcano.sh/"
 CLUSTER_DOMAIN = "cluster.local"
-HANDLED_KINDS = {"ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "Deployment", "PodDisruptionBudget"}
+HANDLED_KINDS = {
+    "ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
+}  # fmt: skip
+LABEL_INSTANCE = "app.kubernetes.io/instance"
 TERMINAL_JOB_PHASES = {"Completed", "Failed", "Aborted", "Terminated"}
 
 
@@ -302,6 +305,8 @@ class Cluster:
         self.services: dict[str, dict] = {}
         self.service_ips: dict[str, str] = {}
         self.pdbs: list[dict] = []
+        self.network_policies: list[dict] = []  # specs, enforced by the node agent and per-pod routes
+        self.clients: dict[str, dict] = {}  # "outsider" / "member": ip, netns, labels (made in start())
         self.deployments: dict[str, DeploymentController] = {}
         self.jobs: dict[str, VolcanoJob] = {}
         self.pods: dict[str, Pod] = {}
@@ -309,6 +314,7 @@ class Cluster:
         self.probe_status: dict = {}
         self.kubelet = Kubelet(self.container_spec, {"PATH": SYSTEM_PATH})
         self.namespace = self._namespace(docs)
+        self.instance = self._instance(docs)
         self._agent: subprocess.Popen | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -330,6 +336,11 @@ class Cluster:
         if len(found) != 1:
             raise HarnessError(f"the harness runs one namespace; the manifests use {sorted(found)}")
         return found.pop()
+
+    @staticmethod
+    def _instance(docs: list[dict]) -> str:
+        found = {(d["metadata"].get("labels") or {}).get(LABEL_INSTANCE) for d in docs} - {None}
+        return found.pop() if len(found) == 1 else ""
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def __enter__(self) -> Cluster:
@@ -373,8 +384,10 @@ class Cluster:
             env={"PATH": SYSTEM_PATH},
             preexec_fn=die_with_parent,
         )
-        self.client_ip = self.network.next_pod_ip()
-        self.client_ns = self.network.add_pod(self.client_ip)
+        # Two client pods, as `kubectl run` gives: one of another app, one labelled as the instance's.
+        for kind, labels in (("outsider", {}), ("member", {LABEL_INSTANCE: self.instance})):
+            ip = self.network.next_pod_ip()
+            self.clients[kind] = {"ip": ip, "netns": self.network.add_pod(ip), "labels": labels}
         for doc in self.docs:
             self._admit_object(doc)
         self._write_agent_state()
@@ -414,6 +427,8 @@ class Cluster:
                 self.service_ips[name] = self.network.service_ip()
         elif kind == "PodDisruptionBudget":
             self.pdbs.append(doc)
+        elif kind == "NetworkPolicy":
+            self.network_policies.append(doc["spec"])
         elif kind == "Deployment":
             self.deployments[name] = DeploymentController(self, doc)
         elif kind == "Job" and doc["apiVersion"].startswith(VOLCANO_API):
@@ -444,6 +459,7 @@ class Cluster:
         )
         pod.dir.mkdir(parents=True)
         pod.netns = self.network.add_pod(pod.ip)
+        self._block_refused_clients(pod)
         self._make_volumes(pod)
         (pod.dir / "hosts").write_text(self._hosts_for(pod))
         for c in pod.all_containers():
@@ -453,6 +469,13 @@ class Cluster:
                 pod.env_errors.append(str(e))
         self.pods[name] = pod
         return pod
+
+    def _block_refused_clients(self, pod: Pod) -> None:
+        """Direct connections (pod IPs, headless names) from a client no policy admits anywhere: refused."""
+        view = pod.agent_view()
+        for client in self.clients.values():
+            if admitted_ports(self.network_policies, view, client["labels"]) == set():
+                self.network.refuse_from(pod.netns, client["ip"])
 
     def pod_gone(self, pod: Pod) -> None:
         self.network.remove_pod(pod.netns)
@@ -686,7 +709,12 @@ class Cluster:
                     "ports": [{"port": p["port"], "targetPort": p.get("targetPort", p["port"])} for p in spec["ports"]],
                 }
             )
-        state = {"services": services, "pods": [p.agent_view() for p in self.pods.values() if p.netns]}
+        state = {
+            "services": services,
+            "pods": [p.agent_view() for p in self.pods.values() if p.netns],
+            "policies": self.network_policies,
+            "clients": [{"ip": c["ip"], "labels": c["labels"]} for c in self.clients.values()],
+        }
         text = json.dumps(state, sort_keys=True)
         if text != self._state_text:
             tmp = self._agent_state.with_suffix(".tmp")
@@ -817,8 +845,9 @@ class Cluster:
         return "\n".join(lines)
 
     # ---- a client inside the cluster (as `kubectl run` would give) ---------------------------------------
-    def _client_pod(self) -> Pod:
+    def _client_pod(self, member: bool = False) -> Pod:
         n = next(self._clients)
+        client = self.clients["member" if member else "outsider"]
         spec = {
             "securityContext": {"runAsNonRoot": True, "runAsUser": self.image.uid or 10001},
             "enableServiceLinks": False,
@@ -827,20 +856,22 @@ class Cluster:
         pod = Pod(
             name=f"client-{n}",
             namespace=self.namespace,
-            labels={},
+            labels=dict(client["labels"]),
             annotations={},
             spec=spec,
             owner=("Pod", "client"),
-            ip=self.client_ip,
+            ip=client["ip"],
             dir=self.workdir / "clients" / f"client-{n}",
-            netns=self.client_ns,
+            netns=client["netns"],
         )
         pod.dir.mkdir(parents=True)
         (pod.dir / "hosts").write_text(self._hosts_for(pod))
         return pod
 
-    def client_command(self, argv: list[str], env: dict | None = None, mounts: list[dict] | None = None) -> list[str]:
-        pod = self._client_pod()
+    def client_command(
+        self, argv: list[str], env: dict | None = None, mounts: list[dict] | None = None, member: bool = False
+    ) -> list[str]:
+        pod = self._client_pod(member)
         c = Container(pod.spec["containers"][0])
         spec = self.container_spec(pod, c)
         spec["argv"] = list(argv)
@@ -852,10 +883,13 @@ class Cluster:
                 "--propagation", "private", sys.executable, str(Path(__file__).parent / "container_entry.py"),
                 str(path)]  # fmt: skip
 
-    def run(self, argv: list[str], *, env: dict | None = None, mounts=None, timeout: float = 120, input=None):
-        """Run ``argv`` in a client pod of the namespace; returns the CompletedProcess (text)."""
+    def run(
+        self, argv: list[str], *, env: dict | None = None, mounts=None, timeout: float = 120, input=None, member=False
+    ):
+        """Run ``argv`` in a client pod of the namespace (``member``: labelled as the instance's); the
+        CompletedProcess (text)."""
         return subprocess.run(
-            self.client_command(argv, env, mounts),
+            self.client_command(argv, env, mounts, member),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -863,10 +897,15 @@ class Cluster:
             env={"PATH": SYSTEM_PATH},
         )
 
-    def spawn(self, argv: list[str], *, env: dict | None = None, mounts=None, log: Path) -> subprocess.Popen:
+    def spawn(
+        self, argv: list[str], *, env: dict | None = None, mounts=None, log: Path, member: bool = False
+    ) -> subprocess.Popen:
         out = open(log, "ab")
         return subprocess.Popen(
-            self.client_command(argv, env, mounts), stdout=out, stderr=subprocess.STDOUT, env={"PATH": SYSTEM_PATH}
+            self.client_command(argv, env, mounts, member),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={"PATH": SYSTEM_PATH},
         )
 
 

@@ -146,6 +146,11 @@ class Network:
         run("ip", "-n", name, "route", "add", "default", "via", NODE_IP)
         return name
 
+    def refuse_from(self, name: str, source_ip: str) -> None:
+        """Namespace ``name`` answers nothing to ``source_ip`` (a NetworkPolicy drop, for direct connections):
+        its replies, SYN-ACKs included, have no route."""
+        run("ip", "-n", name, "route", "add", "prohibit", f"{source_ip}/32")
+
     def remove_pod(self, name: str) -> None:
         kill_namespace_processes(name)
         run("ip", "netns", "del", name, check=False)  # its veth (and the bridge port) go with it

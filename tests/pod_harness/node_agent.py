@@ -16,7 +16,12 @@ this process:
 - runs every container's readiness, liveness and startup probes (httpGet and
   tcpSocket, with their initialDelay, period, timeout and thresholds) from
   here, against the pod IP, as the kubelet does from the node;
-- writes STATUS (JSON, atomically) with each container's probe results.
+- writes STATUS (JSON, atomically) with each container's probe results;
+- enforces the namespace's NetworkPolicies (ingress) on Service traffic, as the
+  CNI would: a connection from a pod (or client) the policies of the chosen
+  endpoint do not admit on its target port is closed at once (a real CNI drops
+  it, so a real client waits for its timeout instead). The harness blocks the
+  same sources on direct pod-IP connections with routes (cluster.py).
 """
 
 from __future__ import annotations
@@ -49,6 +54,44 @@ def pod_ready(pod: dict, statuses: dict) -> bool:
 
 def selects(selector: dict, labels: dict) -> bool:
     return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
+
+
+def admitted_ports(policies: list[dict], pod: dict, source_labels: dict | None) -> set[int] | None:
+    """The ports of ``pod`` (agent view) that the ingress policies admit from a source; None: every port.
+
+    ``source_labels`` None is a source that is no pod of the namespace. Only what the
+    project renders is understood (podSelector matchLabels, from podSelector, ports by
+    name or number); anything else fails loudly rather than being enforced wrongly.
+    """
+    chosen = []
+    for spec in policies:
+        selector = spec["podSelector"]
+        if set(selector) - {"matchLabels"} or spec.get("policyTypes") != ["Ingress"]:
+            raise ValueError(f"the harness enforces matchLabels ingress policies only, not {spec}")
+        if all(pod["labels"].get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+            chosen.append(spec)
+    if not chosen:
+        return None
+    allowed: set[int] = set()
+    for spec in chosen:
+        for rule in spec.get("ingress", []):
+            peers = rule.get("from")
+            if peers is not None:
+                if any(set(peer) != {"podSelector"} for peer in peers):
+                    raise ValueError(f"the harness enforces podSelector peers only, not {peers}")
+                if source_labels is None or not any(
+                    all(source_labels.get(k) == v for k, v in peer["podSelector"].get("matchLabels", {}).items())
+                    for peer in peers
+                ):
+                    continue
+            if "ports" not in rule:
+                return None
+            for entry in rule["ports"]:
+                port = entry["port"]
+                number = pod["ports"].get(port) if isinstance(port, str) and not port.isdigit() else int(port)
+                if number is not None:
+                    allowed.add(number)
+    return allowed
 
 
 class NodeAgent:
@@ -101,6 +144,13 @@ class NodeAgent:
                 serving_terminating.append(address)
         return ready or serving_terminating
 
+    def source_labels(self, ip: str | None) -> dict | None:
+        """The labels of the pod (or harness client) at ``ip``; None for anything else."""
+        for pod in [*self.state["pods"], *self.state.get("clients", [])]:
+            if ip is not None and pod.get("ip") == ip:
+                return pod["labels"]
+        return None
+
     async def sync_listeners(self) -> None:
         wanted = {}
         for service in self.state["services"]:
@@ -126,6 +176,18 @@ class NodeAgent:
         candidates = self.endpoints(service, port) if service and port else []
         if not candidates:
             writer.transport.abort()  # as kube-proxy rejects a Service without endpoints
+            return
+        peer = writer.get_extra_info("peername")
+        source = self.source_labels(peer[0] if peer else None)
+        policies = self.state.get("policies", [])
+        by_ip = {p["ip"]: p for p in self.state["pods"] if p.get("ip")}
+        candidates = [
+            (ip, target)
+            for ip, target in candidates
+            if (ports := admitted_ports(policies, by_ip[ip], source)) is None or target in ports
+        ]
+        if not candidates:
+            writer.transport.abort()  # what the policies refuse (a CNI would drop it)
             return
         start = next(self.rr)
         for attempt in range(len(candidates)):
