@@ -5,15 +5,15 @@
         [dropout=0] [decay=1.0] [peer=1]
 
 Not the product (no parameter server, one process, Paddle dygraph): the same model shape (a per-key wide
-weight, sum-pooled embeddings per slot, an MLP and/or FM interactions, the bias at the base rate), the count-
-scaled L2 of training/model.py (``l2 * |row|^2 / count-in-pass / batch`` per occurrence), lazy Adam or
+weight, sum-pooled embeddings per slot, an MLP and/or FM interactions, the bias at the base rate), the
+count-scaled L2 of training/model.py (``l2 * |row|^2 / count-in-pass / batch`` per occurrence), lazy Adam or
 standard Adagrad per parameter group (wide weights, embeddings, dense), batch 128. The last hour under
 ``data`` is the test hour; ``passes=hour`` trains hour by hour like the product's passes, ``passes=replay``
-hour by hour with each pass over every hour so far, ``passes=all`` on all training hours pooled (what scikit-
-learn's logistic regression sees). ``decay`` multiplies every rate by decay**epoch. ``peer=1`` also fits
-scikit-learn's logistic regression (C=0.1) on the same one-hot keys and prints the difference. Prints the test
-hour's AUC, log loss and calibration after every epoch. Figures: docs/benchmarks.md "What can beat logistic
-regression on the issue-12 split at all".
+hour by hour with each pass over every hour so far, ``passes=all`` on all training hours pooled (what
+scikit-learn's logistic regression sees). ``decay`` multiplies every rate by decay**epoch. ``peer=1`` also
+fits scikit-learn's logistic regression (C=0.1) on the same one-hot keys and prints the difference. Prints the
+test hour's AUC, log loss and calibration after every epoch. Figures: docs/benchmarks.md "What can beat
+logistic regression on the issue-12 split at all".
 """
 
 import sys
