@@ -45,7 +45,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import yaml
 
@@ -68,6 +68,10 @@ KINDS = {  # (group/version, plural) -> kind
     ("scheduling.volcano.sh/v1beta1", "queues"): "Queue",
     ("apiextensions.k8s.io/v1", "customresourcedefinitions"): "CustomResourceDefinition",
 }
+# The Service proxy subresource: GET /api/v1/namespaces/NS/services/NAME:PORT/proxy/PATH
+_SERVICE_PROXY = re.compile(
+    r"^/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<svc>[^/:]+)(?::(?P<port>[^/]+))?/proxy(?P<path>/.*)?$"
+)
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?/?$"
@@ -103,6 +107,8 @@ class FakeKubeAPI:
         self.crd_installed, self.queue_state = crd_installed, queue_state
         self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
         self.node_ports = dict(node_ports or {})
+        # (namespace, service, port name) -> base URL of what answers behind it (tests start the real thing)
+        self.service_backends: dict[tuple[str, str, str], str] = {}
         self.job_delete_delay, self.log_line_delay = job_delete_delay, log_line_delay
         self.on_volcano_job = on_volcano_job
         self.deny = dict(deny or {})
@@ -552,6 +558,9 @@ class _Handler(BaseHTTPRequestHandler):
                     ' in the namespace "default"'
                 )
                 return self._status(code, reason, message)
+        proxied = _SERVICE_PROXY.match(unquote(url.path))  # the client sends NAME%3APORT
+        if proxied and method == "GET":
+            return self._service_proxy(proxied, url.query)
         m = _PATH.match(url.path)
         if not m:
             return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
@@ -716,6 +725,26 @@ class _Handler(BaseHTTPRequestHandler):
                     pod["status"]["phase"] = "Succeeded"
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+    def _service_proxy(self, m, query: str):
+        """As the API server proxies to one ready endpoint of the Service (503 when it has none)."""
+        import urllib.error
+        import urllib.request
+
+        base = self.fake.service_backends.get((m.group("ns"), m.group("svc"), m.group("port") or ""))
+        if base is None:
+            return self._status(503, "ServiceUnavailable", f'no endpoints available for service "{m.group("svc")}"')
+        target = base + (m.group("path") or "/") + (f"?{query}" if query else "")
+        try:
+            with urllib.request.urlopen(target, timeout=5) as answer:
+                code, body = answer.status, answer.read()
+        except urllib.error.HTTPError as e:
+            code, body = e.code, e.read()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_GET(self):
         self._route("GET")

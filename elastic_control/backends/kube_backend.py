@@ -83,7 +83,7 @@ class KubeDeployment(Deployment):
             overall = st.RUNNING
         else:
             overall = st.STARTING
-        return st.PipelineStatus(
+        status = st.PipelineStatus(
             backend="k8s",
             state_dir=str(plan.state_dir),
             target=f"elastic-ctr {plan.job_name} in namespace {plan.namespace}",
@@ -93,6 +93,17 @@ class KubeDeployment(Deployment):
             training=training,
             probed_at=time.time(),
         )
+        if probe and overall != "not deployed":
+            from elastic_control.kube.service_probe import probe_pipeline
+
+            status.cube, status.serving = probe_pipeline(plan.namespace, plan.job_name, plan.resources.cube_shards)
+            for c in components:
+                if c.kind == "serving" and status.serving.get("version"):
+                    c.version = status.serving["version"]
+            if training.get("state") == st.FAILED:
+                status.alerts.append(f"training failed: {training.get('detail')}")
+            status.alerts += st.service_alerts(status)
+        return status
 
     def stream_logs(
         self,

@@ -67,3 +67,25 @@ class PipelineStatus:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def service_alerts(status: PipelineStatus) -> list[str]:
+    """Alerts from what the services answered (cube shards, cube-transfer, serving and its monitor), for
+    either backend: shards that disagree with no rollout in flight, a transfer error, a loaded serving
+    that cannot answer, the serving monitor's own alerts (calibration band, coverage floor)."""
+    alerts = []
+    cube = status.cube
+    probed = [s for s in cube.get("shards", []) if s["probed"]]
+    if not cube.get("rollout") and len({s["active"] for s in probed}) > 1:
+        versions = ", ".join(f"{s['name']} {s['active'] or '-'}" for s in cube.get("shards", []) if s["probed"])
+        alerts.append(f"cube shards disagree with no rollout in flight: {versions}")
+    if cube.get("transfer_error"):
+        alerts.append(f"cube-transfer: {cube['transfer_error']}")
+    serving = status.serving
+    row = next((c for c in status.components if c.kind == "serving"), None)
+    if serving.get("version") and not serving.get("answers") and not (row and row.state in (HUNG, DEGRADED)):
+        alerts.append(f"serving {serving.get('reason')}")
+    live = serving.get("live") or {}
+    for alert in live.get("alerts") or []:
+        alerts.append(f"serving monitor: {alert if isinstance(alert, str) else alert}")
+    return alerts

@@ -116,7 +116,7 @@ def apiextensions() -> client.ApiextensionsV1Api:
 
 def reset() -> None:
     """Forget the loaded configuration and API objects (after KUBECONFIG changes)."""
-    for cached in (api_client, core, apps, policy, custom, apiextensions):
+    for cached in (api_client, core, apps, policy, networking, custom, apiextensions):
         cached.cache_clear()
 
 

@@ -317,19 +317,5 @@ def _alerts(status: st.PipelineStatus) -> list[str]:
     for c in status.components:
         if c.state in (st.HUNG, st.DEGRADED) or (c.state == st.FAILED and c.kind not in ("pserver", "trainer")):
             alerts.append(f"{c.name} is {c.state}: {c.detail}")
-    cube = status.cube
-    probed = [s for s in cube.get("shards", []) if s["probed"]]
-    if not cube.get("rollout") and len({s["active"] for s in probed}) > 1:
-        versions = ", ".join(f"{s['name']} {s['active'] or '-'}" for s in cube.get("shards", []) if s["probed"])
-        alerts.append(f"cube shards disagree with no rollout in flight: {versions}")
-    if cube.get("transfer_error"):
-        alerts.append(f"cube-transfer: {cube['transfer_error']}")
-    serving = status.serving
-    row = next((c for c in status.components if c.kind == "serving"), None)
-    if serving.get("version") and not serving.get("answers") and not (row and row.state in (st.HUNG, st.DEGRADED)):
-        alerts.append(f"serving {serving.get('reason')}")
-    live = serving.get("live") or {}
-    for alert in live.get("alerts") or []:
-        alerts.append(f"serving monitor: {alert if isinstance(alert, str) else alert}")
-    # Each component alert once, even when the serving line repeats it.
+    alerts += st.service_alerts(status)
     return list(dict.fromkeys(alerts))

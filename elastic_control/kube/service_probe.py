@@ -1,0 +1,98 @@
+"""What the pipeline's own services say, asked through the API server's Service proxy.
+
+`status` on Kubernetes reads the objects (kube/status.py) and, when it probes,
+asks cube-transfer, every cube shard and serving for their JSON status through
+``/api/v1/namespaces/NS/services/NAME:PORT/proxy/PATH``: the same rights and
+kubeconfig as the rest of the CLI, no port-forward, and the call reaches one
+ready pod of the Service (for serving: one replica's view). A Service without
+ready pods, a timeout or an RBAC refusal is an answer too, recorded as the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import urllib3
+
+from elastic_control.kube import adaptor
+
+TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class ServiceAnswer:
+    body: dict | None  # the JSON the component answered, None when it did not
+    reason: str = ""  # why there is no body
+
+
+def ask(namespace: str, service: str, port: str, path: str, timeout: float = TIMEOUT) -> ServiceAnswer:
+    """GET ``path`` of ``service``'s named ``port`` through the API server."""
+    api = adaptor.api_client()
+    # The path is written out, not passed as a path parameter: the generated method would send its slashes
+    # as %2F; and the answer is read raw: the generated method turns a JSON body into a dict's repr.
+    method, url, headers, _body, _post = api.param_serialize(
+        "GET",
+        f"/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy/{path.lstrip('/')}",
+        auth_settings=["BearerToken"],
+    )
+    try:
+        answer = api.call_api(method, url, header_params=headers, _request_timeout=timeout)
+        answer.read()
+    except adaptor.ApiException as e:
+        return ServiceAnswer(None, f"HTTP {e.status} through the API server: {adaptor.api_error_message(e)}")
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        return ServiceAnswer(None, f"no answer through the API server ({type(e).__name__})")
+    text = (answer.data or b"").decode("utf-8", "replace")
+    if answer.status >= 400:
+        error = adaptor.ApiException(status=answer.status, reason=answer.reason)
+        error.body = text
+        return ServiceAnswer(None, f"HTTP {answer.status} through the API server: {adaptor.api_error_message(error)}")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return ServiceAnswer(None, "answered something that is not JSON")
+    if not isinstance(body, dict):
+        return ServiceAnswer(None, "answered JSON that is not an object")
+    return ServiceAnswer(body)
+
+
+def probe_pipeline(namespace: str, job: str, shards: int) -> tuple[dict, dict]:
+    """(cube, serving) sections of the status document, as the local backend fills them."""
+    transfer = ask(namespace, f"{job}-cube-transfer", "http", "/v1/status")
+    t = transfer.body or {}
+    shard_rows = []
+    for i in range(shards):
+        answer = ask(namespace, f"{job}-cube-{i}", "cube", "/v1/status")
+        s = answer.body or {}
+        shard_rows.append(
+            {
+                "shard": i,
+                "name": f"{job}-cube-{i}",
+                **{key: s.get(key) for key in ("active", "prepared", "previous")},
+                "error": s.get("error") or answer.reason or None,
+                "probed": answer.body is not None,
+            }
+        )
+    probed = [s for s in shard_rows if s["probed"]]
+    cube = {
+        "active": t.get("active"),
+        "shards": shard_rows,
+        "consistent": len({s["active"] for s in probed}) <= 1 and len(probed) == len(shard_rows),
+        "rollout": t.get("in_flight") or None,
+        "transfer_error": t.get("last_error") or (transfer.reason or None),
+    }
+    status, monitor = (ask(namespace, f"{job}-serving", "http", path) for path in ("/v1/status", "/v1/monitor"))
+    body = status.body or {}
+    version = body.get("model_version")
+    serving = {
+        "version": version,
+        "cube_version": body.get("cube_version"),
+        "answers": bool(version) and status.body is not None,
+        "reason": status.reason or ("" if version else "no model loaded yet"),
+        "arms": body.get("arms") or (monitor.body or {}).get("arms"),
+        "live": monitor.body,
+        "metrics": body.get("metrics"),
+        "last_reload_error": body.get("last_reload_error"),
+    }
+    return cube, serving
