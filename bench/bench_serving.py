@@ -23,8 +23,9 @@ what serving runs), batches of 2048 pooled rows, one predictor per core, both co
 limit" = serving's predictions/s / that limit.
 
 Without --pass it first trains a pass with the product pipeline (`elastic-control data criteo` +
-`elastic-control train`, the 400-400-400 model) on 20k real Criteo lines (5k with --quick), which
-takes about a minute.
+`elastic-control train`, the product's default model unless --train-args says otherwise; issue 13's
+figures are for `--train-args='--model dnn --hidden 400,400,400'`) on 20k real Criteo lines (5k with
+--quick), which takes about a minute.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import contextlib
 import http.client
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -311,6 +313,12 @@ def main():
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--load-lines", type=int, default=20000, help="held-out real Criteo lines the requests cycle over")
     ap.add_argument("--no-mlflow", action="store_true", help="skip the mlflow models serve peer")
+    ap.add_argument(
+        "--train-args",
+        default="",
+        help="options for `elastic-control train` when no --pass is given (default: the product's model, wide_deep "
+        "128-64); issue 13's figures are for --train-args='--model dnn --hidden 400,400,400'",
+    )
     ap.add_argument("--grpc-load", help=argparse.SUPPRESS)
     ap.add_argument("--dense-only", help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=3.0, help=argparse.SUPPRESS)
@@ -323,7 +331,11 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     print(f"work folder {work}", file=sys.stderr)
     trained = TRAIN_LINES_QUICK if args.quick else TRAIN_LINES
-    pass_dir = Path(args.pass_dir) if args.pass_dir else criteo_pass(work / "train", lines=trained)
+    pass_dir = (
+        Path(args.pass_dir)
+        if args.pass_dir
+        else criteo_pass(work / "train", lines=trained, train_args=shlex.split(args.train_args))
+    )
     lines, probs = golden(pass_dir)
     load_lines = held_out_lines(TRAIN_LINES + 1000, args.load_lines)
     fs_root = work / "fs"

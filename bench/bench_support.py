@@ -74,8 +74,9 @@ def train(config: Path, slot_conf: Path, models: Path, *, trainers: int = 1, pse
     return [models / e.pass_name for e in read_donefile(models)]
 
 
-def criteo_pass(work: Path, lines: int) -> Path:
-    """A pass of `elastic-control data criteo` + `elastic-control train` on the first ``lines`` real Criteo lines."""
+def criteo_pass(work: Path, lines: int, train_args=()) -> Path:
+    """A pass of `elastic-control data criteo` + `elastic-control train [train_args]` on the first ``lines`` real
+    Criteo lines."""
     if not CRITEO_FILE.exists():
         raise SystemExit(f"real Criteo lines not found at {CRITEO_FILE}; pass --pass PASS_DIR")
     print(f"training a pass on {lines} real Criteo lines (elastic-control data criteo + train)...", file=sys.stderr)
@@ -84,7 +85,7 @@ def criteo_pass(work: Path, lines: int) -> Path:
         out.writelines(itertools.islice(f, lines))
     raw, data = work / "raw.txt", work / "data"
     cli("data", "criteo", "--input", raw, "--output", data, "--hours", 1, "--start", f"{START:%Y%m%d/%H}")
-    return train(*write_job(work, data=data, slots=CRITEO_SLOTS, start=START, hours=1))[-1]
+    return train(*write_job(work, data=data, slots=CRITEO_SLOTS, start=START, hours=1), args=train_args)[-1]
 
 
 def golden(pass_dir: Path) -> tuple[list[str], list[float]]:

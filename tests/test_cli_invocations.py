@@ -62,7 +62,9 @@ def test_the_four_documented_invocations(kube_env, entry):
         "pservers": 2,
         "cube_shards": 5,
     }
-    assert len(list((state / "manifests").glob("*.yaml"))) == 8
+    from elastic_control.kube.render import MANIFEST_FILES
+
+    assert sorted(p.name for p in (state / "manifests").glob("*.yaml")) == sorted(f for f, _ in MANIFEST_FILES)
 
     r = run(entry, ["-a"], env)
     assert r.returncode == 0, r.stderr

@@ -199,7 +199,8 @@ def test_pipeline_runs_from_the_rendered_manifests_alone(cluster):
         "exp = c.get_experiment_by_name('elastic-ctr')\n"
         "runs = c.search_runs([exp.experiment_id])\n"
         "versions = c.search_model_versions(\"name='elastic-ctr'\")\n"
-        "print(json.dumps({'runs': [r.info.run_name for r in runs], 'metrics': sorted(runs[0].data.metrics),"
+        "train = [r for r in runs if r.info.run_name.startswith('train-')]\n"  # serving records its monitor runs too
+        "print(json.dumps({'runs': [r.info.run_name for r in runs], 'metrics': sorted(train[0].data.metrics),"
         " 'versions': sorted(v.tags.get('pass') for v in versions)}))\n"
     )
     mlflow = cluster.run(["python", "-c", query], member=True)  # the NetworkPolicy admits the instance's pods
@@ -281,6 +282,9 @@ def test_every_container_ran_as_restricted_pod_security_allows(cluster):
             assert status["Uid"].split()[:2] == ["10001", "10001"], (pod.name, c.name)
             assert status["NoNewPrivs"].strip() == "1" and int(status["CapBnd"].strip(), 16) == 0
             assert int(status["CapEff"].strip(), 16) == 0
+            # readOnlyRootFilesystem: the image is read-only inside it, its /tmp (an emptyDir) writable.
+            mounts = {f[4]: f[5].split(",") for f in (ln.split() for ln in Path(f"/proc/{pid}/mountinfo").open())}
+            assert "ro" in mounts["/"] and "rw" in mounts["/tmp"], (pod.name, c.name)
             seen += 1
     assert seen >= 6  # 2 serving + 2 shards x (server, agent)
 

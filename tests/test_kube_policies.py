@@ -160,6 +160,17 @@ def test_readiness_means_loaded_and_pods_drain_before_sigterm(tmp_path):
                 )
 
 
+def test_every_container_has_a_read_only_root_and_a_private_tmp(tmp_path):
+    templates = all_pod_templates(tmp_path)
+    assert len(templates) >= 8
+    for name, template in templates:
+        spec = template["spec"]
+        assert {"name": "tmp", "emptyDir": {}} in spec["volumes"], name
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"], (name, c["name"])
+
+
 def test_every_long_running_container_has_readiness_and_liveness(tmp_path):
     docs = docs_of(tmp_path, cube_shards=2)
     deployments = [d for d in docs if d["kind"] == "Deployment"]

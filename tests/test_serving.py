@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -149,6 +150,42 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(models, pass_
     assert stats["batches"] < stats["requests"]["200"]  # concurrent requests were merged
 
 
+def test_requests_read_in_one_pass_of_the_loop_are_one_batch(models, pass_a):
+    """Issue 13: the requests the event loop reads in one pass are queued together (one lock, one wake-up),
+    so an idle worker wakes to all of them instead of to the first one (a batch per request, and a wake-up
+    per request that cost more than decoding its JSON)."""
+    lines, probs = golden(pass_a)
+    n = 12
+    bodies = [json.dumps({"instances": [{"line": ln} for ln in lines[2 * i : 2 * i + 2]]}).encode() for i in range(n)]
+    with serving_in_thread(ModelDirSource(models), workers=2) as srv:
+        before = requests.get(srv.url + "/v1/status").json()["metrics"]["batches"]
+        queued = []  # the sizes of what the HTTP frontend hands the batcher
+        submit_many = srv.app.batcher.submit_many
+        srv.app.batcher.submit_many = lambda jobs: (queued.append(len(jobs)), submit_many(jobs))[1]
+        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=30) for _ in range(n)]
+        time.sleep(0.3)  # every connection accepted, idle
+        paused = threading.Event()
+        srv.http.loop.call_soon_threadsafe(lambda: (paused.set(), time.sleep(0.5)))  # the loop is busy meanwhile
+        assert paused.wait(10)
+        for s, body in zip(socks, bodies, strict=True):
+            s.sendall(
+                b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+        replies = []
+        for s in socks:
+            with s:
+                replies.append(b"".join(iter(lambda s=s: s.recv(65536), b"")))
+        after = requests.get(srv.url + "/v1/status").json()["metrics"]["batches"]
+    for i, reply in enumerate(replies):
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), reply[:200]
+        np.testing.assert_allclose(json.loads(body)["predictions"], probs[2 * i : 2 * i + 2], rtol=0, atol=TOL)
+    assert queued == [n], queued
+    assert after - before == 1, f"{n} requests read in one pass of the loop took {after - before} batches"
+
+
 def test_after_response_hook_sees_each_scored_batch(models, pass_a):
     """The shadow-scoring hook: called after the answer with the batch, its version and probabilities."""
     lines, probs = golden(pass_a)
@@ -194,7 +231,11 @@ def test_cube_unreachable_is_a_quick_503(tmp_path, pass_a):
     publish_version(fs_root, pass_a, shards=2)
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
     lines, _ = golden(pass_a)
-    with serving_in_thread(CubeRootSource(fs_root / "cube", dead, lookup_timeout=1.0)) as srv:
+    # Not ready (readiness asks cube, which is down): wait for the model alone, not the 60 s readiness limit.
+    with serving_in_thread(CubeRootSource(fs_root / "cube", dead, lookup_timeout=1.0), wait_ready=False) as srv:
+        deadline = time.monotonic() + 60
+        while srv.app.active is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         t0 = time.monotonic()
         r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": lines[0]}]}, timeout=30)
         assert r.status_code == 503 and "cube unavailable" in r.json()["error"]

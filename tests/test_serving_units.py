@@ -330,3 +330,56 @@ def test_a_batcher_that_never_started_stops_cleanly():
     from elastic_control.serving.batcher import Batcher
 
     Batcher(app=None, workers=2).stop()
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def test_prediction_log_and_cache_memory_is_bounded_by_their_rings():
+    """The soak's RSS rise (issue 13): the feedback rings and the hot-key cache are preallocated numpy
+    arrays whose pages the kernel commits when first written, so RSS climbs until they are full once;
+    after that, traffic, overwritten predictions and evicted keys add nothing."""
+    log = PredictionLog(window_s=60, capacity=400_000, max_requests=100_000)
+    probs = np.random.default_rng(0).random(4 * 250, dtype=np.float32)
+    sizes = [4] * 250
+
+    def wrap_rings():  # one full turn of both rings: 100k requests, 400k instances
+        for _ in range(400):
+            log.record_batch("control", "v1", probs, sizes)
+
+    wrap_rings()
+    first = _rss()
+    for _ in range(3):
+        wrap_rings()
+    assert _rss() - first < 3 << 20, "the prediction log grew after its rings were full"
+    assert log.snapshot()["requests_recorded"] == 400_000
+
+    cache = VersionCache(1 << 16, 9)
+    rng = np.random.default_rng(1)
+
+    def fill():  # 4x the cache's capacity of distinct new keys
+        for _ in range(64):
+            keys = np.unique(rng.integers(0, 2**63, 4096, dtype=np.uint64))
+            cache.put(keys, np.ones((len(keys), 9), np.float32), np.ones(len(keys), bool))
+
+    fill()
+    first = _rss()
+    fill()
+    fill()
+    assert _rss() - first < 3 << 20, "the hot-key cache grew after it was full"
+    assert cache.filled <= cache.capacity
+
+
+def test_monitor_keeps_at_most_a_window_of_buckets():
+    mon = Monitor(window_s=10, buckets=5)
+    p = np.full(8, 0.1, np.float32)
+    for t in range(0, 400):  # 400 s of traffic and feedback, the monitor loop folding every 5 s
+        mon.observe_predictions("control", "v1", (1, 2), p, np.array([8, 8]), np.array([0, 1]), now=1000.0 + t)
+        mon.observe_feedback("control", "v1", p, np.zeros(8, np.int64), now=1000.0 + t)
+        if t % 5 == 0:
+            mon.summary(now=1000.0 + t)
+    (series,) = mon._series.values()
+    assert len(series.buckets) <= 5 + 2

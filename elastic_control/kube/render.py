@@ -24,6 +24,7 @@ from elastic_control.config import DataConfig
 from elastic_control.kube import constants as k
 from elastic_control.kube.options import KubeOptions
 from elastic_control.kube.pod_overlay import apply_pod_overlay
+from elastic_control.kube.read_only_root import read_only_root
 from elastic_control.kube.volcano_rules import volcano_job_problems
 
 DEFAULT_TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"  # package data: ships in the wheel
@@ -271,9 +272,10 @@ def _environment() -> jinja2.Environment:
 
 
 def finish_documents(docs: list[dict], options: KubeOptions) -> list[dict]:
-    """The user's pod overlay merged into every pod, Deployments' rendered replicas recorded, then
-    each object's spec-hash annotation (what -a compares)."""
+    """Read-only root file systems (kube/read_only_root.py), the user's pod overlay merged into every pod,
+    Deployments' rendered replicas recorded, then each object's spec-hash annotation (what -a compares)."""
     for doc in docs:
+        read_only_root(doc)
         apply_pod_overlay(doc, options.pod_overlay)
         if doc["kind"] == "Deployment":
             doc["metadata"].setdefault("annotations", {})[k.REPLICAS_ANNOTATION] = str(doc["spec"].get("replicas", 1))

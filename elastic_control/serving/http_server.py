@@ -101,6 +101,7 @@ class ServingServer:
         if self.grpc is not None:
             grpc_stop = threading.Thread(target=self.grpc.stop, args=(self.drain_timeout,), daemon=True)
             grpc_stop.start()
+        self.frontend.flush()  # requests parsed in this pass of the loop count as accepted
         idle = await asyncio.to_thread(app.wait_idle, self.drain_timeout)
         await asyncio.sleep(0.05)  # answers handed to the loop are written before connections close
         for conn in list(self.http.connections):

@@ -35,6 +35,24 @@ class HttpFrontend(Frontend):
         self.app = app
         self.loop = None  # set by the server once its event loop runs
         self.address: str | None = None
+        self._pending: list[Job] = []  # parsed on the loop in this pass over ready connections, not yet queued
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` for the batch workers at the end of the loop's current pass (on the loop thread).
+
+        The requests of every connection that became readable together are queued with one lock and one
+        wake-up (``Batcher.submit_many``), so a worker wakes to a merged batch instead of to the first of
+        them. A lone request waits for nothing: the pass ends right after its own callback.
+        """
+        if not self._pending:
+            self.loop.call_soon(self.flush)
+        self._pending.append(job)
+
+    def flush(self) -> None:
+        """Queue what ``submit`` holds (the loop's callback; the drain calls it before waiting for the workers)."""
+        jobs, self._pending = self._pending, []
+        if jobs:
+            self.app.batcher.submit_many(jobs)
 
     def deliver(self, items: list[tuple[Job, Outcome]]) -> None:
         encoded = [(job.context, _response(outcome)) for job, outcome in items]
@@ -116,7 +134,7 @@ class HttpRoutes:
             refusal = app.not_ready()
             app.metrics.observe_request(refusal.status, time.perf_counter() - started)
             return Response.error(refusal.status, refusal.message)
-        app.batcher.submit(Job(parsed, self.frontend, (slot, deliver), started))
+        self.frontend.submit(Job(parsed, self.frontend, (slot, deliver), started))
         return None
 
     def _feedback(self, request: Request) -> Response:

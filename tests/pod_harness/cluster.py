@@ -649,6 +649,7 @@ class Cluster:
             "groups": groups,
             "no_new_privs": sc.get("allowPrivilegeEscalation") is False,
             "drop_all_caps": "ALL" in ((sc.get("capabilities") or {}).get("drop") or []),
+            "read_only_root": bool(sc.get("readOnlyRootFilesystem")),
         }
 
     def container_spec(self, pod: Pod, c: Container) -> dict:
@@ -667,12 +668,14 @@ class Cluster:
             if vm.get("subPath"):
                 source = source / vm["subPath"]
             mounts.append({"source": str(source), "target": vm["mountPath"], "read_only": bool(vm.get("readOnly"))})
+        read_only_root = bool((c.spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
         if self.image.home:
             home = pod.dir / f"home-{c.name}"
             home.mkdir(exist_ok=True)
             if self.image.uid is not None:
                 os.chown(home, self.image.uid, self.image.uid)
-            mounts.append({"source": str(home), "target": self.image.home, "read_only": False})
+            # The image's home is part of its root file system: read-only with it.
+            mounts.append({"source": str(home), "target": self.image.home, "read_only": read_only_root})
         workdir = c.spec.get("workingDir") or self.image.workdir
         if workdir != "/":
             empty = pod.dir / "workdir"

@@ -8,7 +8,12 @@ privilege drop). SPEC (written by the harness):
 
     {"hostname", "hosts_file", "resolv_file", "passwd_line", "group_line", "scratch", "expose",
      "mounts": [{"source", "target", "read_only"}], "uid", "gid", "groups", "no_new_privs",
-     "drop_all_caps", "env": {...}, "argv": [...], "cwd"}
+     "drop_all_caps", "read_only_root", "env": {...}, "argv": [...], "cwd"}
+
+With ``read_only_root`` (securityContext.readOnlyRootFilesystem), everything that stands for the
+image (``/``, the overlays, the exposed interpreter) is remounted read-only in this container's
+private mount namespace (bind remounts: per mount point, never the host's file system); the
+volumes keep their own mode.
 
 Mount points that do not exist on the host (``/etc/elastic-ctr``, ``/var/lib/mlflow``...) are
 made inside an overlay of their nearest existing parent, private to this container, so the
@@ -36,7 +41,11 @@ def existing_ancestor(path: str) -> str:
     return path
 
 
+IMAGE_MOUNTS: list[str] = []  # mount points that are part of the image (made read-only with read_only_root)
+
+
 def overlay(parent: str, scratch: str) -> None:
+    IMAGE_MOUNTS.append(parent)
     key = parent.strip("/").replace("/", "_")
     upper, work = f"{scratch}/overlay/{key}/upper", f"{scratch}/overlay/{key}/work"
     os.makedirs(upper, exist_ok=True)
@@ -70,6 +79,14 @@ def expose(items: list[dict], scratch: str) -> None:
         mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", item["hide"])
         os.makedirs(item["keep"], exist_ok=True)
         mount("--move", stash, item["keep"])
+        IMAGE_MOUNTS.extend([item["hide"], item["keep"]])
+
+
+def _covers_a_source(target: str, mounts: list[dict]) -> bool:
+    """A volume over a folder that holds other volumes' sources on this host (an emptyDir at /tmp, while the
+    harness keeps pods under the test's /tmp) is mounted after them, or it would hide them."""
+    prefix = target.rstrip("/") + "/"
+    return any(m["source"].startswith(prefix) for m in mounts if m["target"] != target)
 
 
 def become_container(spec: dict) -> None:
@@ -81,10 +98,15 @@ def become_container(spec: dict) -> None:
                 f.write(line + "\n")
     mount("--bind", spec["hosts_file"], "/etc/hosts")
     mount("--bind", spec["resolv_file"], "/etc/resolv.conf")
-    for m in spec["mounts"]:
+    for m in sorted(spec["mounts"], key=lambda m: _covers_a_source(m["target"], spec["mounts"])):
         mount("--bind", m["source"], m["target"])
         if m.get("read_only"):
             mount("-o", "remount,bind,ro", m["target"])
+    if spec.get("read_only_root"):
+        # After the volumes: a bind mount of a folder on a read-only mount would be read-only too, while
+        # remounting a parent later changes only the parent's own mount, not the volumes on it.
+        for target in ["/", *IMAGE_MOUNTS]:
+            mount("-o", "remount,bind,ro", target)
     socket.sethostname(spec["hostname"])
     drop_and_exec(spec)
 
