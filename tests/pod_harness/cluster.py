@@ -55,7 +55,7 @@ from pathlib import Path
 import yaml
 
 from pod_harness.admission import restricted_violations
-from pod_harness.image import SYSTEM_PATH, interpreter_exposure, load_image, venv_bin
+from pod_harness.image import SYSTEM_PATH, image_paths, interpreter_exposure, load_image, venv_bin
 from pod_harness.network import NODE_IP, Network
 from pod_harness.node_agent import admitted_ports, pod_ready
 from pod_harness.runtime import Container, Kubelet, Pod, die_with_parent
@@ -683,7 +683,10 @@ class Cluster:
             mounts.append({"source": str(empty), "target": workdir, "read_only": True})
         scratch = pod.dir / f"scratch-{c.name}-{c.generation}"
         scratch.mkdir(exist_ok=True)
+        targets = [m["target"].rstrip("/") + "/" for m in mounts]
+        reexpose = [p for p in image_paths() if any(p.startswith(t) for t in targets)]
         return {
+            "reexpose": reexpose,
             "hostname": pod.hostname,
             "hosts_file": str(pod.dir / "hosts"),
             "resolv_file": str(self._resolv),

@@ -8,7 +8,12 @@ privilege drop). SPEC (written by the harness):
 
     {"hostname", "hosts_file", "resolv_file", "passwd_line", "group_line", "scratch", "expose",
      "mounts": [{"source", "target", "read_only"}], "uid", "gid", "groups", "no_new_privs",
-     "drop_all_caps", "read_only_root", "env": {...}, "argv": [...], "cwd"}
+     "drop_all_caps", "read_only_root", "reexpose": [...], "env": {...}, "argv": [...], "cwd"}
+
+``reexpose``: host folders of the emulated image (the checkout, its venv) that a volume's mount
+point covers, e.g. an emptyDir at /tmp while the checkout lives under /tmp: held open before the
+volumes are mounted and bound back read-only at their paths afterwards (folders made in the
+volume to mount them on), as the image's files would sit beside that volume.
 
 With ``read_only_root`` (securityContext.readOnlyRootFilesystem), everything that stands for the
 image (``/``, the overlays, the exposed interpreter) is remounted read-only in this container's
@@ -98,10 +103,17 @@ def become_container(spec: dict) -> None:
                 f.write(line + "\n")
     mount("--bind", spec["hosts_file"], "/etc/hosts")
     mount("--bind", spec["resolv_file"], "/etc/resolv.conf")
+    held = [(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY)) for path in spec.get("reexpose", [])]
     for m in sorted(spec["mounts"], key=lambda m: _covers_a_source(m["target"], spec["mounts"])):
         mount("--bind", m["source"], m["target"])
         if m.get("read_only"):
             mount("-o", "remount,bind,ro", m["target"])
+    for path, fd in held:
+        os.makedirs(path, exist_ok=True)
+        # --no-canonicalize: mount(8) would resolve the fd's link to its path, which now names the new folder.
+        mount("--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{fd}", path)
+        mount("-o", "remount,bind,ro", path)
+        os.close(fd)
     if spec.get("read_only_root"):
         # After the volumes: a bind mount of a folder on a read-only mount would be read-only too, while
         # remounting a parent later changes only the parent's own mount, not the volumes on it.

@@ -90,6 +90,13 @@ def venv_bin() -> str:
     return str(Path(sys.executable).parent)
 
 
+def image_paths() -> list[str]:
+    """Host folders that stand for the image's installed software: this checkout (editable install), its
+    venv and the interpreter. A volume mounted over a folder that holds one of them (an emptyDir at /tmp
+    while the checkout lives under /tmp) must not hide them: container_entry.py re-exposes them."""
+    return sorted({str(REPO), os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)})
+
+
 def interpreter_exposure() -> list[dict]:
     """Bind the Python install into a container whose user could not reach it on this host.
 
