@@ -72,8 +72,16 @@ def test_the_four_documented_invocations(kube_env, entry):
     assert api.get(VOLCANO, "jobs", "default", "elastic-ctr")["spec"]["minAvailable"] == 4
 
     # --follow streams until interrupted, like `kubectl logs -f`; trainer 0's pod is recreated meanwhile.
+    # As a terminal's Ctrl-C would reach it: a suite started in the background (`cmd &` in a script) ignores
+    # SIGINT, and a child inherits that, so Python would never raise KeyboardInterrupt in it.
     follow = subprocess.Popen(
-        [*entry, "-l", "--follow"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*entry, "-l", "--follow"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines = []
     deadline = time.monotonic() + 120
