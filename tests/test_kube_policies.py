@@ -11,6 +11,7 @@ import yaml
 from helpers_kube import render_plan
 from helpers_kube_schema import validate_builtin
 from pod_harness.admission import restricted_violations
+from pod_harness.node_agent import admitted_ports
 
 from ctr_foundation.errors import ConfigError, UsageError
 from elastic_control.config.data_config import parse_data_config
@@ -466,22 +467,13 @@ def test_data_paths_pods_cannot_reach_are_named_at_r(tmp_path, dataset, hdfs, ku
 # ---- network policies ------------------------------------------------------------------------------------------
 
 
-def _admits(policies: list[dict], pod_labels: dict, port_names: set[str], source_labels: dict | None) -> set[str]:
-    """The named ports of a pod that a source (labels; None: outside the namespace's pods) may reach."""
-    chosen = [p["spec"] for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()]
-    if not chosen:
-        return set(port_names)  # no policy selects the pod: everything is allowed
-    allowed: set[str] = set()
-    for spec in chosen:
-        for rule in spec.get("ingress", []):
-            peers = rule.get("from")
-            if peers is not None and not any(
-                source_labels is not None and peer["podSelector"]["matchLabels"].items() <= source_labels.items()
-                for peer in peers
-            ):
-                continue
-            allowed |= {p["port"] for p in rule["ports"]} if "ports" in rule else set(port_names)
-    return allowed
+def _admits(policies: list[dict], template: dict, source_labels: dict | None) -> set[str]:
+    """The named ports of a pod template that a source (labels; None: no pod of the namespace) may reach,
+    by the harness's one reading of NetworkPolicy (pod_harness.node_agent.admitted_ports)."""
+    ports = {p["name"]: p["containerPort"] for c in containers(template) for p in c.get("ports", [])}
+    view = {"labels": template["metadata"]["labels"], "ports": ports}
+    numbers = admitted_ports([p["spec"] for p in policies], view, source_labels)
+    return set(ports) if numbers is None else {name for name, n in ports.items() if n in numbers}
 
 
 @pytest.mark.parametrize("service_type", ["ClusterIP", "LoadBalancer"])
@@ -501,13 +493,13 @@ def test_network_policies_admit_the_instance_and_serving_clients_only(tmp_path, 
         # Every pod is selected (none is left open) and the instance's own pods reach all its ports.
         assert any(p["spec"]["podSelector"]["matchLabels"].items() <= labels.items() for p in policies), labels
         assert instance.items() <= labels.items(), doc["metadata"]["name"]
-        assert _admits(policies, labels, ports, labels) == ports
+        assert _admits(policies, template, labels) == ports
         component = labels[k.LABEL_COMPONENT]
         public = {"serving": {"http", "grpc"}}
         if service_type != "ClusterIP":
             public["fileserver"] = {"http"}
         for source in (outsider, None):
-            assert _admits(policies, labels, ports, source) == public.get(component, set()), component
+            assert _admits(policies, template, source) == public.get(component, set()), component
     for doc in policies:
         validate_builtin(doc)
 

@@ -80,13 +80,12 @@ class ShaCache:
 
     def install(self, staged: str, target: Path, digest: str) -> None:
         """Rename ``staged`` over ``target`` and record its digest in one step."""
-        key = _stat_key(os.stat(staged))
         with self._lock:
             os.replace(staged, target)
-            # A rename changes ctime on some file systems: key the file as it is now.
-            with contextlib.suppress(FileNotFoundError):
-                key = _stat_key(os.stat(target))
-            self._entries[str(target)] = (key, digest)
+            try:  # keyed as the file is after the rename (a rename changes ctime on some file systems)
+                self._entries[str(target)] = (_stat_key(os.stat(target)), digest)
+            except FileNotFoundError:  # deleted meanwhile by hand: nothing to remember
+                self._entries.pop(str(target), None)
 
     def forget_under(self, path: Path) -> None:
         prefix = str(path)

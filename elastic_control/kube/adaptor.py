@@ -127,11 +127,16 @@ def to_dict(obj) -> dict:
 
 def api_error_message(e: ApiException) -> str:
     """The API server's own message of an error answer (its Status object), else the HTTP reason."""
+    return status_message(e.body, e.reason)
+
+
+def status_message(body: str | None, reason: str | None) -> str:
+    """The ``message`` of an error answer's JSON body (a Status object), else ``reason``."""
     try:
-        message = json.loads(e.body or "").get("message")
+        message = json.loads(body or "").get("message")
     except (TypeError, ValueError, AttributeError):
         message = None
-    return str(message or e.reason or "no message").strip()
+    return str(message or reason or "no message").strip()
 
 
 @contextlib.contextmanager

@@ -45,9 +45,8 @@ def ask(namespace: str, service: str, port: str, path: str, timeout: float = TIM
         return ServiceAnswer(None, f"no answer through the API server ({type(e).__name__})")
     text = (answer.data or b"").decode("utf-8", "replace")
     if answer.status >= 400:
-        error = adaptor.ApiException(status=answer.status, reason=answer.reason)
-        error.body = text
-        return ServiceAnswer(None, f"HTTP {answer.status} through the API server: {adaptor.api_error_message(error)}")
+        message = adaptor.status_message(text, answer.reason)
+        return ServiceAnswer(None, f"HTTP {answer.status} through the API server: {message}")
     try:
         body = json.loads(text)
     except ValueError:
