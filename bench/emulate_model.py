@@ -2,12 +2,15 @@
 
     .venv/bin/python bench/emulate_model.py data=DATASET_PATH [model=wd|fm|deepfm|lr] [passes=hour|replay|all] \
         [epochs=N] [wopt=adam|adagrad] [wlr=..] [eopt=..] [slr=..] [l2w=..] [l2e=..] [dim=8] [hidden=128,64] \
-        [dropout=0] [decay=1.0] [peer=1]
+        [dropout=0] [decay=1.0] [peer=1] [c0=1] [tr=1]
 
 Not the product (no parameter server, one process, Paddle dygraph): the same model shape (a per-key wide
 weight, sum-pooled embeddings per slot, an MLP and/or FM interactions, the bias at the base rate), the
 count-scaled L2 of training/model.py (``l2 * |row|^2 / count-in-pass / batch`` per occurrence), lazy Adam or
-standard Adagrad per parameter group (wide weights, embeddings, dense), batch 128. The last hour under
+standard Adagrad per parameter group (wide weights, embeddings, dense), or ``sgdcount``: plain SGD whose
+per-key rate is divided by sqrt(1 + sightings * tr / c0), the product's ``decay`` rule (training/rate_decay.py;
+the product's rates are these / 128: Paddle pushes summed, not averaged, sparse gradients), batch 128.
+The last hour under
 ``data`` is the test hour; ``passes=hour`` trains hour by hour like the product's passes, ``passes=replay``
 hour by hour with each pass over every hour so far, ``passes=all`` on all training hours pooled (what
 scikit-learn's logistic regression sees). ``decay`` multiplies every rate by decay**epoch. ``peer=1`` also
@@ -51,6 +54,8 @@ cfg = dict(  # noqa: C408
     decay=1.0,
     rare=0,
     peer=0,
+    c0=1.0,
+    tr=1,
 )
 for a in sys.argv[1:]:
     k, v = a.split("=", 1)
@@ -135,9 +140,15 @@ class Net(paddle.nn.Layer):
             n, 1, weight_attr=paddle.ParamAttr(initializer=paddle.nn.initializer.Normal(std=0.01))
         )
 
-    def forward(self, x):
-        w = paddle.sum(self.w(x), axis=2)  # [b,S,1]
-        e = paddle.sum(self.e(x), axis=2)  # [b,S,d]
+    def forward(self, x, scale=None):
+        w, e = self.w(x), self.e(x)
+        if scale is not None:  # the product's per-key rate decay: gradient x scale, forward unchanged
+            if cfg["wopt"] == "sgdcount":
+                w = w * scale + (w * (1 - scale)).detach()
+            if cfg["eopt"] == "sgdcount":
+                e = e * scale + (e * (1 - scale)).detach()
+        w = paddle.sum(w, axis=2)  # [b,S,1]
+        e = paddle.sum(e, axis=2)  # [b,S,d]
         logit = paddle.sum(w, axis=[1, 2]).unsqueeze(-1)
         m = cfg["model"]
         if m in ("wd", "deepfm"):
@@ -163,7 +174,7 @@ def opt(name, params, lr):
         return paddle.optimizer.Adam(lr, parameters=params, lazy_mode=True)
     if name == "adagrad":
         return paddle.optimizer.Adagrad(lr, parameters=params, initial_accumulator_value=1e-6)
-    if name == "sgd":
+    if name in ("sgd", "sgdcount"):
         return paddle.optimizer.SGD(lr, parameters=params)
     raise ValueError(name)
 
@@ -217,6 +228,8 @@ elif cfg["passes"] == "replay":  # each hourly pass trains on every hour so far
 else:
     sched = [list(range(len(X) - 1))]
 lrs = (cfg["wlr"], cfg["slr"], cfg["lr"])
+seen = np.zeros(V, dtype="float64")  # sightings before this epoch (sgdcount)
+decayed = "sgdcount" in (cfg["wopt"], cfg["eopt"])
 for pi, hs in enumerate(sched):
     x = np.concatenate([X[h] for h in hs])
     y = np.concatenate([Y[h] for h in hs])
@@ -232,7 +245,12 @@ for pi, hs in enumerate(sched):
             b = perm[i : i + bs]
             xb = paddle.to_tensor(x[b])
             yb = paddle.to_tensor(y[b][:, None])
-            logit, w, e = net(xb)
+            scale = None
+            if decayed:  # sightings so far: earlier epochs + this epoch's share seen, x trainers of the product
+                n = seen[x[b]] + cnt[x[b]] * (i / len(x))
+                factor = (1.0 / np.sqrt(1.0 + n * cfg["tr"] / cfg["c0"])).astype("float32")
+                scale = paddle.to_tensor(factor)[:, :, :, None]
+            logit, w, e = net(xb, scale)
             loss = paddle.nn.functional.binary_cross_entropy_with_logits(logit, yb)
             sc = paddle.to_tensor(1.0 / np.maximum(cnt[x[b]], 1))[:, :, :, None]
             reg = 0
@@ -250,4 +268,5 @@ for pi, hs in enumerate(sched):
             ow.clear_grad()
             oe.clear_grad()
             od.clear_grad()
+        seen += cnt
         report(f"pass {pi} epoch {ep} ({time.time() - t0:.0f}s)")

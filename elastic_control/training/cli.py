@@ -11,6 +11,7 @@ import functools
 import click
 
 from elastic_control.training.families import FAMILIES
+from elastic_control.training.model import SPARSE_RULES
 from elastic_control.training.settings import DEFAULT_EPOCHS, DEFAULT_MODEL, Hyperparameters
 
 _DEFAULTS = Hyperparameters()
@@ -53,7 +54,7 @@ class _Epochs(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-_RULES = click.Choice(["adam", "adagrad"])
+_RULES = click.Choice(list(SPARSE_RULES))
 _RATE = click.FloatRange(0, 10, min_open=True)
 
 # (flag, Hyperparameters field, click type, help); every one is also a `role` flag (hyperparameter_args).
@@ -89,8 +90,14 @@ _OPTIONS = [
     ("--learning-rate", "learning_rate", _RATE, "Dense part (Adam on the pservers)."),
     ("--sparse-learning-rate", "sparse_learning_rate", _RATE, "embedx_w, the embeddings (sparse rule)."),
     ("--wide-learning-rate", "wide_learning_rate", _RATE, "embed_w, the wide weight of the wide families."),
-    ("--sparse-optimizer", "sparse_optimizer", _RULES, "Sparse rule of embedx_w."),
-    ("--wide-optimizer", "wide_optimizer", _RULES, "Sparse rule of embed_w."),
+    ("--sparse-optimizer", "sparse_optimizer", _RULES, "Sparse rule of embedx_w (decay: per-key rate decay)."),
+    ("--wide-optimizer", "wide_optimizer", _RULES, "Sparse rule of embed_w (decay: per-key rate decay)."),
+    (
+        "--decay-sightings",
+        "decay_sightings",
+        click.FloatRange(min=0, min_open=True),
+        "decay rule: a key's rate is rate / sqrt(1 + sightings / this).",
+    ),
     ("--l2-embedding", "l2_embedding", click.FloatRange(0), "L2 per key occurrence on embedx_w."),
     ("--l2-wide", "l2_wide", click.FloatRange(0), "L2 per key occurrence on embed_w."),
     ("--dense-l2", "dense_l2", click.FloatRange(0), "Weight decay of the dense weights."),

@@ -15,17 +15,21 @@ import numpy as np
 
 from ctr_foundation.sample import keys_to_paddle_ids
 from elastic_control.data.line_batch import LineBatch, batch_slot_keys, concat_batches, slice_batch
-from elastic_control.training.model import LABEL_INPUT, slot_input_name, slot_l2_input_name
+from elastic_control.training.model import LABEL_INPUT, slot_input_name, slot_l2_input_name, slot_rate_input_name
 
 _END = object()
 
 
-def make_feed(paddle, batch: LineBatch, slots, sparse_dim: int | None, place, l2_scale=None, admission=None) -> dict:
+def make_feed(
+    paddle, batch: LineBatch, slots, sparse_dim: int | None, place, l2_scale=None, admission=None, rate_factors=None
+) -> dict:
     """Feed dict: one int64 LoD tensor per slot (padding rule of sample.slot_keys) and the click labels.
 
     With ``l2_scale`` (keys -> float32 per key), also each key's L2 scale as a float LoD
     tensor beside its slot's keys (``slot_l2_input_name``), the input of the training net's L2 terms.
     With ``admission`` (training/admission.py), also each slot's 0/1 admission mask, same LoD.
+    With ``rate_factors`` (keys -> float32 per key, training/rate_decay.py), also each key's decay-rule
+    rate factor (``slot_rate_input_name``), same LoD.
     """
     core = paddle.base.core
     feed = {}
@@ -35,11 +39,12 @@ def make_feed(paddle, batch: LineBatch, slots, sparse_dim: int | None, place, l2
         t.set(keys_to_paddle_ids(keys).reshape(-1, 1), place)
         t.set_recursive_sequence_lengths(lod)
         feed[slot_input_name(slot)] = t
-        if l2_scale is not None:
-            w = core.LoDTensor()
-            w.set(np.asarray(l2_scale(keys), dtype=np.float32).reshape(-1, 1), place)
-            w.set_recursive_sequence_lengths(lod)
-            feed[slot_l2_input_name(slot)] = w
+        for fn, name in ((l2_scale, slot_l2_input_name), (rate_factors, slot_rate_input_name)):
+            if fn is not None:
+                w = core.LoDTensor()
+                w.set(np.asarray(fn(keys), dtype=np.float32).reshape(-1, 1), place)
+                w.set_recursive_sequence_lengths(lod)
+                feed[name(slot)] = w
         if admission is not None:
             from elastic_control.training.admission import mask_input_name
 

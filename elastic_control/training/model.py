@@ -31,6 +31,11 @@ def slot_input_name(slot: int) -> str:
     return f"slot_{slot}"
 
 
+def slot_rate_input_name(slot: int) -> str:
+    """Per key of the slot: its rate factor under the ``decay`` rule (see ``decayed_rows``)."""
+    return f"slot_{slot}_rate"
+
+
 def slot_l2_input_name(slot: int) -> str:
     """Per key of the slot: 1 / its count in the trainer's share of the pass (the count-scaled L2)."""
     return f"slot_{slot}_l2"
@@ -46,13 +51,19 @@ class ModelSpec:
     sparse_learning_rate: float = 0.02
     family: str = "dnn"
     wide_learning_rate: float = 0.02  # embed_w's rule (the wide weight in the wide families)
-    sparse_optimizer: str = "adam"  # embedx_w's rule: adam | adagrad
+    sparse_optimizer: str = "adam"  # embedx_w's rule: adam | adagrad | decay (SPARSE_RULES)
     wide_optimizer: str = "adam"  # embed_w's rule
+    decay_sightings: float = 100.0  # the decay rule: a key's rate halves after 3x this many sightings
     l2_embedding: float = 0.0  # count-scaled L2 strength on embedx_w (the whole row for dnn); see build_training_net
     l2_wide: float = 0.0  # the same on embed_w (wide families)
     cross_layers: int = 2
     cross_rank: int = 16
     dense_l2: float = 0.0  # weight decay of the dense weights
+
+    @property
+    def uses_decay(self) -> bool:
+        """A part of the rows learns with the ``decay`` rule, so the trainers feed per-key rate factors."""
+        return DECAY_RULE in (self.sparse_optimizer, self.wide_optimizer)
 
     @property
     def family_spec(self) -> FamilySpec:
@@ -77,6 +88,7 @@ class ModelSpec:
             "wide_learning_rate": self.wide_learning_rate,
             "sparse_optimizer": self.sparse_optimizer,
             "wide_optimizer": self.wide_optimizer,
+            **({"decay_sightings": self.decay_sightings} if self.uses_decay else {}),
             "l2_embedding": self.l2_embedding,
             "l2_wide": self.l2_wide,
             "dense_l2": self.dense_l2,
@@ -99,10 +111,30 @@ class TrainingNet:
     dense_param_names: list[str] = field(default_factory=list)
     log_loss: object = None  # the data term of ``loss`` (without the L2 terms)
     l2_inputs: list = field(default_factory=list)  # per slot, the keys' L2 scales (empty without L2)
+    rate_inputs: list = field(default_factory=list)  # per slot, the keys' decay-rule rate factors (or empty)
 
     @property
     def uses_l2(self) -> bool:
         return bool(self.l2_inputs)
+
+    @property
+    def uses_decay(self) -> bool:
+        return bool(self.rate_inputs)
+
+
+def decayed_rows(paddle, emb, factor):
+    """The rows unchanged forward, their gradient times ``factor`` (one value per looked-up key).
+
+    The ``decay`` rule's pserver side is plain SGD (``w -= rate * gradient``), so scaling a key's
+    gradient here scales its step: the trainers give each key the rate factor
+    ``1 / sqrt(1 + sightings / decay_sightings)``, a per-key rate that decays as the key is seen
+    (Adagrad's schedule) but whose first steps are the full rate, not a jump. Paddle 2.6.2's own
+    rules cannot do that: Adam's step does not decay, and its Adagrad rule's first steps are plain
+    SGD at the full rate (docs/benchmarks.md).
+    """
+    held = emb * (1.0 - factor)
+    held.stop_gradient = True
+    return emb * factor + held
 
 
 def _l2_of_rows(paddle, emb, scale, spec: ModelSpec):
@@ -144,6 +176,14 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         if uses_l2
         else []
     )
+    rate_inputs = (
+        [
+            paddle.static.data(name=slot_rate_input_name(s), shape=[-1, 1], dtype="float32", lod_level=1)
+            for s in spec.slots
+        ]
+        if spec.uses_decay
+        else []
+    )
     init = paddle.nn.initializer.Uniform(-INITIAL_RANGE, INITIAL_RANGE)
     pooled, l2_terms = [], []
     for i, (slot, x) in enumerate(zip(spec.slots, slot_inputs, strict=True)):
@@ -154,6 +194,8 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         )
         if embedding_hook is not None:
             emb = embedding_hook(slot, emb)
+        if rate_inputs:  # before the L2 terms: a key's whole gradient gets its rate
+            emb = decayed_rows(paddle, emb, rate_inputs[i])
         if uses_l2:
             l2_terms += _l2_of_rows(paddle, emb, l2_inputs[i], spec)
         pooled.append(paddle.static.nn.sequence_lod.sequence_pool(emb, pool_type="sum"))
@@ -173,7 +215,17 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         )
         infer_prob = paddle.nn.functional.sigmoid(dense_logit(paddle, emb_concat, family))
     return TrainingNet(
-        slot_inputs, label, prob, loss, infer, emb_concat, infer_prob, dense_param_names(family), log_loss, l2_inputs
+        slot_inputs,
+        label,
+        prob,
+        loss,
+        infer,
+        emb_concat,
+        infer_prob,
+        dense_param_names(family),
+        log_loss,
+        l2_inputs,
+        rate_inputs,
     )
 
 
@@ -181,8 +233,20 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
 # files per save and makes every pass export take tens of seconds.
 SPARSE_SHARDS = 16
 SPARSE_ACCESSOR = "SparseAccessor"
-# The sparse optimizer rules the trainer can pin, by their pass_format.SparseLayout names.
-SPARSE_RULES = {"adam": "SparseAdamSGDRule", "adagrad": "SparseAdaGradSGDRule"}
+# The sparse optimizer rules the trainer can pin -> (Paddle's rule, its parameter block = the
+# pass_format.SparseLayout name of the saved columns). ``decay`` is plain SGD on the pservers with
+# the per-key rate factors the trainers feed (``decayed_rows``).
+DECAY_RULE = "decay"
+SPARSE_RULES = {
+    "adam": ("SparseAdamSGDRule", "adam"),
+    "adagrad": ("SparseAdaGradSGDRule", "adagrad"),
+    DECAY_RULE: ("SparseNaiveSGDRule", "naive"),
+}
+
+
+def saved_rule(rule: str) -> str:
+    """The pass_format.SparseLayout name of the columns a rule saves."""
+    return SPARSE_RULES[rule][1]
 
 
 def make_strategy(fleet, spec: ModelSpec, *, shards: int = SPARSE_SHARDS, accessor: dict | None = None):
@@ -208,10 +272,11 @@ def make_strategy(fleet, spec: ModelSpec, *, shards: int = SPARSE_SHARDS, access
     ):
         # Embeddings get few updates each (a key is in few batches): they learn
         # with their own, larger rate than the dense tower's Adam.
-        config[f"{prefix}.accessor.{part}_sgd_param.name"] = SPARSE_RULES[rule]
-        config[f"{prefix}.accessor.{part}_sgd_param.{rule}.learning_rate"] = rate
+        paddle_rule, block = SPARSE_RULES[rule]
+        config[f"{prefix}.accessor.{part}_sgd_param.name"] = paddle_rule
+        config[f"{prefix}.accessor.{part}_sgd_param.{block}.learning_rate"] = rate
         # The same start as the Adam rule's (which takes the initializer's range); adagrad's own default is 1e-4.
-        config[f"{prefix}.accessor.{part}_sgd_param.{rule}.initial_range"] = INITIAL_RANGE
+        config[f"{prefix}.accessor.{part}_sgd_param.{block}.initial_range"] = INITIAL_RANGE
     config.update({f"{prefix}.accessor.{k}": v for k, v in (accessor or {}).items()})
     strategy.sparse_table_configs = {SPARSE_TABLE_NAME: config}
     return strategy

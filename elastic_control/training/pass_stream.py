@@ -115,13 +115,24 @@ class KeyCounts:
         self._merge()
         return len(self.keys)
 
-    def inverse(self, keys: np.ndarray) -> np.ndarray:
-        """float32 1 / count of each key (1 for a key never counted)."""
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """int64 count of each key (0 for a key never counted)."""
         self._merge()
         keys = np.asarray(keys, dtype=np.uint64)
         if not len(self.keys):
-            return np.ones(len(keys), np.float32)
+            return np.zeros(len(keys), np.int64)
         idx = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        found = self.keys[idx] == keys
-        counts = np.where(found, self.counts[idx], 1)
-        return (1.0 / counts).astype(np.float32)
+        return np.where(self.keys[idx] == keys, self.counts[idx], 0)
+
+    def inverse(self, keys: np.ndarray) -> np.ndarray:
+        """float32 1 / count of each key (1 for a key never counted)."""
+        return (1.0 / np.maximum(self.lookup(keys), 1)).astype(np.float32)
+
+    def absorb(self, other: KeyCounts) -> None:
+        """Add another count's keys and counts to this one."""
+        self._merge()
+        other._merge()
+        keys = np.concatenate([self.keys, other.keys])
+        counts = np.concatenate([self.counts, other.counts])
+        self.keys, inverse = np.unique(keys, return_inverse=True)
+        self.counts = np.bincount(inverse, weights=counts, minlength=len(self.keys)).astype(np.int64)

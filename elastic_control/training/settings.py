@@ -37,8 +37,9 @@ class Hyperparameters:
     learning_rate: float = 1e-3  # dense tower (Adam on the pservers)
     sparse_learning_rate: float = 0.01  # embeddings (sparse Adam rule on the pservers)
     wide_learning_rate: float = 0.01  # embed_w: the per-key wide weight of the wide families
-    sparse_optimizer: str = "adam"  # embedx_w's rule on the pservers: adam | adagrad
+    sparse_optimizer: str = "adam"  # embedx_w's rule on the pservers: adam | adagrad | decay (model.SPARSE_RULES)
     wide_optimizer: str = "adam"  # embed_w's rule
+    decay_sightings: float = 100.0  # the decay rule: rate / sqrt(1 + sightings / this) (training/rate_decay.py)
     l2_embedding: float = 2.0  # count-scaled L2 on embedx_w (dnn: on the whole row); scikit-learn C = 1/(2 l2)
     l2_wide: float = 2.0  # count-scaled L2 on embed_w (wide families)
     dense_l2: float = 0.0  # weight decay of the dense weights (MLP, cross layers, output)
@@ -111,6 +112,7 @@ class RoleSettings:
             wide_learning_rate=h.wide_learning_rate,
             sparse_optimizer=h.sparse_optimizer,
             wide_optimizer=h.wide_optimizer,
+            decay_sightings=h.decay_sightings,
             l2_embedding=h.l2_embedding,
             l2_wide=h.l2_wide,
             dense_l2=h.dense_l2,

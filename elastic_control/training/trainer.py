@@ -58,11 +58,17 @@ class Trainer:
         # Delta passes, admission, eviction (None when all are off: full passes as before).
         self.incremental = Incremental.for_role(settings.data_config, is_chief=settings.is_chief, log=self.log)
         self.sparse_shards = SPARSE_SHARDS
+        # The decay rule's per-key rates (training/rate_decay.py), None when no part of the rows uses it.
+        self.rate_decay = None
         paddle.enable_static()
         fleet.init(is_collective=False)
         self.spec = settings.model_spec()
         inc = self.incremental
         self.net = build_training_net(paddle, self.spec, embedding_hook=inc.embedding_hook(paddle) if inc else None)
+        if self.net.uses_decay:
+            from elastic_control.training.rate_decay import RateDecay
+
+            self.rate_decay = RateDecay(self.spec.decay_sightings, settings.trainers)
         strategy = make_strategy(fleet, self.spec, accessor=inc.accessor() if inc else None)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), strategy)
         optimizer.minimize(self.net.loss)
@@ -113,6 +119,7 @@ class Trainer:
                     "wide_learning_rate": self.spec.wide_learning_rate,
                     "sparse_optimizer": self.spec.sparse_optimizer,
                     "wide_optimizer": self.spec.wide_optimizer,
+                    "decay_sightings": self.spec.decay_sightings if self.spec.uses_decay else "",
                     "l2_embedding": self.spec.l2_embedding,
                     "l2_wide": self.spec.l2_wide,
                     "slots": ",".join(map(str, self.spec.slots)),
@@ -219,12 +226,19 @@ class Trainer:
         need = max(h.holdout_lines, h.golden_lines) if self.s.is_chief else 0
         holdout = Holdout(need, h.golden_stride)
         started = time.monotonic()
-        l2_scale = self._count_keys(data, part) if self.net.uses_l2 else None
+        counts = share_lines = l2_scale = None
+        if self.net.uses_l2 or self.rate_decay:
+            counts, share_lines = self._count_keys(data, part)
+            l2_scale = counts.inverse if self.net.uses_l2 else None
         epochs, epoch = 1, 0
         best_loss = None
         while epoch < epochs:
             epoch += 1
+            if self.rate_decay:
+                self.rate_decay.start_epoch(counts, share_lines)
             steps = self._train_epoch(data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale)
+            if self.rate_decay:
+                self.rate_decay.end_epoch()
             if epoch == 1:
                 stats.bad_lines, stats.lines = counter.bad, counter.total
                 epochs = planned_epochs(self.s.epochs, steps, min_steps=h.min_steps_per_pass, max_epochs=h.max_epochs)
@@ -261,18 +275,20 @@ class Trainer:
         return stats
 
     def _count_keys(self, data: HourlyData, part: HourPartition):
-        """Read this trainer's share once to count its keys: the count-scaled L2's 1 / count per key."""
+        """Read this trainer's share once to count its keys: (KeyCounts, lines), for the count-scaled L2's
+        1 / count per key and the decay rule's sightings."""
         from elastic_control.data.line_batch import batch_slot_keys
         from elastic_control.training.pass_stream import KeyCounts
 
         t = time.monotonic()
-        counts = KeyCounts()
+        counts, lines = KeyCounts(), 0
         chunks = data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=BadLineCounter(1.0))
         for chunk in chunks:
+            lines += len(chunk)
             for keys, _ in batch_slot_keys(chunk, self.spec.slots, self.spec.sparse_dim):
                 counts.add(keys)
-        self.log(f"pass {part.name}: {len(counts)} distinct keys counted in {time.monotonic() - t:.1f}s (L2 scales)")
-        return counts.inverse
+        self.log(f"pass {part.name}: {len(counts)} distinct keys counted in {time.monotonic() - t:.1f}s")
+        return counts, lines
 
     def _train_epoch(self, data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale=None) -> int:
         """One epoch over this trainer's share of the pass; the number of steps."""
@@ -291,13 +307,21 @@ class Trainer:
 
         def feeds():
             mask = self.incremental.train_mask if self.incremental else None
+            decay = self.rate_decay
             for b in rebatch(lines, h.batch_size):
-                yield (
+                feed = make_feed(
+                    self.paddle,
                     b,
-                    make_feed(
-                        self.paddle, b, self.spec.slots, self.spec.sparse_dim, self.place, l2_scale, admission=mask
-                    ),
+                    self.spec.slots,
+                    self.spec.sparse_dim,
+                    self.place,
+                    l2_scale,
+                    admission=mask,
+                    rate_factors=decay.factors if decay else None,
                 )
+                if decay:  # the parse thread runs ahead of exe.run by a few batches: close enough
+                    decay.fed(len(b))
+                yield b, feed
 
         steps = 0
         last_log, last_examples = time.monotonic(), stats.examples
@@ -367,7 +391,12 @@ class Trainer:
         from elastic_control.training.feeding import make_feed
 
         mask = self.incremental.mask if self.incremental else None
-        feed = make_feed(self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, admission=mask)
+        # The decay rule's factors scale gradients only (the forward value is the same for any), but the
+        # forward program still reads them.
+        ones = (lambda keys: np.ones(len(keys), np.float32)) if self.rate_decay else None
+        feed = make_feed(
+            self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, admission=mask, rate_factors=ones
+        )
         (prob,) = self.exe.run(self.forward, feed=feed, fetch_list=[self.net.prob.name])
         return np.array(prob).ravel()
 
@@ -375,6 +404,7 @@ class Trainer:
         """Write the pass (trainer 0, every trainer waiting); returns its folder."""
         from elastic_control.training import pass_export
         from elastic_control.training.families import row_layout
+        from elastic_control.training.model import saved_rule
 
         self._pull_dense()
         held_out = concat_batches(stats.golden)
@@ -438,7 +468,9 @@ class Trainer:
             "embedding_dim": self.spec.embedding_dim,
             "sparse_dim": self.spec.sparse_dim,
             "sparse_layout": pass_export.sparse_layout_json(
-                self.spec.embedding_dim, optimizer=self.spec.sparse_optimizer, embed_optimizer=self.spec.wide_optimizer
+                self.spec.embedding_dim,
+                optimizer=saved_rule(self.spec.sparse_optimizer),
+                embed_optimizer=saved_rule(self.spec.wide_optimizer),
             ),
             "model_family": self.spec.family,
             "row_layout": row_layout(self.spec.family, self.spec.embedding_dim),
