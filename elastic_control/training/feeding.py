@@ -33,18 +33,26 @@ def make_feed(
     """
     core = paddle.base.core
     feed = {}
-    for slot, (keys, lengths) in zip(slots, batch_slot_keys(batch, slots, sparse_dim), strict=True):
+    per_slot = list(batch_slot_keys(batch, slots, sparse_dim))
+    # Per-key values are looked up once for the whole batch (one search per table, not one per slot).
+    ends = np.cumsum([len(keys) for keys, _ in per_slot])
+    every_key = np.concatenate([keys for keys, _ in per_slot]) if per_slot else np.zeros(0, np.uint64)
+    per_key = [
+        (np.split(np.asarray(fn(every_key), dtype=np.float32), ends[:-1]), name)
+        for fn, name in ((l2_scale, slot_l2_input_name), (rate_factors, slot_rate_input_name))
+        if fn is not None
+    ]
+    for i, (slot, (keys, lengths)) in enumerate(zip(slots, per_slot, strict=True)):
         lod = [lengths.tolist()]
         t = core.LoDTensor()
         t.set(keys_to_paddle_ids(keys).reshape(-1, 1), place)
         t.set_recursive_sequence_lengths(lod)
         feed[slot_input_name(slot)] = t
-        for fn, name in ((l2_scale, slot_l2_input_name), (rate_factors, slot_rate_input_name)):
-            if fn is not None:
-                w = core.LoDTensor()
-                w.set(np.asarray(fn(keys), dtype=np.float32).reshape(-1, 1), place)
-                w.set_recursive_sequence_lengths(lod)
-                feed[name(slot)] = w
+        for values, name in per_key:
+            w = core.LoDTensor()
+            w.set(values[i].reshape(-1, 1), place)
+            w.set_recursive_sequence_lengths(lod)
+            feed[name(slot)] = w
         if admission is not None:
             from elastic_control.training.admission import mask_input_name
 

@@ -53,7 +53,7 @@ class ModelSpec:
     wide_learning_rate: float = 0.02  # embed_w's rule (the wide weight in the wide families)
     sparse_optimizer: str = "adam"  # embedx_w's rule: adam | adagrad | decay (SPARSE_RULES)
     wide_optimizer: str = "adam"  # embed_w's rule
-    decay_sightings: float = 100.0  # the decay rule: a key's rate halves after 3x this many sightings
+    decay_sightings: float = 30.0  # the decay rule: a key's rate halves after 3x this many sightings
     l2_embedding: float = 0.0  # count-scaled L2 strength on embedx_w (the whole row for dnn); see build_training_net
     l2_wide: float = 0.0  # the same on embed_w (wide families)
     cross_layers: int = 2
