@@ -77,6 +77,12 @@ _OPTIONS = [
         click.IntRange(1),
         "EPOCHS=auto: epochs enough for this many steps.",
     ),
+    (
+        "--min-steps-first-pass",
+        "min_steps_first_pass",
+        click.IntRange(1),
+        "EPOCHS=auto: at least this many steps in the first pass of a model not resumed.",
+    ),
     ("--max-epochs", "max_epochs", click.IntRange(1, 1000), "EPOCHS=auto: at most this many epochs per pass."),
     (
         "--early-stop/--no-early-stop",

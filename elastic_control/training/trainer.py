@@ -79,6 +79,8 @@ class Trainer:
         self.exe = paddle.static.Executor(self.place)
         self.coord = CoordinatorClient(*coordinator_endpoint(settings.pserver_endpoints))
         self.global_step = 0
+        self.fresh_model = True
+        self.passes_trained = 0  # by this process
         # The step `auc` is a progressive-validation AUC: each batch is scored by the
         # model *before* its own update, over the last few thousand examples. It lags
         # the held-out AUC while the model still moves fast (and reads ~0.5 early in the
@@ -91,6 +93,7 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------------
     def start(self, hello: dict, first: HourPartition | None, data: HourlyData) -> None:
         self.exe.run(self.paddle.static.default_startup_program())
+        self.fresh_model = not hello.get("last_pass")  # its first pass trains a model from its initialisation
         if hello.get("last_pass") and self.s.is_chief:
             # init_worker pushes trainer 0's dense parameters to the servers: make them the last pass's.
             self._load_dense_from_pass(hello["last_pass_dir"])
@@ -241,7 +244,10 @@ class Trainer:
                 self.rate_decay.end_epoch()
             if epoch == 1:
                 stats.bad_lines, stats.lines = counter.bad, counter.total
-                epochs = planned_epochs(self.s.epochs, steps, min_steps=h.min_steps_per_pass, max_epochs=h.max_epochs)
+                min_steps = h.min_steps_per_pass
+                if h.min_steps_first_pass and self.fresh_model and not self.passes_trained:
+                    min_steps = max(min_steps, h.min_steps_first_pass)
+                epochs = planned_epochs(self.s.epochs, steps, min_steps=min_steps, max_epochs=h.max_epochs)
                 stats.planned_epochs = epochs
             if not (self.s.epochs == "auto" or self.s.early_stop):
                 continue  # a fixed number of epochs: nothing to decide
@@ -265,6 +271,7 @@ class Trainer:
             if got.get("stop"):
                 break
         stats.epochs = epoch
+        self.passes_trained += 1
         stats.seconds = time.monotonic() - started
         stats.golden = [holdout.batch()] if holdout.count else []
         rate = stats.examples / max(stats.seconds, 1e-9)
