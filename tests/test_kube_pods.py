@@ -318,7 +318,8 @@ def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(clust
     try:
         cluster.wait(lambda: sum(r["ok"] for r in records()) >= 20, timeout=60, what="predictions flowing")
         # 1. A cube shard pod deleted: its replacement re-seeds itself with the active version before it is
-        #    ready; the lookups of shard 0 fail only between the old pod's exit and the new one's readiness.
+        #    ready; the lookups of shard 0 fail only between the old pod's exit and the new one's readiness
+        #    (and serving, whose readiness asks the cube, leaves the Service for that long).
         shard = {"elastic-ctr/shard": "0"}
         old_shard = cluster.component("cube", **shard)[0]
         cluster.delete_pod(old_shard)
@@ -328,6 +329,10 @@ def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(clust
             what="a new shard-0 pod ready",
         )
         cluster.wait(lambda: old_shard.gone, timeout=60, what="the old shard-0 pod gone")
+        # Serving's readiness probes its cube, so while shard 0 was away the Service had no ready serving
+        # pod (connections reset); serving is back in the Service at its next readiness probe after the
+        # shard's return, which may come after the old pod is gone (a CI run: 2 s of resets).
+        cluster.wait(lambda: ready(cluster, "serving", 2), timeout=60, what="serving ready again")
         back = time.time()
         cluster.wait(lambda: sum(r["ok"] for r in records() if r["t"] > back) >= 20, timeout=60, what="recovered")
         after = [r for r in records() if r["t"] > back]
