@@ -34,14 +34,11 @@ def make_feed(
     core = paddle.base.core
     feed = {}
     per_slot = list(batch_slot_keys(batch, slots, sparse_dim))
-    # Per-key values are looked up once for the whole batch (one search per table, not one per slot).
-    ends = np.cumsum([len(keys) for keys, _ in per_slot])
-    every_key = np.concatenate([keys for keys, _ in per_slot]) if per_slot else np.zeros(0, np.uint64)
-    per_key = [
-        (np.split(np.asarray(fn(every_key), dtype=np.float32), ends[:-1]), name)
-        for fn, name in ((l2_scale, slot_l2_input_name), (rate_factors, slot_rate_input_name))
-        if fn is not None
-    ]
+    per_key = [(fn, name) for fn, name in ((l2_scale, slot_l2_input_name), (rate_factors, slot_rate_input_name)) if fn]
+    if per_key:  # looked up once for the whole batch (one search per table, not one per slot)
+        ends = np.cumsum([len(keys) for keys, _ in per_slot])
+        every_key = np.concatenate([keys for keys, _ in per_slot]) if per_slot else np.zeros(0, np.uint64)
+        per_key = [(np.split(np.asarray(fn(every_key), dtype=np.float32), ends[:-1]), name) for fn, name in per_key]
     for i, (slot, (keys, lengths)) in enumerate(zip(slots, per_slot, strict=True)):
         lod = [lengths.tolist()]
         t = core.LoDTensor()

@@ -79,8 +79,6 @@ class Trainer:
         self.exe = paddle.static.Executor(self.place)
         self.coord = CoordinatorClient(*coordinator_endpoint(settings.pserver_endpoints))
         self.global_step = 0
-        self.fresh_model = True
-        self.passes_trained = 0  # by this process
         # The step `auc` is a progressive-validation AUC: each batch is scored by the
         # model *before* its own update, over the last few thousand examples. It lags
         # the held-out AUC while the model still moves fast (and reads ~0.5 early in the
@@ -93,7 +91,6 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------------
     def start(self, hello: dict, first: HourPartition | None, data: HourlyData) -> None:
         self.exe.run(self.paddle.static.default_startup_program())
-        self.fresh_model = not hello.get("last_pass")  # its first pass trains a model from its initialisation
         if hello.get("last_pass") and self.s.is_chief:
             # init_worker pushes trainer 0's dense parameters to the servers: make them the last pass's.
             self._load_dense_from_pass(hello["last_pass_dir"])
@@ -195,7 +192,9 @@ class Trainer:
         self.start(hello, first, data)
         passes = 0
         for part in itertools.chain([first] if first else [], partitions):
-            stats = self.train_hour(data, part, prefetch, rebatch)
+            # The first pass of a model not resumed trains it from its initialisation.
+            cold = passes == 0 and not hello.get("last_pass")
+            stats = self.train_hour(data, part, prefetch, rebatch, cold=cold)
             self._flush_pushes()
             everyone = self.coord.barrier(
                 f"{part.name}/trained",
@@ -216,8 +215,12 @@ class Trainer:
         self.log(f"finished: {passes} pass(es)")
         self.shutdown()
 
-    def train_hour(self, data: HourlyData, part: HourPartition, prefetch, rebatch) -> PassStats:
-        """Train on this trainer's share of one pass, for the pass's epochs; trainer 0 keeps its held-out lines."""
+    def train_hour(self, data: HourlyData, part: HourPartition, prefetch, rebatch, *, cold: bool = False) -> PassStats:
+        """Train on this trainer's share of one pass, for the pass's epochs; trainer 0 keeps its held-out lines.
+
+        ``cold``: the pass starts the model from its initialisation (EPOCHS=auto then plans at least
+        ``min_steps_first_pass`` steps).
+        """
         from elastic_control.training.pass_stream import Holdout, planned_epochs
 
         h = self.s.hyper
@@ -245,7 +248,7 @@ class Trainer:
             if epoch == 1:
                 stats.bad_lines, stats.lines = counter.bad, counter.total
                 min_steps = h.min_steps_per_pass
-                if h.min_steps_first_pass and self.fresh_model and not self.passes_trained:
+                if cold and h.min_steps_first_pass:
                     min_steps = max(min_steps, h.min_steps_first_pass)
                 epochs = planned_epochs(self.s.epochs, steps, min_steps=min_steps, max_epochs=h.max_epochs)
                 stats.planned_epochs = epochs
@@ -271,7 +274,6 @@ class Trainer:
             if got.get("stop"):
                 break
         stats.epochs = epoch
-        self.passes_trained += 1
         stats.seconds = time.monotonic() - started
         stats.golden = [holdout.batch()] if holdout.count else []
         rate = stats.examples / max(stats.seconds, 1e-9)
