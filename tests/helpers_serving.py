@@ -11,7 +11,9 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,7 @@ __all__ = [
     "free_port",
     "golden",
     "process",
+    "predict_through_switch",
     "publish_version",
     "raw_request",
     "serving_in_thread",
@@ -148,6 +151,48 @@ def switch_cube_version(urls: list[str], version: str, token: str = SERVING_TOKE
         for url in urls:
             r = requests.post(f"{url}/v1/{step}", json={"version": version}, headers=headers, timeout=60)
             assert r.status_code == 200, (step, url, r.text)
+
+
+def predict_through_switch(
+    srv, lines: list[str], fs_root: Path, urls: list[str], new_pass: Path, *, start: Callable[[int, int], int]
+) -> tuple[str, list[tuple[int, dict]], list[str]]:
+    """4 clients post 8-line requests while ``new_pass`` is rolled out as cube-transfer does it (publish,
+    prepare every shard, activate every shard, then record current.json) and serving follows it.
+
+    Client ``i``'s ``k``-th request scores ``lines[start(i, k) : start(i, k) + 8]``. Returns the new
+    version, every answer as (start, response JSON) and the bodies of failed requests."""
+    stop = threading.Event()
+    answers, errors = [], []
+
+    def client(i):
+        s = requests.Session()
+        k = 0
+        while not stop.is_set():
+            j = start(i, k)
+            r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines[j : j + 8]]})
+            if r.status_code != 200:
+                errors.append(r.text)
+            else:
+                answers.append((j, r.json()))
+            k += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        version = publish_version(fs_root, new_pass, shards=len(urls), make_current=False)
+        switch_cube_version(urls, version)
+        set_current(fs_root, new_pass, version, len(urls))
+        deadline = time.monotonic() + 30
+        while srv.app.active.version != version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # answers from the new version too
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    return version, answers, errors
 
 
 def copy_pass(src: Path, model_path: Path, name: str, *, donefile: bool = True) -> Path:

@@ -16,7 +16,13 @@ import pytest
 import requests
 from helpers_common import CRITEO_FILE, CRITEO_SLOTS, PYTHON, fileserver_in_thread, free_port, process, wait_healthy
 from helpers_passes import criteo_slot_lines
-from helpers_serving import cube_servers, golden, publish_version, serving_in_thread, set_current, switch_cube_version
+from helpers_serving import (
+    cube_servers,
+    golden,
+    predict_through_switch,
+    publish_version,
+    serving_in_thread,
+)
 
 from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, pool
 from elastic_control.serving.instances import InstanceError, build_key_batch
@@ -333,32 +339,7 @@ def _switch_under_load(tmp_path, pass_a, pass_b):
         source = FileServerSource(fs_url, tmp_path / "cache", urls)
         with serving_in_thread(source, poll_interval=0.1) as srv:
             assert srv.app.active.version == va
-            stop = threading.Event()
-            answers, errors = [], []
-
-            def client(i):
-                s = requests.Session()
-                while not stop.is_set():
-                    r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines_b[i : i + 8]]})
-                    if r.status_code != 200:
-                        errors.append(r.text)
-                    else:
-                        answers.append((i, r.json()))
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-            for t in threads:
-                t.start()
-            time.sleep(1.0)
-            vb = publish_version(fs_root, pass_b, shards=2, make_current=False)
-            switch_cube_version(urls, vb)  # cube-transfer: prepare all, activate all ...
-            set_current(fs_root, pass_b, vb, 2)  # ... then record the current version
-            deadline = time.monotonic() + 30
-            while srv.app.active.version != vb and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(1.0)
-            stop.set()
-            for t in threads:
-                t.join()
+            vb, answers, errors = predict_through_switch(srv, lines_b, fs_root, urls, pass_b, start=lambda i, k: i)
     assert errors == []
     seen = {a["model_version"] for _, a in answers}
     assert seen == {va, vb}

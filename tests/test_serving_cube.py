@@ -4,7 +4,6 @@ hot-key cache, readiness that means "can answer", and the pins that keep an A/B 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pyarrow  # noqa: F401  (before paddle)
@@ -17,6 +16,7 @@ from helpers_serving import (  # noqa: F401  (served_fixture: the session's pass
     cube_servers,
     fileserver_in_thread,
     golden,
+    predict_through_switch,
     publish_version,
     scale_embeddings,
     served_fixture,
@@ -60,34 +60,10 @@ def test_switch_under_load_with_the_cache_never_mixes_versions(served, scaled, t
         source = FileServerSource(fs_url, tmp_path / "cache", urls)
         with serving_in_thread(source, poll_interval=0.1, cache_entries=1 << 16) as srv:
             assert srv.app.active.version == va
-            stop = threading.Event()
-            answers, errors = [], []
-
-            def client(i):
-                s = requests.Session()
-                while not stop.is_set():
-                    j = (i * 17) % (len(lines) - 8)
-                    r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines[j : j + 8]]})
-                    if r.status_code != 200:
-                        errors.append(r.text)
-                    else:
-                        answers.append((j, r.json()))
-                    i += 1
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-            for t in threads:
-                t.start()
-            time.sleep(1.0)
-            vs = publish_version(fs_root, scaled, shards=2, make_current=False)
-            switch_cube_version(urls, vs)  # cube-transfer: prepare all, activate all ...
-            set_current(fs_root, scaled, vs, 2)  # ... then record the current version
-            deadline = time.monotonic() + 30
-            while srv.app.active.version != vs and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(1.0)
-            stop.set()
-            for t in threads:
-                t.join()
+            n = len(lines) - 8
+            vs, answers, errors = predict_through_switch(
+                srv, lines, fs_root, urls, scaled, start=lambda i, k: ((i + k) * 17) % n
+            )
             hit_rate = srv.app.cache.snapshot()["hit_rate"]
     assert errors == []
     assert {a["model_version"] for _, a in answers} == {va, vs}
