@@ -90,6 +90,18 @@ _OPTIONS = [
         None,
         "Stop a pass's epochs when held-out log loss rises (default: EARLY_STOP, else on).",
     ),
+    (
+        "--restore-best-epoch/--no-restore-best-epoch",
+        "restore_best_epoch",
+        None,
+        "With the early stop, export the pass's best epoch, not the worse one that stopped it (default: on).",
+    ),
+    (
+        "--early-stop-patience",
+        "early_stop_patience",
+        click.IntRange(1, 100),
+        "With --restore-best-epoch: worse epochs in a row that end a pass.",
+    ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),
     ("--batch-size", "batch_size", click.IntRange(1, 1_000_000), None),
@@ -152,8 +164,9 @@ def hyperparameter_args(hyper: Hyperparameters) -> list[str]:
         value = getattr(hyper, field)
         if value is None:
             continue
-        if flag.startswith("--early-stop"):
-            args.append("--early-stop" if value else "--no-early-stop")
+        if "/" in flag:  # a boolean pair: --x/--no-x
+            on, off = flag.split("/")
+            args.append(on if value else off)
         elif field == "hidden":
             args += [flag, ",".join(map(str, value)) or "none"]
         else:

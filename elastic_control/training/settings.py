@@ -34,6 +34,10 @@ class Hyperparameters:
     min_steps_first_pass: int | None = 800
     max_epochs: int = 20  # EPOCHS=auto: at most this many
     early_stop: bool | None = None  # None: EARLY_STOP of data.config, else DEFAULT_EARLY_STOP
+    # With the early stop: a pass whose last epoch is worse than its best gets the best one back
+    # (training/best_epoch.py). None: on.
+    restore_best_epoch: bool | None = None
+    early_stop_patience: int = 2  # with a best epoch to restore: worse epochs in a row that end a pass
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     # 128, not 512: one hour of data is one pass, and the MLP needs optimizer steps more than big

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +34,8 @@ class PassStats:
     epochs: int = 0  # epochs run
     planned_epochs: int = 1
     holdout_losses: list[float] = field(default_factory=list)  # after each epoch, with the early stop
+    best_epoch: int | None = None  # the early stop's lowest held-out loss (of the epochs scored)
+    restored_epoch: int | None = None  # the epoch put back after a worse last one (training/best_epoch.py)
 
 
 class Trainer:
@@ -79,6 +82,7 @@ class Trainer:
         self.exe = paddle.static.Executor(self.place)
         self.coord = CoordinatorClient(*coordinator_endpoint(settings.pserver_endpoints))
         self.global_step = 0
+        self._best = None  # training/best_epoch.py, trainer 0 with the early stop
         # The step `auc` is a progressive-validation AUC: each batch is scored by the
         # model *before* its own update, over the last few thousand examples. It lags
         # the held-out AUC while the model still moves fast (and reads ~0.5 early in the
@@ -115,6 +119,8 @@ class Trainer:
                     "model_family": self.spec.family,
                     "epochs": self.s.epochs,
                     "early_stop": self.s.early_stop,
+                    "restore_best_epoch": self.s.hyper.restore_best_epoch is not False,
+                    "early_stop_patience": self.s.hyper.early_stop_patience,
                     "sparse_learning_rate": self.spec.sparse_learning_rate,
                     "wide_learning_rate": self.spec.wide_learning_rate,
                     "sparse_optimizer": self.spec.sparse_optimizer,
@@ -236,10 +242,11 @@ class Trainer:
         if self.net.uses_l2 or self.rate_decay:
             counts, share_lines = self._count_keys(data, part)
             l2_scale = counts.inverse if self.net.uses_l2 else None
+        best = self._best_epoch_for(part)
         epochs, epoch = 1, 0
-        best_loss = None
         while epoch < epochs:
             epoch += 1
+            epoch_started = time.monotonic()
             if self.rate_decay:
                 self.rate_decay.start_epoch(counts, share_lines)
             steps = self._train_epoch(data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale)
@@ -257,22 +264,28 @@ class Trainer:
             # Every trainer ends the epoch the same way: trainer 0 decides, from its own steps
             # (EPOCHS=auto) and its held-out lines (early stop), whether another epoch follows.
             self._flush_pushes()
-            decision = {}
-            if self.s.is_chief:
-                if epoch == 1:
-                    decision["epochs"] = epochs
-                if self.s.early_stop and epoch < epochs and holdout.count:
-                    self._pull_dense()
-                    loss = log_loss(holdout.batch().clicks, self.score(holdout.batch()))
-                    stats.holdout_losses.append(loss)
-                    if best_loss is not None and loss >= best_loss:
-                        decision["stop"] = True
-                        self.log(f"pass {part.name}: early stop after epoch {epoch} (held-out log loss {loss:.5f})")
-                    best_loss = loss if best_loss is None else min(best_loss, loss)
-            got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, decision)["0"] or {}
+            plan = {"epochs": epochs} if self.s.is_chief and epoch == 1 else {}
+            got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, plan)["0"] or {}
             epochs = int(got.get("epochs", epochs))
-            if got.get("stop"):
+            if not self.s.early_stop:
+                continue
+            # Every trainer's pushes of the epoch are in: trainer 0 scores it (and copies or restores).
+            decision = {}
+            if best is not None and epochs > 1 and holdout.count and (epoch < epochs or best.enabled):
+                self._pull_dense()
+                loss = log_loss(holdout.batch().clicks, self.score(holdout.batch()))
+                stats.holdout_losses.append(loss)
+                more = epoch < epochs
+                worse = best.after_epoch(epoch, loss, more=more, epoch_seconds=time.monotonic() - epoch_started)
+                if worse and more:
+                    decision["stop"] = True
+                    self.log(f"pass {part.name}: early stop after epoch {epoch} (held-out log loss {loss:.5f})")
+            got = self.coord.barrier(f"{part.name}/epoch-{epoch}/scored", self.rank, self.s.trainers, decision)["0"]
+            if (got or {}).get("stop"):
                 break
+        if best is not None:
+            stats.best_epoch, stats.restored_epoch = best.best_epoch, best.restored_epoch
+            best.end_pass()
         stats.epochs = epoch
         stats.seconds = time.monotonic() - started
         stats.golden = [holdout.batch()] if holdout.count else []
@@ -298,6 +311,38 @@ class Trainer:
                 counts.add(keys)
         self.log(f"pass {part.name}: {len(counts)} distinct keys counted in {time.monotonic() - t:.1f}s")
         return counts, lines
+
+    def _best_epoch_for(self, part: HourPartition):
+        """Trainer 0's BestEpoch for this pass, with the early stop; None elsewhere."""
+        if not (self.s.is_chief and self.s.early_stop):
+            return None
+        from ctr_foundation.pass_format import pass_name
+        from elastic_control.training.best_epoch import BestEpoch
+
+        if self._best is None:
+            rt = self.fleet.fleet._runtime_handle
+            (table_id,) = {ctx.table_id() for ctx in rt._send_ctx.values() if ctx.is_sparse()}
+            self._best = BestEpoch(
+                save_table=lambda path: rt._worker.save_one_model(table_id, str(path), 0),
+                load_table=lambda path: rt._worker.load_one_table(table_id, str(path), 0),
+                get_dense=self._dense_snapshot,
+                set_dense=self._push_dense,
+                log=self.log,
+                enabled=self.s.hyper.restore_best_epoch is not False,
+                patience=self.s.hyper.early_stop_patience,
+            )
+        name = pass_name(part.hour, minutes=bool(self.s.data_config.pass_minutes))
+        # A hidden staging name: a job restarted after a crash removes it (resume.remove_stale_staging).
+        self._best.start_pass(Path(self.s.model_path) / f".{name}-best-epoch.tmp")
+        return self._best
+
+    def _push_dense(self, values: dict) -> None:
+        """Make ``values`` the dense parameters, here and on the servers (trainer 0, the others waiting)."""
+        scope = self.paddle.static.global_scope()
+        for name, value in values.items():
+            scope.find_var(name).get_tensor().set(value, self.place)
+        rt, dense_map = self._dense_ctx
+        rt._init_all_params(rt.scopes, rt._send_ctx, dense_map)
 
     def _train_epoch(self, data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale=None) -> int:
         """One epoch over this trainer's share of the pass; the number of steps."""
@@ -486,6 +531,9 @@ class Trainer:
             "training": {
                 "epochs": self.s.epochs,
                 "epochs_run": stats.epochs,
+                "holdout_losses": [round(v, 6) for v in stats.holdout_losses],
+                "best_epoch": stats.best_epoch,
+                "restored_epoch": stats.restored_epoch,
                 "early_stop": self.s.early_stop,
                 "batch_size": self.s.hyper.batch_size,
             },
