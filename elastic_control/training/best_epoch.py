@@ -67,6 +67,7 @@ class BestEpoch:
         self._dense: dict[str, np.ndarray] = {}
         self.restored_epoch: int | None = None
         self.copy_seconds = 0.0
+        self.copies = 0
 
     def after_epoch(self, epoch: int, loss: float, *, more: bool, epoch_seconds: float) -> bool:
         """Record ``epoch``'s held-out loss; True when the pass should end here.
@@ -103,6 +104,7 @@ class BestEpoch:
         self._copy_epoch = epoch
         seconds = time.monotonic() - t
         self.copy_seconds += seconds
+        self.copies += 1
         if seconds > max(epoch_seconds, MIN_COPY_SECONDS):
             self.enabled = False
             self._log(
@@ -112,6 +114,11 @@ class BestEpoch:
 
     def end_pass(self) -> None:
         """The pass is over: remove its copy."""
+        if self.copies:
+            self._log(
+                f"best epoch {self.best_epoch} (held-out log loss {self.best_loss:.5f}); "
+                f"{self.copies} copies of the table took {self.copy_seconds:.1f}s"
+            )
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
         self._dense = {}
