@@ -37,6 +37,7 @@ __all__ = [
     "golden",
     "process",
     "predict_through_switch",
+    "predicting_clients",
     "publish_version",
     "raw_request",
     "serving_in_thread",
@@ -153,6 +154,37 @@ def switch_cube_version(urls: list[str], version: str, token: str = SERVING_TOKE
             assert r.status_code == 200, (step, url, r.text)
 
 
+@contextlib.contextmanager
+def predicting_clients(url: str, request: Callable[[int, int], tuple], clients: int = 4):
+    """``clients`` threads post to ``url``/v1/predict until the block ends: client i's k-th request is
+    ``request(i, k)`` = (tag, JSON body). Yields (answers: [(tag, response JSON)], errors: [response text])
+    as they fill."""
+    stop = threading.Event()
+    answers, errors = [], []
+
+    def client(i):
+        s = requests.Session()
+        k = 0
+        while not stop.is_set():
+            tag, body = request(i, k)
+            r = s.post(url + "/v1/predict", json=body, timeout=60)
+            if r.status_code != 200:
+                errors.append(r.text)
+            else:
+                answers.append((tag, r.json()))
+            k += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield answers, errors
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
 def predict_through_switch(
     srv, lines: list[str], fs_root: Path, urls: list[str], new_pass: Path, *, start: Callable[[int, int], int]
 ) -> tuple[str, list[tuple[int, dict]], list[str]]:
@@ -161,25 +193,12 @@ def predict_through_switch(
 
     Client ``i``'s ``k``-th request scores ``lines[start(i, k) : start(i, k) + 8]``. Returns the new
     version, every answer as (start, response JSON) and the bodies of failed requests."""
-    stop = threading.Event()
-    answers, errors = [], []
 
-    def client(i):
-        s = requests.Session()
-        k = 0
-        while not stop.is_set():
-            j = start(i, k)
-            r = s.post(srv.url + "/v1/predict", json={"instances": [{"line": ln} for ln in lines[j : j + 8]]})
-            if r.status_code != 200:
-                errors.append(r.text)
-            else:
-                answers.append((j, r.json()))
-            k += 1
+    def request(i, k):
+        j = start(i, k)
+        return j, {"instances": [{"line": ln} for ln in lines[j : j + 8]]}
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    try:
+    with predicting_clients(srv.url, request) as (answers, errors):
         time.sleep(1.0)
         version = publish_version(fs_root, new_pass, shards=len(urls), make_current=False)
         switch_cube_version(urls, version)
@@ -188,10 +207,6 @@ def predict_through_switch(
         while srv.app.active.version != version and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # answers from the new version too
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     return version, answers, errors
 
 

@@ -4,7 +4,6 @@ the hot-key cache; real passes, real HTTP and gRPC servers on loopback."""
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import pyarrow  # noqa: F401  (before paddle)
@@ -15,7 +14,12 @@ import pytest
 import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers_serving import golden, served_fixture, serving_in_thread  # noqa: F401  (fixture "served")
+from helpers_serving import (  # noqa: F401  (fixture "served")
+    golden,
+    predicting_clients,
+    served_fixture,
+    serving_in_thread,
+)
 
 from ctr_foundation.grpc_api import SERVICE, serving_pb2, serving_pb2_grpc
 from elastic_control.serving.versions import ModelDirSource
@@ -186,25 +190,11 @@ def test_no_failed_request_while_the_split_changes_under_load(served):
     control_v, challenger_v = served.control.name, served.miscalibrated.name
     with serving_in_thread(ModelDirSource(served.models), token=TOKEN) as srv:
         url = srv.url
-        stop = threading.Event()
-        answers, errors = [], []
 
-        def client(i):
-            s = requests.Session()
-            k = 0
-            while not stop.is_set():
-                body = {"instances": [{"line": ln} for ln in lines[i : i + 4]], "routing_key": f"c{i}-{k % 37}"}
-                r = s.post(url + "/v1/predict", json=body, timeout=60)
-                k += 1
-                if r.status_code != 200:
-                    errors.append(r.text)
-                else:
-                    answers.append(r.json())
+        def request(i, k):
+            return i, {"instances": [{"line": ln} for ln in lines[i : i + 4]], "routing_key": f"c{i}-{k % 37}"}
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        try:
+        with predicting_clients(url, request, clients=6) as (answered, errors):
             for arms in (
                 [{"name": "control", "weight": 50}, {"name": "challenger", "version": challenger_v, "weight": 50}],
                 [{"name": "control", "weight": 80}, {"name": "b", "version": challenger_v, "weight": 20}],
@@ -217,10 +207,7 @@ def test_no_failed_request_while_the_split_changes_under_load(served):
             time.sleep(0.7)
             assert requests.delete(url + "/v1/split", headers=AUTH).status_code == 200
             time.sleep(0.7)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
+    answers = [a for _, a in answered]
     assert errors == []
     pairs = {(a["arm"], a["model_version"]) for a in answers}
     assert pairs <= {("control", control_v), ("challenger", challenger_v), ("b", challenger_v)}
