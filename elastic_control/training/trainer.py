@@ -320,11 +320,12 @@ class Trainer:
         from elastic_control.training.best_epoch import BestEpoch
 
         if self._best is None:
-            rt = self.fleet.fleet._runtime_handle
-            (table_id,) = {ctx.table_id() for ctx in rt._send_ctx.values() if ctx.is_sparse()}
+            from elastic_control.training.delta_export import SAVE_ALL
+
+            worker, table_id = self._sparse_table()
             self._best = BestEpoch(
-                save_table=lambda path: rt._worker.save_one_model(table_id, str(path), 0),
-                load_table=lambda path: rt._worker.load_one_table(table_id, str(path), 0),
+                save_table=lambda path: worker.save_one_model(table_id, str(path), SAVE_ALL),
+                load_table=lambda path: worker.load_one_table(table_id, str(path), SAVE_ALL),
                 get_dense=self._dense_snapshot,
                 set_dense=self._push_dense,
                 log=self.log,
@@ -335,6 +336,12 @@ class Trainer:
         # A hidden staging name: a job restarted after a crash removes it (resume.remove_stale_staging).
         self._best.start_pass(Path(self.s.model_path) / f".{name}-best-epoch.tmp")
         return self._best
+
+    def _sparse_table(self):
+        """(the PS client, the id of the one sparse table): what saves and loads of the table address."""
+        rt = self.fleet.fleet._runtime_handle
+        (table_id,) = {ctx.table_id() for ctx in rt._send_ctx.values() if ctx.is_sparse()}
+        return rt._worker, table_id
 
     def _push_dense(self, values: dict) -> None:
         """Make ``values`` the dense parameters, here and on the servers (trainer 0, the others waiting)."""
@@ -486,12 +493,11 @@ class Trainer:
             t = time.monotonic()
             # Only the sparse table: fleet.save_persistables would also write the
             # dense table as text (seconds, and nobody reads it: dense/ has it).
-            rt = self.fleet.fleet._runtime_handle
-            (table_id,) = {ctx.table_id() for ctx in rt._send_ctx.values() if ctx.is_sparse()}
+            worker, table_id = self._sparse_table()
             if plan is None:
-                rt._worker.save_one_model(table_id, str(path), 0)
+                worker.save_one_model(table_id, str(path), 0)
             else:  # base or delta, admission, eviction: training/delta_export.py
-                metrics.update(self.incremental.export(rt._worker, table_id, self.sparse_shards, path.parent, plan))
+                metrics.update(self.incremental.export(worker, table_id, self.sparse_shards, path.parent, plan))
             timings["sparse"] = time.monotonic() - t
 
         def save_dense(prefix):
