@@ -8,7 +8,15 @@ import pytest
 from ctr_foundation.errors import ConfigError
 from elastic_control.config.data_config import parse_data_config
 from elastic_control.data.line_batch import parse_lines, permute_rows
-from elastic_control.training.pass_stream import Holdout, KeyCounts, planned_epochs, shuffled, without_holdout
+from elastic_control.training.pass_stream import (
+    Holdout,
+    KeyCounts,
+    ParsedShare,
+    batch_bytes,
+    planned_epochs,
+    shuffled,
+    without_holdout,
+)
 
 BASE = "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\nexport DATASET_PATH=/data\n"
 
@@ -32,6 +40,36 @@ def test_held_out_lines_are_the_same_in_every_epoch_and_never_trained():
     assert _ids(holdout.lines) == held  # collected once
 
 
+def _share(chunks, budget):
+    reads = []
+
+    def read(first):
+        reads.append(first)
+        yield from chunks
+
+    return ParsedShare(read, budget), reads
+
+
+def test_a_parsed_share_is_read_once_and_replayed_while_it_fits():
+    chunks = _chunks(50, 7)
+    share, reads = _share(chunks, budget=10**6)
+    assert _ids(share) == _ids(share) == _ids(share) == list(range(50))
+    assert reads == [True] and share.reads == 1  # bad lines are counted by the one read that has first=True
+
+
+def test_a_parsed_share_over_its_budget_is_read_again_each_time_and_counts_bad_lines_once():
+    chunks = _chunks(50, 7)
+    share, reads = _share(chunks, budget=batch_bytes(chunks[0]) * 3)
+    assert _ids(share) == _ids(share) == list(range(50))
+    assert reads == [True, False]
+
+
+def test_a_parsed_share_read_only_in_part_keeps_nothing():
+    share, reads = _share(_chunks(50, 7), budget=10**6)
+    next(iter(share))  # a read that stopped early (an error downstream) must not become the whole share
+    assert _ids(share) == list(range(50)) and reads == [True, False]
+
+
 def test_shuffle_is_a_permutation_within_windows_with_features_kept_per_line():
     rng = np.random.default_rng(0)
     out = list(shuffled(_chunks(100, 10), 30, rng))
@@ -53,10 +91,27 @@ def test_permute_rows_rebuilds_lines():
 
 @pytest.mark.parametrize(
     "setting,steps,want",
-    [(3, 10, 3), ("auto", 31, 33), ("auto", 500, 2), ("auto", 2000, 1), ("auto", 1, 40), ("auto", 0, 1)],
+    [
+        (3, 10, 3),
+        ("auto", 31, 32),  # 32.3 epochs' worth
+        ("auto", 500, 2),
+        ("auto", 400, 3),  # 2.5: rounds up
+        ("auto", 700, 1),  # 1.43: a pass a little short of the target trains one epoch, not two
+        ("auto", 2000, 1),
+        ("auto", 1, 40),
+        ("auto", 0, 1),
+    ],
 )
 def test_planned_epochs(setting, steps, want):
     assert planned_epochs(setting, steps, min_steps=1000, max_epochs=40) == want
+
+
+def test_the_first_pass_of_a_fresh_model_plans_at_least_its_steps():
+    # 800 steps at 124 a epoch: 6.45 epochs' worth, so 7 (at least), where the per-pass target rounds
+    assert planned_epochs("auto", 124, min_steps=100, first_pass_steps=800, max_epochs=20) == 7
+    assert planned_epochs("auto", 124, min_steps=100, max_epochs=20) == 1
+    assert planned_epochs("auto", 19, min_steps=100, first_pass_steps=40, max_epochs=20) == 5  # the larger
+    assert planned_epochs("auto", 1, min_steps=100, first_pass_steps=800, max_epochs=20) == 20
 
 
 def test_key_counts_merge_blocks():

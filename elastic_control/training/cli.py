@@ -75,7 +75,7 @@ _OPTIONS = [
         "--min-steps-per-pass",
         "min_steps_per_pass",
         click.IntRange(1),
-        "EPOCHS=auto: epochs enough for this many steps.",
+        "EPOCHS=auto: the whole number of epochs nearest this many steps per trainer.",
     ),
     (
         "--min-steps-first-pass",

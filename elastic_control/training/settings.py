@@ -27,7 +27,8 @@ DEFAULT_EARLY_STOP = True
 class Hyperparameters:
     model: str | None = None  # None: MODEL of data.config, else DEFAULT_MODEL
     epochs: int | str | None = None  # None: EPOCHS of data.config, else DEFAULT_EPOCHS; "auto": see min_steps
-    min_steps_per_pass: int = 100  # EPOCHS=auto: epochs enough for this many steps per trainer per pass
+    # EPOCHS=auto: the whole number of epochs nearest this many steps per trainer (pass_stream.planned_epochs)
+    min_steps_per_pass: int = 100
     # EPOCHS=auto: the first pass of a fresh (not resumed) model, at least this many steps: a model starting
     # from its initialisation needs more steps than one following a new hour (synthetic gap 0.0115 -> 0.0094-
     # 0.0098, Criteo 0.7600 -> 0.7604-0.7609; early stop ends it sooner when held-out loss rises).

@@ -36,6 +36,10 @@ class PassStats:
     holdout_losses: list[float] = field(default_factory=list)  # after each epoch, with the early stop
     best_epoch: int | None = None  # the early stop's lowest held-out loss (of the epochs scored)
     restored_epoch: int | None = None  # the epoch put back after a worse last one (training/best_epoch.py)
+    # The last epoch's end already flushed every push: Paddle's flush sleeps at least 100 ms, a tenth
+    # of a small pass's epoch, so the pass end skips a second one. (A restore after it pushes nothing
+    # asynchronously: loading the table and pushing the dense parameters both wait for the servers.)
+    pushes_flushed: bool = False
 
 
 class Trainer:
@@ -201,7 +205,8 @@ class Trainer:
             # The first pass of a model not resumed trains it from its initialisation.
             cold = passes == 0 and not hello.get("last_pass")
             stats = self.train_hour(data, part, prefetch, rebatch, cold=cold)
-            self._flush_pushes()
+            if not stats.pushes_flushed:
+                self._flush_pushes()
             everyone = self.coord.barrier(
                 f"{part.name}/trained",
                 self.rank,
@@ -227,11 +232,20 @@ class Trainer:
         ``cold``: the pass starts the model from its initialisation (EPOCHS=auto then plans at least
         ``min_steps_first_pass`` steps).
         """
-        from elastic_control.training.pass_stream import Holdout, planned_epochs
+        from elastic_control.training.pass_stream import Holdout, ParsedShare, planned_epochs
 
         h = self.s.hyper
         stats = PassStats()
         counter = BadLineCounter(self.s.data_config.max_bad_line_fraction)
+        # Bad lines are counted (and checked) in the first read: the key count's, or the first epoch's.
+        share = ParsedShare(
+            lambda first: data.iter_batches(
+                part,
+                trainer_id=self.rank,
+                trainers=self.s.trainers,
+                counter=counter if first else BadLineCounter(1.0),
+            )
+        )
         if self.incremental:
             # Admission's own counts restart at each pass (they are the occurrences fed since the last export).
             self.incremental.start_pass()
@@ -240,7 +254,7 @@ class Trainer:
         started = time.monotonic()
         counts = share_lines = l2_scale = None
         if self.net.uses_l2 or self.rate_decay:
-            counts, share_lines = self._count_keys(data, part)
+            counts, share_lines = self._count_keys(share, part)
             l2_scale = counts.inverse if self.net.uses_l2 else None
         best = self._best_epoch_for(part)
         epochs, epoch = 1, 0
@@ -249,21 +263,26 @@ class Trainer:
             epoch_started = time.monotonic()
             if self.rate_decay:
                 self.rate_decay.start_epoch(counts, share_lines)
-            steps = self._train_epoch(data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale)
+            stats.pushes_flushed = False
+            steps = self._train_epoch(share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale)
             if self.rate_decay:
                 self.rate_decay.end_epoch()
             if epoch == 1:
                 stats.bad_lines, stats.lines = counter.bad, counter.total
-                min_steps = h.min_steps_per_pass
-                if cold and h.min_steps_first_pass:
-                    min_steps = max(min_steps, h.min_steps_first_pass)
-                epochs = planned_epochs(self.s.epochs, steps, min_steps=min_steps, max_epochs=h.max_epochs)
+                epochs = planned_epochs(
+                    self.s.epochs,
+                    steps,
+                    min_steps=h.min_steps_per_pass,
+                    first_pass_steps=h.min_steps_first_pass if cold else None,
+                    max_epochs=h.max_epochs,
+                )
                 stats.planned_epochs = epochs
             if not (self.s.epochs == "auto" or self.s.early_stop):
                 continue  # a fixed number of epochs: nothing to decide
             # Every trainer ends the epoch the same way: trainer 0 decides, from its own steps
             # (EPOCHS=auto) and its held-out lines (early stop), whether another epoch follows.
             self._flush_pushes()
+            stats.pushes_flushed = True
             plan = {"epochs": epochs} if self.s.is_chief and epoch == 1 else {}
             got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, plan)["0"] or {}
             epochs = int(got.get("epochs", epochs))
@@ -296,7 +315,7 @@ class Trainer:
         )
         return stats
 
-    def _count_keys(self, data: HourlyData, part: HourPartition):
+    def _count_keys(self, share, part: HourPartition):
         """Read this trainer's share once to count its keys: (KeyCounts, lines), for the count-scaled L2's
         1 / count per key and the decay rule's sightings."""
         from elastic_control.data.line_batch import batch_slot_keys
@@ -304,8 +323,7 @@ class Trainer:
 
         t = time.monotonic()
         counts, lines = KeyCounts(), 0
-        chunks = data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=BadLineCounter(1.0))
-        for chunk in chunks:
+        for chunk in share:
             lines += len(chunk)
             for keys, _ in batch_slot_keys(chunk, self.spec.slots, self.spec.sparse_dim):
                 counts.add(keys)
@@ -351,20 +369,17 @@ class Trainer:
         rt, dense_map = self._dense_ctx
         rt._init_all_params(rt.scopes, rt._send_ctx, dense_map)
 
-    def _train_epoch(self, data, part, epoch, holdout, counter, stats, prefetch, rebatch, l2_scale=None) -> int:
+    def _train_epoch(self, share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale=None) -> int:
         """One epoch over this trainer's share of the pass; the number of steps."""
         from elastic_control.training.feeding import make_feed
         from elastic_control.training.pass_stream import shuffled, without_holdout
 
         h = self.s.hyper
-        if epoch > 1:  # bad lines are counted (and checked) in the first epoch
-            counter = BadLineCounter(1.0)
-        chunks = data.iter_batches(part, trainer_id=self.rank, trainers=self.s.trainers, counter=counter)
         seed = [self.rank, epoch, part.hour.toordinal() * 24 + part.hour.hour]
         if part.minutes:  # sub-hour passes: each slot of the hour its own order
             seed.append(part.hour.minute)
         rng = np.random.default_rng(seed)
-        lines = shuffled(without_holdout(chunks, holdout, first_epoch=epoch == 1), h.shuffle_lines, rng)
+        lines = shuffled(without_holdout(share, holdout, first_epoch=epoch == 1), h.shuffle_lines, rng)
 
         def feeds():
             mask = self.incremental.train_mask if self.incremental else None
