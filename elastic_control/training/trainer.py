@@ -316,8 +316,8 @@ class Trainer:
         return stats
 
     def _count_keys(self, share, part: HourPartition):
-        """Read this trainer's share once to count its keys: (KeyCounts, lines), for the count-scaled L2's
-        1 / count per key and the decay rule's sightings."""
+        """Count this trainer's keys over its share (the pass's first read, which the epochs then replay):
+        (KeyCounts, lines), for the count-scaled L2's 1 / count per key and the decay rule's sightings."""
         from elastic_control.data.line_batch import batch_slot_keys
         from elastic_control.training.pass_stream import KeyCounts
 
