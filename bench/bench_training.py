@@ -63,6 +63,11 @@ def train(job, trainers: int, *, family: str | None = None, extra=()) -> tuple[P
     return passes[-1], float(np.mean(rates))
 
 
+def hourly_job(folder: Path, data: Path, slots, hours: int):
+    """The job files of ``hours`` hours of ``data`` from the benchmarks' start hour."""
+    return B.write_job(folder, data=data, slots=slots, start=B.START, hours=hours)
+
+
 def labels_of(lines: list[str]) -> np.ndarray:
     return np.array([int(ln.split()[1]) for ln in lines])
 
@@ -138,7 +143,7 @@ def synthetic_gap(root: Path, lines: int) -> None:
     hours = 4
     data = root / "demo-data"
     summary = generate(data, slots=DEMO_SLOTS, hours=hours + 1, lines_per_hour=lines, seed=7, start=B.START)
-    job = B.write_job(root / "demo-job", data=data, slots=DEMO_SLOTS, start=B.START, hours=hours)
+    job = hourly_job(root / "demo-job", data, DEMO_SLOTS, hours)
     last, _ = train(job, 2)
     test_lines, truth = read_truth(hour_dir(data, B.START + dt.timedelta(hours=hours)))
     labels = labels_of(test_lines)
@@ -184,13 +189,7 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     for family in families:
         runs = {}
         for trainers in (1, 2):
-            job = B.write_job(
-                root / f"criteo-{family}-t{trainers}",
-                data=root / "criteo",
-                slots=CRITEO_SLOTS,
-                start=B.START,
-                hours=hours - 1,
-            )
+            job = hourly_job(root / f"criteo-{family}-t{trainers}", root / "criteo", CRITEO_SLOTS, hours - 1)
             last, rate = train(job, trainers, family=family)
             probs = B.score_pass(last, test_lines)
             runs[trainers] = (auc(labels, probs), log_loss(labels, probs), probs.mean() / labels.mean(), rate)
@@ -244,13 +243,7 @@ def main() -> None:
             for r in range(args.rounds):
                 for label, extra in configs:
                     for trainers in (1, 2):
-                        job = B.write_job(
-                            root / f"{label}-t{trainers}-r{r}",
-                            data=root / "data",
-                            slots=THROUGHPUT_SLOTS,
-                            start=B.START,
-                            hours=hours,
-                        )
+                        job = hourly_job(root / f"{label}-t{trainers}-r{r}", root / "data", THROUGHPUT_SLOTS, hours)
                         runs.setdefault((label, trainers), []).append(train(job, trainers, extra=extra)[1])
                 print(f"throughput round {r + 1} of {args.rounds} done", flush=True)
             rates = {key: float(np.median(values)) for key, values in runs.items()}
