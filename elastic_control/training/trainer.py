@@ -36,10 +36,6 @@ class PassStats:
     holdout_losses: list[float] = field(default_factory=list)  # after each epoch, with the early stop
     best_epoch: int | None = None  # the early stop's lowest held-out loss (of the epochs scored)
     restored_epoch: int | None = None  # the epoch put back after a worse last one (training/best_epoch.py)
-    # The last epoch's end already flushed every push: Paddle's flush sleeps at least 100 ms, a tenth
-    # of a small pass's epoch, so the pass end skips a second one. (A restore after it pushes nothing
-    # asynchronously: loading the table and pushing the dense parameters both wait for the servers.)
-    pushes_flushed: bool = False
 
 
 class Trainer:
@@ -205,8 +201,8 @@ class Trainer:
             # The first pass of a model not resumed trains it from its initialisation.
             cold = passes == 0 and not hello.get("last_pass")
             stats = self.train_hour(data, part, prefetch, rebatch, cold=cold)
-            if not stats.pushes_flushed:
-                self._flush_pushes()
+            if not self._epochs_end_at_a_barrier:
+                self._flush_pushes()  # else the last epoch's end flushed them
             everyone = self.coord.barrier(
                 f"{part.name}/trained",
                 self.rank,
@@ -263,7 +259,6 @@ class Trainer:
             epoch_started = time.monotonic()
             if self.rate_decay:
                 self.rate_decay.start_epoch(counts, share_lines)
-            stats.pushes_flushed = False
             steps = self._train_epoch(share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale)
             if self.rate_decay:
                 self.rate_decay.end_epoch()
@@ -277,12 +272,11 @@ class Trainer:
                     max_epochs=h.max_epochs,
                 )
                 stats.planned_epochs = epochs
-            if not (self.s.epochs == "auto" or self.s.early_stop):
+            if not self._epochs_end_at_a_barrier:
                 continue  # a fixed number of epochs: nothing to decide
             # Every trainer ends the epoch the same way: trainer 0 decides, from its own steps
             # (EPOCHS=auto) and its held-out lines (early stop), whether another epoch follows.
             self._flush_pushes()
-            stats.pushes_flushed = True
             plan = {"epochs": epochs} if self.s.is_chief and epoch == 1 else {}
             got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, plan)["0"] or {}
             epochs = int(got.get("epochs", epochs))
@@ -314,6 +308,14 @@ class Trainer:
             f"{rate:.0f} examples/s, {counter.bad} bad lines"
         )
         return stats
+
+    @property
+    def _epochs_end_at_a_barrier(self) -> bool:
+        """Every epoch ends with a flush of the pushes and a barrier (EPOCHS=auto or the early stop decide
+        there what follows), so the pass end needs no flush of its own: Paddle's sleeps at least 100 ms,
+        a tenth of a small pass's epoch. (A restore after the last one pushes nothing asynchronously:
+        loading the table and pushing the dense parameters both wait for the servers.)"""
+        return self.s.epochs == "auto" or bool(self.s.early_stop)
 
     def _count_keys(self, share, part: HourPartition):
         """Count this trainer's keys over its share (the pass's first read, which the epochs then replay):
