@@ -45,8 +45,18 @@ CRITEO_SLOTS = tuple(range(1, 40))
 LR_GRID = (0.01, 0.03, 0.1, 0.3)
 
 
-# The defaults before issue 12: the original DNN, one epoch per pass, sparse rate 0.02.
-PREVIOUS_DEFAULT = ["--model", "dnn", "--epochs", "1", "--no-early-stop", "--sparse-learning-rate", "0.02"]
+# The defaults before issue 12: the original DNN, one epoch per pass, sparse rate 0.02, dense rate 0.001.
+PREVIOUS_DEFAULT = [
+    "--model",
+    "dnn",
+    "--epochs",
+    "1",
+    "--no-early-stop",
+    "--sparse-learning-rate",
+    "0.02",
+    "--learning-rate",
+    "0.001",
+]
 # The defaults before the decay rule: the embeddings on Paddle's sparse Adam rule at 0.01.
 ADAM_DEFAULT = ["--sparse-optimizer", "adam", "--sparse-learning-rate", "0.01"]
 # The defaults without the copies of each pass's best epoch (the early stop as before).

@@ -88,13 +88,25 @@ def test_without_copies_the_first_worse_epoch_ends_the_pass_as_before(tmp_path):
     assert m.table == "epoch-2" and "save" not in m.calls and "load" not in m.calls
 
 
-def test_a_copy_slower_than_the_epoch_turns_copies_off_for_the_job(tmp_path, monkeypatch):
+def test_one_slow_copy_is_not_enough_to_turn_copies_off(tmp_path, monkeypatch):
     monkeypatch.setattr(best_epoch, "MIN_COPY_SECONDS", 0.0)
     m = FakeModel(tmp_path)
-    m.epoch(1, 0.50, seconds=0.0)  # any copy takes longer than 0 s
+    m.epoch(1, 0.50, seconds=0.0)  # any copy takes longer than 0 s: slow
+    assert m.keeper.enabled and any("if the next one is as slow" in c for c in m.calls)
+    m.epoch(2, 0.40)  # a copy well under 2x a 10 s epoch: the count starts again
+    m.epoch(3, 0.30, seconds=0.0)
+    assert m.keeper.enabled and m.calls.count("save") == 3
+
+
+def test_copies_slower_than_their_epochs_twice_in_a_row_turn_copies_off_for_the_job(tmp_path, monkeypatch):
+    monkeypatch.setattr(best_epoch, "MIN_COPY_SECONDS", 0.0)
+    m = FakeModel(tmp_path)
+    m.epoch(1, 0.50, seconds=0.0)
+    assert m.keeper.enabled
+    m.epoch(2, 0.45, seconds=0.0)
     assert not m.keeper.enabled and any("no more copies" in c for c in m.calls if c not in ("save", "load"))
-    assert not m.epoch(2, 0.55)  # the copy of epoch 1 (taken before copies went off) is still the best
-    assert m.epoch(3, 0.56) and m.table == "epoch-1"
+    assert not m.epoch(3, 0.55)  # the copy of epoch 2 (taken before copies went off) is still the best
+    assert m.epoch(4, 0.56) and m.table == "epoch-2"
     m.keeper.start_pass(tmp_path / ".pass-20200101-01-best-epoch.tmp")
     m.epoch(1, 0.50)
     m.epoch(2, 0.40)
