@@ -332,11 +332,16 @@ def auc(labels, scores) -> float:
     return float("nan") if value is None else float(value)
 
 
-def log_loss(labels, probs) -> float:
-    """Mean log loss, predictions clipped as scikit-learn clips float32 input."""
+def line_log_losses(labels, probs) -> np.ndarray:
+    """Each line's log loss (float64), predictions clipped as scikit-learn clips float32 input."""
     y = np.asarray(labels, dtype=np.float64).ravel()
     lp, lq = _logloss_terms(np.asarray(probs, dtype=np.float64).ravel())
-    return float(np.where(y > 0.5, lp, lq).mean())
+    return np.where(y > 0.5, lp, lq)
+
+
+def log_loss(labels, probs) -> float:
+    """Mean log loss, predictions clipped as scikit-learn clips float32 input."""
+    return float(line_log_losses(labels, probs).mean())
 
 
 class RecentWindow:

@@ -46,9 +46,12 @@ class FakeModel:
     def set_dense(self, values):
         self.dense = {k: v.copy() for k, v in values.items()}
 
-    def epoch(self, n: int, loss: float, *, more: bool = True, seconds: float = 10.0) -> bool:
+    def epoch(self, n: int, loss: float, *, more: bool = True, seconds: float = 10.0, lines=None) -> bool:
+        """Epoch ``n`` trained; its held-out loss (the mean of ``lines``, the per-line losses, when given)."""
         self.table, self.dense = f"epoch-{n}", {"w": np.full(2, n, np.float32)}
-        return self.keeper.after_epoch(n, loss, more=more, epoch_seconds=seconds)
+        if lines is not None:
+            loss = float(np.mean(lines))
+        return self.keeper.after_epoch(n, loss, more=more, epoch_seconds=seconds, line_losses=lines)
 
 
 def test_a_worse_epoch_is_tolerated_once_and_the_best_one_comes_back(tmp_path):
@@ -112,6 +115,57 @@ def test_copies_slower_than_their_epochs_twice_in_a_row_turn_copies_off_for_the_
     m.epoch(2, 0.40)
     assert m.epoch(3, 0.45)  # no copies in this pass: the worse epoch stays, the pass ends at once
     assert m.table == "epoch-3"
+
+
+# A hair worse than the epoch it follows on average (+0.0005), with a spread of 0.01 per line: on 150 lines
+# that is within two standard errors (0.0017), i.e. noise.
+NOISY = np.resize([0.0105, -0.0095], 150)
+
+
+def test_epochs_worse_only_within_the_noise_count_half(tmp_path):
+    rng = np.random.default_rng(0)
+    m = FakeModel(tmp_path)
+    base = 0.5 + rng.normal(0.0, 0.3, 150)  # the lines' own losses differ a lot; epochs move them together
+    m.epoch(1, 0, lines=base)
+    for n in (2, 3, 4):
+        assert not m.epoch(n, 0, lines=base + NOISY)
+    assert any("within the noise of its 150 lines" in c for c in m.calls)
+    assert not m.epoch(5, 0, lines=base - 0.01)  # better after three noisy epochs (patience 2 = four)
+    assert m.keeper.best_epoch == 5
+    for n in (6, 7, 8):
+        assert not m.epoch(n, 0, lines=base - 0.01 + NOISY)
+    assert m.epoch(9, 0, lines=base - 0.01 + NOISY)  # the fourth noisy one ends it
+    assert m.table == "epoch-5" and m.keeper.restored_epoch == 5
+
+
+def test_without_a_copy_a_noisy_epoch_goes_on_and_a_clearly_worse_one_ends_the_pass(tmp_path):
+    rng = np.random.default_rng(2)
+    m = FakeModel(tmp_path)
+    m.keeper.enabled = False
+    base = 0.5 + rng.normal(0.0, 0.3, 150)
+    m.epoch(1, 0, lines=base)
+    assert not m.epoch(2, 0, lines=base + NOISY)
+    assert m.epoch(3, 0, lines=base + 0.03 + rng.normal(0.0, 0.02, 150))
+    assert m.table == "epoch-3" and "save" not in m.calls
+
+
+def test_an_epoch_worse_beyond_the_noise_counts_toward_the_patience(tmp_path):
+    rng = np.random.default_rng(1)
+    m = FakeModel(tmp_path)
+    base = 0.5 + rng.normal(0.0, 0.3, 150)
+    m.epoch(1, 0, lines=base)
+    worse = base + 0.02 + rng.normal(0.0, 0.02, 150)  # many standard errors above
+    assert not m.epoch(2, 0, lines=worse)  # patience 2: one worse epoch may pass
+    assert m.epoch(3, 0, lines=worse + 0.01)
+    assert m.table == "epoch-1" and m.keeper.restored_epoch == 1
+
+
+def test_a_last_epoch_no_better_within_the_noise_still_puts_the_best_back(tmp_path):
+    m = FakeModel(tmp_path)
+    base = np.linspace(0.1, 0.9, 150)
+    m.epoch(1, 0, lines=base)
+    assert m.epoch(2, 0, more=False, lines=base + np.resize([0.01, -0.0099], 150))  # mean +0.00005: noise
+    assert m.table == "epoch-1" and m.keeper.restored_epoch == 1
 
 
 def test_end_pass_removes_the_copy_and_a_restart_removes_a_stale_one(tmp_path):

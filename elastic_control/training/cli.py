@@ -100,7 +100,8 @@ _OPTIONS = [
         "--early-stop-patience",
         "early_stop_patience",
         click.IntRange(1, 100),
-        "With --restore-best-epoch: worse epochs in a row that end a pass.",
+        "With --restore-best-epoch: epochs after the best that end a pass, each counted 1 when worse beyond "
+        "the held-out noise (2 standard errors), 0.5 within it.",
     ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),

@@ -17,7 +17,7 @@ import numpy as np
 from elastic_control.config.data_config import format_hour, parse_slot
 from elastic_control.data.line_batch import LineBatch, concat_batches
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
-from elastic_control.metrics import RecentWindow, auc, log_loss
+from elastic_control.metrics import RecentWindow, auc, line_log_losses, log_loss
 from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
 from elastic_control.training.settings import RoleSettings
 
@@ -286,10 +286,12 @@ class Trainer:
             decision = {}
             if best is not None and epochs > 1 and holdout.count and (epoch < epochs or best.enabled):
                 self._pull_dense()
-                loss = log_loss(holdout.batch().clicks, self.score(holdout.batch()))
+                lines = line_log_losses(holdout.batch().clicks, self.score(holdout.batch()))
+                loss = float(lines.mean())
                 stats.holdout_losses.append(loss)
                 more = epoch < epochs
-                worse = best.after_epoch(epoch, loss, more=more, epoch_seconds=time.monotonic() - epoch_started)
+                seconds = time.monotonic() - epoch_started
+                worse = best.after_epoch(epoch, loss, more=more, epoch_seconds=seconds, line_losses=lines)
                 if worse and more:
                     decision["stop"] = True
                     self.log(f"pass {part.name}: early stop after epoch {epoch} (held-out log loss {loss:.5f})")
