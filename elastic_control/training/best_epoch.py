@@ -13,8 +13,8 @@ loading the copy overwrites every row those epochs changed. What stays from the 
 dense optimizer's moments on the pservers and the decay rule's sighting counts (training/rate_decay.py).
 
 Because the best epoch can be put back, one worse epoch need not end the pass: ``patience`` worse
-epochs in a row do (default 2; a first pass's held-out loss can rise for an epoch and fall below its
-best after the next).
+epochs after the best do (default 2; a first pass's held-out loss can rise for an epoch and fall below
+its best after the next).
 
 An epoch no better than the best counts as a whole worse epoch only when it is worse beyond the
 held-out set's noise: its per-line losses minus the best epoch's on the same lines (a paired difference)
@@ -77,7 +77,7 @@ class BestEpoch:
         self._save_table, self._load_table = save_table, load_table
         self._get_dense, self._set_dense = get_dense, set_dense
         self._log = log
-        self.patience = max(int(patience), 1)  # worse epochs in a row that end a pass (with a copy to restore)
+        self.patience = max(int(patience), 1)  # what the epochs after the best add up to when a pass ends
         self.enabled = enabled  # for the whole job: off once copies keep costing more than their epochs
         self._slow_in_a_row = 0  # consecutive slow saves, across passes
         self.start_pass(None)
