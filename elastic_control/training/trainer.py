@@ -286,7 +286,8 @@ class Trainer:
             decision = {}
             if best is not None and epochs > 1 and holdout.count and (epoch < epochs or best.enabled):
                 self._pull_dense()
-                lines = line_log_losses(holdout.batch().clicks, self.score(holdout.batch()))
+                held_out = holdout.batch()  # concatenates the held-out chunks: once per scoring
+                lines = line_log_losses(held_out.clicks, self.score(held_out))
                 loss = float(lines.mean())
                 stats.holdout_losses.append(loss)
                 more = epoch < epochs
