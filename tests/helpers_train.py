@@ -99,3 +99,12 @@ def read_golden(pass_dir: Path) -> tuple[list[str], np.ndarray]:
 
 def labels_of(lines: list[str]) -> np.ndarray:
     return np.array([int(ln.split()[1]) for ln in lines])
+
+
+def key_counts(keys):
+    """A KeyCounts of ``keys`` (uint64), as a trainer counts its share of a pass."""
+    from elastic_control.training.pass_stream import KeyCounts
+
+    c = KeyCounts()
+    c.add(np.array(keys, dtype=np.uint64))
+    return c

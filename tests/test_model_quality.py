@@ -127,9 +127,26 @@ def _default_family() -> str:
 # another part of the file. The margin is the AUC noise of a 5-6k-line test set (about 0.007 s.d.).
 SMALL_LOGS = [(0, 12_000, 2), (60_000, 15_000, 3)]
 NOISE = 0.005
+# Six more slices of the file (2026-12-02), `-m slow`: the defaults reproduce within 0.003 run to run and
+# sit 0.004-0.02 below logistic regression on most of them, so some of these fail (docs/contracts.md
+# "Open items"): the judged point "at least logistic regression on other small logs" is not met in general.
+MORE_SMALL_LOGS = [
+    pytest.param(*s, marks=pytest.mark.slow, id=i)
+    for s, i in (
+        ((20_000, 8_000, 2), "1pass-4k"),
+        ((30_000, 20_000, 2), "1pass-10k"),
+        ((45_000, 4_000, 2), "1pass-2k"),
+        ((150_000, 16_000, 2), "1pass-8k"),
+        ((100_000, 15_000, 3), "2passes-5k-b"),
+        ((130_000, 30_000, 3), "2passes-10k"),
+    )
+]
 
 
-@pytest.mark.parametrize(("first", "lines", "hours"), SMALL_LOGS, ids=["1pass-6k", "2passes-5k"])
+@pytest.mark.parametrize(
+    ("first", "lines", "hours"),
+    [pytest.param(*s, id=i) for s, i in zip(SMALL_LOGS, ["1pass-6k", "2passes-5k"], strict=True)] + MORE_SMALL_LOGS,
+)
 def test_small_real_log_beats_logistic_regression_and_is_calibrated(tmp_path, first, lines, hours):
     # Two asynchronous trainers give a different model each run: on these few thousand lines calibration moved
     # between 0.885 and 0.99 over the runs recorded (docs/benchmarks.md), the test hour's CTR itself differing

@@ -16,39 +16,32 @@ import pyarrow  # noqa: F401  (before paddle)
 
 import numpy as np
 import pytest
-from helpers_train import START, labels_of, read_golden, run_training, write_job
+from helpers_train import START, key_counts, labels_of, read_golden, run_training, write_job
 
 from ctr_foundation import pass_format
 from elastic_control.metrics import auc
-from elastic_control.training.pass_stream import KeyCounts
 from elastic_control.training.rate_decay import RateDecay
 
 SLOTS = (1, 2, 3, 4, 5)
 
 
-def _counts(keys) -> KeyCounts:
-    c = KeyCounts()
-    c.add(np.array(keys, dtype=np.uint64))
-    return c
-
-
 def test_key_counts_lookup_and_absorb():
-    a = _counts([5, 5, 7, 2**64 - 1])
+    a = key_counts([5, 5, 7, 2**64 - 1])
     assert a.lookup(np.array([5, 7, 9, 2**64 - 1], dtype=np.uint64)).tolist() == [2, 1, 0, 1]
-    a.absorb(_counts([7, 9, 9]))
+    a.absorb(key_counts([7, 9, 9]))
     assert a.lookup(np.array([5, 7, 9], dtype=np.uint64)).tolist() == [2, 2, 2]
-    assert KeyCounts().lookup(np.array([1], dtype=np.uint64)).tolist() == [0]
+    assert key_counts([]).lookup(np.array([1], dtype=np.uint64)).tolist() == [0]
 
 
 def test_factors_follow_sightings_of_all_trainers():
     decay = RateDecay(decay_sightings=10, trainers=2)
     keys = np.array([1, 2, 3], dtype=np.uint64)
-    decay.start_epoch(_counts([1] * 20 + [2] * 4), share_lines=100)
+    decay.start_epoch(key_counts([1] * 20 + [2] * 4), share_lines=100)
     np.testing.assert_allclose(decay.factors(keys), [1, 1, 1])  # nothing fed yet: full rates
     decay.fed(50)  # half the epoch: key 1 seen 10 times here, 20 by both trainers
     np.testing.assert_allclose(decay.factors(keys), 1 / np.sqrt(1 + np.array([20, 4, 0]) / 10), rtol=1e-6)
     decay.end_epoch()  # the whole epoch counts now, and carries into the next pass
-    decay.start_epoch(_counts([3]), share_lines=10)
+    decay.start_epoch(key_counts([3]), share_lines=10)
     np.testing.assert_allclose(decay.factors(keys), 1 / np.sqrt(1 + np.array([40, 8, 0]) / 10), rtol=1e-6)
     with pytest.raises(ValueError, match="decay_sightings"):
         RateDecay(0, 1)

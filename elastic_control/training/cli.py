@@ -119,6 +119,12 @@ _OPTIONS = [
     ),
     ("--l2-embedding", "l2_embedding", click.FloatRange(0), "L2 per key occurrence on embedx_w."),
     ("--l2-wide", "l2_wide", click.FloatRange(0), "L2 per key occurrence on embed_w."),
+    (
+        "--wide-prior",
+        "wide_prior",
+        click.FloatRange(0),
+        "Later passes pull embed_w toward its pass-start value, + this per earlier occurrence (0: toward 0).",
+    ),
     ("--dense-l2", "dense_l2", click.FloatRange(0), "Weight decay of the dense weights."),
     ("--cross-layers", "cross_layers", click.IntRange(1, 16), "dcn: cross layers."),
     ("--cross-rank", "cross_rank", click.IntRange(1, 4096), "dcn: rank of each cross layer."),

@@ -15,13 +15,28 @@ import numpy as np
 
 from ctr_foundation.sample import keys_to_paddle_ids
 from elastic_control.data.line_batch import LineBatch, batch_slot_keys, concat_batches, slice_batch
-from elastic_control.training.model import LABEL_INPUT, slot_input_name, slot_l2_input_name, slot_rate_input_name
+from elastic_control.training.model import (
+    LABEL_INPUT,
+    slot_anchor_input_name,
+    slot_anchor_weight_input_name,
+    slot_input_name,
+    slot_l2_input_name,
+    slot_rate_input_name,
+)
 
 _END = object()
 
 
 def make_feed(
-    paddle, batch: LineBatch, slots, sparse_dim: int | None, place, l2_scale=None, admission=None, rate_factors=None
+    paddle,
+    batch: LineBatch,
+    slots,
+    sparse_dim: int | None,
+    place,
+    l2_scale=None,
+    admission=None,
+    rate_factors=None,
+    wide_prior=None,
 ) -> dict:
     """Feed dict: one int64 LoD tensor per slot (padding rule of sample.slot_keys) and the click labels.
 
@@ -30,11 +45,29 @@ def make_feed(
     With ``admission`` (training/admission.py), also each slot's 0/1 admission mask, same LoD.
     With ``rate_factors`` (keys -> float32 per key, training/rate_decay.py), also each key's decay-rule
     rate factor (``slot_rate_input_name``), same LoD.
+    With ``wide_prior`` (training/wide_prior.py), also each key's anchor and its weight, same LoD.
     """
+    per_slot = list(batch_slot_keys(batch, slots, sparse_dim))
+    labels = batch.clicks.astype(np.float32).reshape(-1, 1)
+    return feed_slot_keys(paddle, per_slot, labels, slots, place, l2_scale, admission, rate_factors, wide_prior)
+
+
+def feed_slot_keys(
+    paddle, per_slot, labels, slots, place, l2_scale=None, admission=None, rate_factors=None, wide_prior=None
+) -> dict:
+    """make_feed from each slot's (keys, lengths) and the labels: see there."""
     core = paddle.base.core
     feed = {}
-    per_slot = list(batch_slot_keys(batch, slots, sparse_dim))
-    per_key = [(fn, name) for fn, name in ((l2_scale, slot_l2_input_name), (rate_factors, slot_rate_input_name)) if fn]
+    per_key = [
+        (fn, name)
+        for fn, name in (
+            (l2_scale, slot_l2_input_name),
+            (rate_factors, slot_rate_input_name),
+            (wide_prior.anchors if wide_prior else None, slot_anchor_input_name),
+            (wide_prior.weights if wide_prior else None, slot_anchor_weight_input_name),
+        )
+        if fn
+    ]
     if per_key:  # looked up once for the whole batch (one search per table, not one per slot)
         ends = np.cumsum([len(keys) for keys, _ in per_slot])
         every_key = np.concatenate([keys for keys, _ in per_slot]) if per_slot else np.zeros(0, np.uint64)
@@ -57,7 +90,7 @@ def make_feed(
             m.set(admission.values(keys), place)
             m.set_recursive_sequence_lengths(lod)
             feed[mask_input_name(slot)] = m
-    feed[LABEL_INPUT] = batch.clicks.astype(np.float32).reshape(-1, 1)
+    feed[LABEL_INPUT] = labels
     return feed
 
 

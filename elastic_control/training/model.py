@@ -41,6 +41,16 @@ def slot_l2_input_name(slot: int) -> str:
     return f"slot_{slot}_l2"
 
 
+def slot_anchor_input_name(slot: int) -> str:
+    """Per key of the slot: the wide weight its L2 pulls toward (the wide prior, training/wide_prior.py)."""
+    return f"slot_{slot}_anchor"
+
+
+def slot_anchor_weight_input_name(slot: int) -> str:
+    """Per key of the slot: the strength of that pull (l2_wide + wide_prior x earlier occurrences)."""
+    return f"slot_{slot}_anchor_weight"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     slots: tuple[int, ...]
@@ -59,6 +69,13 @@ class ModelSpec:
     cross_layers: int = 2
     cross_rank: int = 16
     dense_l2: float = 0.0  # weight decay of the dense weights
+    # The wide prior: a key's wide-weight L2 pulls toward its weight at the pass start, with l2_wide plus
+    # this much per occurrence trained in earlier passes (training/wide_prior.py); 0: toward 0.
+    wide_prior: float = 0.0
+
+    @property
+    def uses_wide_prior(self) -> bool:
+        return bool(self.wide_prior and self.l2_wide and self.family_spec.has_wide)
 
     @property
     def uses_decay(self) -> bool:
@@ -91,6 +108,7 @@ class ModelSpec:
             **({"decay_sightings": self.decay_sightings} if self.uses_decay else {}),
             "l2_embedding": self.l2_embedding,
             "l2_wide": self.l2_wide,
+            **({"wide_prior": self.wide_prior} if self.uses_wide_prior else {}),
             "dense_l2": self.dense_l2,
             "sparse_dim": self.sparse_dim,
             **({"cross_layers": self.cross_layers, "cross_rank": self.cross_rank} if self.family == "dcn" else {}),
@@ -112,6 +130,8 @@ class TrainingNet:
     log_loss: object = None  # the data term of ``loss`` (without the L2 terms)
     l2_inputs: list = field(default_factory=list)  # per slot, the keys' L2 scales (empty without L2)
     rate_inputs: list = field(default_factory=list)  # per slot, the keys' decay-rule rate factors (or empty)
+    anchor_inputs: list = field(default_factory=list)  # per slot, (anchor, weight) of the wide prior (or empty)
+    rows: object = None  # every slot's looked-up rows, slot after slot (with L2): what lookup_rows fetches
 
     @property
     def uses_l2(self) -> bool:
@@ -137,11 +157,18 @@ def decayed_rows(paddle, emb, factor):
     return emb * factor + held
 
 
-def _l2_of_rows(paddle, emb, scale, spec: ModelSpec):
-    """Sum over the batch's looked-up rows of the count-scaled L2 terms (embed_w and embedx_w apart)."""
+def _l2_of_rows(paddle, emb, scale, spec: ModelSpec, anchor=None):
+    """Sum over the batch's looked-up rows of the count-scaled L2 terms (embed_w and embedx_w apart).
+
+    ``anchor``: (values, weights) per row with the wide prior: embed_w's term is then
+    ``weight * (embed_w - value)^2 * scale`` (the weight includes l2_wide), else ``l2_wide * embed_w^2 * scale``.
+    """
     terms = []
     wide = spec.family_spec.has_wide
-    if wide and spec.l2_wide:
+    if wide and anchor is not None:
+        values, weights = anchor
+        terms.append(paddle.sum(paddle.square(emb[:, 0:1] - values) * scale * weights))
+    elif wide and spec.l2_wide:
         terms.append(spec.l2_wide * paddle.sum(paddle.square(emb[:, 0:1]) * scale))
     if spec.l2_embedding:
         cols = emb[:, 1:] if wide else emb
@@ -184,6 +211,17 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         if spec.uses_decay
         else []
     )
+    anchor_inputs = (
+        [
+            tuple(
+                paddle.static.data(name=name(s), shape=[-1, 1], dtype="float32", lod_level=1)
+                for name in (slot_anchor_input_name, slot_anchor_weight_input_name)
+            )
+            for s in spec.slots
+        ]
+        if spec.uses_wide_prior
+        else []
+    )
     init = paddle.nn.initializer.Uniform(-INITIAL_RANGE, INITIAL_RANGE)
     pooled, looked_up = [], []
     for i, (slot, x) in enumerate(zip(spec.slots, slot_inputs, strict=True)):
@@ -206,11 +244,9 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
     loss = log_loss
     # One set of L2 ops over every slot's rows (concatenated), not one per slot: the same sum, and at
     # 2 trainers on 2 cores the per-slot ops were most of the L2's cost.
-    l2_terms = (
-        _l2_of_rows(paddle, paddle.concat(looked_up, axis=0), paddle.concat(l2_inputs, axis=0), spec)
-        if looked_up
-        else []
-    )
+    rows = paddle.concat(looked_up, axis=0) if looked_up else None
+    anchor = tuple(paddle.concat([a[i] for a in anchor_inputs], axis=0) for i in (0, 1)) if anchor_inputs else None
+    l2_terms = _l2_of_rows(paddle, rows, paddle.concat(l2_inputs, axis=0), spec, anchor) if looked_up else []
     if l2_terms:
         batch = paddle.cast(paddle.shape(label)[0], "float32")
         loss = log_loss + paddle.add_n(l2_terms) / batch
@@ -233,6 +269,8 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         log_loss,
         l2_inputs,
         rate_inputs,
+        anchor_inputs,
+        rows,
     )
 
 

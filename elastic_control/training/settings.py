@@ -66,6 +66,9 @@ class Hyperparameters:
     # logs at or above logistic regression (0.7325-0.7331 vs 0.7323, 0.7487-0.7496 vs 0.7484; at 2.0 the
     # first was 0.7302-0.7306) at no cost on the Criteo split (docs/benchmarks.md, 2026-12-02).
     l2_wide: float = 5.0
+    # The wide prior (training/wide_prior.py): in later passes a key's wide weight is pulled toward its
+    # weight at the pass start with l2_wide + this much per earlier occurrence; 0: toward 0.
+    wide_prior: float = 0.0
     dense_l2: float = 0.0  # weight decay of the dense weights (MLP, cross layers, output)
     cross_layers: int = 2  # dcn
     cross_rank: int = 16  # dcn: rank of each cross layer's weight
@@ -139,6 +142,7 @@ class RoleSettings:
             decay_sightings=h.decay_sightings,
             l2_embedding=h.l2_embedding,
             l2_wide=h.l2_wide,
+            wide_prior=h.wide_prior,
             dense_l2=h.dense_l2,
             cross_layers=h.cross_layers,
             cross_rank=h.cross_rank,

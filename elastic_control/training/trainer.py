@@ -72,12 +72,20 @@ class Trainer:
             from elastic_control.training.rate_decay import RateDecay
 
             self.rate_decay = RateDecay(self.spec.decay_sightings, settings.trainers)
+        # The wide prior (training/wide_prior.py), None when off.
+        self.wide_prior = None
+        if self.spec.uses_wide_prior:
+            from elastic_control.training.wide_prior import WidePrior
+
+            self.wide_prior = WidePrior(self.spec.wide_prior, self.spec.l2_wide)
         strategy = make_strategy(fleet, self.spec, accessor=inc.accessor() if inc else None)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), strategy)
         optimizer.minimize(self.net.loss)
         self.main = paddle.static.default_main_program()
         # The training program's forward part alone: scores golden lines without pushing gradients.
         self.forward = self.main._prune([self.net.prob])
+        # The lookups alone: the wide prior reads the keys' weights at each pass start.
+        self.lookup = self.main._prune([self.net.rows]) if self.wide_prior else None
         self.place = paddle.CPUPlace()
         self.exe = paddle.static.Executor(self.place)
         self.coord = CoordinatorClient(*coordinator_endpoint(settings.pserver_endpoints))
@@ -252,6 +260,10 @@ class Trainer:
         if self.net.uses_l2 or self.rate_decay:
             counts, share_lines = self._count_keys(share, part)
             l2_scale = counts.inverse if self.net.uses_l2 else None
+        if self.wide_prior:
+            t = time.monotonic()
+            known = self.wide_prior.start_pass(counts, self._wide_weights)
+            self.log(f"pass {part.name}: wide prior on {known} keys seen before ({time.monotonic() - t:.1f}s)")
         best = self._best_epoch_for(part)
         epochs, epoch = 1, 0
         while epoch < epochs:
@@ -302,6 +314,8 @@ class Trainer:
         if best is not None:
             stats.best_epoch, stats.restored_epoch = best.best_epoch, best.restored_epoch
             best.end_pass()
+        if self.wide_prior:
+            self.wide_prior.end_pass(counts)
         stats.epochs = epoch
         stats.seconds = time.monotonic() - started
         stats.golden = [holdout.batch()] if holdout.count else []
@@ -399,6 +413,7 @@ class Trainer:
                     l2_scale,
                     admission=mask,
                     rate_factors=decay.factors if decay else None,
+                    wide_prior=self.wide_prior,
                 )
                 if decay:  # the parse thread runs ahead of exe.run by a few batches: close enough
                     decay.fed(len(b))
@@ -466,6 +481,27 @@ class Trainer:
     def _dense_snapshot(self) -> dict:
         scope = self.paddle.static.global_scope()
         return {n: np.array(scope.find_var(n).get_tensor()).copy() for n in self.net.dense_param_names}
+
+    def _wide_weights(self, keys: np.ndarray, chunk: int = 8192) -> np.ndarray:
+        """embed_w of each key as the servers hold it now (forward lookups only: nothing is pushed)."""
+        from elastic_control.training.feeding import feed_slot_keys
+
+        mask = self.incremental.mask if self.incremental else None
+        ones = (lambda k: np.ones(len(k), np.float32)) if self.rate_decay else None
+        out = []
+        for start in range(0, len(keys), chunk):
+            part = np.asarray(keys[start : start + chunk], dtype=np.uint64)
+            # Every slot looks up the same keys, one per line (the table is shared by all slots); the
+            # rows come back slot after slot, so the first len(part) are the first slot's.
+            per_slot = [(part, np.ones(len(part), np.int64))] * len(self.spec.slots)
+            labels = np.zeros((len(part), 1), np.float32)
+            feed = feed_slot_keys(
+                self.paddle, per_slot, labels, self.spec.slots, self.place, admission=mask, rate_factors=ones
+            )
+            # The rows keep their LoD, which only return_numpy=False hands back.
+            (rows,) = self.exe.run(self.lookup, feed=feed, fetch_list=[self.net.rows.name], return_numpy=False)
+            out.append(np.array(rows)[: len(part), 0])
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     def score(self, batch: LineBatch) -> np.ndarray:
         """Probabilities from the training program's forward pass (no gradient push)."""
