@@ -59,6 +59,21 @@ def test_train_without_a_complete_hour_fails_at_once_saying_how_to_make_data(tmp
     assert not (tmp_path / "models").exists()  # nothing started
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "dnn"], "--wide-prior 0.1 with MODEL=dnn: the prior pulls the per-key wide weight"),
+        (["--l2-wide", "0"], "--wide-prior 0.1 with --l2-wide 0"),
+    ],
+)
+def test_a_wide_prior_that_would_do_nothing_is_a_usage_error(tmp_path, flags, message):
+    args = _job(tmp_path, hours=1)
+    _synth(tmp_path, 1, 200)
+    res = _run(tmp_path, *args, "--wide-prior", "0.1", *flags)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and message in res.stderr, res.stderr
+    assert not (tmp_path / "models").exists()  # refused before any process started
+
+
 @pytest.mark.e2e
 def test_train_runs_the_job_under_the_local_supervisor(tmp_path):
     args = _job(tmp_path, hours=1)

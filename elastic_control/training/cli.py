@@ -202,10 +202,11 @@ def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, 
     from elastic_control.data.window import check_data_window
     from elastic_control.local.components import training_window
     from elastic_control.local.train_job import run_training_job
-    from elastic_control.training.settings import resolve_epochs
+    from elastic_control.training.settings import check_wide_prior, resolve_epochs
 
     config = load_data_config(datafile)
     resolve_epochs(hyper.epochs, config)  # EPOCHS > 1 with ADMIT_MIN_COUNT: a usage error, before any process
+    check_wide_prior(hyper, config)
     slots = load_slot_conf(slot_conf)
     model_path = model_path or MODEL_PATH.get() or config.model_path
     if not model_path:

@@ -131,7 +131,7 @@ class TrainingNet:
     l2_inputs: list = field(default_factory=list)  # per slot, the keys' L2 scales (empty without L2)
     rate_inputs: list = field(default_factory=list)  # per slot, the keys' decay-rule rate factors (or empty)
     anchor_inputs: list = field(default_factory=list)  # per slot, (anchor, weight) of the wide prior (or empty)
-    rows: object = None  # every slot's looked-up rows, slot after slot (with L2): what lookup_rows fetches
+    rows: object = None  # every slot's looked-up rows, slot after slot (with L2): what the trainer's lookups fetch
 
     @property
     def uses_l2(self) -> bool:

@@ -167,6 +167,22 @@ def resolve_epochs(flag: int | str | None, data_config: DataConfig) -> int | str
     return setting
 
 
+def check_wide_prior(hyper: Hyperparameters, data_config: DataConfig) -> None:
+    """--wide-prior acts on the wide weight's L2: refuse it where there is none (it would do nothing)."""
+    from elastic_control.training.families import WIDE_FAMILIES
+
+    if not hyper.wide_prior:
+        return
+    family = hyper.model or data_config.model or DEFAULT_MODEL
+    if family not in WIDE_FAMILIES:
+        raise ConfigError(
+            f"--wide-prior {hyper.wide_prior} with MODEL={family}: the prior pulls the per-key wide weight, "
+            f"which only {', '.join(sorted(WIDE_FAMILIES))} have"
+        )
+    if not hyper.l2_wide:
+        raise ConfigError(f"--wide-prior {hyper.wide_prior} with --l2-wide 0: the prior is a strength of that L2")
+
+
 def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings:
     """Validate every variable a role needs; ConfigError naming the first one missing or wrong."""
     env = os.environ if environ is None else environ
@@ -183,6 +199,7 @@ def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings
     if role == "TRAINER" and not 0 <= trainer_id < trainers:
         raise ConfigError(f"PADDLE_TRAINER_ID={trainer_id} must be in 0..PADDLE_TRAINERS_NUM-1 ({trainers - 1})")
     resolve_epochs(hyper.epochs, data_config)  # refuses EPOCHS > 1 with admission before Paddle starts
+    check_wide_prior(hyper, data_config)
     return RoleSettings(
         role=role,
         pserver_endpoints=env_vars.PADDLE_PSERVERS_IP_PORT_LIST.require(env),
