@@ -110,8 +110,7 @@ class RoleSettings:
 
     @property
     def model_family(self) -> str:
-        """The flag, else data.config's MODEL, else the default."""
-        return self.hyper.model or self.data_config.model or DEFAULT_MODEL
+        return resolve_model(self.hyper.model, self.data_config)
 
     @property
     def epochs(self) -> int | str:
@@ -149,6 +148,11 @@ class RoleSettings:
         )
 
 
+def resolve_model(flag: str | None, data_config: DataConfig) -> str:
+    """The model family: the flag, else data.config's MODEL, else the default."""
+    return flag or data_config.model or DEFAULT_MODEL
+
+
 def resolve_epochs(flag: int | str | None, data_config: DataConfig) -> int | str:
     """Epochs per pass: the flag, else data.config's EPOCHS, else the default; 1 with ADMIT_MIN_COUNT.
 
@@ -173,7 +177,7 @@ def check_wide_prior(hyper: Hyperparameters, data_config: DataConfig) -> None:
 
     if not hyper.wide_prior:
         return
-    family = hyper.model or data_config.model or DEFAULT_MODEL
+    family = resolve_model(hyper.model, data_config)
     if family not in WIDE_FAMILIES:
         raise ConfigError(
             f"--wide-prior {hyper.wide_prior} with MODEL={family}: the prior pulls the per-key wide weight, "

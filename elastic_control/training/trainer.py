@@ -486,8 +486,6 @@ class Trainer:
         """embed_w of each key as the servers hold it now (forward lookups only: nothing is pushed)."""
         from elastic_control.training.feeding import feed_slot_keys
 
-        mask = self.incremental.mask if self.incremental else None
-        ones = (lambda k: np.ones(len(k), np.float32)) if self.rate_decay else None
         out = []
         for start in range(0, len(keys), chunk):
             part = np.asarray(keys[start : start + chunk], dtype=np.uint64)
@@ -495,24 +493,25 @@ class Trainer:
             # rows come back slot after slot, so the first len(part) are the first slot's.
             per_slot = [(part, np.ones(len(part), np.int64))] * len(self.spec.slots)
             labels = np.zeros((len(part), 1), np.float32)
-            feed = feed_slot_keys(
-                self.paddle, per_slot, labels, self.spec.slots, self.place, admission=mask, rate_factors=ones
-            )
+            feed = feed_slot_keys(self.paddle, per_slot, labels, self.spec.slots, self.place, **self._forward_inputs())
             # The rows keep their LoD, which only return_numpy=False hands back.
             (rows,) = self.exe.run(self.lookup, feed=feed, fetch_list=[self.net.rows.name], return_numpy=False)
             out.append(np.array(rows)[: len(part), 0])
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
+    def _forward_inputs(self) -> dict:
+        """make_feed's per-key inputs for forward runs (scoring, lookups): the admission mask, and with the
+        decay rule factors of 1 (they scale gradients only, the forward value is the same for any, but the
+        forward programs still read them)."""
+        ones = (lambda keys: np.ones(len(keys), np.float32)) if self.rate_decay else None
+        return {"admission": self.incremental.mask if self.incremental else None, "rate_factors": ones}
+
     def score(self, batch: LineBatch) -> np.ndarray:
         """Probabilities from the training program's forward pass (no gradient push)."""
         from elastic_control.training.feeding import make_feed
 
-        mask = self.incremental.mask if self.incremental else None
-        # The decay rule's factors scale gradients only (the forward value is the same for any), but the
-        # forward program still reads them.
-        ones = (lambda keys: np.ones(len(keys), np.float32)) if self.rate_decay else None
         feed = make_feed(
-            self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, admission=mask, rate_factors=ones
+            self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, **self._forward_inputs()
         )
         (prob,) = self.exe.run(self.forward, feed=feed, fetch_list=[self.net.prob.name])
         return np.array(prob).ravel()

@@ -56,18 +56,21 @@ class WidePrior:
         self._keys, self._anchors, self._weights = self._keys[:0], self._anchors[:0], self._weights[:0]
 
     def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index into the pass's keys seen before, whether found) of each key; call with some seen before."""
         keys = np.asarray(keys, dtype=np.uint64)
-        if not len(self._keys):
-            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
         idx = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
         return idx, self._keys[idx] == keys
 
     def anchors(self, keys: np.ndarray) -> np.ndarray:
         """float32 per key occurrence: the weight its L2 pulls toward (0 for a key new to the model)."""
+        if not len(self._keys):
+            return np.zeros(len(keys), np.float32)
         idx, hit = self._find(keys)
-        return np.where(hit, self._anchors[idx] if len(self._anchors) else 0, 0).astype(np.float32)
+        return np.where(hit, self._anchors[idx], 0).astype(np.float32)
 
     def weights(self, keys: np.ndarray) -> np.ndarray:
         """float32 per key occurrence: the pull's strength (l2_wide for a key new to the model)."""
+        if not len(self._keys):
+            return np.full(len(keys), self.l2_wide, np.float32)
         idx, hit = self._find(keys)
-        return np.where(hit, self._weights[idx] if len(self._weights) else 0, self.l2_wide).astype(np.float32)
+        return np.where(hit, self._weights[idx], self.l2_wide).astype(np.float32)
