@@ -1,7 +1,7 @@
 """Feature admission (``ADMIT_MIN_COUNT=N``): a feasign's embedding counts only once it was seen N times.
 
-The training program multiplies every looked-up embedding by a 0/1 mask fed beside the slot's ids (one
-value per id, same LoD), so a key that is not admitted contributes zeros to its slot's sum and gets a zero
+The training program multiplies every looked-up embedding by a 0/1 mask fed beside the batch's ids (one
+value per id), so a key that is not admitted contributes zeros to its slot's sum and gets a zero
 gradient: its embedding stays as the pserver created it, while the pserver still counts its pushes
 (``show``), which is what admits it.
 
@@ -23,17 +23,14 @@ import numpy as np
 
 from elastic_control.training.key_state import KeyState
 
-
-def mask_input_name(slot: int) -> str:
-    return f"slot_{slot}_admitted"
+MASK_INPUT = "key_admitted"  # per looked-up key (model.KEYS_INPUT's order): 1 admitted, 0 not
 
 
 def embedding_hook(paddle):
-    """For model.build_training_net: ``hook(slot, emb) -> emb * mask`` with the mask as a new LoD input."""
+    """For model.build_training_net: ``hook(rows) -> rows * mask`` with the mask as a new input."""
 
-    def hook(slot: int, emb):
-        mask = paddle.static.data(name=mask_input_name(slot), shape=[-1, 1], dtype="float32", lod_level=1)
-        return emb * mask
+    def hook(rows):
+        return rows * paddle.static.data(name=MASK_INPUT, shape=[-1, 1], dtype="float32")
 
     return hook
 

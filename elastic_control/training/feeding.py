@@ -16,12 +16,12 @@ import numpy as np
 from ctr_foundation.sample import keys_to_paddle_ids
 from elastic_control.data.line_batch import LineBatch, batch_slot_keys, concat_batches, slice_batch
 from elastic_control.training.model import (
+    KEY_ANCHOR_INPUT,
+    KEY_ANCHOR_WEIGHT_INPUT,
+    KEY_L2_INPUT,
+    KEY_RATE_INPUT,
+    KEYS_INPUT,
     LABEL_INPUT,
-    slot_anchor_input_name,
-    slot_anchor_weight_input_name,
-    slot_input_name,
-    slot_l2_input_name,
-    slot_rate_input_name,
 )
 
 _END = object()
@@ -38,14 +38,14 @@ def make_feed(
     rate_factors=None,
     wide_prior=None,
 ) -> dict:
-    """Feed dict: one int64 LoD tensor per slot (padding rule of sample.slot_keys) and the click labels.
+    """Feed dict: every slot's keys as one int64 LoD tensor (model.KEYS_INPUT: slot after slot, one
+    sequence per line, padding rule of sample.slot_keys) and the click labels.
 
-    With ``l2_scale`` (keys -> float32 per key), also each key's L2 scale as a float LoD
-    tensor beside its slot's keys (``slot_l2_input_name``), the input of the training net's L2 terms.
-    With ``admission`` (training/admission.py), also each slot's 0/1 admission mask, same LoD.
-    With ``rate_factors`` (keys -> float32 per key, training/rate_decay.py), also each key's decay-rule
-    rate factor (``slot_rate_input_name``), same LoD.
-    With ``wide_prior`` (training/wide_prior.py), also each key's anchor and its weight, same LoD.
+    The per-key inputs, one float32 [keys, 1] array each in the keys' order:
+    with ``l2_scale`` (keys -> float32 per key), each key's L2 scale (KEY_L2_INPUT), the input of the
+    training net's L2 terms; with ``admission`` (training/admission.py), the 0/1 admission mask; with
+    ``rate_factors`` (keys -> float32 per key, training/rate_decay.py), each key's decay-rule rate factor
+    (KEY_RATE_INPUT); with ``wide_prior`` (training/wide_prior.py), each key's anchor and its weight.
     """
     per_slot = list(batch_slot_keys(batch, slots, sparse_dim))
     labels = batch.clicks.astype(np.float32).reshape(-1, 1)
@@ -56,41 +56,26 @@ def feed_slot_keys(
     paddle, per_slot, labels, slots, place, l2_scale=None, admission=None, rate_factors=None, wide_prior=None
 ) -> dict:
     """make_feed from each slot's (keys, lengths) and the labels: see there."""
-    core = paddle.base.core
-    feed = {}
-    per_key = [
-        (fn, name)
-        for fn, name in (
-            (l2_scale, slot_l2_input_name),
-            (rate_factors, slot_rate_input_name),
-            (wide_prior.anchors if wide_prior else None, slot_anchor_input_name),
-            (wide_prior.weights if wide_prior else None, slot_anchor_weight_input_name),
-        )
-        if fn
-    ]
-    if per_key:  # looked up once for the whole batch (one search per table, not one per slot)
-        ends = np.cumsum([len(keys) for keys, _ in per_slot])
-        every_key = np.concatenate([keys for keys, _ in per_slot]) if per_slot else np.zeros(0, np.uint64)
-        per_key = [(np.split(np.asarray(fn(every_key), dtype=np.float32), ends[:-1]), name) for fn, name in per_key]
-    for i, (slot, (keys, lengths)) in enumerate(zip(slots, per_slot, strict=True)):
-        lod = [lengths.tolist()]
-        t = core.LoDTensor()
-        t.set(keys_to_paddle_ids(keys).reshape(-1, 1), place)
-        t.set_recursive_sequence_lengths(lod)
-        feed[slot_input_name(slot)] = t
-        for values, name in per_key:
-            w = core.LoDTensor()
-            w.set(values[i].reshape(-1, 1), place)
-            w.set_recursive_sequence_lengths(lod)
-            feed[name(slot)] = w
-        if admission is not None:
-            from elastic_control.training.admission import mask_input_name
+    if len(per_slot) != len(slots):
+        raise ValueError(f"{len(per_slot)} slots of keys for {len(slots)} slots")
+    every_key = np.concatenate([keys for keys, _ in per_slot]) if per_slot else np.zeros(0, np.uint64)
+    lengths = np.concatenate([lengths for _, lengths in per_slot]) if per_slot else np.zeros(0, np.int64)
+    t = paddle.base.core.LoDTensor()
+    t.set(keys_to_paddle_ids(every_key).reshape(-1, 1), place)
+    t.set_recursive_sequence_lengths([lengths.tolist()])
+    feed = {KEYS_INPUT: t, LABEL_INPUT: labels}
+    for fn, name in (
+        (l2_scale, KEY_L2_INPUT),
+        (rate_factors, KEY_RATE_INPUT),
+        (wide_prior.anchors if wide_prior else None, KEY_ANCHOR_INPUT),
+        (wide_prior.weights if wide_prior else None, KEY_ANCHOR_WEIGHT_INPUT),
+    ):
+        if fn:
+            feed[name] = np.asarray(fn(every_key), dtype=np.float32).reshape(-1, 1)
+    if admission is not None:
+        from elastic_control.training.admission import MASK_INPUT
 
-            m = core.LoDTensor()
-            m.set(admission.values(keys), place)
-            m.set_recursive_sequence_lengths(lod)
-            feed[mask_input_name(slot)] = m
-    feed[LABEL_INPUT] = labels
+        feed[MASK_INPUT] = admission.values(every_key)
     return feed
 
 

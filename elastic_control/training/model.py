@@ -27,28 +27,15 @@ LABEL_INPUT = "click"
 INITIAL_RANGE = 0.01
 
 
-def slot_input_name(slot: int) -> str:
-    return f"slot_{slot}"
-
-
-def slot_rate_input_name(slot: int) -> str:
-    """Per key of the slot: its rate factor under the ``decay`` rule (see ``decayed_rows``)."""
-    return f"slot_{slot}_rate"
-
-
-def slot_l2_input_name(slot: int) -> str:
-    """Per key of the slot: 1 / its count in the trainer's share of the pass (the count-scaled L2)."""
-    return f"slot_{slot}_l2"
-
-
-def slot_anchor_input_name(slot: int) -> str:
-    """Per key of the slot: the wide weight its L2 pulls toward (the wide prior, training/wide_prior.py)."""
-    return f"slot_{slot}_anchor"
-
-
-def slot_anchor_weight_input_name(slot: int) -> str:
-    """Per key of the slot: the strength of that pull (l2_wide + wide_prior x earlier occurrences)."""
-    return f"slot_{slot}_anchor_weight"
+# The net's inputs. Every slot's keys of a batch are one LoD tensor, slot after slot (len(slots) x batch
+# sequences: slot 0's lines, then slot 1's, ...), looked up and pooled by one op each; the per-key inputs
+# below are plain [keys, 1] float tensors in the same order. One tensor per slot and per-key input (8
+# slots: 24 tensors and 8 lookups, pools and decay products a batch) cost a fifth of the trainers' time.
+KEYS_INPUT = "slot_keys"
+KEY_RATE_INPUT = "key_rate"  # per key: its rate factor under the ``decay`` rule (see ``decayed_rows``)
+KEY_L2_INPUT = "key_l2"  # per key: 1 / its count in the trainer's share of the pass (the count-scaled L2)
+KEY_ANCHOR_INPUT = "key_anchor"  # per key: the wide weight its L2 pulls toward (training/wide_prior.py)
+KEY_ANCHOR_WEIGHT_INPUT = "key_anchor_weight"  # per key: the strength of that pull
 
 
 @dataclass(frozen=True)
@@ -119,27 +106,27 @@ class ModelSpec:
 class TrainingNet:
     """Handles on the variables of the built training net."""
 
-    slot_inputs: list
+    keys: object  # KEYS_INPUT
     label: object
     prob: object
     loss: object
     infer_program: object
     infer_input: object
     infer_prob: object
+    rows: object  # every slot's looked-up rows, slot after slot (after the admission mask): the trainer's lookups
     dense_param_names: list[str] = field(default_factory=list)
     log_loss: object = None  # the data term of ``loss`` (without the L2 terms)
-    l2_inputs: list = field(default_factory=list)  # per slot, the keys' L2 scales (empty without L2)
-    rate_inputs: list = field(default_factory=list)  # per slot, the keys' decay-rule rate factors (or empty)
-    anchor_inputs: list = field(default_factory=list)  # per slot, (anchor, weight) of the wide prior (or empty)
-    rows: object = None  # every slot's looked-up rows, slot after slot (with L2): what the trainer's lookups fetch
+    l2_input: object = None  # KEY_L2_INPUT (None without L2)
+    rate_input: object = None  # KEY_RATE_INPUT (None without the decay rule)
+    anchor_inputs: tuple | None = None  # (KEY_ANCHOR_INPUT, KEY_ANCHOR_WEIGHT_INPUT) with the wide prior
 
     @property
     def uses_l2(self) -> bool:
-        return bool(self.l2_inputs)
+        return self.l2_input is not None
 
     @property
     def uses_decay(self) -> bool:
-        return bool(self.rate_inputs)
+        return self.rate_input is not None
 
 
 def decayed_rows(paddle, emb, factor):
@@ -179,9 +166,9 @@ def _l2_of_rows(paddle, emb, scale, spec: ModelSpec, anchor=None):
 def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> TrainingNet:
     """Build the training net in the default programs and the dense inference program beside it.
 
-    ``embedding_hook(slot, emb) -> emb`` rewrites each slot's looked-up embeddings before pooling
-    (feature admission's mask, training/admission.py); the L2 terms below see the rewritten rows, so a
-    key the mask holds back gets no gradient from them either.
+    ``embedding_hook(rows) -> rows`` rewrites the looked-up rows (every slot's, in KEYS_INPUT's order)
+    before pooling (feature admission's mask, training/admission.py); the L2 terms below see the rewritten
+    rows, so a key the mask holds back gets no gradient from them either.
 
     The loss is the mean log loss of the batch plus, with ``l2_wide``/``l2_embedding`` set, a
     count-scaled L2 on the looked-up rows: each occurrence of key k adds
@@ -190,87 +177,58 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
     strength ``lambda / batch`` whatever its frequency: logistic regression's L2 (scikit-learn's
     C = 1 / (2 * lambda)), where a per-occurrence L2 would barely touch the rare keys that overfit.
     """
-    slot_inputs = [
-        paddle.static.data(name=slot_input_name(s), shape=[-1, 1], dtype="int64", lod_level=1) for s in spec.slots
-    ]
+    keys = paddle.static.data(name=KEYS_INPUT, shape=[-1, 1], dtype="int64", lod_level=1)
     label = paddle.static.data(name=LABEL_INPUT, shape=[-1, 1], dtype="float32")
+
+    def per_key(name):
+        return paddle.static.data(name=name, shape=[-1, 1], dtype="float32")
+
     uses_l2 = bool(spec.l2_embedding or (spec.l2_wide and spec.family_spec.has_wide))
-    l2_inputs = (
-        [
-            paddle.static.data(name=slot_l2_input_name(s), shape=[-1, 1], dtype="float32", lod_level=1)
-            for s in spec.slots
-        ]
-        if uses_l2
-        else []
-    )
-    rate_inputs = (
-        [
-            paddle.static.data(name=slot_rate_input_name(s), shape=[-1, 1], dtype="float32", lod_level=1)
-            for s in spec.slots
-        ]
-        if spec.uses_decay
-        else []
-    )
-    anchor_inputs = (
-        [
-            tuple(
-                paddle.static.data(name=name(s), shape=[-1, 1], dtype="float32", lod_level=1)
-                for name in (slot_anchor_input_name, slot_anchor_weight_input_name)
-            )
-            for s in spec.slots
-        ]
-        if spec.uses_wide_prior
-        else []
-    )
+    l2_input = per_key(KEY_L2_INPUT) if uses_l2 else None
+    rate_input = per_key(KEY_RATE_INPUT) if spec.uses_decay else None
+    anchor = (per_key(KEY_ANCHOR_INPUT), per_key(KEY_ANCHOR_WEIGHT_INPUT)) if spec.uses_wide_prior else None
     init = paddle.nn.initializer.Uniform(-INITIAL_RANGE, INITIAL_RANGE)
-    pooled, looked_up = [], []
-    for i, (slot, x) in enumerate(zip(spec.slots, slot_inputs, strict=True)):
-        emb = paddle.static.nn.sparse_embedding(
-            input=x,
-            size=[1024, spec.embedding_dim],
-            param_attr=paddle.ParamAttr(name=SPARSE_TABLE_NAME, initializer=init),
-        )
-        if embedding_hook is not None:
-            emb = embedding_hook(slot, emb)
-        if rate_inputs:  # before the L2 terms: a key's whole gradient gets its rate
-            emb = decayed_rows(paddle, emb, rate_inputs[i])
-        if uses_l2:
-            looked_up.append(emb)
-        pooled.append(paddle.static.nn.sequence_lod.sequence_pool(emb, pool_type="sum"))
+    rows = paddle.static.nn.sparse_embedding(
+        input=keys,
+        size=[1024, spec.embedding_dim],
+        param_attr=paddle.ParamAttr(name=SPARSE_TABLE_NAME, initializer=init),
+    )
+    if embedding_hook is not None:
+        rows = embedding_hook(rows)
+    trained = decayed_rows(paddle, rows, rate_input) if rate_input is not None else rows  # a key's whole gradient
+    # One sequence per (slot, line), slot-major: [slots * batch, d] -> [batch, slots * d], each line's
+    # slots in slot.conf order (DENSE_INPUT's layout).
+    pooled = paddle.static.nn.sequence_lod.sequence_pool(trained, pool_type="sum")
+    n, d = len(spec.slots), spec.embedding_dim
+    dense_input = paddle.reshape(paddle.transpose(paddle.reshape(pooled, [n, -1, d]), [1, 0, 2]), [-1, n * d])
     family = spec.family_spec
-    logit = dense_logit(paddle, paddle.concat(pooled, axis=1), family)
+    logit = dense_logit(paddle, dense_input, family)
     prob = paddle.nn.functional.sigmoid(logit)
     log_loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
     loss = log_loss
-    # One set of L2 ops over every slot's rows (concatenated), not one per slot: the same sum, and at
-    # 2 trainers on 2 cores the per-slot ops were most of the L2's cost.
-    rows = paddle.concat(looked_up, axis=0) if looked_up else None
-    anchor = tuple(paddle.concat([a[i] for a in anchor_inputs], axis=0) for i in (0, 1)) if anchor_inputs else None
-    l2_terms = _l2_of_rows(paddle, rows, paddle.concat(l2_inputs, axis=0), spec, anchor) if looked_up else []
+    l2_terms = _l2_of_rows(paddle, trained, l2_input, spec, anchor) if uses_l2 else []
     if l2_terms:
         batch = paddle.cast(paddle.shape(label)[0], "float32")
         loss = log_loss + paddle.add_n(l2_terms) / batch
 
     infer, infer_startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(infer, infer_startup):
-        emb_concat = paddle.static.data(
-            name=DENSE_INPUT, shape=[-1, len(spec.slots) * spec.embedding_dim], dtype="float32"
-        )
+        emb_concat = paddle.static.data(name=DENSE_INPUT, shape=[-1, n * d], dtype="float32")
         infer_prob = paddle.nn.functional.sigmoid(dense_logit(paddle, emb_concat, family))
     return TrainingNet(
-        slot_inputs,
+        keys,
         label,
         prob,
         loss,
         infer,
         emb_concat,
         infer_prob,
+        rows,
         dense_param_names(family),
         log_loss,
-        l2_inputs,
-        rate_inputs,
-        anchor_inputs,
-        rows,
+        l2_input,
+        rate_input,
+        anchor,
     )
 
 
