@@ -163,6 +163,13 @@ def _l2_of_rows(paddle, emb, scale, spec: ModelSpec, anchor=None):
     return terms
 
 
+def pooled_by_line(paddle, rows, slots: int, dim: int):
+    """Sum-pool KEYS_INPUT-ordered rows (one LoD sequence per slot and line, slot after slot) into
+    ``[batch, slots * dim]``: each line's pooled slots side by side in slot.conf order (DENSE_INPUT's layout)."""
+    pooled = paddle.static.nn.sequence_lod.sequence_pool(rows, pool_type="sum")  # [slots * batch, dim]
+    return paddle.reshape(paddle.transpose(paddle.reshape(pooled, [slots, -1, dim]), [1, 0, 2]), [-1, slots * dim])
+
+
 def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> TrainingNet:
     """Build the training net in the default programs and the dense inference program beside it.
 
@@ -196,13 +203,9 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
     if embedding_hook is not None:
         rows = embedding_hook(rows)
     trained = decayed_rows(paddle, rows, rate_input) if rate_input is not None else rows  # a key's whole gradient
-    # One sequence per (slot, line), slot-major: [slots * batch, d] -> [batch, slots * d], each line's
-    # slots in slot.conf order (DENSE_INPUT's layout).
-    pooled = paddle.static.nn.sequence_lod.sequence_pool(trained, pool_type="sum")
     n, d = len(spec.slots), spec.embedding_dim
-    dense_input = paddle.reshape(paddle.transpose(paddle.reshape(pooled, [n, -1, d]), [1, 0, 2]), [-1, n * d])
     family = spec.family_spec
-    logit = dense_logit(paddle, dense_input, family)
+    logit = dense_logit(paddle, pooled_by_line(paddle, trained, n, d), family)
     prob = paddle.nn.functional.sigmoid(logit)
     log_loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
     loss = log_loss
