@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ctr_foundation.sample import keys_to_paddle_ids
-from elastic_control.data.line_batch import LineBatch, batch_slot_keys, concat_batches, slice_batch
+from elastic_control.data.line_batch import LineBatch, batch_keys, concat_batches, slice_batch
 from elastic_control.training.model import (
     KEY_ANCHOR_INPUT,
     KEY_ANCHOR_WEIGHT_INPUT,
@@ -47,21 +47,26 @@ def make_feed(
     ``rate_factors`` (keys -> float32 per key, training/rate_decay.py), each key's decay-rule rate factor
     (KEY_RATE_INPUT); with ``wide_prior`` (training/wide_prior.py), each key's anchor and its weight.
     """
-    per_slot = list(batch_slot_keys(batch, slots, sparse_dim))
+    keys, lengths = batch_keys(batch, slots, sparse_dim)
     labels = batch.clicks.astype(np.float32).reshape(-1, 1)
-    return feed_slot_keys(paddle, per_slot, labels, slots, place, l2_scale, admission, rate_factors, wide_prior)
+    return feed_keys(paddle, keys, lengths, labels, place, l2_scale, admission, rate_factors, wide_prior)
 
 
-def feed_slot_keys(
-    paddle, per_slot, labels, slots, place, l2_scale=None, admission=None, rate_factors=None, wide_prior=None
-) -> dict:
+def feed_slot_keys(paddle, per_slot, labels, slots, place, **per_key) -> dict:
     """make_feed from each slot's (keys, lengths) and the labels: see there."""
     if len(per_slot) != len(slots):
         raise ValueError(f"{len(per_slot)} slots of keys for {len(slots)} slots")
-    every_key = np.concatenate([keys for keys, _ in per_slot]) if per_slot else np.zeros(0, np.uint64)
-    lengths = np.concatenate([lengths for _, lengths in per_slot]) if per_slot else np.zeros(0, np.int64)
+    keys = np.concatenate([keys for keys, _ in per_slot] or [np.zeros(0, np.uint64)])
+    lengths = np.concatenate([lengths for _, lengths in per_slot] or [np.zeros(0, np.int64)])
+    return feed_keys(paddle, keys, lengths, labels, place, **per_key)
+
+
+def feed_keys(
+    paddle, keys, lengths, labels, place, l2_scale=None, admission=None, rate_factors=None, wide_prior=None
+) -> dict:
+    """make_feed from every slot's keys, slot after slot, with their lengths (``line_batch.batch_keys``)."""
     t = paddle.base.core.LoDTensor()
-    t.set(keys_to_paddle_ids(every_key).reshape(-1, 1), place)
+    t.set(keys_to_paddle_ids(keys).reshape(-1, 1), place)
     t.set_recursive_sequence_lengths([lengths.tolist()])
     feed = {KEYS_INPUT: t, LABEL_INPUT: labels}
     for fn, name in (
@@ -71,11 +76,11 @@ def feed_slot_keys(
         (wide_prior.weights if wide_prior else None, KEY_ANCHOR_WEIGHT_INPUT),
     ):
         if fn:
-            feed[name] = np.asarray(fn(every_key), dtype=np.float32).reshape(-1, 1)
+            feed[name] = np.asarray(fn(keys), dtype=np.float32).reshape(-1, 1)
     if admission is not None:
         from elastic_control.training.admission import MASK_INPUT
 
-        feed[MASK_INPUT] = admission.values(every_key)
+        feed[MASK_INPUT] = admission.values(keys)
     return feed
 
 

@@ -337,15 +337,14 @@ class Trainer:
     def _count_keys(self, share, part: HourPartition):
         """Count this trainer's keys over its share (the pass's first read, which the epochs then replay):
         (KeyCounts, lines), for the count-scaled L2's 1 / count per key and the decay rule's sightings."""
-        from elastic_control.data.line_batch import batch_slot_keys
+        from elastic_control.data.line_batch import batch_keys
         from elastic_control.training.pass_stream import KeyCounts
 
         t = time.monotonic()
         counts, lines = KeyCounts(), 0
         for chunk in share:
             lines += len(chunk)
-            for keys, _ in batch_slot_keys(chunk, self.spec.slots, self.spec.sparse_dim):
-                counts.add(keys)
+            counts.add(batch_keys(chunk, self.spec.slots, self.spec.sparse_dim)[0])
         self.log(f"pass {part.name}: {len(counts)} distinct keys counted in {time.monotonic() - t:.1f}s")
         return counts, lines
 
