@@ -202,7 +202,13 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
     )
     if embedding_hook is not None:
         rows = embedding_hook(rows)
-    trained = decayed_rows(paddle, rows, rate_input) if rate_input is not None else rows  # a key's whole gradient
+    # Paddle's push multiplies the rows' gradients by the ids' LoD sequence count, meant as the batch size
+    # (FleetWrapper::PushSparseFromTensorAsync undoes the mean loss): here that count is slots x batch, so
+    # the rows' gradients are divided by the slot count to push what one lookup per slot pushed. Before
+    # the L2 terms and with the decay rule's factors: a key's whole gradient.
+    unit = 1.0 / len(spec.slots)
+    factor = (rate_input * unit if unit != 1.0 else rate_input) if rate_input is not None else unit
+    trained = decayed_rows(paddle, rows, factor) if rate_input is not None or unit != 1.0 else rows
     n, d = len(spec.slots), spec.embedding_dim
     family = spec.family_spec
     logit = dense_logit(paddle, pooled_by_line(paddle, trained, n, d), family)
