@@ -130,7 +130,7 @@ class TrainingNet:
 
 
 def decayed_rows(paddle, emb, factor):
-    """The rows unchanged forward, their gradient times ``factor`` (one value per looked-up key).
+    """The rows unchanged forward, their gradient times ``factor`` (one value per looked-up key, or one for all).
 
     The ``decay`` rule's pserver side is plain SGD (``w -= rate * gradient``), so scaling a key's
     gradient here scales its step: the trainers give each key the rate factor
@@ -206,9 +206,13 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
     # (FleetWrapper::PushSparseFromTensorAsync undoes the mean loss): here that count is slots x batch, so
     # the rows' gradients are divided by the slot count to push what one lookup per slot pushed. Before
     # the L2 terms and with the decay rule's factors: a key's whole gradient.
-    unit = 1.0 / len(spec.slots)
-    factor = (rate_input * unit if unit != 1.0 else rate_input) if rate_input is not None else unit
-    trained = decayed_rows(paddle, rows, factor) if rate_input is not None or unit != 1.0 else rows
+    per_slot = 1.0 / len(spec.slots)
+    if rate_input is not None:
+        trained = decayed_rows(paddle, rows, rate_input * per_slot)
+    elif len(spec.slots) > 1:
+        trained = decayed_rows(paddle, rows, per_slot)
+    else:
+        trained = rows
     n, d = len(spec.slots), spec.embedding_dim
     family = spec.family_spec
     logit = dense_logit(paddle, pooled_by_line(paddle, trained, n, d), family)
