@@ -15,7 +15,6 @@ from ctr_foundation.sample import parse_sample_line, slot_keys
 from elastic_control.config.data_config import parse_data_config
 from elastic_control.data.line_batch import (
     batch_keys,
-    batch_slot_keys,
     concat_batches,
     parse_lines,
     slice_batch,
@@ -80,26 +79,25 @@ def test_uint64_feasigns_above_2_63_and_overflow_is_bad():
     assert len(bad) == 1 and "unsigned 64-bit" in bad[0].reason
 
 
-def test_batch_slot_keys_follow_the_padding_rule_of_slot_keys():
+def test_batch_keys_follow_the_padding_rule_of_slot_keys():
     # Keys of a slot interleaved with other slots' and an unknown slot's (9) keep their order of appearance.
     lines = ["1 0 7:1 8:1 9:3", "1 1 10:2", "1 0", "1 1 11:9 12:3", "1 0 13:1 14:3 15:1 16:9 17:1"]
     slots = (3, 1, 2)
     batch, _ = parse_lines(lines)
     for sparse_dim in (None, 5):
-        per_slot = batch_slot_keys(batch, slots, sparse_dim)
-        keys, lengths = batch_keys(batch, slots, sparse_dim)  # the same, slot after slot
-        assert keys.tolist() == np.concatenate([k for k, _ in per_slot]).tolist()
-        assert lengths.tolist() == np.concatenate([n for _, n in per_slot]).tolist()
+        keys, lengths = batch_keys(batch, slots, sparse_dim)
+        assert len(lengths) == len(slots) * len(lines)  # one sequence per slot and line, slot after slot
+        ends = np.cumsum(lengths)
         for i, ln in enumerate(lines):
             ref = slot_keys(parse_sample_line(ln), slots, sparse_dim)
-            for j, (keys, lengths) in enumerate(per_slot):
-                start = int(lengths[:i].sum())
-                assert keys[start : start + lengths[i]].tolist() == ref[j].tolist()
+            for j in range(len(slots)):
+                cell = j * len(lines) + i
+                assert keys[ends[cell] - lengths[cell] : ends[cell]].tolist() == ref[j].tolist()
 
 
 def test_sparse_dim_modulo_on_full_uint64_keys():
     batch, _ = parse_lines([f"1 0 {BIG}:1"])
-    ((keys, _),) = batch_slot_keys(batch, (1,), 1000003)
+    keys, _ = batch_keys(batch, (1,), 1000003)
     assert keys.tolist() == [BIG % 1000003]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from elastic_control.training.feeding import feed_slot_keys  # noqa: E402
+from elastic_control.training.feeding import feed_keys  # noqa: E402
 from elastic_control.training.model import (  # noqa: E402
     KEY_L2_INPUT,
     KEY_RATE_INPUT,
@@ -19,20 +19,18 @@ from elastic_control.training.model import (  # noqa: E402
     pooled_by_line,
 )
 
-# Two slots, three lines: slot 1's lines have 2, 1, 1 keys; slot 2's 1, 3, 1.
-PER_SLOT = [
-    (np.array([11, 12, 13, 14], np.uint64), np.array([2, 1, 1], np.int64)),
-    (np.array([21, 22, 23, 24, 25], np.uint64), np.array([1, 3, 1], np.int64)),
-]
+# Two slots, three lines, slot after slot: slot 1's lines have 2, 1, 1 keys; slot 2's 1, 3, 1.
+KEYS = np.array([11, 12, 13, 14, 21, 22, 23, 24, 25], np.uint64)
+LENGTHS = np.array([2, 1, 1, 1, 3, 1], np.int64)
 
 
 def test_the_feed_is_one_keys_tensor_slot_after_slot_with_per_key_arrays_in_its_order():
     labels = np.zeros((3, 1), np.float32)
-    feed = feed_slot_keys(
+    feed = feed_keys(
         paddle,
-        PER_SLOT,
+        KEYS,
+        LENGTHS,
         labels,
-        (1, 2),
         paddle.CPUPlace(),
         l2_scale=lambda keys: 1.0 / keys.astype(np.float64),
         rate_factors=lambda keys: keys.astype(np.float32) % 10,
@@ -45,9 +43,38 @@ def test_the_feed_is_one_keys_tensor_slot_after_slot_with_per_key_arrays_in_its_
     assert feed[LABEL_INPUT] is labels
 
 
-def test_a_feed_needs_keys_for_every_slot():
-    with pytest.raises(ValueError, match="2 slots of keys for 3 slots"):
-        feed_slot_keys(paddle, PER_SLOT, np.zeros((3, 1), np.float32), (1, 2, 3), paddle.CPUPlace())
+def test_per_key_inputs_of_repeated_keys_equal_each_occurrences_own_lookup():
+    # feed_keys searches each distinct key once and expands; the result must be each occurrence's own
+    # value, in the keys' order, however often and wherever a key repeats.
+    from elastic_control.training.pass_stream import KeyCounts
+    from elastic_control.training.rate_decay import RateDecay
+
+    rng = np.random.default_rng(3)
+    keys = rng.choice(np.array([7, 2**63 + 5, 40, 2**64 - 1, 13], np.uint64), size=200)
+    counts = KeyCounts()
+    counts.add(keys[:120])
+    decay = RateDecay(decay_sightings=4.0, trainers=2)
+    decay.start_epoch(counts, share_lines=50)
+    decay.fed(20)
+    feed = feed_keys(
+        paddle,
+        keys,
+        np.array([200], np.int64),
+        None,
+        paddle.CPUPlace(),
+        l2_scale=counts.inverse,
+        rate_factors=decay.factors,
+    )
+    want_l2 = np.array([counts.inverse(np.array([k]))[0] for k in keys], np.float32)
+    want_rate = np.array([decay.factors(np.array([k]))[0] for k in keys], np.float32)
+    np.testing.assert_array_equal(feed[KEY_L2_INPUT].ravel(), want_l2)
+    np.testing.assert_array_equal(feed[KEY_RATE_INPUT].ravel(), want_rate)
+    assert len(set(want_l2.tolist())) > 1  # the keys' values differ, so a misplaced one would show
+
+
+def test_a_lookup_feed_carries_no_labels():
+    feed = feed_keys(paddle, KEYS, LENGTHS, None, paddle.CPUPlace())
+    assert set(feed) == {KEYS_INPUT}
 
 
 def test_pooled_rows_become_each_lines_slots_side_by_side():

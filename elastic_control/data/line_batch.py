@@ -229,12 +229,3 @@ def batch_keys(batch: LineBatch, slots, sparse_dim: int | None) -> tuple[np.ndar
         keys = np.concatenate([keys, np.full(len(empty), pad_key, np.uint64)])
         counts[empty] = 1
     return keys[np.argsort(cells, kind="stable")], counts.astype(np.int64)
-
-
-def batch_slot_keys(batch: LineBatch, slots, sparse_dim: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per slot of ``slots``: (keys uint64[k], lengths int64[n]) for all lines of the batch (batch_keys by slot)."""
-    slots = tuple(slots)
-    keys, lengths = batch_keys(batch, slots, sparse_dim)
-    per_slot = lengths.reshape(len(slots), len(batch))
-    ends = np.cumsum(per_slot.sum(axis=1))
-    return list(zip(np.split(keys, ends[:-1]), list(per_slot), strict=True))

@@ -483,19 +483,15 @@ class Trainer:
 
     def _wide_weights(self, keys: np.ndarray, chunk: int = 8192) -> np.ndarray:
         """embed_w of each key as the servers hold it now (forward lookups only: nothing is pushed)."""
-        from elastic_control.training.feeding import feed_slot_keys
-        from elastic_control.training.model import LABEL_INPUT
+        from elastic_control.training.feeding import feed_keys
 
         out = []
         for start in range(0, len(keys), chunk):
             part = np.asarray(keys[start : start + chunk], dtype=np.uint64)
             # The lookup program stops at the looked-up rows (before the pooling that needs every slot's
             # keys), so one slot's worth of keys, one per line, is all it reads.
-            per_slot = [(part, np.ones(len(part), np.int64))]
-            labels = np.zeros((len(part), 1), np.float32)
             mask = self.incremental.mask if self.incremental else None
-            feed = feed_slot_keys(self.paddle, per_slot, labels, self.spec.slots[:1], self.place, admission=mask)
-            feed.pop(LABEL_INPUT)
+            feed = feed_keys(self.paddle, part, np.ones(len(part), np.int64), None, self.place, admission=mask)
             # The rows keep their LoD, which only return_numpy=False hands back.
             (rows,) = self.exe.run(self.lookup, feed=feed, fetch_list=[self.net.rows.name], return_numpy=False)
             out.append(np.array(rows)[: len(part), 0])
