@@ -226,7 +226,10 @@ def test_a_real_pass_exports_its_best_epoch_not_the_worse_ones_after_it(tmp_path
     np.testing.assert_allclose(PassScorer(pass_dir).score(batch), probs, rtol=0, atol=1e-5)
     assert not list(job.models.glob(".pass-*")), "the copy of the best epoch was left behind"
 
-    # The same job without the copies exports the epoch that stopped it.
+
+@pytest.mark.e2e
+@pytest.mark.slow  # a second training job, for the opt-out; the default suite runs the restore above
+def test_without_the_copies_a_real_pass_exports_the_epoch_that_stopped_it(tmp_path):
     _, plain = _overfitting_job(tmp_path, "--no-restore-best-epoch")
     meta = json.loads((plain / pass_format.META_FILE).read_text())
     training, losses = meta["training"], meta["training"]["holdout_losses"]

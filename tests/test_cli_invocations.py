@@ -47,7 +47,11 @@ def kube_env(tmp_path):
 
 
 @pytest.mark.needs_venv
-@pytest.mark.parametrize("entry", [CONSOLE_SCRIPT, SHIM], ids=["console-script", "bash-shim"])
+# The bash shim in the default suite (it and the console script both run elastic_control's main); both with -m slow.
+@pytest.mark.parametrize(
+    "entry",
+    [pytest.param(CONSOLE_SCRIPT, marks=pytest.mark.slow, id="console-script"), pytest.param(SHIM, id="bash-shim")],
+)
 def test_the_four_documented_invocations(kube_env, entry):
     api, env = kube_env(recreate_trainer=True)
     state = Path(env["ELASTIC_CTR_STATE_DIR"])

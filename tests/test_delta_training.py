@@ -217,6 +217,7 @@ def _answers(servers, keys):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # the default suite: test_cube_delta's catch-up of a restarted shard on base and deltas
 def test_cube_serves_pass_three_as_its_latest_delta_or_base_and_a_restarted_shard_catches_up(
     trained, tmp_path, monkeypatch
 ):

@@ -289,6 +289,7 @@ def test_every_container_ran_as_restricted_pod_security_allows(cluster):
     assert seen >= 6  # 2 serving + 2 shards x (server, agent)
 
 
+@pytest.mark.slow  # the default suite: test_local_pipeline kills a cube server and a serving process
 def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(cluster):
     version = cluster.wait(lambda: active_version(cluster), timeout=600, what="an active version")
     cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=300, what="ready")

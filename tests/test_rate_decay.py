@@ -89,6 +89,7 @@ def test_the_pservers_run_plain_sgd_for_the_decay_rule():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # the rule on embedx_w is the default, which every default-suite job trains with
 def test_a_job_with_the_decay_rule_trains_and_its_passes_reproduce_their_golden_lines(tmp_path):
     from elastic_control.data.hourly_writer import hour_dir
     from elastic_control.data.line_batch import parse_lines

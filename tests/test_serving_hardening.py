@@ -274,8 +274,8 @@ def _rss_growth_mb(rss: list[int]) -> float:
 
 
 def test_soak_short(served, tmp_path):
-    """The default suite's soak: 32 clients, a hot reload every 3 s, 1,000 half-open connections, 20 s."""
-    r = soak(served, tmp_path, seconds=20, reload_every=3)
+    """The default suite's soak: 32 clients, a hot reload every 2 s, 1,000 half-open connections, 12 s."""
+    r = soak(served, tmp_path, seconds=12, reload_every=2)
     assert r["failures"] == [], r["failures"][:5]
     assert r["answers"] > 200 and r["reloads"] >= 4 and len(r["versions"]) >= 3, r
     assert _rss_growth_mb(r["rss"]) < 100, [x // 2**20 for x in r["rss"]]

@@ -162,6 +162,7 @@ def test_coordinator_barrier_collects_every_rank(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # the default suite guards quality with test_model_quality's real logs
 def test_quick_training_clearly_beats_the_positive_rate_constant(tmp_path):
     """Fast quality guard: 1 trainer, 2 small hours; the next (unseen) hour is scored from the saved pass."""
     from elastic_control.data.hourly_writer import hour_dir

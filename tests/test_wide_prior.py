@@ -87,6 +87,7 @@ def test_the_anchored_term_of_the_training_net():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # an option off by default; its feed and anchors are unit-tested above
 def test_a_job_with_the_wide_prior_reads_its_weights_and_reproduces_its_golden_lines(tmp_path):
     from elastic_control.data.line_batch import parse_lines
     from elastic_control.data.synth import generate
