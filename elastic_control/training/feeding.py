@@ -75,8 +75,8 @@ def feed_keys(
     ]
     if per_key:
         # Each of these is a pure function of the key, searched in a table of up to millions of keys:
-        # searching a batch's distinct keys once, in sorted order, costs less than half of
-        # searching every occurrence in line order (bench_training's per-batch lookups).
+        # searching a batch's distinct keys once, in sorted order, costs less than half of searching
+        # every occurrence in line order (docs/benchmarks.md "Each batch's distinct keys searched once").
         distinct, where = np.unique(np.asarray(keys, dtype=np.uint64), return_inverse=True)
         for fn, name in per_key:
             feed[name] = np.asarray(fn(distinct), dtype=np.float32)[where].reshape(-1, 1)
