@@ -57,6 +57,8 @@ def test_sub_hour_passes_are_deltas_by_default_and_cover_whole_hours():
         ("export PASS_MINUTES=7", r"PASS_MINUTES='7' must divide the hour: one of 1, 2, 3, 4, 5, 6, 10, 12, 15"),
         ("export PASS_MINUTES=60", r"PASS_MINUTES='60' must divide the hour"),
         ("export DELTA_PASS=1", r"unknown key 'DELTA_PASS'; did you mean 'DELTA_PASSES'\?"),
+        ("export PASS_HOURS=0", r"PASS_HOURS='0' must be an integer from 1 to 168"),
+        ("export PASS_HOURS=4\nexport PASS_MINUTES=15", r"PASS_HOURS='4' and PASS_MINUTES='15' cannot both be set"),
     ],
 )
 def test_bad_incremental_keys_fail_in_one_line_naming_the_key(line, match):
@@ -127,6 +129,74 @@ def test_sub_hour_pass_names_sort_and_windows_say_the_slot(tmp_path):
     assert (entry.kind, entry.parent) == ("delta", "pass-20191221-0100")
     line = json.loads((tmp_path / "donefile").read_text())
     assert line["kind"] == "delta" and line["parent"] == "pass-20191221-0100"
+
+
+def test_multi_hour_passes_group_the_window_from_its_start():
+    c = parse_data_config(HEAD.replace("20191221/01", "20191221/09") + "export PASS_HOURS=4\n", env={})
+    windows = [(c.format_slot(a), c.format_slot(b)) for a, b in c.pass_windows()]
+    # Groups of four from START_DATE_HR; the last ends at END_DATE_HR.
+    assert windows == [("20191221/00", "20191221/03"), ("20191221/04", "20191221/07"), ("20191221/08", "20191221/09")]
+    assert len(list(c.slots())) == 10 and not c.delta_passes  # the data folders are still hours
+    assert [(a, b) for a, b in _cfg().pass_windows()] == [(t, t) for t in _cfg().slots()]
+
+
+def test_multi_hour_pass_reads_every_hour_of_its_group(tmp_path):
+    from elastic_control.data.readers import HourlyData
+    from elastic_control.data.synth import generate
+
+    generate(tmp_path, slots=(1, 2), hours=5, lines_per_hour=30, seed=1, start=dt.datetime(2019, 12, 21))
+    c = parse_data_config(
+        f"export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/04\nexport DATASET_PATH={tmp_path}\n"
+        "export PASS_HOURS=2\n",
+        env={},
+    )
+    warnings = []
+    data = HourlyData(c, warn=warnings.append)
+    parts = list(data.partitions())
+    assert [p.name for p in parts] == ["20191221/00..20191221/01", "20191221/02..20191221/03", "20191221/04"]
+    assert [p.last.hour for p in parts] == [1, 3, 4]
+    assert parts[0].files[0].startswith("20191221/00/part-") and parts[0].files[-1].startswith("20191221/01/")
+    assert [sum(len(b) for b in data.iter_batches(p)) for p in parts] == [60, 60, 30]
+    # Two trainers split a group's files, each reading some of every hour.
+    shares = [sum(len(b) for b in data.iter_batches(parts[0], trainer_id=i, trainers=2)) for i in (0, 1)]
+    assert sum(shares) == 60 and min(shares) > 0
+    # Resuming after the first group's last hour; a missing hour is left out of its group, with a warning.
+    (tmp_path / "20191221" / "03" / "donefile").unlink()
+    again = list(data.partitions(after=dt.datetime(2019, 12, 21, 1)))
+    assert [p.name for p in again] == ["20191221/02..20191221/03", "20191221/04"]
+    assert all(f.startswith("20191221/02/") for f in again[0].files) and "hour 20191221/03 is missing" in warnings[0]
+
+
+def test_online_multi_hour_pass_waits_for_every_hour_of_its_group(tmp_path):
+    from ctr_foundation.errors import DataError
+    from elastic_control.data.readers import HourlyData
+    from elastic_control.data.synth import generate
+
+    generate(tmp_path, slots=(1,), hours=3, lines_per_hour=10, seed=1, start=dt.datetime(2019, 12, 21))
+    c = parse_data_config(
+        f"export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/00\nexport DATASET_PATH={tmp_path}\n"
+        "export PASS_HOURS=2\nexport ONLINE=1\n",
+        env={},
+    )
+    parts = HourlyData(c, wait_timeout=0.05, poll_seconds=0.01, warn=lambda m: None).partitions()
+    assert next(parts).name == "20191221/00..20191221/01"  # online: past END_DATE_HR, in groups of two
+    with pytest.raises(DataError, match="hour 20191221/03: no donefile"):
+        next(parts)  # hour 02 is there, 03 is not: the pass does not start without it
+
+
+def test_multi_hour_pass_is_named_by_its_last_hour(tmp_path):
+    from elastic_control.training import pass_export
+
+    entry = pass_export.write_pass(
+        tmp_path,
+        hour_start=dt.datetime(2019, 12, 21, 0),
+        hour_end=dt.datetime(2019, 12, 21, 3),
+        save_sparse=lambda p: p.mkdir(parents=True),
+        save_dense=lambda p: None,
+        score_golden=lambda: [],
+        meta={"metrics": {}},
+    )
+    assert entry.pass_name == "pass-20191221-03" and entry.window == {"start": "20191221/00", "end": "20191221/03"}
 
 
 def test_gate_holdout_counts_sub_hour_slots():

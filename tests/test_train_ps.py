@@ -98,6 +98,34 @@ def test_crash_during_export_leaves_no_complete_pass_and_resume_continues(tmp_pa
     np.testing.assert_allclose(score_pass(job.models / "pass-20191221-02", lines), golden, atol=1e-5, rtol=0)
 
 
+@pytest.mark.e2e
+def test_pass_hours_train_each_group_of_hours_as_one_pass_and_resume_at_the_next(tmp_path):
+    job = _synth_job(tmp_path, hours=5, lines_per_hour=700)
+    text = job.data_config.read_text()
+    job.data_config.write_text(
+        text.replace("END_DATE_HR=20191221/04", "END_DATE_HR=20191221/01") + "export PASS_HOURS=2\n"
+    )
+    first = run_training(job, trainers=2, timeout=400)
+    assert first.passes == ["pass-20191221-01"]
+    # A longer window resumes after the first group's last hour: groups 02-03, then 04 alone.
+    job.data_config.write_text(text + "export PASS_HOURS=2\n")
+    result = run_training(job, trainers=2, timeout=400)
+    assert result.passes == ["pass-20191221-01", "pass-20191221-03", "pass-20191221-04"]
+    entries = read_donefile(job.models)
+    assert [(e.window["start"], e.window["end"]) for e in entries] == [
+        ("20191221/00", "20191221/01"),
+        ("20191221/02", "20191221/03"),
+        ("20191221/04", "20191221/04"),
+    ]
+    # An epoch of a group is both hours: all 1,400 lines but trainer 0's held-out ones (examples count epochs).
+    per_epoch = [e.metrics["examples"] / e.metrics["epochs"] for e in entries]
+    assert 1400 - 100 < per_epoch[1] <= 1400 and 700 - 100 < per_epoch[2] <= 700
+    for name in result.passes:
+        _assert_complete_pass(job.models, name)
+    lines, golden = read_golden(job.models / "pass-20191221-03")
+    np.testing.assert_allclose(score_pass(job.models / "pass-20191221-03", lines), golden, atol=1e-5, rtol=0)
+
+
 def test_write_pass_failure_leaves_nothing_that_looks_complete(tmp_path):
     def boom():
         raise RuntimeError("scoring failed")

@@ -31,12 +31,13 @@ KNOWN_KEYS = (
     "MODEL",
     "EPOCHS",
     "EARLY_STOP",
-    # Incremental rollouts (issue 14): delta passes, admission, eviction, sub-hour passes.
+    # Incremental rollouts (issue 14): delta passes, admission, eviction, sub-hour passes; multi-hour passes.
     "DELTA_PASSES",
     "BASE_EVERY",
     "ADMIT_MIN_COUNT",
     "EVICT_AFTER_PASSES",
     "PASS_MINUTES",
+    "PASS_HOURS",
 )
 # MODEL= choices (elastic_control.training.families.FAMILIES; kept here so parsing imports no training code).
 MODEL_FAMILIES = ("dnn", "wide_deep", "deepfm", "dcn")
@@ -47,6 +48,8 @@ DATE_HR_MIN_FORMAT = "%Y%m%d/%H%M"
 DEFAULT_BASE_EVERY = 24
 # Minutes a sub-hour pass may last: a divisor of 60, so that every hour splits into whole passes.
 PASS_MINUTES_CHOICES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+# Hours one pass may cover with PASS_HOURS (a week: a backfill of history in a few passes).
+MAX_PASS_HOURS = 168
 # Paddle's text save prints show counts with 6 significant digits: counts are exact up to 999999.
 MAX_ADMIT_MIN_COUNT = 1_000_000
 
@@ -76,6 +79,7 @@ class DataConfig:
     admit_min_count: int | None = None
     evict_after_passes: int | None = None
     pass_minutes: int | None = None  # sub-hour passes: data folders YYYYMMDD/HHMM, one pass each
+    pass_hours: int = 1  # PASS_HOURS: consecutive hourly folders trained as one pass (backfills of history)
     source: str = "data.config"
     values: Mapping[str, str] = field(default_factory=dict)
 
@@ -111,6 +115,15 @@ class DataConfig:
         while t <= self.end:
             yield t
             t += self.step
+
+    def pass_windows(self) -> Iterator[tuple[dt.datetime, dt.datetime]]:
+        """(first, last) slot of every pass from ``start`` to ``end``: one slot each, or with PASS_HOURS=N
+        groups of N hours from START_DATE_HR (the last group ends at END_DATE_HR, so it may be shorter)."""
+        span = self.step * self.pass_hours
+        t = self.start
+        while t <= self.end:
+            yield t, min(t + span - self.step, self.end)
+            t += span
 
     def format_slot(self, t: dt.datetime) -> str:
         """``YYYYMMDD/HH``, or ``YYYYMMDD/HHMM`` with PASS_MINUTES (how windows and data folders name it)."""
@@ -358,7 +371,7 @@ def _int_key(values, lines, source, key: str, low: int, high: int, meaning: str)
 
 
 def _parse_incremental(values: Mapping[str, str], lines: Mapping[str, int], source: str) -> dict:
-    """DELTA_PASSES, BASE_EVERY, ADMIT_MIN_COUNT, EVICT_AFTER_PASSES, PASS_MINUTES (docs/contracts.md)."""
+    """DELTA_PASSES, BASE_EVERY, ADMIT_MIN_COUNT, EVICT_AFTER_PASSES, PASS_MINUTES, PASS_HOURS (docs/contracts.md)."""
     minutes = None
     if values.get("PASS_MINUTES"):
         raw = values["PASS_MINUTES"]
@@ -386,7 +399,16 @@ def _parse_incremental(values: Mapping[str, str], lines: Mapping[str, int], sour
     evict = _int_key(
         values, lines, source, "EVICT_AFTER_PASSES", 1, 100_000, "passes unseen before a feasign is removed"
     )
+    hours = _int_key(values, lines, source, "PASS_HOURS", 1, MAX_PASS_HOURS, "consecutive hours trained as one pass")
+    if hours and hours > 1 and minutes is not None:
+        raise ConfigError(
+            f"PASS_HOURS={values['PASS_HOURS']!r} and PASS_MINUTES={values['PASS_MINUTES']!r} cannot both be set: "
+            "a pass covers several hours or a part of one (unset one of them)",
+            path=source,
+            line=lines.get("PASS_HOURS"),
+        )
     return {
+        "pass_hours": hours or 1,
         "delta_passes": delta,
         "base_every": base_every or DEFAULT_BASE_EVERY,
         "admit_min_count": admit if admit and admit > 1 else None,

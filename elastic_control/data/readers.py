@@ -8,6 +8,11 @@ reader waits for its donefile, and keeps going after END_DATE_HR.
 With ``PASS_MINUTES=M`` the same holds for sub-hour slots: folders
 ``YYYYMMDD/HHMM`` (MM a multiple of M), each with its own donefile, one pass
 each; the window START_DATE_HR..END_DATE_HR covers every slot of its hours.
+
+With ``PASS_HOURS=N`` a pass covers N consecutive hourly folders (from START_DATE_HR, the last group
+ending at END_DATE_HR): its partition lists the files of its ready hours as paths relative to the dataset
+root. Offline a missing hour is skipped with a warning (a group with no ready hour is no pass); online the
+reader waits for every hour of the group before the pass starts.
 """
 
 from __future__ import annotations
@@ -39,10 +44,17 @@ class HourPartition:
     location: DataLocation
     files: tuple[str, ...]
     minutes: int | None = None  # PASS_MINUTES of the layout (None: hourly folders)
+    end: dt.datetime | None = None  # PASS_HOURS: the last hour of the pass (None: the pass is one slot)
+
+    @property
+    def last(self) -> dt.datetime:
+        """The pass's last slot: what names it (``pass-YYYYMMDD-HH``) and ends its window."""
+        return self.end or self.hour
 
     @property
     def name(self) -> str:
-        return format_slot(self.hour, self.minutes)
+        first = format_slot(self.hour, self.minutes)
+        return first if self.last == self.hour else f"{first}..{format_slot(self.last, self.minutes)}"
 
 
 @dataclass
@@ -128,7 +140,12 @@ class HourlyData:
             yield self.config.start + i * self.config.step
 
     def partitions(self, *, after: dt.datetime | None = None) -> Iterator[HourPartition]:
-        """Ready hours in order (strictly after ``after`` when resuming); waits online, skips offline."""
+        """Ready hours in order (strictly after ``after`` when resuming); waits online, skips offline.
+
+        With PASS_HOURS=N, one partition per group of N hours (``after`` is then a group's last hour)."""
+        if self.config.pass_hours > 1:
+            yield from self._hour_groups(after)
+            return
         for hour in self.schedule():
             if after is not None and hour <= after:
                 continue
@@ -140,6 +157,37 @@ class HourlyData:
                     continue
                 self.wait_for(hour)
             yield HourPartition(hour, self.hour_location(hour), self.list_files(hour), self.config.pass_minutes)
+
+    def _hour_groups(self, after: dt.datetime | None) -> Iterator[HourPartition]:
+        """PASS_HOURS: one partition per group of hours; online the groups go on past END_DATE_HR."""
+        hour_step = dt.timedelta(hours=1)
+        if self.config.online:
+            span = hour_step * self.config.pass_hours
+            groups = ((t, t + span - hour_step) for t in (self.config.start + i * span for i in itertools.count()))
+        else:
+            groups = self.config.pass_windows()
+        for first, last in groups:
+            if after is not None and first <= after:
+                continue
+            files: list[str] = []
+            ready = False
+            hour = first
+            while hour <= last:
+                if not self.is_ready(hour):
+                    if not self.config.online:
+                        self._warn(
+                            f"{self._name(hour)} is missing (no {HOUR_DONEFILE} in {self.hour_location(hour).url}); "
+                            f"the pass over {format_slot(first, None)}..{format_slot(last, None)} goes on without it"
+                        )
+                        hour += hour_step
+                        continue
+                    self.wait_for(hour)
+                ready = True
+                folder = slot_path(hour, None)
+                files.extend(f"{folder}/{name}" for name in self.list_files(hour))
+                hour += hour_step
+            if ready:
+                yield HourPartition(first, self.root, tuple(files), None, end=last)
 
     def wait_for(self, hour: dt.datetime) -> None:
         """Block until the hour's donefile exists; DataError after ``wait_timeout`` seconds."""

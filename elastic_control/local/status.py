@@ -61,14 +61,14 @@ def pass_keys(entry: DonefileEntry) -> dict:
 
 
 def expected_passes(layout: StateFolder) -> int | None:
-    """Hours (or PASS_MINUTES slots) in the data window: the passes a finished (offline) job writes."""
+    """Passes in the data window (hours, PASS_MINUTES slots or PASS_HOURS groups): what an offline job writes."""
     from elastic_control.config import load_data_config
 
     try:
         cfg = load_data_config(layout.local_data_config, env={})
     except Exception:  # noqa: BLE001 - status must not fail on a broken config; -r reports that
         return None
-    return None if cfg.online else sum(1 for _ in cfg.slots())
+    return None if cfg.online else sum(1 for _ in cfg.pass_windows())
 
 
 def _last_line(layout: StateFolder, name: str) -> str:

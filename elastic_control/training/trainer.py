@@ -368,7 +368,7 @@ class Trainer:
                 enabled=self.s.hyper.restore_best_epoch is not False,
                 patience=self.s.hyper.early_stop_patience,
             )
-        name = pass_name(part.hour, minutes=bool(self.s.data_config.pass_minutes))
+        name = pass_name(part.last, minutes=bool(self.s.data_config.pass_minutes))
         # A hidden staging name: a job restarted after a crash removes it (resume.remove_stale_staging).
         self._best.start_pass(Path(self.s.model_path) / f".{name}-best-epoch.tmp")
         return self._best
@@ -605,7 +605,7 @@ class Trainer:
         entry = pass_export.write_pass(
             self.s.model_path,
             hour_start=part.hour,
-            hour_end=part.hour,
+            hour_end=part.last,
             save_sparse=save_sparse,
             save_dense=save_dense,
             score_golden=score_golden,
