@@ -38,33 +38,24 @@ def _assert_complete_pass(models, name, embedding_dim=9):
 
 
 @pytest.mark.e2e
-def test_two_trainers_one_pserver_write_passes_track_mlflow_and_stop(tmp_path):
+def test_two_trainers_one_pserver_write_passes_of_hour_groups_track_mlflow_resume_and_stop(tmp_path):
+    """The parameter-server job end to end, with PASS_HOURS=2 (hourly passes: test_crash_during_export below and
+    the local pipeline tests)."""
+    from mlflow.tracking import MlflowClient
+
     from elastic_control.training.cli import hyperparameter_args
     from elastic_control.training.settings import Hyperparameters
 
-    job = _synth_job(tmp_path, hours=2, lines_per_hour=3000)
+    job = _synth_job(tmp_path, hours=5, lines_per_hour=700)
+    text = job.data_config.read_text() + "export PASS_HOURS=2\nexport EPOCHS=2\n"  # few epochs: a quick test
+    job.data_config.write_text(text.replace("END_DATE_HR=20191221/04", "END_DATE_HR=20191221/01"))
     args = hyperparameter_args(Hyperparameters(batch_size=256, log_every=2))
-    result = run_training(job, trainers=2, pservers=1, args=args, timeout=400)
-
-    # Passes: one per hour, each complete, named in the donefile in order.
-    assert result.passes == ["pass-20191221-00", "pass-20191221-01"]
-    for name in result.passes:
-        _assert_complete_pass(job.models, name)
-    entries = read_donefile(job.models)
-    assert [e.window["end"] for e in entries] == ["20191221/00", "20191221/01"]
-    assert entries[-1].metrics["examples"] > 2800  # the hour's lines of both trainers minus golden ones
-
+    first = run_training(job, trainers=2, pservers=1, args=args, timeout=400)
+    assert first.passes == ["pass-20191221-01"]  # hours 00-01 as one pass, named by its last hour
     # The pserver ended by itself (trainer 0 stopped it), cleanly.
-    assert result.pservers_exited_by_themselves and result.pserver_exit_codes == [0]
-
-    # golden.jsonl is reproduced from the saved pass: sparse table + padding rule + dense inference model.
-    lines, golden = read_golden(job.models / result.passes[-1])
-    assert len(lines) >= 50
-    np.testing.assert_allclose(score_pass(job.models / result.passes[-1], lines), golden, atol=1e-5, rtol=0)
+    assert first.pservers_exited_by_themselves and first.pserver_exit_codes == [0]
 
     # MLflow: params, step and pass metrics, one registered version per pass with its window and AUC.
-    from mlflow.tracking import MlflowClient
-
     uri = f"sqlite:///{job.models.resolve() / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("elastic-ctr").experiment_id])
@@ -72,14 +63,37 @@ def test_two_trainers_one_pserver_write_passes_track_mlflow_and_stop(tmp_path):
     assert run.data.params["window_start"] == "20191221/00"
     for metric in ("loss", "auc", "examples_per_sec", "cpu_percent", "memory_mb", "pass_auc", "pass_examples"):
         assert metric in run.data.metrics, metric
+
+    # A longer window resumes after the first group's last hour: hours 02-03, then 04 alone (the window's end).
+    job.data_config.write_text(text)
+    result = run_training(job, trainers=2, pservers=1, args=args, timeout=400)
+    assert result.passes == ["pass-20191221-01", "pass-20191221-03", "pass-20191221-04"]
+    entries = read_donefile(job.models)
+    assert [(e.window["start"], e.window["end"]) for e in entries] == [
+        ("20191221/00", "20191221/01"),
+        ("20191221/02", "20191221/03"),
+        ("20191221/04", "20191221/04"),
+    ]
+    # An epoch of a group is both hours: all 1,400 lines but trainer 0's held-out ones (examples count epochs).
+    per_epoch = [e.metrics["examples"] / e.metrics["epochs"] for e in entries]
+    assert 1400 - 100 < per_epoch[1] <= 1400 and 700 - 100 < per_epoch[2] <= 700
+    for name in result.passes:
+        _assert_complete_pass(job.models, name)
     versions = client.search_model_versions("name='elastic-ctr'")
     assert sorted(v.tags["pass"] for v in versions) == result.passes
     assert all("auc" in v.tags and v.tags["window_end"] for v in versions)
+
+    # golden.jsonl is reproduced from the saved pass: sparse table + padding rule + dense inference model.
+    lines, golden = read_golden(job.models / "pass-20191221-03")
+    assert len(lines) >= 30
+    np.testing.assert_allclose(score_pass(job.models / "pass-20191221-03", lines), golden, atol=1e-5, rtol=0)
 
 
 @pytest.mark.e2e
 def test_crash_during_export_leaves_no_complete_pass_and_resume_continues(tmp_path):
     job = _synth_job(tmp_path, hours=3, lines_per_hour=1500)
+    with open(job.data_config, "a") as f:
+        f.write("export EPOCHS=2\n")  # the first pass of a new model would train 20 epochs of these few lines
     # Trainer 0 dies after pass 01's folder is in place but before its donefile line.
     with pytest.raises(ComponentError, match="trainer-0 failed"):
         run_training(
@@ -96,34 +110,6 @@ def test_crash_during_export_leaves_no_complete_pass_and_resume_continues(tmp_pa
         _assert_complete_pass(job.models, name)
     lines, golden = read_golden(job.models / "pass-20191221-02")
     np.testing.assert_allclose(score_pass(job.models / "pass-20191221-02", lines), golden, atol=1e-5, rtol=0)
-
-
-@pytest.mark.e2e
-def test_pass_hours_train_each_group_of_hours_as_one_pass_and_resume_at_the_next(tmp_path):
-    job = _synth_job(tmp_path, hours=5, lines_per_hour=700)
-    text = job.data_config.read_text()
-    job.data_config.write_text(
-        text.replace("END_DATE_HR=20191221/04", "END_DATE_HR=20191221/01") + "export PASS_HOURS=2\n"
-    )
-    first = run_training(job, trainers=2, timeout=400)
-    assert first.passes == ["pass-20191221-01"]
-    # A longer window resumes after the first group's last hour: groups 02-03, then 04 alone.
-    job.data_config.write_text(text + "export PASS_HOURS=2\n")
-    result = run_training(job, trainers=2, timeout=400)
-    assert result.passes == ["pass-20191221-01", "pass-20191221-03", "pass-20191221-04"]
-    entries = read_donefile(job.models)
-    assert [(e.window["start"], e.window["end"]) for e in entries] == [
-        ("20191221/00", "20191221/01"),
-        ("20191221/02", "20191221/03"),
-        ("20191221/04", "20191221/04"),
-    ]
-    # An epoch of a group is both hours: all 1,400 lines but trainer 0's held-out ones (examples count epochs).
-    per_epoch = [e.metrics["examples"] / e.metrics["epochs"] for e in entries]
-    assert 1400 - 100 < per_epoch[1] <= 1400 and 700 - 100 < per_epoch[2] <= 700
-    for name in result.passes:
-        _assert_complete_pass(job.models, name)
-    lines, golden = read_golden(job.models / "pass-20191221-03")
-    np.testing.assert_allclose(score_pass(job.models / "pass-20191221-03", lines), golden, atol=1e-5, rtol=0)
 
 
 def test_write_pass_failure_leaves_nothing_that_looks_complete(tmp_path):
