@@ -165,6 +165,8 @@ def test_multi_hour_pass_reads_every_hour_of_its_group(tmp_path):
     again = list(data.partitions(after=dt.datetime(2019, 12, 21, 1)))
     assert [p.name for p in again] == ["20191221/02..20191221/03", "20191221/04"]
     assert all(f.startswith("20191221/02/") for f in again[0].files) and "hour 20191221/03 is missing" in warnings[0]
+    # A resume inside a group (an earlier window ended at hour 00) trains the rest of that group first.
+    assert [p.name for p in data.partitions(after=dt.datetime(2019, 12, 21, 0))][:2] == ["20191221/01", again[0].name]
 
 
 def test_online_multi_hour_pass_waits_for_every_hour_of_its_group(tmp_path):

@@ -167,8 +167,12 @@ class HourlyData:
         else:
             groups = self.config.pass_windows()
         for first, last in groups:
-            if after is not None and first <= after:
-                continue
+            if after is not None:
+                if last <= after:
+                    continue
+                # A resume inside a group (the last run's window ended there, e.g. END_DATE_HR moved on since)
+                # trains the group's hours not yet trained, so none is skipped.
+                first = max(first, after + hour_step)
             files: list[str] = []
             ready = False
             hour = first
