@@ -116,13 +116,15 @@ class DataConfig:
             yield t
             t += self.step
 
-    def pass_windows(self) -> Iterator[tuple[dt.datetime, dt.datetime]]:
+    def pass_windows(self, *, endless: bool = False) -> Iterator[tuple[dt.datetime, dt.datetime]]:
         """(first, last) slot of every pass from ``start`` to ``end``: one slot each, or with PASS_HOURS=N
-        groups of N hours from START_DATE_HR (the last group ends at END_DATE_HR, so it may be shorter)."""
+        groups of N hours from START_DATE_HR (the last group ends at END_DATE_HR, so it may be shorter).
+        ``endless`` (online): whole groups on past ``end``, without stopping."""
         span = self.step * self.pass_hours
         t = self.start
-        while t <= self.end:
-            yield t, min(t + span - self.step, self.end)
+        while endless or t <= self.end:
+            last = t + span - self.step
+            yield t, last if endless else min(last, self.end)
             t += span
 
     def format_slot(self, t: dt.datetime) -> str:

@@ -149,49 +149,38 @@ class HourlyData:
         for hour in self.schedule():
             if after is not None and hour <= after:
                 continue
-            if not self.is_ready(hour):
-                if not self.config.online:
-                    self._warn(
-                        f"{self._name(hour)} is missing (no {HOUR_DONEFILE} in {self.hour_location(hour).url}); skipped"
-                    )
-                    continue
-                self.wait_for(hour)
-            yield HourPartition(hour, self.hour_location(hour), self.list_files(hour), self.config.pass_minutes)
+            if self._ready(hour, missing="skipped"):
+                yield HourPartition(hour, self.hour_location(hour), self.list_files(hour), self.config.pass_minutes)
+
+    def _ready(self, hour: dt.datetime, *, missing: str) -> bool:
+        """Whether the hour (or slot) is there to read: online it waits for it; offline a missing one is
+        warned about (``missing`` says what happens instead) and False."""
+        if self.is_ready(hour):
+            return True
+        if not self.config.online:
+            self._warn(
+                f"{self._name(hour)} is missing (no {HOUR_DONEFILE} in {self.hour_location(hour).url}); {missing}"
+            )
+            return False
+        self.wait_for(hour)
+        return True
 
     def _hour_groups(self, after: dt.datetime | None) -> Iterator[HourPartition]:
         """PASS_HOURS: one partition per group of hours; online the groups go on past END_DATE_HR."""
         hour_step = dt.timedelta(hours=1)
-        if self.config.online:
-            span = hour_step * self.config.pass_hours
-            groups = ((t, t + span - hour_step) for t in (self.config.start + i * span for i in itertools.count()))
-        else:
-            groups = self.config.pass_windows()
-        for first, last in groups:
+        for first, last in self.config.pass_windows(endless=self.config.online):
             if after is not None:
                 if last <= after:
                     continue
                 # A resume inside a group (the last run's window ended there, e.g. END_DATE_HR moved on since)
                 # trains the group's hours not yet trained, so none is skipped.
                 first = max(first, after + hour_step)
-            files: list[str] = []
-            ready = False
-            hour = first
-            while hour <= last:
-                if not self.is_ready(hour):
-                    if not self.config.online:
-                        self._warn(
-                            f"{self._name(hour)} is missing (no {HOUR_DONEFILE} in {self.hour_location(hour).url}); "
-                            f"the pass over {format_slot(first, None)}..{format_slot(last, None)} goes on without it"
-                        )
-                        hour += hour_step
-                        continue
-                    self.wait_for(hour)
-                ready = True
-                folder = slot_path(hour, None)
-                files.extend(f"{folder}/{name}" for name in self.list_files(hour))
-                hour += hour_step
+            missing = f"the pass over {format_slot(first, None)}..{format_slot(last, None)} goes on without it"
+            hours = [first + i * hour_step for i in range((last - first) // hour_step + 1)]
+            ready = [h for h in hours if self._ready(h, missing=missing)]
             if ready:
-                yield HourPartition(first, self.root, tuple(files), None, end=last)
+                files = tuple(f"{slot_path(h, None)}/{name}" for h in ready for name in self.list_files(h))
+                yield HourPartition(first, self.root, files, None, end=last)
 
     def wait_for(self, hour: dt.datetime) -> None:
         """Block until the hour's donefile exists; DataError after ``wait_timeout`` seconds."""
