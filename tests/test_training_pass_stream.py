@@ -13,6 +13,7 @@ from elastic_control.training.pass_stream import (
     KeyCounts,
     ParsedShare,
     batch_bytes,
+    pass_batch_size,
     planned_epochs,
     shuffled,
     without_holdout,
@@ -112,6 +113,24 @@ def test_the_first_pass_of_a_fresh_model_plans_at_least_its_steps():
     assert planned_epochs("auto", 124, min_steps=100, max_epochs=20) == 1
     assert planned_epochs("auto", 19, min_steps=100, first_pass_steps=40, max_epochs=20) == 5  # the larger
     assert planned_epochs("auto", 1, min_steps=100, first_pass_steps=800, max_epochs=20) == 20
+
+
+@pytest.mark.parametrize(
+    ("share", "batch", "min_batches", "want"),
+    [
+        (16_652, 128, 128, 128),  # a Criteo-split hour's share: 130 batches of 128, untouched
+        (16_383, 128, 128, 127),  # one line short of 128 batches of 128
+        (4_000, 128, 128, 31),
+        (2_000, 128, 128, 16),  # 15 batches' worth: the floor
+        (10, 128, 128, 16),
+        (0, 128, 128, 16),  # an empty share (nothing to train): any valid size
+        (2_000, 8, 128, 8),  # never above the batch size, even under the floor
+        (2_000, 128, 0, 128),  # off
+        (100, 1, 128, 1),
+    ],
+)
+def test_a_small_share_trains_smaller_batches(share, batch, min_batches, want):
+    assert pass_batch_size(share, batch, min_batches) == want
 
 
 def test_key_counts_merge_blocks():

@@ -105,7 +105,14 @@ _OPTIONS = [
     ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),
-    ("--batch-size", "batch_size", click.IntRange(1, 1_000_000), None),
+    ("--batch-size", "batch_size", click.IntRange(1, 1_000_000), "Lines per step (the largest, see below)."),
+    (
+        "--min-batches-first-pass",
+        "min_batches_first_pass",
+        click.IntRange(0),
+        "The first pass of a fresh model: a trainer's share with fewer batches than this trains smaller "
+        "ones (share / this, at least 16 lines; 0: off).",
+    ),
     ("--learning-rate", "learning_rate", _RATE, "Dense part (Adam on the pservers)."),
     ("--sparse-learning-rate", "sparse_learning_rate", _RATE, "embedx_w, the embeddings (sparse rule)."),
     ("--wide-learning-rate", "wide_learning_rate", _RATE, "embed_w, the wide weight of the wide families."),

@@ -149,6 +149,30 @@ def planned_epochs(
     return max(1, min(max_epochs, epochs))
 
 
+# The smallest batch the small-pass rule below cuts (``pass_batch_size``): smaller batches gained
+# nothing more on the small real logs measured, and every step costs a round trip to the pservers.
+MIN_PASS_BATCH = 16
+
+
+def pass_batch_size(share_lines: int, batch_size: int, min_batches: int) -> int:
+    """The batch of a pass: ``batch_size``, or, when a trainer's share of the pass has fewer than
+    ``min_batches`` batches of it, ``share_lines // min_batches`` lines, down to MIN_PASS_BATCH (0: off).
+    The trainer applies it to the first pass of a fresh model only.
+
+    Why: on a first pass of a few thousand lines, batches of 128 give each trainer 15-40 steps an epoch,
+    and the early stop ends the pass after 3-6 epochs (the dense tower memorises its lines epoch by
+    epoch, however many steps an epoch has), before the model has moved far from its initialisation.
+    Smaller batches there gained 0.003-0.008 AUC on six of eight small real logs. Not in later passes:
+    on the two-pass logs small batches in the second pass too were no better on average and lost
+    0.002-0.005 on one; and not on larger hours: on the Criteo split's (16,600 lines a trainer) every
+    batch under 128 lost (64: -0.001, 32: -0.002, 16: -0.003). docs/benchmarks.md "Small first passes,
+    smaller batches".
+    """
+    if min_batches <= 0 or share_lines >= batch_size * min_batches:
+        return batch_size
+    return max(min(batch_size, MIN_PASS_BATCH), share_lines // min_batches)
+
+
 class KeyCounts:
     """How often each key occurs in a stream of key arrays (sorted unique keys + counts, merged in blocks)."""
 

@@ -44,6 +44,11 @@ class Hyperparameters:
     # 128, not 512: one hour of data is one pass, and the MLP needs optimizer steps more than big
     # batches (synthetic held-out AUC 0.801 at 128, 0.795-0.800 at 256, 0.777 at 512; Bayes 0.818).
     batch_size: int = 128
+    # The first pass of a fresh model: a trainer whose share has fewer than this many batches of
+    # ``batch_size`` cuts smaller ones (share / this, at least pass_stream.MIN_PASS_BATCH lines; 0: always
+    # ``batch_size``). 128: the Criteo split's hours (130 batches of 128 a trainer) keep 128, a
+    # 4,000-line share trains batches of 31.
+    min_batches_first_pass: int = 128
     # Dense tower (Adam on the pservers). 5e-4, not 1e-3: at 1e-3 the held-out loss of a small pass
     # (23 steps an epoch) blew up from its third or fourth epoch on (0.47 -> 0.65 -> 0.87, train AUC 0.95),
     # which only the copy of the best epoch kept out of the export; at 5e-4 it does not, and the four

@@ -8,6 +8,7 @@ parameters between the export and the golden scoring.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ class PassStats:
     golden: list[LineBatch] = field(default_factory=list)  # trainer 0's held-out lines
     epochs: int = 0  # epochs run
     planned_epochs: int = 1
+    batch_size: int = 0  # this pass's batch (pass_stream.pass_batch_size)
     holdout_losses: list[float] = field(default_factory=list)  # after each epoch, with the early stop
     best_epoch: int | None = None  # the early stop's lowest held-out loss (of the epochs scored)
     restored_epoch: int | None = None  # the epoch put back after a worse last one (training/best_epoch.py)
@@ -144,6 +146,7 @@ class Trainer:
                     "pservers": self.s.pservers,
                     "learning_rate": self.spec.learning_rate,
                     "batch_size": self.s.hyper.batch_size,
+                    "min_batches_first_pass": self.s.hyper.min_batches_first_pass,
                     "sparse_dim": self.spec.sparse_dim,
                     "window_start": format_hour(self.s.data_config.start),
                     "window_end": format_hour(self.s.data_config.end),
@@ -236,7 +239,7 @@ class Trainer:
         ``cold``: the pass starts the model from its initialisation (EPOCHS=auto then plans at least
         ``min_steps_first_pass`` steps).
         """
-        from elastic_control.training.pass_stream import Holdout, ParsedShare, planned_epochs
+        from elastic_control.training.pass_stream import Holdout, ParsedShare, pass_batch_size, planned_epochs
 
         h = self.s.hyper
         stats = PassStats()
@@ -260,6 +263,14 @@ class Trainer:
         if self.net.uses_l2 or self.rate_decay:
             counts, share_lines = self._count_keys(share, part)
             l2_scale = counts.inverse if self.net.uses_l2 else None
+        # Smaller batches only in the first pass of a fresh model (pass_stream.pass_batch_size): a later
+        # pass refines rows already trained, and small batches there measured no better on average.
+        min_batches = h.min_batches_first_pass if cold else 0
+        if min_batches and share_lines is None:
+            share_lines = sum(len(chunk) for chunk in share)  # the first read, which later reads replay
+        stats.batch_size = pass_batch_size(share_lines or 0, h.batch_size, min_batches)
+        if stats.batch_size != h.batch_size:
+            self.log(f"pass {part.name}: {share_lines} lines in this trainer's share: batches of {stats.batch_size}")
         if self.wide_prior:
             t = time.monotonic()
             known = self.wide_prior.start_pass(counts, self._wide_weights)
@@ -276,9 +287,12 @@ class Trainer:
                 self.rate_decay.end_epoch()
             if epoch == 1:
                 stats.bad_lines, stats.lines = counter.bad, counter.total
+                # The plan counts steps of the full batch size, so a small pass cut into smaller batches
+                # plans the same epochs as before (pass_stream.pass_batch_size): only each epoch's steps
+                # are smaller.
                 epochs = planned_epochs(
                     self.s.epochs,
-                    steps,
+                    math.ceil(steps * stats.batch_size / h.batch_size),
                     min_steps=h.min_steps_per_pass,
                     first_pass_steps=h.min_steps_first_pass if cold else None,
                     max_epochs=h.max_epochs,
@@ -402,7 +416,7 @@ class Trainer:
         def feeds():
             mask = self.incremental.train_mask if self.incremental else None
             decay = self.rate_decay
-            for b in rebatch(lines, h.batch_size):
+            for b in rebatch(lines, stats.batch_size):
                 feed = make_feed(
                     self.paddle,
                     b,
@@ -594,7 +608,7 @@ class Trainer:
                 "best_epoch": stats.best_epoch,
                 "restored_epoch": stats.restored_epoch,
                 "early_stop": self.s.early_stop,
-                "batch_size": self.s.hyper.batch_size,
+                "batch_size": stats.batch_size,
             },
             "trainers": self.s.trainers,
             "pservers": self.s.pservers,
