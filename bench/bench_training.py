@@ -16,7 +16,10 @@ Prints, in one run:
   saved pass) for every family with the defaults: AUC, log loss, calibration (mean predicted CTR /
   observed), examples/s with 1 and with 2 trainers; beside a scikit-learn logistic regression on the
   same one-hot feasigns and split, best C over a small grid, measured in the same run; and the default
-  family trained on the four hours as one pass (PASS_HOURS=4) beside its hourly passes.
+  family trained on the four hours as one pass (PASS_HOURS=4) beside its hourly passes;
+- small real logs (slices of the same file, 2,000-15,000 training lines in one or two passes, scored on
+  the next hour): AUC and calibration of the defaults, and of the defaults with the first pass at the full
+  batch size (--min-batches-first-pass 0), beside logistic regression on the same feasigns and split.
 """
 
 from __future__ import annotations
@@ -76,6 +79,20 @@ ADAM_DEFAULT = ["--sparse-optimizer", "adam", "--sparse-learning-rate", "0.01"]
 NO_COPIES = ["--no-restore-best-epoch"]
 # The defaults with the wide prior on (an option: training/wide_prior.py).
 WIDE_PRIOR = ["--wide-prior", "0.095"]
+# The defaults with every pass at the full batch size (before 2026-12-04).
+FULL_BATCHES = ["--min-batches-first-pass", "0"]
+# Small real logs: (first line, lines, hours) slices of the Criteo file, trained on all hours but the
+# last (one or two passes) and scored on the last; the first two are tests/test_model_quality.py's.
+SMALL_LOGS = (
+    (0, 12_000, 2),
+    (60_000, 15_000, 3),
+    (20_000, 8_000, 2),
+    (30_000, 20_000, 2),
+    (45_000, 4_000, 2),
+    (150_000, 16_000, 2),
+    (100_000, 15_000, 3),
+    (130_000, 30_000, 3),
+)
 
 
 def train(job, trainers: int, *, family: str | None = None, extra=()) -> tuple[Path, float]:
@@ -180,6 +197,50 @@ def synthetic_gap(root: Path, lines: int) -> None:
         f"calibration {probs.mean() / labels.mean():.3f}",
         flush=True,
     )
+
+
+def small_logs(root: Path, quick: bool) -> None:
+    """The defaults (and the defaults at the full batch size) on small real logs, beside logistic regression."""
+    import itertools
+
+    from elastic_control.data.criteo import convert_file
+
+    rows = []
+    for first, count, hours in SMALL_LOGS[:2] if quick else SMALL_LOGS:
+        folder = root / f"small-{first}"
+        folder.mkdir()
+        raw = folder / "raw.txt"
+        with open(B.CRITEO_FILE, encoding="utf-8") as f, open(raw, "w", encoding="utf-8") as out:
+            out.writelines(itertools.islice(f, first, first + count))
+        data = folder / "data"
+        convert_file(raw, data, hours=hours, start=B.START)
+        train_lines = [
+            ln for h in range(hours - 1) for ln in read_hour_lines(hour_dir(data, B.START + dt.timedelta(hours=h)))
+        ]
+        test_lines = read_hour_lines(hour_dir(data, B.START + dt.timedelta(hours=hours - 1)))
+        labels = labels_of(test_lines)
+        best_c, lr = logistic_regression(train_lines, test_lines)
+        got = {}
+        for label, extra in (("defaults", []), ("full batches", FULL_BATCHES)):
+            last, _ = train(hourly_job(folder / label.replace(" ", "-"), data, CRITEO_SLOTS, hours - 1), 2, extra=extra)
+            probs = B.score_pass(last, test_lines)
+            got[label] = (auc(labels, probs), probs.mean() / labels.mean())
+        rows.append((first, len(train_lines), hours - 1, lr[best_c][0], best_c, got))
+        print(
+            f"small log: lines {first}..{first + count}, {len(train_lines)} training lines in {hours - 1} pass(es): "
+            f"defaults AUC {got['defaults'][0]:.4f} ({got['defaults'][0] - lr[best_c][0]:+.4f} vs LR), "
+            f"calibration {got['defaults'][1]:.3f}; full batches {got['full batches'][0]:.4f}; "
+            f"logistic regression (C={best_c}) {lr[best_c][0]:.4f}",
+            flush=True,
+        )
+    print("\n| first line | training lines, passes | LR (best C) | defaults (calibration) | vs LR | full batches |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for first, n, passes, lr_auc, c, got in rows:
+        (a, cal), (full, _) = got["defaults"], got["full batches"]
+        row = (f"{first:,}", f"{n:,}, {passes}", f"{lr_auc:.4f} ({c})", f"{a:.4f} ({cal:.3f})", f"{a - lr_auc:+.4f}")
+        print("| " + " | ".join(row) + f" | {full:.4f} |")
+    at_least = sum(got["defaults"][0] >= lr_auc for _, _, _, lr_auc, _, got in rows)
+    print(f"defaults at or above logistic regression on {at_least} of {len(rows)} small logs", flush=True)
 
 
 def criteo_families(root: Path, families: list[str], quick: bool) -> None:
@@ -319,6 +380,7 @@ def main() -> None:
             print(f"Criteo comparison skipped: {B.CRITEO_FILE} not found")
             return
         criteo_families(root, families, args.quick)
+        small_logs(root, args.quick)
 
 
 if __name__ == "__main__":

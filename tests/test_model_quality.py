@@ -108,6 +108,9 @@ def _quality(root: Path, *, first: int, lines: int, hours: int, trainers: int = 
     assert len(passes) == hours - 1
     meta = json.loads((passes[-1] / "meta.json").read_text())
     assert meta["model_family"] == _default_family()
+    if lines <= 30_000:  # a small log: its first pass trains smaller batches, the later ones full size
+        batches = [json.loads((p / "meta.json").read_text())["training"]["batch_size"] for p in passes]
+        assert 16 <= batches[0] < 128 and batches[1:] == [128] * (len(passes) - 1), batches
     metrics = _evaluate(root, data, passes[-1], hours - 1)
     lr = logistic_regression_auc(_hour_lines(data, range(hours - 1)), _hour_lines(data, range(hours - 1, hours)))
     print(

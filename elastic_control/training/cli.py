@@ -105,7 +105,12 @@ _OPTIONS = [
     ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),
-    ("--batch-size", "batch_size", click.IntRange(1, 1_000_000), "Lines per step (the largest, see below)."),
+    (
+        "--batch-size",
+        "batch_size",
+        click.IntRange(1, 1_000_000),
+        "Lines per step (a small first pass trains fewer: --min-batches-first-pass).",
+    ),
     (
         "--min-batches-first-pass",
         "min_batches_first_pass",

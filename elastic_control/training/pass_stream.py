@@ -162,7 +162,7 @@ def pass_batch_size(share_lines: int, batch_size: int, min_batches: int) -> int:
     Why: on a first pass of a few thousand lines, batches of 128 give each trainer 15-40 steps an epoch,
     and the early stop ends the pass after 3-6 epochs (the dense tower memorises its lines epoch by
     epoch, however many steps an epoch has), before the model has moved far from its initialisation.
-    Smaller batches there gained 0.003-0.008 AUC on six of eight small real logs. Not in later passes:
+    Smaller batches there gained 0.002-0.008 AUC on six of eight small real logs. Not in later passes:
     on the two-pass logs small batches in the second pass too were no better on average and lost
     0.002-0.005 on one; and not on larger hours: on the Criteo split's (16,600 lines a trainer) every
     batch under 128 lost (64: -0.001, 32: -0.002, 16: -0.003). docs/benchmarks.md "Small first passes,
