@@ -130,9 +130,10 @@ def _default_family() -> str:
 # another part of the file. The margin is the AUC noise of a 5-6k-line test set (about 0.007 s.d.).
 SMALL_LOGS = [(0, 12_000, 2), (60_000, 15_000, 3)]
 NOISE = 0.005
-# Six more slices of the file (2026-12-02), `-m slow`: the defaults reproduce within 0.003 run to run and
-# sit 0.004-0.02 below logistic regression on most of them, so some of these fail (docs/contracts.md
-# "Open items"): the judged point "at least logistic regression on other small logs" is not met in general.
+# Six more slices of the file (2026-12-02), `-m slow`: the defaults reproduce within 0.003 run to run; since
+# the small first-pass batches (2026-12-04) one is above logistic regression, two within 0.003 and three
+# 0.005-0.013 below, so those fail (docs/contracts.md "Open items"): the judged point "at least logistic
+# regression on other small logs" is not met in general.
 MORE_SMALL_LOGS = [
     pytest.param(*s, marks=pytest.mark.slow, id=i)
     for s, i in (
