@@ -6,8 +6,8 @@ Prints, in one run:
 - the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit);
 - examples/s of the defaults with 1 trainer and with 2 trainers (1 pserver) on synthetic data (8 slots,
   4 hours x 25k lines: the data of the throughput figures in docs/benchmarks.md), beside the defaults
-  with the embeddings on Paddle's sparse Adam rule (before the decay rule), the defaults with --wide-prior,
-  without copies of the best epoch, and the defaults before issue 12
+  with the embeddings on Paddle's sparse Adam rule (before the decay rule), the defaults without the wide prior
+  (--wide-prior 0), without copies of the best epoch, and the defaults before issue 12
   (dnn, 1 epoch), in the same run, with the ratios: medians of --rounds rounds in which the
   configurations take turns;
 - synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7): held-out AUC
@@ -77,8 +77,8 @@ PREVIOUS_DEFAULT = [
 ADAM_DEFAULT = ["--sparse-optimizer", "adam", "--sparse-learning-rate", "0.01"]
 # The defaults without the copies of each pass's best epoch (the early stop as before).
 NO_COPIES = ["--no-restore-best-epoch"]
-# The defaults with the wide prior on (an option: training/wide_prior.py).
-WIDE_PRIOR = ["--wide-prior", "0.095"]
+# The defaults without the wide prior (a default since 2026-12-04: training/wide_prior.py).
+NO_WIDE_PRIOR = ["--wide-prior", "0"]
 # The defaults with every pass at the full batch size (before 2026-12-04).
 FULL_BATCHES = ["--min-batches-first-pass", "0"]
 # Small real logs: (first line, lines, hours) slices of the Criteo file, trained on all hours but the
@@ -340,7 +340,7 @@ def main() -> None:
                 ("default", []),
                 ("no-copies", NO_COPIES),
                 ("adam", ADAM_DEFAULT),
-                ("wide-prior", WIDE_PRIOR),
+                ("no-wide-prior", NO_WIDE_PRIOR),
                 ("previous", PREVIOUS_DEFAULT),
             ]
             # The configurations take turns, round after round, and each figure is the median of its rounds:
@@ -358,14 +358,14 @@ def main() -> None:
                 print(f"  {label}, {trainers} trainer(s): " + " / ".join(f"{v:,.0f}" for v in values), flush=True)
             for trainers in (1, 2):
                 now, plain, adam, prior, before = (
-                    rates[c, trainers] for c in ("default", "no-copies", "adam", "wide-prior", "previous")
+                    rates[c, trainers] for c in ("default", "no-copies", "adam", "no-wide-prior", "previous")
                 )
                 print(
                     f"training throughput, {trainers} trainer(s) + 1 pserver (synthetic {len(THROUGHPUT_SLOTS)} slots, "
                     f"{hours} x {lines} lines): defaults ({DEFAULT_MODEL}) {now:,.0f} examples/s; without copies of "
                     f"the best epoch {plain:,.0f} ({now / plain:.2f}x); embeddings on the "
-                    f"sparse Adam rule {adam:,.0f} ({now / adam:.2f}x); with --wide-prior {prior:,.0f} "
-                    f"({prior / now:.2f}x of the defaults); defaults before issue 12 (dnn 400-400-400, 1 epoch, "
+                    f"sparse Adam rule {adam:,.0f} ({now / adam:.2f}x); without the wide prior {prior:,.0f} "
+                    f"(defaults {now / prior:.2f}x); defaults before issue 12 (dnn 400-400-400, 1 epoch, "
                     f"sparse Adam, no L2) {before:,.0f} ({now / before:.2f}x)",
                     flush=True,
                 )

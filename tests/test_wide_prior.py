@@ -2,8 +2,9 @@
 pass start, with l2_wide plus the prior's strength per earlier occurrence; new keys keep l2_wide toward 0.
 
 Checked here: the bookkeeping (what each key is fed, pass after pass), the anchored L2 term of the real
-training net against numpy, and a real parameter-server job with the prior on whose second pass reads its
-keys' weights from the servers, records the setting and reproduces its golden lines.
+training net against numpy, the default (on for the wide families with an L2 on the wide weight), and a
+real parameter-server job with the defaults whose second pass reads its keys' weights from the servers,
+records the setting and reproduces its golden lines.
 """
 
 from __future__ import annotations
@@ -86,8 +87,20 @@ def test_the_anchored_term_of_the_training_net():
     np.testing.assert_allclose(emb, 2.0 * ((0.01 + 0.04) * 0.5 + 0.25 * 1.0), rtol=1e-5)
 
 
+def test_the_default_is_on_for_a_wide_weight_with_an_l2_and_off_elsewhere():
+    from elastic_control.training.settings import DEFAULT_WIDE_PRIOR, Hyperparameters, resolve_wide_prior
+
+    assert resolve_wide_prior(Hyperparameters(), "wide_deep") == DEFAULT_WIDE_PRIOR == 0.095
+    assert resolve_wide_prior(Hyperparameters(), "deepfm") == resolve_wide_prior(Hyperparameters(), "dcn") == 0.095
+    # No wide weight, or no L2 on it to strengthen: the default stays off (an explicit flag is refused there).
+    assert resolve_wide_prior(Hyperparameters(), "dnn") == 0.0
+    assert resolve_wide_prior(Hyperparameters(l2_wide=0.0), "wide_deep") == 0.0
+    assert resolve_wide_prior(Hyperparameters(wide_prior=0.0), "wide_deep") == 0.0  # --wide-prior 0: off
+    assert resolve_wide_prior(Hyperparameters(wide_prior=0.2), "wide_deep") == 0.2
+
+
 @pytest.mark.e2e
-@pytest.mark.slow  # an option off by default; its feed and anchors are unit-tested above
+@pytest.mark.slow  # the default suite's multi-pass jobs run the prior too (delta passes, admission, eviction)
 def test_a_job_with_the_wide_prior_reads_its_weights_and_reproduces_its_golden_lines(tmp_path):
     from elastic_control.data.line_batch import parse_lines
     from elastic_control.data.synth import generate
@@ -98,7 +111,7 @@ def test_a_job_with_the_wide_prior_reads_its_weights_and_reproduces_its_golden_l
     data = tmp_path / "data"
     generate(data, slots=SLOTS, hours=2, lines_per_hour=2000, seed=5, start=START, vocab=40)
     job = write_job(tmp_path / "job", slots=SLOTS, hours=2, data=data)
-    hyper = Hyperparameters(wide_prior=0.1, hidden=(16, 16), log_every=1000, golden_lines=256)
+    hyper = Hyperparameters(hidden=(16, 16), log_every=1000, golden_lines=256)  # the prior by default
     result = run_training(job, trainers=2, pservers=1, args=hyperparameter_args(hyper), timeout=400)
     assert len(result.passes) == 2
     logs = "\n".join(p.read_text() for p in (job.models / "logs").glob("train-trainer-*.log"))
@@ -110,7 +123,7 @@ def test_a_job_with_the_wide_prior_reads_its_weights_and_reproduces_its_golden_l
     for name in result.passes:
         p = job.models / name
         meta = json.loads((p / pass_format.META_FILE).read_text())
-        assert meta["model"]["wide_prior"] == 0.1
+        assert meta["model"]["wide_prior"] == 0.095
         lines, probs = read_golden(p)
         batch, bad = parse_lines([ln + "\n" for ln in lines])
         assert not bad and len(set(labels_of(lines))) == 2

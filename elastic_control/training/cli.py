@@ -135,7 +135,8 @@ _OPTIONS = [
         "--wide-prior",
         "wide_prior",
         click.FloatRange(0),
-        "Later passes pull embed_w toward its pass-start value, + this per earlier occurrence (0: toward 0).",
+        "Later passes pull embed_w toward its pass-start value with --l2-wide + this per earlier occurrence "
+        "(0: toward 0; default: 0.095 for the wide families with --l2-wide > 0, else off).",
     ),
     ("--dense-l2", "dense_l2", click.FloatRange(0), "Weight decay of the dense weights."),
     ("--cross-layers", "cross_layers", click.IntRange(1, 16), "dcn: cross layers."),

@@ -21,6 +21,11 @@ from elastic_control.training.model import DEFAULT_EMBEDDING_DIM, DEFAULT_HIDDEN
 DEFAULT_MODEL = "wide_deep"
 DEFAULT_EPOCHS: int | str = "auto"
 DEFAULT_EARLY_STOP = True
+# The wide prior's strength per earlier occurrence, p (1 - p) / 2 at a CTR of 0.25 (training/wide_prior.py).
+# A default since 2026-12-04 (session 31): later passes +0.001-0.003 (Criteo split 0.7623 against 0.7605,
+# the two-pass small logs +0.002 on two of three, none on one-pass logs), 5% of 2-trainer throughput
+# (docs/benchmarks.md "The wide prior as a default").
+DEFAULT_WIDE_PRIOR = 0.095
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,9 @@ class Hyperparameters:
     # first was 0.7302-0.7306) at no cost on the Criteo split (docs/benchmarks.md, 2026-12-02).
     l2_wide: float = 5.0
     # The wide prior (training/wide_prior.py): in later passes a key's wide weight is pulled toward its
-    # weight at the pass start with l2_wide + this much per earlier occurrence; 0: toward 0.
-    wide_prior: float = 0.0
+    # weight at the pass start with l2_wide + this much per earlier occurrence; 0: toward 0. None:
+    # DEFAULT_WIDE_PRIOR where there is a wide weight with an L2 to strengthen, else off (resolve_wide_prior).
+    wide_prior: float | None = None
     dense_l2: float = 0.0  # weight decay of the dense weights (MLP, cross layers, output)
     cross_layers: int = 2  # dcn
     cross_rank: int = 16  # dcn: rank of each cross layer's weight
@@ -146,7 +152,7 @@ class RoleSettings:
             decay_sightings=h.decay_sightings,
             l2_embedding=h.l2_embedding,
             l2_wide=h.l2_wide,
-            wide_prior=h.wide_prior,
+            wide_prior=resolve_wide_prior(h, self.model_family),
             dense_l2=h.dense_l2,
             cross_layers=h.cross_layers,
             cross_rank=h.cross_rank,
@@ -176,8 +182,20 @@ def resolve_epochs(flag: int | str | None, data_config: DataConfig) -> int | str
     return setting
 
 
+def resolve_wide_prior(hyper: Hyperparameters, family: str) -> float:
+    """The wide prior's strength: the flag, else DEFAULT_WIDE_PRIOR for a family with a wide weight and an
+    L2 on it (the prior strengthens that L2), else 0 (off). check_wide_prior refuses a flag that would do
+    nothing; the default just stays off there."""
+    from elastic_control.training.families import WIDE_FAMILIES
+
+    if hyper.wide_prior is not None:
+        return hyper.wide_prior
+    return DEFAULT_WIDE_PRIOR if family in WIDE_FAMILIES and hyper.l2_wide else 0.0
+
+
 def check_wide_prior(hyper: Hyperparameters, data_config: DataConfig) -> None:
-    """--wide-prior acts on the wide weight's L2: refuse it where there is none (it would do nothing)."""
+    """An explicit --wide-prior acts on the wide weight's L2: refuse it where there is none (it would do
+    nothing). The default (None) resolves per family instead (resolve_wide_prior)."""
     from elastic_control.training.families import WIDE_FAMILIES
 
     if not hyper.wide_prior:

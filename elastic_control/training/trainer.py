@@ -138,6 +138,7 @@ class Trainer:
                     "decay_sightings": self.spec.decay_sightings if self.spec.uses_decay else "",
                     "l2_embedding": self.spec.l2_embedding,
                     "l2_wide": self.spec.l2_wide,
+                    "wide_prior": self.spec.wide_prior if self.spec.uses_wide_prior else "",
                     "slots": ",".join(map(str, self.spec.slots)),
                     "num_slots": len(self.spec.slots),
                     "embedding_dim": self.spec.embedding_dim,
