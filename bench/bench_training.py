@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 
 from elastic_control.data.hourly_writer import hour_dir  # noqa: E402
 from elastic_control.data.synth import generate, read_truth  # noqa: E402
+from elastic_control.evaluation.logistic_peer import C_GRID, best_fit, labels_of, logistic_regression  # noqa: E402
 from elastic_control.metrics import auc, log_loss  # noqa: E402
 from elastic_control.training.families import FAMILIES  # noqa: E402
 from elastic_control.training.settings import DEFAULT_MODEL  # noqa: E402
@@ -47,7 +48,6 @@ from elastic_control.training.settings import DEFAULT_MODEL  # noqa: E402
 THROUGHPUT_SLOTS = tuple(range(1, 9))
 DEMO_SLOTS = tuple(range(1, 27))
 CRITEO_SLOTS = tuple(range(1, 40))
-LR_GRID = (0.01, 0.03, 0.1, 0.3)
 
 
 # The defaults before issue 12 (f60be70^): the original DNN with its MLP 400-400-400, one epoch per pass
@@ -110,10 +110,6 @@ def hourly_job(folder: Path, data: Path, slots, hours: int):
     return B.write_job(folder, data=data, slots=slots, start=B.START, hours=hours)
 
 
-def labels_of(lines: list[str]) -> np.ndarray:
-    return np.array([int(ln.split()[1]) for ln in lines])
-
-
 def parse_rate(path: Path) -> tuple[float, float]:
     """(reader lines/s, bare pyarrow CSV lines/s) over the same text file."""
     import pyarrow.csv as pacsv
@@ -147,34 +143,6 @@ def parse_rate(path: Path) -> tuple[float, float]:
     )
     bare = time.perf_counter() - t
     return n / ours, table.num_rows / bare
-
-
-def logistic_regression(train_lines: list[str], test_lines: list[str]) -> tuple[float, dict]:
-    """scikit-learn logistic regression on one-hot (feasign, slot) features; (best C, {C: (auc, logloss, calib)})."""
-    import scipy.sparse as sp
-    from sklearn.linear_model import LogisticRegression
-
-    vocab: dict[str, int] = {}
-
-    def onehot(lines, grow):
-        cols, ptr = [], [0]
-        for ln in lines:
-            for tok in ln.split()[2:]:
-                j = vocab.setdefault(tok, len(vocab)) if grow else vocab.get(tok)
-                if j is not None:
-                    cols.append(j)
-            ptr.append(len(cols))
-        return cols, ptr
-
-    a, b = onehot(train_lines, True), onehot(test_lines, False)
-    x_train, x_test = (sp.csr_matrix((np.ones(len(c)), c, p), shape=(len(p) - 1, len(vocab))) for c, p in (a, b))
-    y_train, y_test = labels_of(train_lines), labels_of(test_lines)
-    out = {}
-    for c in LR_GRID:
-        p = LogisticRegression(C=c, max_iter=2000, solver="liblinear").fit(x_train, y_train).predict_proba(x_test)[:, 1]
-        out[c] = (auc(y_test, p), log_loss(y_test, p), float(p.mean() / y_test.mean()))
-    best = max(out, key=lambda c: out[c][0])
-    return best, out
 
 
 def read_hour_lines(folder: Path) -> list[str]:
@@ -219,18 +187,18 @@ def small_logs(root: Path, quick: bool) -> None:
         ]
         test_lines = read_hour_lines(hour_dir(data, B.START + dt.timedelta(hours=hours - 1)))
         labels = labels_of(test_lines)
-        best_c, lr = logistic_regression(train_lines, test_lines)
+        peer = best_fit(logistic_regression(train_lines, test_lines))
         got = {}
         for label, extra in (("defaults", []), ("full batches", FULL_BATCHES)):
             last, _ = train(hourly_job(folder / label.replace(" ", "-"), data, CRITEO_SLOTS, hours - 1), 2, extra=extra)
             probs = B.score_pass(last, test_lines)
             got[label] = (auc(labels, probs), probs.mean() / labels.mean())
-        rows.append((first, len(train_lines), hours - 1, lr[best_c][0], best_c, got))
+        rows.append((first, len(train_lines), hours - 1, peer.auc, peer.c, got))
         print(
             f"small log: lines {first}..{first + count}, {len(train_lines)} training lines in {hours - 1} pass(es): "
-            f"defaults AUC {got['defaults'][0]:.4f} ({got['defaults'][0] - lr[best_c][0]:+.4f} vs LR), "
+            f"defaults AUC {got['defaults'][0]:.4f} ({got['defaults'][0] - peer.auc:+.4f} vs LR), "
             f"calibration {got['defaults'][1]:.3f}; full batches {got['full batches'][0]:.4f}; "
-            f"logistic regression (C={best_c}) {lr[best_c][0]:.4f}",
+            f"logistic regression (C={peer.c}) {peer.auc:.4f}",
             flush=True,
         )
     print("\n| first line | training lines, passes | LR (best C) | defaults (calibration) | vs LR | full batches |")
@@ -262,13 +230,14 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     test_lines = read_hour_lines(hour_dir(root / "criteo", B.START + dt.timedelta(hours=hours - 1)))
     labels = labels_of(test_lines)
     t = time.perf_counter()
-    best_c, lr = logistic_regression(train_lines, test_lines)
-    lr_auc, lr_loss, lr_cal = lr[best_c]
+    fits = logistic_regression(train_lines, test_lines)
+    peer = best_fit(fits)
+    lr_auc, lr_loss, lr_cal = peer.auc, peer.log_loss, peer.calibration
     print(
         f"Criteo split ({len(train_lines)} train lines in {hours - 1} hourly passes, {len(test_lines)} test): "
-        f"scikit-learn logistic regression on the same one-hot feasigns, best C={best_c} of {LR_GRID}: "
+        f"scikit-learn logistic regression on the same one-hot feasigns, best C={peer.c} of {C_GRID}: "
         f"AUC {lr_auc:.4f}, log loss {lr_loss:.4f}, calibration {lr_cal:.3f} "
-        f"({', '.join(f'C={c}: {v[0]:.4f}' for c, v in lr.items())}; {time.perf_counter() - t:.0f}s)",
+        f"({', '.join(f'C={c}: {v.auc:.4f}' for c, v in fits.items())}; {time.perf_counter() - t:.0f}s)",
         flush=True,
     )
     rows = []
@@ -304,7 +273,7 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     )
     print("\n| family | AUC | vs LR | log loss | calibration | examples/s, 1 trainer | 2 trainers | AUC, 1 trainer |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    print(f"| scikit-learn LR (C={best_c}) | {lr_auc:.4f} | - | {lr_loss:.4f} | {lr_cal:.3f} | - | - | - |")
+    print(f"| scikit-learn LR (C={peer.c}) | {lr_auc:.4f} | - | {lr_loss:.4f} | {lr_cal:.3f} | - | - | - |")
     for family, a, ll, cal, r1, r2, a1 in rows:
         print(f"| {family} | {a:.4f} | {a - lr_auc:+.4f} | {ll:.4f} | {cal:.3f} | {r1:,.0f} | {r2:,.0f} | {a1:.4f} |")
     print(

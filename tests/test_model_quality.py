@@ -24,12 +24,12 @@ import pytest
 from helpers_common import CRITEO_FILE, CRITEO_SLOTS, run_cli
 from helpers_passes import train
 
+from elastic_control.evaluation.logistic_peer import best_fit, logistic_regression
 from elastic_control.metrics import auc
 
 pytestmark = pytest.mark.skipif(not CRITEO_FILE.exists(), reason=f"real Criteo lines not found at {CRITEO_FILE}")
 
 START = "20200101/00"
-LR_GRID = (0.03, 0.1, 0.3, 1.0)
 
 
 def _hour(i: int) -> str:
@@ -71,34 +71,6 @@ def _evaluate(root: Path, data: Path, pass_dir: Path, hour: int) -> dict:
     return json.loads(result.stdout)["model"]
 
 
-def logistic_regression_auc(train_lines: list[str], test_lines: list[str]) -> float:
-    """Best held-out AUC of scikit-learn's logistic regression on one-hot feasigns over LR_GRID."""
-    import scipy.sparse as sp
-    from sklearn.linear_model import LogisticRegression
-
-    vocab: dict[str, int] = {}
-
-    def onehot(lines, grow):
-        cols, ptr, labels = [], [0], []
-        for ln in lines:
-            toks = ln.split()
-            labels.append(int(toks[1]))
-            for tok in toks[2:]:
-                j = vocab.setdefault(tok, len(vocab)) if grow else vocab.get(tok)
-                if j is not None:
-                    cols.append(j)
-            ptr.append(len(cols))
-        return cols, ptr, np.array(labels)
-
-    (ca, pa, ya), (cb, pb, yb) = onehot(train_lines, True), onehot(test_lines, False)
-    xa = sp.csr_matrix((np.ones(len(ca)), ca, pa), shape=(len(pa) - 1, len(vocab)))
-    xb = sp.csr_matrix((np.ones(len(cb)), cb, pb), shape=(len(pb) - 1, len(vocab)))
-    return max(
-        auc(yb, LogisticRegression(C=c, max_iter=2000, solver="liblinear").fit(xa, ya).predict_proba(xb)[:, 1])
-        for c in LR_GRID
-    )
-
-
 def _quality(root: Path, *, first: int, lines: int, hours: int, trainers: int = 2) -> tuple[dict, float]:
     """(eval metrics of the defaults' last pass on the last hour, peer LR AUC) for one slice of real lines."""
     data = _convert(root, first, lines, hours)
@@ -112,7 +84,8 @@ def _quality(root: Path, *, first: int, lines: int, hours: int, trainers: int = 
         batches = [json.loads((p / "meta.json").read_text())["training"]["batch_size"] for p in passes]
         assert 16 <= batches[0] < 128 and batches[1:] == [128] * (len(passes) - 1), batches
     metrics = _evaluate(root, data, passes[-1], hours - 1)
-    lr = logistic_regression_auc(_hour_lines(data, range(hours - 1)), _hour_lines(data, range(hours - 1, hours)))
+    fits = logistic_regression(_hour_lines(data, range(hours - 1)), _hour_lines(data, range(hours - 1, hours)))
+    lr = best_fit(fits).auc
     print(
         f"lines {first}..{first + lines} in {hours} hours: AUC {metrics['auc']:.4f} vs LR {lr:.4f}, "
         f"calibration {metrics['calibration']:.3f}"
