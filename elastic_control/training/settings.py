@@ -23,7 +23,7 @@ DEFAULT_EPOCHS: int | str = "auto"
 DEFAULT_EARLY_STOP = True
 # The wide prior's strength per earlier occurrence, p (1 - p) / 2 at a CTR of 0.25 (training/wide_prior.py).
 # A default since 2026-12-04 (session 31): later passes +0.001-0.003 (Criteo split 0.7623 against 0.7605,
-# the two-pass small logs +0.002 on two of three, none on one-pass logs), 5% of 2-trainer throughput
+# the two-pass small logs +0.002 on two of three, none on one-pass logs), throughput within the noise
 # (docs/benchmarks.md "The wide prior as a default").
 DEFAULT_WIDE_PRIOR = 0.095
 
