@@ -83,6 +83,11 @@ def _quality(root: Path, *, first: int, lines: int, hours: int, trainers: int = 
     if lines <= 30_000:  # a small log: its first pass trains smaller batches, the later ones full size
         batches = [json.loads((p / "meta.json").read_text())["training"]["batch_size"] for p in passes]
         assert 16 <= batches[0] < 128 and batches[1:] == [128] * (len(passes) - 1), batches
+    for p in passes:  # every 20th line of trainer 0's half of an hour: under 500, so no pass is judged by them
+        training = json.loads((p / "meta.json").read_text())["training"]
+        if lines / hours < 20 * 500 * trainers:
+            assert not training["judged_by_holdout"] and training["holdout_losses"] == [], training
+            assert 1 <= training["epochs_run"] <= 3, training
     metrics = _evaluate(root, data, passes[-1], hours - 1)
     fits = logistic_regression(_hour_lines(data, range(hours - 1)), _hour_lines(data, range(hours - 1, hours)))
     lr = best_fit(fits).auc
@@ -188,7 +193,7 @@ def test_small_hourly_passes_do_not_blow_up_in_their_later_epochs(tmp_path):
         start=START,
         end=_hour(3),
         trainers=2,
-        args=["--early-stop-patience", "4"],
+        args=["--early-stop-patience", "4", "--min-holdout-to-stop", "0"],  # 150 held-out lines: judged all the same
         timeout=3000,
     )
     rises = []

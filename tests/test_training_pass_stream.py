@@ -16,6 +16,7 @@ from elastic_control.training.pass_stream import (
     pass_batch_size,
     planned_epochs,
     shuffled,
+    unjudged_pass,
     without_holdout,
 )
 
@@ -113,6 +114,14 @@ def test_the_first_pass_of_a_fresh_model_plans_at_least_its_steps():
     assert planned_epochs("auto", 124, min_steps=100, max_epochs=20) == 1
     assert planned_epochs("auto", 19, min_steps=100, first_pass_steps=40, max_epochs=20) == 5  # the larger
     assert planned_epochs("auto", 1, min_steps=100, first_pass_steps=800, max_epochs=20) == 20
+
+
+def test_only_auto_epochs_with_the_early_stop_and_too_few_held_out_lines_go_unjudged():
+    assert unjudged_pass("auto", True, 499, 500)
+    assert not unjudged_pass("auto", True, 500, 500)
+    assert not unjudged_pass("auto", True, 50, 0)  # 0: every pass is judged
+    assert not unjudged_pass("auto", False, 50, 500)  # no early stop: nothing to judge
+    assert not unjudged_pass(10, True, 50, 500)  # explicit epochs: the user's for the stop to cut
 
 
 @pytest.mark.parametrize(

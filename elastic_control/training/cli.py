@@ -103,6 +103,19 @@ _OPTIONS = [
         "With --restore-best-epoch: epochs after the best that end a pass, each counted 1 when worse beyond "
         "the held-out noise (2 standard errors), 0.5 within it.",
     ),
+    (
+        "--min-holdout-to-stop",
+        "min_holdout_to_stop",
+        click.IntRange(0),
+        "EPOCHS=auto with the early stop: a pass with fewer held-out lines is not judged by them but "
+        "trains at most --unjudged-pass-epochs epochs (0: every pass is judged).",
+    ),
+    (
+        "--unjudged-pass-epochs",
+        "unjudged_pass_epochs",
+        click.IntRange(1, 1000),
+        "EPOCHS=auto: the most epochs of a pass with too few held-out lines to stop early.",
+    ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),
     (

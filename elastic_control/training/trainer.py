@@ -36,6 +36,7 @@ class PassStats:
     planned_epochs: int = 1
     batch_size: int = 0  # this pass's batch (pass_stream.pass_batch_size)
     holdout_losses: list[float] = field(default_factory=list)  # after each epoch, with the early stop
+    judged: bool = True  # False: too few held-out lines for the early stop (pass_stream.unjudged_pass)
     best_epoch: int | None = None  # the early stop's lowest held-out loss (of the epochs scored)
     restored_epoch: int | None = None  # the epoch put back after a worse last one (training/best_epoch.py)
 
@@ -131,6 +132,8 @@ class Trainer:
                     "early_stop": self.s.early_stop,
                     "restore_best_epoch": self.s.hyper.restore_best_epoch is not False,
                     "early_stop_patience": self.s.hyper.early_stop_patience,
+                    "min_holdout_to_stop": self.s.hyper.min_holdout_to_stop,
+                    "unjudged_pass_epochs": self.s.hyper.unjudged_pass_epochs,
                     "sparse_learning_rate": self.spec.sparse_learning_rate,
                     "wide_learning_rate": self.spec.wide_learning_rate,
                     "sparse_optimizer": self.spec.sparse_optimizer,
@@ -240,7 +243,13 @@ class Trainer:
         ``cold``: the pass starts the model from its initialisation (EPOCHS=auto then plans at least
         ``min_steps_first_pass`` steps).
         """
-        from elastic_control.training.pass_stream import Holdout, ParsedShare, pass_batch_size, planned_epochs
+        from elastic_control.training.pass_stream import (
+            Holdout,
+            ParsedShare,
+            pass_batch_size,
+            planned_epochs,
+            unjudged_pass,
+        )
 
         h = self.s.hyper
         stats = PassStats()
@@ -277,7 +286,7 @@ class Trainer:
             known = self.wide_prior.start_pass(counts, self._wide_weights)
             self.log(f"pass {part.name}: wide prior on {known} keys seen before ({time.monotonic() - t:.1f}s)")
         best = self._best_epoch_for(part)
-        epochs, epoch = 1, 0
+        epochs, epoch, judged = 1, 0, True
         while epoch < epochs:
             epoch += 1
             epoch_started = time.monotonic()
@@ -298,16 +307,26 @@ class Trainer:
                     first_pass_steps=h.min_steps_first_pass if cold else None,
                     max_epochs=h.max_epochs,
                 )
+                # Trainer 0 alone holds lines out: its count decides for every trainer (the plan below).
+                if self.s.is_chief and unjudged_pass(
+                    self.s.epochs, self.s.early_stop, holdout.count, h.min_holdout_to_stop
+                ):
+                    judged, epochs = False, min(epochs, h.unjudged_pass_epochs)
+                    self.log(
+                        f"pass {part.name}: {holdout.count} held-out lines, fewer than {h.min_holdout_to_stop}: "
+                        f"{epochs} epoch(s), not judged by them"
+                    )
                 stats.planned_epochs = epochs
             if not self._epochs_end_at_a_barrier:
                 continue  # a fixed number of epochs: nothing to decide
             # Every trainer ends the epoch the same way: trainer 0 decides, from its own steps
             # (EPOCHS=auto) and its held-out lines (early stop), whether another epoch follows.
             self._flush_pushes()
-            plan = {"epochs": epochs} if self.s.is_chief and epoch == 1 else {}
+            plan = {"epochs": epochs, "judged": judged} if self.s.is_chief and epoch == 1 else {}
             got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, plan)["0"] or {}
             epochs = int(got.get("epochs", epochs))
-            if not self.s.early_stop:
+            judged = stats.judged = bool(got.get("judged", judged))
+            if not (self.s.early_stop and judged):
                 continue
             # Every trainer's pushes of the epoch are in: trainer 0 scores it (and copies or restores).
             decision = {}
@@ -609,6 +628,7 @@ class Trainer:
                 "best_epoch": stats.best_epoch,
                 "restored_epoch": stats.restored_epoch,
                 "early_stop": self.s.early_stop,
+                "judged_by_holdout": stats.judged,
                 "batch_size": stats.batch_size,
             },
             "trainers": self.s.trainers,
