@@ -1,6 +1,7 @@
 """Training benchmark: every model family on real Criteo lines beside logistic regression, throughput, synthetic gap.
 
     .venv/bin/python bench/bench_training.py [--quick] [--families dnn,wide_deep] [--skip-throughput]
+        [--skip-quality | --small-logs-only]
 
 Prints, in one run:
 - the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit);
@@ -18,8 +19,9 @@ Prints, in one run:
   same one-hot feasigns and split, best C over a small grid, measured in the same run; and the default
   family trained on the four hours as one pass (PASS_HOURS=4) beside its hourly passes;
 - small real logs (slices of the same file, 2,000-15,000 training lines in one or two passes, scored on
-  the next hour): AUC and calibration of the defaults, and of the defaults with the first pass at the full
-  batch size (--min-batches-first-pass 0), beside logistic regression on the same feasigns and split.
+  the next hour): AUC and calibration of the defaults, of the defaults with every pass judged by its few
+  held-out lines (--min-holdout-to-stop 0) and with the first pass at the full batch size
+  (--min-batches-first-pass 0), beside logistic regression on the same feasigns and split.
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ NO_COPIES = ["--no-restore-best-epoch"]
 NO_WIDE_PRIOR = ["--wide-prior", "0"]
 # The defaults with every pass at the full batch size (before 2026-12-04).
 FULL_BATCHES = ["--min-batches-first-pass", "0"]
+# The defaults with the early stop judging every pass, however few its held-out lines (before 2026-12-04,
+# session 32: pass_stream.unjudged_pass).
+ALL_JUDGED = ["--min-holdout-to-stop", "0"]
+SMALL_LOG_CONFIGS = (("defaults", []), ("all judged", ALL_JUDGED), ("full batches", FULL_BATCHES))
 # Small real logs: (first line, lines, hours) slices of the Criteo file, trained on all hours but the
 # last (one or two passes) and scored on the last; the first two are tests/test_model_quality.py's.
 SMALL_LOGS = (
@@ -168,7 +174,7 @@ def synthetic_gap(root: Path, lines: int) -> None:
 
 
 def small_logs(root: Path, quick: bool) -> None:
-    """The defaults (and the defaults at the full batch size) on small real logs, beside logistic regression."""
+    """The defaults (and SMALL_LOG_CONFIGS' variants of them) on small real logs, beside logistic regression."""
     import itertools
 
     from elastic_control.data.criteo import convert_file
@@ -189,7 +195,7 @@ def small_logs(root: Path, quick: bool) -> None:
         labels = labels_of(test_lines)
         peer = best_fit(logistic_regression(train_lines, test_lines))
         got = {}
-        for label, extra in (("defaults", []), ("full batches", FULL_BATCHES)):
+        for label, extra in SMALL_LOG_CONFIGS:
             last, _ = train(hourly_job(folder / label.replace(" ", "-"), data, CRITEO_SLOTS, hours - 1), 2, extra=extra)
             probs = B.score_pass(last, test_lines)
             got[label] = (auc(labels, probs), probs.mean() / labels.mean())
@@ -197,18 +203,27 @@ def small_logs(root: Path, quick: bool) -> None:
         print(
             f"small log: lines {first}..{first + count}, {len(train_lines)} training lines in {hours - 1} pass(es): "
             f"defaults AUC {got['defaults'][0]:.4f} ({got['defaults'][0] - peer.auc:+.4f} vs LR), "
-            f"calibration {got['defaults'][1]:.3f}; full batches {got['full batches'][0]:.4f}; "
+            f"calibration {got['defaults'][1]:.3f}; all judged {got['all judged'][0]:.4f}; "
+            f"full batches {got['full batches'][0]:.4f}; "
             f"logistic regression (C={peer.c}) {peer.auc:.4f}",
             flush=True,
         )
-    print("\n| first line | training lines, passes | LR (best C) | defaults (calibration) | vs LR | full batches |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "\n| first line | training lines, passes | LR (best C) | defaults (calibration) | vs LR | all judged "
+        "| full batches |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for first, n, passes, lr_auc, c, got in rows:
-        (a, cal), (full, _) = got["defaults"], got["full batches"]
+        (a, cal), judged, full = got["defaults"], got["all judged"][0], got["full batches"][0]
         row = (f"{first:,}", f"{n:,}, {passes}", f"{lr_auc:.4f} ({c})", f"{a:.4f} ({cal:.3f})", f"{a - lr_auc:+.4f}")
-        print("| " + " | ".join(row) + f" | {full:.4f} |")
-    at_least = sum(got["defaults"][0] >= lr_auc for _, _, _, lr_auc, _, got in rows)
-    print(f"defaults at or above logistic regression on {at_least} of {len(rows)} small logs", flush=True)
+        print("| " + " | ".join(row) + f" | {judged:.4f} | {full:.4f} |")
+    for label, _ in SMALL_LOG_CONFIGS:
+        gaps = [got[label][0] - lr_auc for _, _, _, lr_auc, _, got in rows]
+        print(
+            f"{label}: at or above logistic regression on {sum(g >= 0 for g in gaps)} of {len(rows)} small logs, "
+            f"within 0.005 on {sum(g >= -0.005 for g in gaps)}, mean {sum(gaps) / len(gaps):+.4f}",
+            flush=True,
+        )
 
 
 def criteo_families(root: Path, families: list[str], quick: bool) -> None:
@@ -288,6 +303,7 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated families for the Criteo table")
     ap.add_argument("--skip-throughput", action="store_true", help="only the quality figures")
     ap.add_argument("--skip-quality", action="store_true", help="only the reader and throughput figures")
+    ap.add_argument("--small-logs-only", action="store_true", help="only the small real logs' table")
     ap.add_argument(
         "--rounds", type=int, default=None, help="throughput rounds, configurations alternating (default 3, --quick 1)"
     )
@@ -297,6 +313,9 @@ def main() -> None:
     args.rounds = args.rounds or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         root = Path(tmp)
+        if args.small_logs_only:
+            small_logs(root, args.quick)
+            return
         if not args.skip_throughput:
             generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=B.START)
             reader, bare = parse_rate(hour_dir(root / "data", B.START) / "part-00000")
