@@ -12,6 +12,8 @@ paddle = pytest.importorskip("paddle")
 
 from elastic_control.training.feeding import feed_keys  # noqa: E402
 from elastic_control.training.model import (  # noqa: E402
+    KEY_ANCHOR_INPUT,
+    KEY_ANCHOR_WEIGHT_INPUT,
     KEY_L2_INPUT,
     KEY_RATE_INPUT,
     KEYS_INPUT,
@@ -70,6 +72,48 @@ def test_per_key_inputs_of_repeated_keys_equal_each_occurrences_own_lookup():
     np.testing.assert_array_equal(feed[KEY_L2_INPUT].ravel(), want_l2)
     np.testing.assert_array_equal(feed[KEY_RATE_INPUT].ravel(), want_rate)
     assert len(set(want_l2.tolist())) > 1  # the keys' values differ, so a misplaced one would show
+
+
+def test_the_defaults_per_key_inputs_share_one_search_of_the_pass_keys(monkeypatch):
+    # The L2 scale, the rate factors and the wide prior's anchor and weight are all found in the pass's
+    # counts: one search a batch (KeyCounts.index), whatever the trainer saw in earlier passes, and the
+    # values are each occurrence's own.
+    from elastic_control.training import pass_stream
+    from elastic_control.training.pass_stream import KeyCounts
+    from elastic_control.training.rate_decay import RateDecay
+    from elastic_control.training.wide_prior import WidePrior
+
+    earlier, counts = KeyCounts(), KeyCounts()
+    earlier.add(np.array([7, 40, 999], np.uint64))
+    keys = np.array([7, 40, 13, 7, 2**64 - 1, 40, 7], np.uint64)
+    counts.add(keys)
+    decay, prior = RateDecay(decay_sightings=4.0, trainers=2), WidePrior(strength=0.1, l2_wide=5.0)
+    decay.seen.absorb(earlier)
+    prior.seen.absorb(earlier)
+    assert prior.start_pass(counts, lambda k: k.astype(np.float32) / 100) == 2  # 7 and 40 seen before
+    decay.start_epoch(counts, share_lines=7)
+    decay.fed(3)
+    searches = []
+    real = np.searchsorted
+    monkeypatch.setattr(pass_stream.np, "searchsorted", lambda *a, **k: searches.append(1) or real(*a, **k))
+    feed = feed_keys(
+        paddle,
+        keys,
+        np.array([len(keys)], np.int64),
+        None,
+        paddle.CPUPlace(),
+        l2_scale=counts.inverse,
+        rate_factors=decay.factors,
+        wide_prior=prior,
+    )
+    assert len(searches) == 1
+    monkeypatch.undo()
+    np.testing.assert_allclose(feed[KEY_L2_INPUT].ravel(), [1 / 3, 1 / 2, 1, 1 / 3, 1, 1 / 2, 1 / 3], rtol=1e-6)
+    own = {7: 1 + 3 * 3 / 7, 40: 1 + 2 * 3 / 7, 13: 3 / 7, 2**64 - 1: 3 / 7}  # earlier + progress x this pass
+    want = [1 / np.sqrt(1 + own[int(k)] * 2 / 4.0) for k in keys]
+    np.testing.assert_allclose(feed[KEY_RATE_INPUT].ravel(), want, rtol=1e-6)
+    np.testing.assert_allclose(feed[KEY_ANCHOR_INPUT].ravel(), [0.07, 0.4, 0, 0.07, 0, 0.4, 0.07], rtol=1e-6)
+    np.testing.assert_allclose(feed[KEY_ANCHOR_WEIGHT_INPUT].ravel(), [5.1, 5.1, 5, 5.1, 5, 5.1, 5.1], rtol=1e-6)
 
 
 def test_a_lookup_feed_carries_no_labels():

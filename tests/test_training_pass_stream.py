@@ -142,6 +142,27 @@ def test_a_small_share_trains_smaller_batches(share, batch, min_batches, want):
     assert pass_batch_size(share, batch, min_batches) == want
 
 
+def test_key_counts_search_a_read_only_array_once_until_their_keys_change():
+    counts = KeyCounts()
+    counts.add(np.array([5, 9, 9], np.uint64))
+    keys = np.array([9, 4, 5], np.uint64)
+    keys.flags.writeable = False
+    idx, hit = counts.index(keys)
+    assert hit.tolist() == [True, False, True] and counts.keys[idx[hit]].tolist() == [9, 5]
+    assert counts.index(keys)[0] is idx  # the same read-only array: not searched again
+    writable = np.array([9, 4, 5], np.uint64)
+    assert counts.index(writable)[0] is not counts.index(writable)[0]  # may change in place: searched each time
+    counts.absorb(key_counts_of([4]))
+    assert counts.index(keys)[1].tolist() == [True, True, True]  # the keys changed: searched again
+    assert counts.lookup(keys).tolist() == [2, 1, 1]
+
+
+def key_counts_of(keys):
+    counts = KeyCounts()
+    counts.add(np.array(keys, np.uint64))
+    return counts
+
+
 def test_key_counts_merge_blocks():
     counts = KeyCounts(block=5)
     for keys in ([3, 1, 3], [2**64 - 1, 3], [1], [7, 7, 7, 7]):

@@ -198,6 +198,13 @@ class KeyCounts:
         self._pending: list[np.ndarray] = []
         self._pending_size = 0
         self._block = block
+        # The last ``index`` call's (keys, positions, found) for a read-only key array: the per-key inputs
+        # of one batch (L2 scale, rate factors, the wide prior's anchors and weights) all look up the same
+        # distinct keys (feeding.feed_keys makes them read-only) in the pass's counts, so they share one
+        # search. Read-only, so the array cannot have changed since; one tuple, replaced whole, so a
+        # reader in another thread sees an old or a new entry, never half of each; dropped when the
+        # counted keys change.
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def add(self, keys: np.ndarray) -> None:
         self._pending.append(np.asarray(keys, dtype=np.uint64))
@@ -214,19 +221,35 @@ class KeyCounts:
         counts = np.concatenate([self.counts, new_counts])
         self.keys, inverse = np.unique(keys, return_inverse=True)
         self.counts = np.bincount(inverse, weights=counts, minlength=len(self.keys)).astype(np.int64)
+        self._last = None
 
     def __len__(self) -> int:
         self._merge()
         return len(self.keys)
 
+    def index(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position in ``self.keys``, whether counted) of each key; positions of keys not counted are
+        valid but meaningless. The same array object asked again is not searched again."""
+        self._merge()
+        last = self._last
+        if last is not None and last[0] is keys:
+            return last[1], last[2]
+        array = np.asarray(keys, dtype=np.uint64)
+        if not len(self.keys):
+            idx, hit = np.zeros(len(array), np.intp), np.zeros(len(array), bool)
+        else:
+            idx = np.minimum(np.searchsorted(self.keys, array), len(self.keys) - 1)
+            hit = self.keys[idx] == array
+        if isinstance(keys, np.ndarray) and not keys.flags.writeable:
+            self._last = (keys, idx, hit)
+        return idx, hit
+
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """int64 count of each key (0 for a key never counted)."""
-        self._merge()
-        keys = np.asarray(keys, dtype=np.uint64)
+        idx, hit = self.index(keys)
         if not len(self.keys):
-            return np.zeros(len(keys), np.int64)
-        idx = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[idx] == keys, self.counts[idx], 0)
+            return np.zeros(len(idx), np.int64)
+        return np.where(hit, self.counts[idx], 0)
 
     def inverse(self, keys: np.ndarray) -> np.ndarray:
         """float32 1 / count of each key (1 for a key never counted)."""
@@ -240,3 +263,4 @@ class KeyCounts:
         counts = np.concatenate([self.counts, other.counts])
         self.keys, inverse = np.unique(keys, return_inverse=True)
         self.counts = np.bincount(inverse, weights=counts, minlength=len(self.keys)).astype(np.int64)
+        self._last = None

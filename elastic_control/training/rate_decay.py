@@ -31,12 +31,17 @@ class RateDecay:
         self.trainers = max(int(trainers), 1)
         self.seen = KeyCounts()  # occurrences this trainer trained in finished epochs
         self._epoch = KeyCounts()  # the current pass's occurrences in this trainer's share (one epoch)
+        # ``seen``'s count of each of the pass's keys, in ``_epoch.keys``' order: looked up once an epoch,
+        # so a batch searches only the pass's keys (one search, shared with the other per-key inputs:
+        # KeyCounts.index), not every key the trainer has ever seen, which grows all job long.
+        self._seen_of_pass = np.zeros(0, np.int64)
         self._epoch_lines = 1
         self._fed_lines = 0
 
     def start_epoch(self, pass_counts: KeyCounts, share_lines: int) -> None:
         """An epoch over this trainer's share begins: ``pass_counts`` are its keys' occurrences in it."""
         self._epoch = pass_counts
+        self._seen_of_pass = self.seen.lookup(pass_counts.keys) if len(pass_counts) else np.zeros(0, np.int64)
         self._epoch_lines = max(int(share_lines), 1)
         self._fed_lines = 0
 
@@ -46,10 +51,19 @@ class RateDecay:
 
     def end_epoch(self) -> None:
         self.seen.absorb(self._epoch)
+        if len(self._seen_of_pass) == len(self._epoch.counts):
+            self._seen_of_pass = self._seen_of_pass + self._epoch.counts  # what seen.lookup would give now
         self._fed_lines = 0
 
     def factors(self, keys: np.ndarray) -> np.ndarray:
         """float32 rate factor of each key occurrence in a batch."""
         progress = min(self._fed_lines / self._epoch_lines, 1.0)
-        own = self.seen.lookup(keys) + progress * self._epoch.lookup(keys)
+        idx, hit = self._epoch.index(keys)
+        if len(self._epoch.keys):
+            own = np.where(hit, self._seen_of_pass[idx] + progress * self._epoch.counts[idx], 0.0)
+        else:
+            own = np.zeros(len(idx))
+        if not hit.all():  # a key outside the pass's counts (not in training batches): its earlier sightings
+            miss = ~hit
+            own[miss] = self.seen.lookup(np.asarray(keys, dtype=np.uint64)[miss])
         return (1.0 / np.sqrt(1.0 + own * (self.trainers / self.decay_sightings))).astype(np.float32)

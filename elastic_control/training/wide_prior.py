@@ -17,7 +17,7 @@ its epochs, and reads the weights at the pass start from the servers (``start_pa
 
 The counts live in the trainer's memory: a restarted trainer starts them again from zero, so its
 first pass after a restart pulls toward 0 like a fresh model (the model itself is resumed whole).
-Memory: 16 bytes per distinct key this trainer has seen, plus 12 per key of the current pass.
+Memory: 16 bytes per distinct key this trainer has seen, plus 8 per key of the current pass.
 """
 
 from __future__ import annotations
@@ -36,9 +36,12 @@ class WidePrior:
         self.strength = float(strength)
         self.l2_wide = float(l2_wide)
         self.seen = KeyCounts()  # this trainer's occurrences in its shares of the finished passes
-        self._keys = np.zeros(0, np.uint64)  # the current pass's keys seen before (sorted)
+        # The current pass's counts, and per key of it (in their order) the anchor and the pull's weight:
+        # a batch's keys are found by the same search as their L2 scale and rate factors (KeyCounts.index).
+        self._pass = KeyCounts()
         self._anchors = np.zeros(0, np.float32)
         self._weights = np.zeros(0, np.float32)
+        self._known = 0  # the pass's keys seen before
 
     def start_pass(self, pass_counts: KeyCounts, wide_weights: Callable[[np.ndarray], np.ndarray]) -> int:
         """A pass begins whose share has ``pass_counts``; ``wide_weights(keys)`` reads the keys' embed_w
@@ -46,31 +49,28 @@ class WidePrior:
         len(pass_counts)  # merges its pending blocks: .keys is then complete and sorted
         earlier = self.seen.lookup(pass_counts.keys)
         known = earlier > 0
-        self._keys = pass_counts.keys[known]
-        self._anchors = np.asarray(wide_weights(self._keys), dtype=np.float32) if len(self._keys) else self._anchors[:0]
-        self._weights = (self.l2_wide + self.strength * earlier[known]).astype(np.float32)
-        return len(self._keys)
+        self._pass, self._known = pass_counts, int(known.sum())
+        self._anchors = np.zeros(len(pass_counts.keys), np.float32)
+        if self._known:
+            self._anchors[known] = np.asarray(wide_weights(pass_counts.keys[known]), dtype=np.float32)
+        self._weights = np.where(known, self.l2_wide + self.strength * earlier, self.l2_wide).astype(np.float32)
+        return self._known
 
     def end_pass(self, pass_counts: KeyCounts) -> None:
         self.seen.absorb(pass_counts)
-        self._keys, self._anchors, self._weights = self._keys[:0], self._anchors[:0], self._weights[:0]
-
-    def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(index into the pass's keys seen before, whether found) of each key; call with some seen before."""
-        keys = np.asarray(keys, dtype=np.uint64)
-        idx = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        return idx, self._keys[idx] == keys
+        self._pass, self._known = KeyCounts(), 0
+        self._anchors, self._weights = self._anchors[:0], self._weights[:0]
 
     def anchors(self, keys: np.ndarray) -> np.ndarray:
         """float32 per key occurrence: the weight its L2 pulls toward (0 for a key new to the model)."""
-        if not len(self._keys):
+        if not self._known:
             return np.zeros(len(keys), np.float32)
-        idx, hit = self._find(keys)
+        idx, hit = self._pass.index(keys)
         return np.where(hit, self._anchors[idx], 0).astype(np.float32)
 
     def weights(self, keys: np.ndarray) -> np.ndarray:
         """float32 per key occurrence: the pull's strength (l2_wide for a key new to the model)."""
-        if not len(self._keys):
+        if not self._known:
             return np.full(len(keys), self.l2_wide, np.float32)
-        idx, hit = self._find(keys)
+        idx, hit = self._pass.index(keys)
         return np.where(hit, self._weights[idx], self.l2_wide).astype(np.float32)
