@@ -628,7 +628,7 @@ class Trainer:
                 "best_epoch": stats.best_epoch,
                 "restored_epoch": stats.restored_epoch,
                 "early_stop": self.s.early_stop,
-                "judged_by_holdout": stats.judged,
+                "judged_by_holdout": bool(self.s.early_stop) and stats.judged,
                 "batch_size": stats.batch_size,
             },
             "trainers": self.s.trainers,
