@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_support as B  # noqa: E402
 
-from elastic_control.data.line_batch import batch_keys, parse_lines  # noqa: E402
+from elastic_control.data.line_batch import batch_keys, parse_lines, slice_batch  # noqa: E402
 from elastic_control.training.pass_stream import KeyCounts  # noqa: E402
 from elastic_control.training.rate_decay import RateDecay  # noqa: E402
 from elastic_control.training.settings import DEFAULT_WIDE_PRIOR, Hyperparameters  # noqa: E402
@@ -43,24 +42,16 @@ from elastic_control.training.wide_prior import WidePrior  # noqa: E402
 
 def criteo_batches(lines: int, batch: int) -> list[np.ndarray]:
     """The keys (slot after slot, as the training feed has them) of each batch of ``lines`` real lines."""
-    from elastic_control.data.criteo import convert_file
-    from elastic_control.data.hourly_writer import hour_dir
+    from elastic_control.data.criteo import CriteoConverter
 
-    with tempfile.TemporaryDirectory(prefix="bench-feed-") as tmp:
-        raw = Path(tmp) / "raw.txt"
-        with open(B.CRITEO_FILE, encoding="utf-8") as f, open(raw, "w", encoding="utf-8") as out:
-            out.writelines(itertools.islice(f, lines))
-        convert_file(raw, Path(tmp) / "data", hours=1, start=B.START)
-        text = [ln for p in sorted(hour_dir(Path(tmp) / "data", B.START).glob("part-*")) for ln in p.open()]
-    parsed, bad = parse_lines(text)
+    conv = CriteoConverter()
+    with open(B.CRITEO_FILE, encoding="utf-8") as f:
+        parsed, bad = parse_lines([conv.convert_line(raw) for raw in itertools.islice(f, lines)])
     assert not bad, bad[:3]
-    out = []
-    for start in range(0, len(parsed) - batch + 1, batch):
-        from elastic_control.data.line_batch import slice_batch
-
-        keys, _ = batch_keys(slice_batch(parsed, start, start + batch), B.CRITEO_SLOTS, None)
-        out.append(keys)
-    return out
+    return [
+        batch_keys(slice_batch(parsed, start, start + batch), B.CRITEO_SLOTS, None)[0]
+        for start in range(0, len(parsed) - batch + 1, batch)
+    ]
 
 
 def before(distinct, counts: KeyCounts, seen: KeyCounts, known_keys, anchors, weights, progress, scale, l2):

@@ -36,13 +36,19 @@ def test_key_counts_lookup_and_absorb():
 def test_factors_follow_sightings_of_all_trainers():
     decay = RateDecay(decay_sightings=10, trainers=2)
     keys = np.array([1, 2, 3], dtype=np.uint64)
-    decay.start_epoch(key_counts([1] * 20 + [2] * 4), share_lines=100)
+    first = key_counts([1] * 20 + [2] * 4)
+    decay.start_epoch(first, share_lines=100)
     np.testing.assert_allclose(decay.factors(keys), [1, 1, 1])  # nothing fed yet: full rates
     decay.fed(50)  # half the epoch: key 1 seen 10 times here, 20 by both trainers
     np.testing.assert_allclose(decay.factors(keys), 1 / np.sqrt(1 + np.array([20, 4, 0]) / 10), rtol=1e-6)
-    decay.end_epoch()  # the whole epoch counts now, and carries into the next pass
-    decay.start_epoch(key_counts([3]), share_lines=10)
+    decay.end_epoch()  # the whole epoch counts now, and carries into the next epoch and pass
+    decay.start_epoch(first, share_lines=100)  # the same pass's second epoch: nothing of it fed yet
     np.testing.assert_allclose(decay.factors(keys), 1 / np.sqrt(1 + np.array([40, 8, 0]) / 10), rtol=1e-6)
+    decay.fed(50)
+    np.testing.assert_allclose(decay.factors(keys), 1 / np.sqrt(1 + np.array([60, 12, 0]) / 10), rtol=1e-6)
+    decay.end_epoch()
+    decay.start_epoch(key_counts([3]), share_lines=10)
+    np.testing.assert_allclose(decay.factors(keys), 1 / np.sqrt(1 + np.array([80, 16, 0]) / 10), rtol=1e-6)
     with pytest.raises(ValueError, match="decay_sightings"):
         RateDecay(0, 1)
 

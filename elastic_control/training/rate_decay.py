@@ -31,7 +31,7 @@ class RateDecay:
         self.trainers = max(int(trainers), 1)
         self.seen = KeyCounts()  # occurrences this trainer trained in finished epochs
         self._epoch = KeyCounts()  # the current pass's occurrences in this trainer's share (one epoch)
-        # ``seen``'s count of each of the pass's keys, in ``_epoch.keys``' order: looked up once an epoch,
+        # ``seen``'s count of each of the pass's keys, in ``_epoch.keys``' order: looked up once a pass,
         # so a batch searches only the pass's keys (one search, shared with the other per-key inputs:
         # KeyCounts.index), not every key the trainer has ever seen, which grows all job long.
         self._seen_of_pass = np.zeros(0, np.int64)
@@ -40,8 +40,10 @@ class RateDecay:
 
     def start_epoch(self, pass_counts: KeyCounts, share_lines: int) -> None:
         """An epoch over this trainer's share begins: ``pass_counts`` are its keys' occurrences in it."""
+        if pass_counts is not self._epoch or len(self._seen_of_pass) != len(pass_counts):
+            # A new pass. A later epoch of the same one keeps end_epoch's update, which is this lookup's value.
+            self._seen_of_pass = self.seen.lookup(pass_counts.keys) if len(pass_counts) else np.zeros(0, np.int64)
         self._epoch = pass_counts
-        self._seen_of_pass = self.seen.lookup(pass_counts.keys) if len(pass_counts) else np.zeros(0, np.int64)
         self._epoch_lines = max(int(share_lines), 1)
         self._fed_lines = 0
 

@@ -286,7 +286,7 @@ class Trainer:
             known = self.wide_prior.start_pass(counts, self._wide_weights)
             self.log(f"pass {part.name}: wide prior on {known} keys seen before ({time.monotonic() - t:.1f}s)")
         best = self._best_epoch_for(part)
-        epochs, epoch, judged = 1, 0, True
+        epochs, epoch = 1, 0
         while epoch < epochs:
             epoch += 1
             epoch_started = time.monotonic()
@@ -311,7 +311,7 @@ class Trainer:
                 if self.s.is_chief and unjudged_pass(
                     self.s.epochs, self.s.early_stop, holdout.count, h.min_holdout_to_stop
                 ):
-                    judged, epochs = False, min(epochs, h.unjudged_pass_epochs)
+                    stats.judged, epochs = False, min(epochs, h.unjudged_pass_epochs)
                     self.log(
                         f"pass {part.name}: {holdout.count} held-out lines, fewer than {h.min_holdout_to_stop}: "
                         f"{epochs} epoch(s), not judged by them"
@@ -322,11 +322,11 @@ class Trainer:
             # Every trainer ends the epoch the same way: trainer 0 decides, from its own steps
             # (EPOCHS=auto) and its held-out lines (early stop), whether another epoch follows.
             self._flush_pushes()
-            plan = {"epochs": epochs, "judged": judged} if self.s.is_chief and epoch == 1 else {}
+            plan = {"epochs": epochs, "judged": stats.judged} if self.s.is_chief and epoch == 1 else {}
             got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, plan)["0"] or {}
             epochs = int(got.get("epochs", epochs))
-            judged = stats.judged = bool(got.get("judged", judged))
-            if not (self.s.early_stop and judged):
+            stats.judged = bool(got.get("judged", stats.judged))
+            if not (self.s.early_stop and stats.judged):
                 continue
             # Every trainer's pushes of the epoch are in: trainer 0 scores it (and copies or restores).
             decision = {}
