@@ -21,7 +21,6 @@ and the ratios, measured in the same run (medians of three repetitions).
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -42,11 +41,7 @@ from elastic_control.training.wide_prior import WidePrior  # noqa: E402
 
 def criteo_batches(lines: int, batch: int) -> list[np.ndarray]:
     """The keys (slot after slot, as the training feed has them) of each batch of ``lines`` real lines."""
-    from elastic_control.data.criteo import CriteoConverter
-
-    conv = CriteoConverter()
-    with open(B.CRITEO_FILE, encoding="utf-8") as f:
-        parsed, bad = parse_lines([conv.convert_line(raw) for raw in itertools.islice(f, lines)])
+    parsed, bad = parse_lines(B.criteo_slot_lines(0, lines))
     assert not bad, bad[:3]
     return [
         batch_keys(slice_batch(parsed, start, start + batch), B.CRITEO_SLOTS, None)[0]

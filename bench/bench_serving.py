@@ -52,9 +52,9 @@ import mlflow  # noqa: E402,F401
 import pyarrow  # noqa: E402,F401  (before paddle)
 
 from bench_support import (  # noqa: E402
-    CRITEO_FILE,
     PYTHON,
     criteo_pass,
+    criteo_slot_lines,
     cube_servers,
     fileserver_in_thread,
     free_port,
@@ -238,13 +238,7 @@ def _dense_rate(prefix: Path, x: np.ndarray, threads: int, seconds: float, onedn
 
 def held_out_lines(skip: int, count: int) -> list[str]:
     """Real Criteo lines after the first ``skip`` (not trained on), in the slot format."""
-    import itertools
-
-    from elastic_control.data.criteo import CriteoConverter
-
-    conv = CriteoConverter()
-    with open(CRITEO_FILE, encoding="utf-8") as f:
-        return [conv.convert_line(raw) for raw in itertools.islice(f, skip, skip + count)]
+    return criteo_slot_lines(skip, count)
 
 
 @contextlib.contextmanager

@@ -74,6 +74,24 @@ def train(config: Path, slot_conf: Path, models: Path, *, trainers: int = 1, pse
     return [models / e.pass_name for e in read_donefile(models)]
 
 
+def write_criteo_slice(path: Path, first: int, count: int) -> Path:
+    """The raw Criteo lines ``first .. first + count`` of CRITEO_FILE written to ``path`` (for `data criteo`)."""
+    if not CRITEO_FILE.exists():
+        raise SystemExit(f"real Criteo lines not found at {CRITEO_FILE}")
+    with open(CRITEO_FILE, encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
+        out.writelines(itertools.islice(f, first, first + count))
+    return path
+
+
+def criteo_slot_lines(first: int, count: int) -> list[str]:
+    """The real Criteo lines ``first .. first + count`` in the slot format, converted in memory."""
+    from elastic_control.data.criteo import CriteoConverter
+
+    conv = CriteoConverter()
+    with open(CRITEO_FILE, encoding="utf-8") as f:
+        return [conv.convert_line(raw) for raw in itertools.islice(f, first, first + count)]
+
+
 def criteo_pass(work: Path, lines: int, train_args=()) -> Path:
     """A pass of `elastic-control data criteo` + `elastic-control train [train_args]` on the first ``lines`` real
     Criteo lines."""
@@ -81,9 +99,7 @@ def criteo_pass(work: Path, lines: int, train_args=()) -> Path:
         raise SystemExit(f"real Criteo lines not found at {CRITEO_FILE}; pass --pass PASS_DIR")
     print(f"training a pass on {lines} real Criteo lines (elastic-control data criteo + train)...", file=sys.stderr)
     work.mkdir(parents=True, exist_ok=True)
-    with open(CRITEO_FILE, encoding="utf-8") as f, open(work / "raw.txt", "w") as out:
-        out.writelines(itertools.islice(f, lines))
-    raw, data = work / "raw.txt", work / "data"
+    raw, data = write_criteo_slice(work / "raw.txt", 0, lines), work / "data"
     cli("data", "criteo", "--input", raw, "--output", data, "--hours", 1, "--start", f"{START:%Y%m%d/%H}")
     return train(*write_job(work, data=data, slots=CRITEO_SLOTS, start=START, hours=1), args=train_args)[-1]
 

@@ -175,17 +175,13 @@ def synthetic_gap(root: Path, lines: int) -> None:
 
 def small_logs(root: Path, quick: bool) -> None:
     """The defaults (and SMALL_LOG_CONFIGS' variants of them) on small real logs, beside logistic regression."""
-    import itertools
-
     from elastic_control.data.criteo import convert_file
 
     rows = []
     for first, count, hours in SMALL_LOGS[:2] if quick else SMALL_LOGS:
         folder = root / f"small-{first}"
         folder.mkdir()
-        raw = folder / "raw.txt"
-        with open(B.CRITEO_FILE, encoding="utf-8") as f, open(raw, "w", encoding="utf-8") as out:
-            out.writelines(itertools.islice(f, first, first + count))
+        raw = B.write_criteo_slice(folder / "raw.txt", first, count)
         data = folder / "data"
         convert_file(raw, data, hours=hours, start=B.START)
         train_lines = [

@@ -67,6 +67,7 @@ from bench_support import (  # noqa: E402
     golden,
     score_pass,
     train,
+    write_criteo_slice,
     write_job,
 )
 
@@ -76,14 +77,11 @@ TOLERANCE = 1e-5
 
 def train_two_passes(work: Path, lines: int) -> tuple[Path, Path]:
     """Two consecutive passes (hours 0 and 1) of the product pipeline on real Criteo lines."""
-    import itertools
-
     if not CRITEO_FILE.exists():
         raise SystemExit(f"real Criteo lines not found at {CRITEO_FILE}; pass --passes A,B")
     print(f"training 2 passes on {lines} real Criteo lines (elastic-control data criteo + train)...", flush=True)
     work.mkdir(parents=True, exist_ok=True)
-    with open(CRITEO_FILE, encoding="utf-8") as f, open(work / "raw.txt", "w") as out:
-        out.writelines(itertools.islice(f, lines))
+    write_criteo_slice(work / "raw.txt", 0, lines)
     data = work / "data"
     cli("data", "criteo", "--input", work / "raw.txt", "--output", data, "--hours", 2, "--start", f"{START:%Y%m%d/%H}")
     passes = train(*write_job(work, data=data, slots=CRITEO_SLOTS, start=START, hours=2))
