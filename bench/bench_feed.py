@@ -15,7 +15,11 @@ prior. This prints, per batch of real Criteo lines (an hour of the issue-12 spli
 - the five searches as before (reimplemented here as the peer), with the earlier passes' keys being
   this pass's (a job's second hour) and then ``--history`` more (a long online job);
 
-and the ratios, measured in the same run (medians of three repetitions).
+and the ratios, measured in the same run (medians of three repetitions). Then, with feature admission
+(``ADMIT_MIN_COUNT``), the training mask of each batch (``admission.TrainingAdmission``: occurrences fed
+since the export, in an array aligned with the pass's keys since session 33) against the dict of counts
+it kept before (the peer), in a first pass (no key admitted yet) and in a second one (the first pass's
+keys exported with their counts).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_support as B  # noqa: E402
 
 from elastic_control.data.line_batch import batch_keys, parse_lines, slice_batch  # noqa: E402
+from elastic_control.training.admission import TrainingAdmission  # noqa: E402
+from elastic_control.training.key_state import KeyState  # noqa: E402
 from elastic_control.training.pass_stream import KeyCounts  # noqa: E402
 from elastic_control.training.rate_decay import RateDecay  # noqa: E402
 from elastic_control.training.settings import DEFAULT_WIDE_PRIOR, Hyperparameters  # noqa: E402
@@ -113,6 +119,50 @@ def measure(batches, counts: KeyCounts, history: KeyCounts, hyper: Hyperparamete
     return out
 
 
+class DictAdmission(TrainingAdmission):
+    """The training admission mask as computed until session 33: a dict of occurrences fed (the peer)."""
+
+    def start_pass(self, pass_keys=None) -> None:
+        self.seen: dict[int, int] = {}
+
+    def admitted(self, keys: np.ndarray) -> np.ndarray:
+        keys = np.asarray(keys, np.uint64)
+        out = self.state.is_admitted(keys)
+        rest = np.flatnonzero(~out)
+        if len(rest) == 0:
+            return out
+        uniq, inverse, counts = np.unique(keys[rest], return_inverse=True, return_counts=True)
+        mine = np.array([self.seen.get(k, 0) for k in uniq.tolist()], np.float64)
+        out[rest] = ((self.state.shows_of(uniq) + mine) >= self.min_count)[inverse]
+        for k, c in zip(uniq.tolist(), counts.tolist(), strict=True):
+            self.seen[k] = self.seen.get(k, 0) + c
+        return out
+
+
+def measure_admission(batches, counts: KeyCounts, state: KeyState, min_count: int) -> dict:
+    """ms per batch of each mask over ``batches`` (every batch once per repetition, as a pass feeds them)."""
+    masks = {"now": TrainingAdmission(state, min_count), "before": DictAdmission(state, min_count)}
+    for mask in masks.values():  # same masks both ways (a check, not timed)
+        mask.start_pass(counts.keys)
+    admitted = []
+    for keys in batches:
+        mask = masks["now"].admitted(keys)
+        np.testing.assert_array_equal(mask, masks["before"].admitted(keys))
+        admitted.append(mask.mean())
+    out = {}
+    for label, mask in masks.items():
+        reps = []
+        for _ in range(3):
+            mask.start_pass(counts.keys)
+            t = time.perf_counter()
+            for keys in batches:
+                mask.admitted(keys)
+            reps.append((time.perf_counter() - t) / len(batches) * 1e3)
+        out[label] = float(np.median(reps))
+    out["admitted"] = float(np.mean(admitted))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=33_000, help="real Criteo lines: one hour of the issue-12 split")
@@ -146,6 +196,17 @@ def main() -> None:
             f"{label}: per batch, np.unique alone (the floor) {ms['floor']:.3f} ms; the four per-key inputs "
             f"now {ms['now']:.3f} ms, as before {ms['before']:.3f} ms (now {ms['before'] / ms['now']:.2f}x faster; "
             f"above the floor: {ms['now'] - ms['floor']:.3f} ms against {ms['before'] - ms['floor']:.3f} ms)",
+            flush=True,
+        )
+    min_count = 5
+    exported = KeyState()
+    exported.observe(counts.keys, counts.counts >= min_count, counts.counts)
+    for label, state in (("a first pass", KeyState()), ("a second pass", exported)):
+        ms = measure_admission(timed, counts, state, min_count)
+        print(
+            f"admission (ADMIT_MIN_COUNT={min_count}), {label} ({ms['admitted']:.0%} of the keys fed admitted): "
+            f"the training mask per batch now {ms['now']:.3f} ms, with the dict before {ms['before']:.3f} ms "
+            f"(now {ms['before'] / ms['now']:.2f}x faster)",
             flush=True,
         )
 

@@ -51,25 +51,35 @@ class AdmissionMask:
 
 class TrainingAdmission(AdmissionMask):
     """The masks of the batches a trainer trains on: admitted keys, and keys this trainer has seen reach
-    ``min_count`` since the last export. ``values`` counts the keys it is given (in training order)."""
+    ``min_count`` since the last export. ``values`` counts the keys it is given (in training order).
+
+    The occurrences fed since the export are an array aligned with the pass's distinct keys (the
+    trainer's KeyCounts of its share, known before the first step), so a batch costs a search of its
+    distinct keys and no Python loop over them (a dict of counts took a get and a set per key)."""
 
     def __init__(self, state: KeyState, min_count: int):
         super().__init__(state, min_count)
-        self.seen: dict[int, int] = {}  # occurrences fed since the last export, keys not admitted then
+        self._pass_keys = np.zeros(0, np.uint64)
+        self._fed = np.zeros(0, np.int64)
 
-    def start_pass(self) -> None:
-        self.seen = {}
+    def start_pass(self, pass_keys: np.ndarray) -> None:
+        """``pass_keys``: the sorted distinct keys of this trainer's share of the pass; every key fed in
+        the pass is one of them. The occurrences fed restart at 0 (the pass starts after an export)."""
+        self._pass_keys = np.asarray(pass_keys, np.uint64)
+        self._fed = np.zeros(len(self._pass_keys), np.int64)
 
     def admitted(self, keys: np.ndarray) -> np.ndarray:
-        keys = np.asarray(keys, np.uint64)
-        out = self.state.is_admitted(keys)
+        # One search of the batch's distinct keys in the state and one in the pass's keys.
+        uniq, inverse, counts = np.unique(np.asarray(keys, np.uint64), return_inverse=True, return_counts=True)
+        out, shows = self.state.admitted_and_shows(uniq)
         rest = np.flatnonzero(~out)
         if len(rest) == 0:
-            return out
-        uniq, inverse, counts = np.unique(keys[rest], return_inverse=True, return_counts=True)
-        mine = np.array([self.seen.get(k, 0) for k in uniq.tolist()], np.float64)
-        before = self.state.shows_of(uniq) + mine  # counted before this batch
-        out[rest] = (before >= self.min_count)[inverse]
-        for k, c in zip(uniq.tolist(), counts.tolist(), strict=True):
-            self.seen[k] = self.seen.get(k, 0) + c
-        return out
+            return out[inverse]
+        pending = uniq[rest]
+        pos = np.minimum(np.searchsorted(self._pass_keys, pending), max(len(self._pass_keys) - 1, 0))
+        if not len(self._pass_keys) or not np.array_equal(self._pass_keys[pos], pending):
+            missing = pending if not len(self._pass_keys) else pending[self._pass_keys[pos] != pending]
+            raise ValueError(f"key {int(missing[0])} fed but not among the pass's keys (start_pass)")
+        out[rest] = shows[rest] + self._fed[pos] >= self.min_count  # counted before this batch
+        self._fed[pos] += counts[rest]  # distinct keys: no repeated positions
+        return out[inverse]

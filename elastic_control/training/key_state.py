@@ -81,6 +81,13 @@ class KeyState:
         out[present] = self.shows[pos[present]]
         return out
 
+    def admitted_and_shows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """is_admitted and shows_of in one search."""
+        pos, present = self._find(keys)
+        admitted, shows = np.zeros(len(pos), bool), np.zeros(len(pos), np.float32)
+        admitted[present], shows[present] = self.admitted[pos[present]], self.shows[pos[present]]
+        return admitted, shows
+
     def counts(self) -> dict:
         live, admitted = self.live, self.admitted_count
         return {"keys_live": live, "keys_admitted": admitted, "keys_pending": live - admitted}

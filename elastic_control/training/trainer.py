@@ -263,16 +263,18 @@ class Trainer:
                 counter=counter if first else BadLineCounter(1.0),
             )
         )
-        if self.incremental:
-            # Admission's own counts restart at each pass (they are the occurrences fed since the last export).
-            self.incremental.start_pass()
         need = max(h.holdout_lines, h.golden_lines) if self.s.is_chief else 0
         holdout = Holdout(need, h.golden_stride)
         started = time.monotonic()
         counts = share_lines = l2_scale = None
-        if self.net.uses_l2 or self.rate_decay:
+        admits = bool(self.incremental and self.incremental.needs_pass_keys)
+        if self.net.uses_l2 or self.rate_decay or admits:
             counts, share_lines = self._count_keys(share, part)
             l2_scale = counts.inverse if self.net.uses_l2 else None
+        if self.incremental:
+            # Admission's own counts restart at each pass (they are the occurrences fed since the last
+            # export), aligned with the pass's distinct keys.
+            self.incremental.start_pass(counts.keys if admits else None)
         # Smaller batches only in the first pass of a fresh model (pass_stream.pass_batch_size): a later
         # pass refines rows already trained, and small batches there measured no better on average.
         min_batches = h.min_batches_first_pass if cold else 0
@@ -370,7 +372,8 @@ class Trainer:
 
     def _count_keys(self, share, part: HourPartition):
         """Count this trainer's keys over its share (the pass's first read, which the epochs then replay):
-        (KeyCounts, lines), for the count-scaled L2's 1 / count per key and the decay rule's sightings."""
+        (KeyCounts, lines), for the count-scaled L2's 1 / count per key, the decay rule's sightings and
+        training admission's occurrences fed."""
         from elastic_control.data.line_batch import batch_keys
         from elastic_control.training.pass_stream import KeyCounts
 
