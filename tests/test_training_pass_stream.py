@@ -167,6 +167,7 @@ def test_key_counts_merge_blocks():
     counts = KeyCounts(block=5)
     for keys in ([3, 1, 3], [2**64 - 1, 3], [1], [7, 7, 7, 7]):
         counts.add(np.array(keys, dtype=np.uint64))
+    assert counts.distinct.tolist() == [1, 3, 7, 2**64 - 1]  # the last block merged in, sorted
     assert len(counts) == 4
     np.testing.assert_allclose(
         counts.inverse(np.array([3, 1, 2**64 - 1, 7, 99], dtype=np.uint64)), [1 / 3, 1 / 2, 1, 1 / 4, 1]

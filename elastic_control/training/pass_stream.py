@@ -227,6 +227,12 @@ class KeyCounts:
         self._merge()
         return len(self.keys)
 
+    @property
+    def distinct(self) -> np.ndarray:
+        """The counted keys, sorted and complete (pending blocks merged): ``counts``' order."""
+        self._merge()
+        return self.keys
+
     def index(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position in ``self.keys``, whether counted) of each key; positions of keys not counted are
         valid but meaningless. The same array object asked again is not searched again."""

@@ -42,7 +42,7 @@ class RateDecay:
         """An epoch over this trainer's share begins: ``pass_counts`` are its keys' occurrences in it."""
         if pass_counts is not self._epoch or len(self._seen_of_pass) != len(pass_counts):
             # A new pass. A later epoch of the same one keeps end_epoch's update, which is this lookup's value.
-            self._seen_of_pass = self.seen.lookup(pass_counts.keys) if len(pass_counts) else np.zeros(0, np.int64)
+            self._seen_of_pass = self.seen.lookup(pass_counts.distinct) if len(pass_counts) else np.zeros(0, np.int64)
         self._epoch = pass_counts
         self._epoch_lines = max(int(share_lines), 1)
         self._fed_lines = 0

@@ -274,7 +274,7 @@ class Trainer:
         if self.incremental:
             # Admission's own counts restart at each pass (they are the occurrences fed since the last
             # export), aligned with the pass's distinct keys.
-            self.incremental.start_pass(counts.keys if admits else None)
+            self.incremental.start_pass(counts.distinct if admits else None)
         # Smaller batches only in the first pass of a fresh model (pass_stream.pass_batch_size): a later
         # pass refines rows already trained, and small batches there measured no better on average.
         min_batches = h.min_batches_first_pass if cold else 0

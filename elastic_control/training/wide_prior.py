@@ -46,13 +46,13 @@ class WidePrior:
     def start_pass(self, pass_counts: KeyCounts, wide_weights: Callable[[np.ndarray], np.ndarray]) -> int:
         """A pass begins whose share has ``pass_counts``; ``wide_weights(keys)`` reads the keys' embed_w
         from the servers. Returns how many of the pass's keys were seen before."""
-        len(pass_counts)  # merges its pending blocks: .keys is then complete and sorted
-        earlier = self.seen.lookup(pass_counts.keys)
+        keys = pass_counts.distinct
+        earlier = self.seen.lookup(keys)
         known = earlier > 0
         self._pass, self._known = pass_counts, int(known.sum())
-        self._anchors = np.zeros(len(pass_counts.keys), np.float32)
+        self._anchors = np.zeros(len(keys), np.float32)
         if self._known:
-            self._anchors[known] = np.asarray(wide_weights(pass_counts.keys[known]), dtype=np.float32)
+            self._anchors[known] = np.asarray(wide_weights(keys[known]), dtype=np.float32)
         self._weights = np.where(known, self.l2_wide + self.strength * earlier, self.l2_wide).astype(np.float32)
         return self._known
 
