@@ -122,7 +122,7 @@ def measure(batches, counts: KeyCounts, history: KeyCounts, hyper: Hyperparamete
 class DictAdmission(TrainingAdmission):
     """The training admission mask as computed until session 33: a dict of occurrences fed (the peer)."""
 
-    def start_pass(self, pass_keys=None) -> None:
+    def start_pass(self, pass_counts=None) -> None:
         self.seen: dict[int, int] = {}
 
     def admitted(self, keys: np.ndarray) -> np.ndarray:
@@ -143,7 +143,7 @@ def measure_admission(batches, counts: KeyCounts, state: KeyState, min_count: in
     """ms per batch of each mask over ``batches`` (every batch once per repetition, as a pass feeds them)."""
     masks = {"now": TrainingAdmission(state, min_count), "before": DictAdmission(state, min_count)}
     for mask in masks.values():  # same masks both ways (a check, not timed)
-        mask.start_pass(counts.keys)
+        mask.start_pass(counts)
     admitted = []
     for keys in batches:
         mask = masks["now"].admitted(keys)
@@ -153,7 +153,7 @@ def measure_admission(batches, counts: KeyCounts, state: KeyState, min_count: in
     for label, mask in masks.items():
         reps = []
         for _ in range(3):
-            mask.start_pass(counts.keys)
+            mask.start_pass(counts)
             t = time.perf_counter()
             for keys in batches:
                 mask.admitted(keys)

@@ -273,19 +273,26 @@ def test_key_state_admits_evicts_and_replays_the_same_as_it_exports():
 def test_training_admission_counts_what_it_fed_and_never_exceeds_the_pserver_count():
     from elastic_control.training.admission import AdmissionMask, TrainingAdmission
     from elastic_control.training.key_state import KeyState
+    from elastic_control.training.pass_stream import KeyCounts
 
     u = np.uint64
+
+    def key_counts_of(keys):  # the pass's key counts, as the trainer counts its share
+        counts = KeyCounts()
+        counts.add(np.array(keys, u))
+        return counts
+
     state = KeyState()
     state.observe(np.array([10, 11], u), np.array([True, False]), np.array([3, 1]))  # 11 seen once so far
     train, export = TrainingAdmission(state, 3), AdmissionMask(state, 3)
-    train.start_pass(np.array([10, 11, 12], u))
+    train.start_pass(key_counts_of([10, 11, 12]))
     batch = np.array([10, 11, 12, 11], u)
     assert train.admitted(batch).tolist() == [True, False, False, False]  # 11: 1 before this batch
     assert train.admitted(np.array([11, 12], u)).tolist() == [True, False]  # 11: 1 + 2 fed = 3
     assert train.admitted(np.array([12, 12], u)).tolist() == [False, False]  # 12: 2 fed before this batch
     assert train.admitted(np.array([12], u)).tolist() == [True]  # 12: 2 + 2 fed, never exported
     assert export.admitted(np.array([11], u)).tolist() == [False]  # the pass's table: not until exported
-    train.start_pass(np.array([11, 13], u))
+    train.start_pass(key_counts_of([11, 13]))
     assert train.admitted(np.array([11], u)).tolist() == [False]  # counts since the export only
     with pytest.raises(ValueError, match="key 12 fed but not among the pass's keys"):
         train.admitted(np.array([11, 12], u))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from elastic_control.training.key_state import KeyState
+from elastic_control.training.pass_stream import KeyCounts
 
 MASK_INPUT = "key_admitted"  # per looked-up key (model.KEYS_INPUT's order): 1 admitted, 0 not
 
@@ -59,27 +60,28 @@ class TrainingAdmission(AdmissionMask):
 
     def __init__(self, state: KeyState, min_count: int):
         super().__init__(state, min_count)
-        self._pass_keys = np.zeros(0, np.uint64)
+        self._pass: KeyCounts | None = None
         self._fed = np.zeros(0, np.int64)
 
-    def start_pass(self, pass_keys: np.ndarray) -> None:
-        """``pass_keys``: the sorted distinct keys of this trainer's share of the pass; every key fed in
-        the pass is one of them. The occurrences fed restart at 0 (the pass starts after an export)."""
-        self._pass_keys = np.asarray(pass_keys, np.uint64)
-        self._fed = np.zeros(len(self._pass_keys), np.int64)
+    def start_pass(self, pass_counts: KeyCounts) -> None:
+        """``pass_counts``: this trainer's key counts of its share of the pass; every key fed in the pass
+        is one of them. The occurrences fed restart at 0 (the pass starts after an export)."""
+        self._pass = pass_counts
+        self._fed = np.zeros(len(pass_counts), np.int64)
 
     def admitted(self, keys: np.ndarray) -> np.ndarray:
-        # One search of the batch's distinct keys in the state and one in the pass's keys.
+        # One search of the batch's distinct keys in the state and one in the pass's counts.
         uniq, inverse, counts = np.unique(np.asarray(keys, np.uint64), return_inverse=True, return_counts=True)
         out, shows = self.state.admitted_and_shows(uniq)
         rest = np.flatnonzero(~out)
         if len(rest) == 0:
             return out[inverse]
         pending = uniq[rest]
-        pos = np.minimum(np.searchsorted(self._pass_keys, pending), max(len(self._pass_keys) - 1, 0))
-        if not len(self._pass_keys) or not np.array_equal(self._pass_keys[pos], pending):
-            missing = pending if not len(self._pass_keys) else pending[self._pass_keys[pos] != pending]
-            raise ValueError(f"key {int(missing[0])} fed but not among the pass's keys (start_pass)")
+        if self._pass is None:
+            raise ValueError("training admission fed before start_pass")
+        pos, hit = self._pass.index(pending)
+        if not hit.all():
+            raise ValueError(f"key {int(pending[~hit][0])} fed but not among the pass's keys (start_pass)")
         out[rest] = shows[rest] + self._fed[pos] >= self.min_count  # counted before this batch
         self._fed[pos] += counts[rest]  # distinct keys: no repeated positions
         return out[inverse]

@@ -50,15 +50,15 @@ class Incremental:
 
     @property
     def needs_pass_keys(self) -> bool:
-        """Training admission counts what it feeds against the pass's distinct keys (start_pass)."""
+        """Training admission counts what it feeds against the pass's key counts (start_pass)."""
         return self.train_mask is not None
 
-    def start_pass(self, pass_keys=None) -> None:
-        """``pass_keys``: the sorted distinct keys of this trainer's share (needed with admission)."""
+    def start_pass(self, pass_counts=None) -> None:
+        """``pass_counts``: this trainer's KeyCounts of its share (needed with admission)."""
         if self.train_mask is not None:
-            if pass_keys is None:
-                raise ValueError("training admission needs the pass's distinct keys")
-            self.train_mask.start_pass(pass_keys)
+            if pass_counts is None:
+                raise ValueError("training admission needs the pass's key counts")
+            self.train_mask.start_pass(pass_counts)
 
     def resume(self, last_pass_dir: str | Path) -> None:
         """Rebuild the key state after the last complete pass (its chain down to its base)."""

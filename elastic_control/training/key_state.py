@@ -69,20 +69,14 @@ class KeyState:
 
     def is_admitted(self, keys: np.ndarray) -> np.ndarray:
         """bool per key: live and admitted (unknown keys are not)."""
-        pos, present = self._find(keys)
-        out = np.zeros(len(pos), bool)
-        out[present] = self.admitted[pos[present]]
-        return out
+        return self.admitted_and_shows(keys)[0]
 
     def shows_of(self, keys: np.ndarray) -> np.ndarray:
         """float32 per key: its push count as last saved (0 for unknown keys)."""
-        pos, present = self._find(keys)
-        out = np.zeros(len(pos), np.float32)
-        out[present] = self.shows[pos[present]]
-        return out
+        return self.admitted_and_shows(keys)[1]
 
     def admitted_and_shows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """is_admitted and shows_of in one search."""
+        """(is_admitted, shows_of) of each key, from one search."""
         pos, present = self._find(keys)
         admitted, shows = np.zeros(len(pos), bool), np.zeros(len(pos), np.float32)
         admitted[present], shows[present] = self.admitted[pos[present]], self.shows[pos[present]]

@@ -273,8 +273,8 @@ class Trainer:
             l2_scale = counts.inverse if self.net.uses_l2 else None
         if self.incremental:
             # Admission's own counts restart at each pass (they are the occurrences fed since the last
-            # export), aligned with the pass's distinct keys.
-            self.incremental.start_pass(counts.distinct if admits else None)
+            # export), aligned with the pass's key counts.
+            self.incremental.start_pass(counts if admits else None)
         # Smaller batches only in the first pass of a fresh model (pass_stream.pass_batch_size): a later
         # pass refines rows already trained, and small batches there measured no better on average.
         min_batches = h.min_batches_first_pass if cold else 0
