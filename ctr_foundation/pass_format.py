@@ -6,7 +6,7 @@ Layout written by trainer 0 (see docs/contracts.md)::
       donefile                      one JSON line per COMPLETE pass, append-only
       pass-YYYYMMDD-HH/
         dense/inference.pdmodel     paddle inference model; input "emb_concat"
-        dense/inference.pdiparams   [-1, len(slots) * embedding_dim] -> click probability
+        dense/inference.pdiparams   [-1, len(slots) * embedding_dim + len(dense_slots)] -> click probability
         sparse/000/part-*.gz        the sparse table as fleet.save_persistables writes it
         deleted/part-*[.gz]         (delta passes) keys removed since the parent pass, one per line
         meta.json                   slots, dims, key transform, data window, sparse layout, metrics,
@@ -122,6 +122,21 @@ class PassInfo:
     @property
     def embedding_dim(self) -> int:
         return int(self.meta["embedding_dim"])
+
+    @property
+    def dense_slots(self) -> list[int]:
+        """The dense slots (slot.conf ``SLOT dense``), whose standardised values follow the pooled rows."""
+        return list(self.meta.get("dense_slots") or [])
+
+    @property
+    def dense_norm(self):
+        """The dense slots' ``dense_features.DenseNorm`` (None without dense slots)."""
+        from ctr_foundation.dense_features import DenseNorm
+
+        norm = DenseNorm.from_json(self.meta.get("dense_norm"), f"{self.path / META_FILE}: dense_norm")
+        if self.dense_slots and (norm is None or list(norm.slots) != self.dense_slots):
+            raise DataError(f"{self.path / META_FILE}: dense_slots {self.dense_slots} without their dense_norm")
+        return norm
 
     @property
     def sparse_dim(self) -> int | None:

@@ -1,7 +1,9 @@
 """The slot text format and the key transform, shared by trainer, cube and serving.
 
 A line is ``$show $click $feasign:$slot $feasign:$slot ...``; a feasign is an
-unsigned 64-bit integer (values above 2**63 occur). The key stored in the
+unsigned 64-bit integer (values above 2**63 occur). A token whose left part is
+a decimal number that is not a plain unsigned integer (``2.5:40``, ``-3:41``)
+is a *value* token: the value of a dense slot (ctr_foundation/dense_features.py). The key stored in the
 sparse table is ``feasign % SPARSE_DIM`` when SPARSE_DIM is set (the original
 behaviour), else the full feasign. Paddle ids are int64, so the uint64 key's
 bits are reinterpreted as int64 on the way in, in every component.
@@ -9,11 +11,17 @@ bits are reinterpreted as int64 on the way in, in every component.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 UINT64_MAX = (1 << 64) - 1
+
+
+# A value token's number: what Python's float() reads, minus inf/nan, underscores and spaces.
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 class MalformedLine(ValueError):
@@ -26,6 +34,9 @@ class Sample:
     click: int
     feasigns: tuple[int, ...]
     slots: tuple[int, ...]
+    # value tokens (``2.5:40``): the values of dense slots, and their slots
+    values: tuple[float, ...] = ()
+    value_slots: tuple[int, ...] = ()
 
 
 def parse_sample_line(line: str) -> Sample:
@@ -39,20 +50,33 @@ def parse_sample_line(line: str) -> Sample:
         raise MalformedLine(f"show/click {parts[0]!r} {parts[1]!r} are not integers") from None
     if click not in (0, 1) or show < 0:
         raise MalformedLine(f"click must be 0 or 1 and show >= 0, got show={show} click={click}")
-    feasigns, slots = [], []
+    feasigns, slots, values, value_slots = [], [], [], []
     for tok in parts[2:]:
         f, sep, s = tok.partition(":")
         if not sep:
             raise MalformedLine(f"feature {tok!r} is not feasign:slot")
         try:
-            fv, sv = int(f), int(s)
+            sv = int(s)
         except ValueError:
-            raise MalformedLine(f"feature {tok!r} is not integer:integer") from None
-        if not 0 <= fv <= UINT64_MAX or sv < 0:
-            raise MalformedLine(f"feature {tok!r}: feasign must be an unsigned 64-bit integer, slot >= 0")
-        feasigns.append(fv)
-        slots.append(sv)
-    return Sample(show, click, tuple(feasigns), tuple(slots))
+            raise MalformedLine(f"feature {tok!r}: slot {s!r} is not an integer") from None
+        if sv < 0:
+            raise MalformedLine(f"feature {tok!r}: slot must be >= 0")
+        if f.isascii() and f.isdigit():
+            fv = int(f)
+            if fv > UINT64_MAX:
+                raise MalformedLine(f"feature {tok!r}: feasign must be an unsigned 64-bit integer")
+            feasigns.append(fv)
+            slots.append(sv)
+            continue
+        try:
+            value = float(f)
+        except ValueError:
+            raise MalformedLine(f"feature {tok!r} is not feasign:slot (integer) or value:slot (number)") from None
+        if not math.isfinite(value) or not _NUMBER.fullmatch(f):
+            raise MalformedLine(f"feature {tok!r}: a dense value must be a finite decimal number")
+        values.append(value)
+        value_slots.append(sv)
+    return Sample(show, click, tuple(feasigns), tuple(slots), tuple(values), tuple(value_slots))
 
 
 def feasign_to_key(feasign: int, sparse_dim: int | None) -> int:

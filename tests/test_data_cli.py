@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 from helpers_common import CRITEO_FILE, run_cli
 
 from elastic_control.config.data_config import parse_hour
+from elastic_control.config.slot_conf import load_slot_conf
 from elastic_control.data.readers import HOUR_DONEFILE
 from elastic_control.data.synth import read_truth
 from elastic_control.metrics import auc
@@ -36,9 +38,20 @@ def test_criteo_converts_a_few_hundred_real_lines_into_sealed_hours(tmp_path):
         assert len(lines) == 100
         for line in lines[:5]:
             show, click, *features = line.split()
-            assert show == "1" and click in ("0", "1") and len(features) == 39
-            assert {int(f.split(":")[1]) for f in features} == set(range(1, 40))
-    feasigns = [int(f.split(":")[0]) for ln in _hour_lines(folders[0]) for f in ln.split()[2:]]
+            sparse = [f for f in features if int(f.split(":")[1]) < 40]
+            assert show == "1" and click in ("0", "1") and len(sparse) == 39
+            assert {int(f.split(":")[1]) for f in sparse} == set(range(1, 40))
+    # Each present integer feature also as a number, log(1 + v), in dense slot 39 + k.
+    raw_first = raw.read_text().splitlines()[0].split("\t")
+    first = _hour_lines(folders[0])[0].split()[2:]
+    dense = {int(s): float(v) for v, s in (f.split(":") for f in first) if int(s) >= 40}
+    want = {39 + k: math.log1p(int(t)) for k, t in enumerate(raw_first[1:14], start=1) if t and int(t) >= 0}
+    assert dense.keys() == want.keys() and all(abs(dense[s] - want[s]) < 1e-5 * max(1, want[s]) for s in want)
+    conf = load_slot_conf(summary["slot_conf"])
+    assert conf.slots == tuple(range(1, 40)) and conf.dense == tuple(range(40, 53)) == tuple(summary["dense_slots"])
+    feasigns = [
+        int(f.split(":")[0]) for ln in _hour_lines(folders[0]) for f in ln.split()[2:] if int(f.split(":")[1]) < 40
+    ]
     assert max(feasigns) > 2**63  # full 64-bit hashes
     assert sum(int(ln.split()[1]) for folder in folders for ln in _hour_lines(folder)) == round(summary["ctr"] * 300)
 

@@ -13,7 +13,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from ctr_foundation.sample import PADDING_FEASIGN, parse_sample_line, slot_keys
 from elastic_control.data.line_batch import parse_lines
-from elastic_control.evaluation.pass_scorer import key_batch as line_batch_key_batch
+from elastic_control.inference.scoring import line_key_batch as line_batch_key_batch
 from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, concat_key_batches, pool
 from elastic_control.serving.arms import Arm, SplitError, make_split, route_point, split_from_flag, split_from_json
 from elastic_control.serving.cache import EmbeddingCaches, VersionCache

@@ -79,7 +79,8 @@ def criteo_command(input_path, output, hours, start, parts, minutes):
     layout = f" in {minutes}-minute folders" if minutes else ""
     done(
         f"{summary['lines']} lines -> {hours} hour(s){layout} under {output} (CTR {summary['ctr']:.4f}, "
-        f"{summary['bad_lines']} bad lines skipped); slots 1-39"
+        f"{summary['bad_lines']} bad lines skipped); sparse slots 1-39, dense slots 40-52: "
+        f"train with -s {summary['slot_conf']}"
     )
     out(json.dumps(summary))
 

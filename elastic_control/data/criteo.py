@@ -4,6 +4,11 @@ Input lines: ``label I1..I13 C1..C26`` separated by TABs (empty = missing).
 Integer feature k goes to slot k (1-13), bucketised on a log scale because
 counts are heavy-tailed; categorical feature k goes to slot 13+k (14-39).
 A missing value is a value of its own ("NA"): missingness carries signal.
+Integer feature k is also written as a number, ``log(1 + v)`` (``-log(1 - v)``
+for the few negative counts), in dense slot 39+k (40-52; a missing value has
+no token): the network then also sees the count's order, which the buckets
+alone lose (docs/benchmarks.md "Dense slots"). ``slot_conf_text`` is the
+slot.conf that trains on all of them.
 feasign = a stable 64-bit hash of (slot, value), so values above 2**63 occur.
 """
 
@@ -14,6 +19,7 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import DataError
 from elastic_control.data.hourly_writer import write_hour
 from elastic_control.data.synth import stable_feasign
@@ -23,7 +29,28 @@ CATEGORICAL_FEATURES = 26
 FIELDS = 1 + INTEGER_FEATURES + CATEGORICAL_FEATURES
 INTEGER_SLOTS = tuple(range(1, 1 + INTEGER_FEATURES))
 CATEGORICAL_SLOTS = tuple(range(1 + INTEGER_FEATURES, 1 + INTEGER_FEATURES + CATEGORICAL_FEATURES))
+DENSE_SLOTS = tuple(range(CATEGORICAL_SLOTS[-1] + 1, CATEGORICAL_SLOTS[-1] + 1 + INTEGER_FEATURES))
 MISSING = "NA"
+SLOT_CONF_FILE = "slot.conf"
+
+
+def slot_conf_text() -> str:
+    """The slot.conf of converted Criteo lines: the 39 sparse slots, then the 13 dense ones."""
+    return (
+        "# Criteo, as `elastic-control data criteo` writes it: I1-I13 bucketised (1-13), C1-C26 (14-39),\n"
+        "# I1-I13 as log counts (40-52, dense)\n"
+        + "".join(f"{s}\n" for s in INTEGER_SLOTS + CATEGORICAL_SLOTS)
+        + "".join(f"{s} dense\n" for s in DENSE_SLOTS)
+    )
+
+
+def dense_integer(text: str) -> str | None:
+    """The dense token's number for a Criteo integer feature: log(1 + v), signed; None when missing."""
+    if text == "":
+        return None
+    v = int(text)
+    x = math.log1p(v) if v >= 0 else -math.log1p(-v)
+    return f"{x:.6g}"
 
 
 def bucketize_integer(text: str) -> str:
@@ -59,15 +86,19 @@ class CriteoConverter:
         if fields[0] not in ("0", "1"):
             raise ValueError(f"label {fields[0]!r} is not 0 or 1")
         toks = [f"1 {fields[0]}"]
-        for slot, text in zip(INTEGER_SLOTS, fields[1 : 1 + INTEGER_FEATURES], strict=True):
+        numbers = []
+        for slot, dense_slot, text in zip(INTEGER_SLOTS, DENSE_SLOTS, fields[1 : 1 + INTEGER_FEATURES], strict=True):
             try:
                 value = bucketize_integer(text.strip())
+                number = dense_integer(text.strip())
             except ValueError:
                 raise ValueError(f"integer feature I{slot} = {text!r} is not an integer") from None
             toks.append(f"{self.feasign(slot, value)}:{slot}")
+            if number is not None:
+                numbers.append(f"{number}:{dense_slot}")
         for slot, text in zip(CATEGORICAL_SLOTS, fields[1 + INTEGER_FEATURES :], strict=True):
             toks.append(f"{self.feasign(slot, text.strip() or MISSING)}:{slot}")
-        return " ".join(toks)
+        return " ".join(toks + numbers)
 
 
 def read_raw_lines(path: str | Path) -> Iterator[str]:
@@ -123,6 +154,7 @@ def convert_file(
     for h in range(hours):
         hour_lines = lines[h * per_hour : (h + 1) * per_hour]
         write_hour(output, start + dt.timedelta(hours=h), hour_lines, parts=parts, minutes=minutes)
+    atomic_write_text(Path(output) / SLOT_CONF_FILE, slot_conf_text())
     return {
         "lines": len(lines),
         "bad_lines": bad,
@@ -131,4 +163,6 @@ def convert_file(
         "ctr": positives / len(lines) if lines else 0.0,
         "start": f"{start:%Y%m%d/%H}",
         "slots": list(INTEGER_SLOTS + CATEGORICAL_SLOTS),
+        "dense_slots": list(DENSE_SLOTS),
+        "slot_conf": str(Path(output) / SLOT_CONF_FILE),
     }

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ctr_foundation.dense_features import dense_matrix
 from ctr_foundation.sample import (
     PADDING_FEASIGN,
     UINT64_MAX,
@@ -27,6 +28,13 @@ from ctr_foundation.sample import (
 # One valid line: show, click (0/1), then feasign:slot pairs. Feasigns have at
 # most 20 digits (uint64); values above 2**64-1 are caught after conversion.
 _CHUNK_OK = re.compile(r"(?:[ \t]*\d+[ \t]+[01](?:[ \t]+\d{1,20}:\d{1,9})*[ \t\r]*\n)*")
+# A value token (a dense slot's number, ctr_foundation/dense_features.py): a decimal number that is not a
+# plain unsigned integer, so it has a sign, a point or an exponent. Removing them leaves integer tokens.
+_VALUE_TOKEN = re.compile(
+    r"(?<![^ \t\n])([-+](?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)"
+    r":(\d{1,9})(?=[ \t\r\n])"
+)
+_NO_VALUES = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
 @dataclass
@@ -39,6 +47,10 @@ class LineBatch:
     feasigns: np.ndarray  # uint64[m]
     feature_slots: np.ndarray  # int64[m]
     lines: list[str] | None  # the raw (valid) lines when read from text; None for Parquet
+    # value tokens (dense slots' numbers), line after line as the features: line, slot, value
+    value_line: np.ndarray = field(default_factory=lambda: _NO_VALUES[0])  # int64[k]
+    value_slots: np.ndarray = field(default_factory=lambda: _NO_VALUES[1])  # int64[k]
+    values: np.ndarray = field(default_factory=lambda: _NO_VALUES[2])  # float64[k]
 
     def __len__(self) -> int:
         return len(self.clicks)
@@ -48,10 +60,18 @@ class LineBatch:
         if self.lines is not None:
             return self.lines[i]
         lo, hi = np.searchsorted(self.feature_line, [i, i + 1])
-        feats = " ".join(
+        toks = [
             f"{f}:{s}" for f, s in zip(self.feasigns[lo:hi].tolist(), self.feature_slots[lo:hi].tolist(), strict=True)
-        )
-        return f"{self.shows[i]} {self.clicks[i]} {feats}".rstrip()
+        ]
+        vlo, vhi = np.searchsorted(self.value_line, [i, i + 1])
+        toks += [
+            f"{v!r}:{s}" for v, s in zip(self.values[vlo:vhi].tolist(), self.value_slots[vlo:vhi].tolist(), strict=True)
+        ]
+        return f"{self.shows[i]} {self.clicks[i]} {' '.join(toks)}".rstrip()
+
+    @property
+    def has_values(self) -> bool:
+        return len(self.values) > 0
 
     @classmethod
     def empty(cls) -> LineBatch:
@@ -77,7 +97,37 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
         batch = _parse_valid_chunk(lines, text)
         if batch is not None:
             return batch, []
+    elif ("." in text or "-" in text or "+" in text or "e" in text or "E" in text) and ":" in text:
+        batch = _parse_chunk_with_values(lines, text)
+        if batch is not None:
+            return batch, []
     return _parse_line_by_line(lines)
+
+
+def _parse_chunk_with_values(lines: list[str], text: str) -> LineBatch | None:
+    """The fast path for lines with value tokens: take them out with one regular expression, parse the
+    integer tokens left as usual; None when the chunk is not valid that way (the caller then parses line
+    by line, which names the bad lines)."""
+    found = [(m.start(), m.group(1), m.group(2)) for m in _VALUE_TOKEN.finditer(text)]
+    if not found:
+        return None
+    rest = _VALUE_TOKEN.sub("", text)
+    if not _CHUNK_OK.fullmatch(rest):
+        return None
+    newlines = np.flatnonzero(np.frombuffer(text.encode("latin-1", "replace"), np.uint8) == 10)
+    starts, nums, slots = zip(*found, strict=True)
+    value_line = np.searchsorted(newlines, np.array(starts, np.int64))
+    values = np.array(nums, dtype=np.float64)
+    if not np.isfinite(values).all():
+        return None
+    batch = _parse_valid_chunk(rest.split("\n")[:-1], rest)
+    if batch is None:
+        return None
+    batch.lines = lines
+    batch.value_line = value_line.astype(np.int64)
+    batch.value_slots = np.array(slots, dtype=np.int64)
+    batch.values = values
+    return batch
 
 
 def _parse_valid_chunk(lines: list[str], text: str) -> LineBatch | None:
@@ -110,6 +160,7 @@ def _parse_valid_chunk(lines: list[str], text: str) -> LineBatch | None:
 
 def _parse_line_by_line(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
     shows, clicks, flines, feas, slots, good = [], [], [], [], [], []
+    vlines, vslots, vals = [], [], []
     bad: list[BadLine] = []
     for i, ln in enumerate(lines):
         try:
@@ -124,6 +175,9 @@ def _parse_line_by_line(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
         flines.extend([row] * len(s.feasigns))
         feas.extend(s.feasigns)
         slots.extend(s.slots)
+        vlines.extend([row] * len(s.values))
+        vslots.extend(s.value_slots)
+        vals.extend(s.values)
     batch = LineBatch(
         np.array(shows, np.int64),
         np.array(clicks, np.int64),
@@ -131,6 +185,9 @@ def _parse_line_by_line(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
         np.array(feas, np.uint64),
         np.array(slots, np.int64),
         good,
+        np.array(vlines, np.int64),
+        np.array(vslots, np.int64),
+        np.array(vals, np.float64),
     )
     return batch, bad
 
@@ -150,12 +207,16 @@ def concat_batches(batches: list[LineBatch]) -> LineBatch:
         np.concatenate([b.feasigns for b in batches]),
         np.concatenate([b.feature_slots for b in batches]),
         None if any(b.lines is None for b in batches) else [ln for b in batches for ln in b.lines],
+        np.concatenate([b.value_line + o for b, o in zip(batches, offsets, strict=True)]),
+        np.concatenate([b.value_slots for b in batches]),
+        np.concatenate([b.values for b in batches]),
     )
 
 
 def slice_batch(batch: LineBatch, start: int, stop: int) -> LineBatch:
     """Lines ``start:stop`` of a batch (features are stored in line order)."""
     lo, hi = np.searchsorted(batch.feature_line, [start, stop])
+    vlo, vhi = np.searchsorted(batch.value_line, [start, stop])
     return LineBatch(
         batch.shows[start:stop],
         batch.clicks[start:stop],
@@ -163,6 +224,9 @@ def slice_batch(batch: LineBatch, start: int, stop: int) -> LineBatch:
         batch.feasigns[lo:hi],
         batch.feature_slots[lo:hi],
         None if batch.lines is None else batch.lines[start:stop],
+        batch.value_line[vlo:vhi] - start,
+        batch.value_slots[vlo:vhi],
+        batch.values[vlo:vhi],
     )
 
 
@@ -172,6 +236,7 @@ def take_rows(batch: LineBatch, rows: np.ndarray) -> LineBatch:
     keep = np.zeros(len(batch), bool)
     keep[rows] = True
     fmask = keep[batch.feature_line]
+    vmask = keep[batch.value_line]
     new_index = np.cumsum(keep) - 1
     return LineBatch(
         batch.shows[rows],
@@ -180,18 +245,17 @@ def take_rows(batch: LineBatch, rows: np.ndarray) -> LineBatch:
         batch.feasigns[fmask],
         batch.feature_slots[fmask],
         None if batch.lines is None else [batch.lines[i] for i in rows.tolist()],
+        new_index[batch.value_line[vmask]],
+        batch.value_slots[vmask],
+        batch.values[vmask],
     )
 
 
 def permute_rows(batch: LineBatch, order: np.ndarray) -> LineBatch:
     """The lines in the order ``order`` (a permutation of range(len(batch))), features kept line after line."""
     order = np.asarray(order, dtype=np.int64)
-    counts = np.bincount(batch.feature_line, minlength=len(batch))
-    starts = np.cumsum(counts) - counts
-    new_counts = counts[order]
-    new_line = np.repeat(np.arange(len(order), dtype=np.int64), new_counts)
-    within = np.arange(len(new_line), dtype=np.int64) - np.repeat(np.cumsum(new_counts) - new_counts, new_counts)
-    src = starts[order][new_line] + within
+    new_line, src = _permuted(batch.feature_line, order, len(batch))
+    value_line, vsrc = _permuted(batch.value_line, order, len(batch))
     return LineBatch(
         batch.shows[order],
         batch.clicks[order],
@@ -199,7 +263,20 @@ def permute_rows(batch: LineBatch, order: np.ndarray) -> LineBatch:
         batch.feasigns[src],
         batch.feature_slots[src],
         None if batch.lines is None else [batch.lines[i] for i in order.tolist()],
+        value_line,
+        batch.value_slots[vsrc],
+        batch.values[vsrc],
     )
+
+
+def _permuted(item_line: np.ndarray, order: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items stored line after line, lines put in ``order``: (each item's new line, where it comes from)."""
+    counts = np.bincount(item_line, minlength=n)
+    starts = np.cumsum(counts) - counts
+    new_counts = counts[order]
+    new_line = np.repeat(np.arange(len(order), dtype=np.int64), new_counts)
+    within = np.arange(len(new_line), dtype=np.int64) - np.repeat(np.cumsum(new_counts) - new_counts, new_counts)
+    return new_line, starts[order][new_line] + within
 
 
 def batch_keys(batch: LineBatch, slots, sparse_dim: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -229,3 +306,18 @@ def batch_keys(batch: LineBatch, slots, sparse_dim: int | None) -> tuple[np.ndar
         keys = np.concatenate([keys, np.full(len(empty), pad_key, np.uint64)])
         counts[empty] = 1
     return keys[np.argsort(cells, kind="stable")], counts.astype(np.int64)
+
+
+def batch_dense(batch: LineBatch, dense_slots) -> np.ndarray:
+    """float64 [n, len(dense_slots)]: each line's value of each dense slot, NaN where it has none
+    (``dense_features.dense_matrix`` over the batch's value tokens and integer tokens)."""
+    return dense_matrix(
+        len(batch),
+        dense_slots,
+        batch.value_line,
+        batch.value_slots,
+        batch.values,
+        batch.feature_line,
+        batch.feasigns,
+        batch.feature_slots,
+    )

@@ -13,8 +13,7 @@ import numpy as np
 
 from ctr_foundation.pass_format import PassInfo, load_pass
 from elastic_control.data.line_batch import LineBatch
-from elastic_control.inference.scoring import DenseModel, InMemoryTable, KeyBatch, pool
-from elastic_control.inference.scoring import key_batch as build_key_batch
+from elastic_control.inference.scoring import DenseModel, InMemoryTable, line_key_batch, model_input
 
 # The dense model runs on chunks of exactly this many rows (the last one zero-padded). The CPU
 # kernels pick their code path by the number of rows, and a row's float32 result differs in the
@@ -24,11 +23,6 @@ from elastic_control.inference.scoring import key_batch as build_key_batch
 # cost no more CPU than one call (8192 rows: 734 ms in 256-row chunks, 776 ms in one call, medians
 # of 4 interleaved runs on a loaded machine), and a small chunk pads a partial batch with few rows.
 DENSE_CHUNK_ROWS = 256
-
-
-def key_batch(batch: LineBatch, slots, sparse_dim: int | None) -> KeyBatch:
-    """The scoring KeyBatch of a LineBatch (the one builder: padding and slot order as in training)."""
-    return build_key_batch(batch.feature_line, batch.feasigns, batch.feature_slots, len(batch), slots, sparse_dim)
 
 
 def group_keys(batch: LineBatch, group_slot: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -58,9 +52,9 @@ class PassScorer:
 
     def score(self, batch: LineBatch) -> np.ndarray:
         """Click probabilities float32[n] for the lines of ``batch``."""
-        kb = key_batch(batch, self.info.slots, self.info.sparse_dim)
+        kb = line_key_batch(batch, self.info.slots, self.info.sparse_dim, self.info.dense_slots)
         vectors, _found = self.table.lookup(kb.keys)
-        return predict_in_fixed_chunks(self.model, pool(kb, vectors))
+        return predict_in_fixed_chunks(self.model, model_input(kb, vectors, self.info.dense_norm))
 
 
 def predict_in_fixed_chunks(model: DenseModel, x: np.ndarray, rows: int = DENSE_CHUNK_ROWS) -> np.ndarray:

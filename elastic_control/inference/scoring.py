@@ -3,6 +3,8 @@
 Serving (embeddings from cube) and offline evaluation (embeddings from the
 pass's sparse table in memory) both go through here, so that they compute
 exactly what the training program computed (golden.jsonl, within 1e-5).
+A pass with dense slots appends their standardised values to the pooled rows
+(``model_input``; ctr_foundation/dense_features.py).
 
 ``key_batch`` is the one KeyBatch builder: serving's request instances, the
 evaluation reader's column batches and plain slot-format lines all arrive as
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctr_foundation.dense_features import DenseNorm, dense_matrix
 from ctr_foundation.env_vars import MKL_DEBUG_CPU_TYPE
 from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo
 from ctr_foundation.sample import PADDING_FEASIGN, MalformedLine, transform_keys
@@ -45,6 +48,8 @@ class KeyBatch:
     num_slots: int
     # first key of each cell (n * num_slots starts), or None when every cell has exactly one key
     cell_starts: np.ndarray | None = field(default=None, compare=False)
+    # the dense slots' raw values, float64 [n, dense slots], NaN where missing (None: no dense slots)
+    dense: np.ndarray | None = field(default=None, compare=False)
 
     @functools.cached_property
     def rows(self) -> np.ndarray:
@@ -62,13 +67,22 @@ def key_batch(
     n: int,
     slots: Sequence[int],
     sparse_dim: int | None,
+    *,
+    dense_slots: Sequence[int] = (),
+    values: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> KeyBatch:
     """THE KeyBatch builder: feature columns of ``n`` instances -> keys sorted by (row, slot position).
 
     ``feature_row[j]`` is the instance of feature j (0..n-1), ``feasigns[j]`` its raw uint64 feasign,
     ``feature_slots[j]`` its slot id. Features of slots outside ``slots`` are dropped; every (row, slot)
     cell left without a feature gets the padding feasign; keys are ``feasign % sparse_dim`` when set.
+    With ``dense_slots``, the batch also carries each row's dense values (``dense_features.dense_matrix``
+    of ``values`` = (row, slot, value) of the value tokens, and of the integer features of dense slots).
     """
+    dense = None
+    if len(dense_slots):
+        vr, vs, vv = values if values is not None else (None, None, None)
+        dense = dense_matrix(n, dense_slots, vr, vs, vv, feature_row, feasigns, feature_slots)
     slots_arr = np.asarray(list(slots), dtype=np.int64)
     num_slots = len(slots_arr)
     feature_row = np.asarray(feature_row, dtype=np.int64)
@@ -95,7 +109,7 @@ def key_batch(
     starts = None
     if len(cell) != cells:  # some cell has several keys: pooling sums segments
         starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]]) if len(cell) else np.zeros(0, np.int64)
-    return KeyBatch(keys, cell, n, num_slots, starts)
+    return KeyBatch(keys, cell, n, num_slots, starts, dense)
 
 
 @functools.lru_cache(maxsize=64)
@@ -140,17 +154,22 @@ def concat_key_batches(batches: Sequence[KeyBatch]) -> tuple[KeyBatch, list[int]
             parts.append((b.cell_starts if b.cell_starts is not None else np.arange(b.n * num_slots)) + at)
             at += len(b.keys)
         starts = np.concatenate(parts)
+    if any((b.dense is None) != (batches[0].dense is None) for b in batches):
+        raise ValueError("cannot merge key batches with and without dense slots")
     merged = KeyBatch(
         np.concatenate([b.keys for b in batches]),
         np.concatenate([b.cells + off * num_slots for b, off in zip(batches, offsets, strict=True)]),
         n,
         num_slots,
         starts,
+        None if batches[0].dense is None else np.concatenate([b.dense for b in batches]),
     )
     return merged, offsets
 
 
-def batch_from_lines(lines: Iterable[str], slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
+def batch_from_lines(
+    lines: Iterable[str], slots: Sequence[int], sparse_dim: int | None, dense_slots: Sequence[int] = ()
+) -> KeyBatch:
     """The KeyBatch of slot-format lines (the training reader's parse); raise MalformedLine naming a bad line."""
     from elastic_control.data.line_batch import parse_lines
 
@@ -158,7 +177,21 @@ def batch_from_lines(lines: Iterable[str], slots: Sequence[int], sparse_dim: int
     batch, bad = parse_lines(lines)
     if bad:
         raise MalformedLine(f"line {bad[0].index + 1}: {bad[0].reason}")
-    return key_batch(batch.feature_line, batch.feasigns, batch.feature_slots, len(batch), slots, sparse_dim)
+    return line_key_batch(batch, slots, sparse_dim, dense_slots)
+
+
+def line_key_batch(batch, slots: Sequence[int], sparse_dim: int | None, dense_slots: Sequence[int] = ()) -> KeyBatch:
+    """The KeyBatch of a parsed ``line_batch.LineBatch``."""
+    return key_batch(
+        batch.feature_line,
+        batch.feasigns,
+        batch.feature_slots,
+        len(batch),
+        slots,
+        sparse_dim,
+        dense_slots=dense_slots,
+        values=(batch.value_line, batch.value_slots, batch.values),
+    )
 
 
 def pool(batch: KeyBatch, vectors: np.ndarray) -> np.ndarray:
@@ -170,6 +203,16 @@ def pool(batch: KeyBatch, vectors: np.ndarray) -> np.ndarray:
     if batch.n * batch.num_slots == 0:
         return np.zeros((batch.n, batch.num_slots * width), np.float32)
     return np.add.reduceat(vectors, batch.cell_starts, axis=0).reshape(batch.n, batch.num_slots * width)
+
+
+def model_input(batch: KeyBatch, vectors: np.ndarray, dense_norm: DenseNorm | None = None) -> np.ndarray:
+    """The dense program's input: the pooled rows, then the standardised dense slots (when the pass has any)."""
+    pooled = pool(batch, vectors)
+    if dense_norm is None:
+        return pooled
+    if batch.dense is None:
+        raise ValueError(f"the pass has dense slots {list(dense_norm.slots)} but the batch carries none")
+    return np.concatenate([pooled, dense_norm.apply(batch.dense)], axis=1)
 
 
 class InMemoryTable:
@@ -289,11 +332,12 @@ class DenseModel:
 Lookup = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def score_batch(batch: KeyBatch, lookup: Lookup, model: DenseModel) -> np.ndarray:
+def score_batch(batch: KeyBatch, lookup: Lookup, model: DenseModel, dense_norm: DenseNorm | None = None) -> np.ndarray:
     vectors, _found = lookup(batch.keys)
-    return model.predict(pool(batch, vectors))
+    return model.predict(model_input(batch, vectors, dense_norm))
 
 
 def score_lines(lines: Sequence[str], info: PassInfo, lookup: Lookup, model: DenseModel) -> np.ndarray:
     """Probabilities for slot-format lines under pass ``info``."""
-    return score_batch(batch_from_lines(lines, info.slots, info.sparse_dim), lookup, model)
+    batch = batch_from_lines(lines, info.slots, info.sparse_dim, info.dense_slots)
+    return score_batch(batch, lookup, model, info.dense_norm)

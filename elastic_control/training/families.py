@@ -46,6 +46,7 @@ class FamilySpec:
     cross_layers: int = 2
     cross_rank: int = 16
     dense_l2: float = 0.0  # L2 (weight decay) on the dense weights, applied by the optimizer
+    dense_features: int = 0  # standardised dense slots after the pooled rows (ctr_foundation/dense_features.py)
 
     @property
     def has_wide(self) -> bool:
@@ -115,8 +116,13 @@ OUTPUT_INIT_STD = 0.01
 
 
 def dense_logit(paddle, x, spec: FamilySpec, *, bias_init: float = 0.0):
-    """The family's logit [batch, 1] from pooled rows ``x`` [batch, num_slots * row_width]."""
+    """The family's logit [batch, 1] from ``x`` [batch, num_slots * row_width + dense_features]: the pooled
+    rows, then the standardised dense slots, which join the embeddings as MLP and cross-network input."""
     s, w = spec.num_slots, spec.row_width
+    dense = None
+    if spec.dense_features:
+        dense = x[:, s * w :]
+        x = x[:, : s * w]
     if spec.has_wide:
         rows = paddle.reshape(x, [-1, s, w])
         wide = paddle.sum(rows[:, :, 0], axis=1, keepdim=True)
@@ -124,6 +130,8 @@ def dense_logit(paddle, x, spec: FamilySpec, *, bias_init: float = 0.0):
         flat = paddle.reshape(emb, [-1, s * (w - 1)])
     else:
         wide, emb, flat = None, None, x
+    if dense is not None:
+        flat = paddle.concat([flat, dense], axis=1)
     parts = [_mlp(paddle, flat, spec)] if spec.hidden else []
     if spec.family == "dcn":
         parts.append(_cross_network(paddle, flat, spec))

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ctr_foundation.sample import keys_to_paddle_ids
-from elastic_control.data.line_batch import LineBatch, batch_keys, concat_batches, slice_batch
+from elastic_control.data.line_batch import LineBatch, batch_dense, batch_keys, concat_batches, slice_batch
 from elastic_control.training.model import (
+    DENSE_VALUES_INPUT,
     KEY_ANCHOR_INPUT,
     KEY_ANCHOR_WEIGHT_INPUT,
     KEY_L2_INPUT,
@@ -37,9 +38,11 @@ def make_feed(
     admission=None,
     rate_factors=None,
     wide_prior=None,
+    dense_norm=None,
 ) -> dict:
     """Feed dict: every slot's keys as one int64 LoD tensor (model.KEYS_INPUT: slot after slot, one
-    sequence per line, padding rule of sample.slot_keys) and the click labels.
+    sequence per line, padding rule of sample.slot_keys) and the click labels; with ``dense_norm``
+    (dense_features.DenseNorm) the batch's dense slots, standardised (model.DENSE_VALUES_INPUT).
 
     The per-key inputs, one float32 [keys, 1] array each in the keys' order:
     with ``l2_scale`` (keys -> float32 per key), each key's L2 scale (KEY_L2_INPUT), the input of the
@@ -49,7 +52,10 @@ def make_feed(
     """
     keys, lengths = batch_keys(batch, slots, sparse_dim)
     labels = batch.clicks.astype(np.float32).reshape(-1, 1)
-    return feed_keys(paddle, keys, lengths, labels, place, l2_scale, admission, rate_factors, wide_prior)
+    feed = feed_keys(paddle, keys, lengths, labels, place, l2_scale, admission, rate_factors, wide_prior)
+    if dense_norm is not None:
+        feed[DENSE_VALUES_INPUT] = dense_norm.apply(batch_dense(batch, dense_norm.slots))
+    return feed
 
 
 def feed_keys(

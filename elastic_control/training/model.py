@@ -36,6 +36,7 @@ KEY_RATE_INPUT = "key_rate"  # per key: its rate factor under the ``decay`` rule
 KEY_L2_INPUT = "key_l2"  # per key: 1 / its count in the trainer's share of the pass (the count-scaled L2)
 KEY_ANCHOR_INPUT = "key_anchor"  # per key: the wide weight its L2 pulls toward (training/wide_prior.py)
 KEY_ANCHOR_WEIGHT_INPUT = "key_anchor_weight"  # per key: the strength of that pull
+DENSE_VALUES_INPUT = "dense_values"  # [batch, dense slots]: the standardised dense slots (DenseNorm.apply)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class ModelSpec:
     # The wide prior: a key's wide-weight L2 pulls toward its weight at the pass start, with l2_wide plus
     # this much per occurrence trained in earlier passes (training/wide_prior.py); 0: toward 0.
     wide_prior: float = 0.0
+    # Dense slots (slot.conf ``SLOT dense``): their standardised values join the dense part's input
+    # after the pooled rows (ctr_foundation/dense_features.py).
+    dense_slots: tuple[int, ...] = ()
 
     @property
     def uses_wide_prior(self) -> bool:
@@ -79,6 +83,7 @@ class ModelSpec:
             self.cross_layers,
             self.cross_rank,
             self.dense_l2,
+            len(self.dense_slots),
         )
 
     def to_json(self) -> dict:
@@ -98,6 +103,7 @@ class ModelSpec:
             **({"wide_prior": self.wide_prior} if self.uses_wide_prior else {}),
             "dense_l2": self.dense_l2,
             "sparse_dim": self.sparse_dim,
+            **({"dense_slots": list(self.dense_slots)} if self.dense_slots else {}),
             **({"cross_layers": self.cross_layers, "cross_rank": self.cross_rank} if self.family == "dcn" else {}),
         }
 
@@ -119,6 +125,7 @@ class TrainingNet:
     l2_input: object = None  # KEY_L2_INPUT (None without L2)
     rate_input: object = None  # KEY_RATE_INPUT (None without the decay rule)
     anchor_inputs: tuple | None = None  # (KEY_ANCHOR_INPUT, KEY_ANCHOR_WEIGHT_INPUT) with the wide prior
+    dense_input: object = None  # DENSE_VALUES_INPUT (None without dense slots)
 
     @property
     def uses_l2(self) -> bool:
@@ -215,7 +222,12 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         trained = rows
     n, d = len(spec.slots), spec.embedding_dim
     family = spec.family_spec
-    logit = dense_logit(paddle, pooled_by_line(paddle, trained, n, d), family)
+    pooled = pooled_by_line(paddle, trained, n, d)
+    dense_input = None
+    if spec.dense_slots:
+        dense_input = paddle.static.data(name=DENSE_VALUES_INPUT, shape=[-1, len(spec.dense_slots)], dtype="float32")
+        pooled = paddle.concat([pooled, dense_input], axis=1)
+    logit = dense_logit(paddle, pooled, family)
     prob = paddle.nn.functional.sigmoid(logit)
     log_loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
     loss = log_loss
@@ -226,7 +238,8 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
 
     infer, infer_startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(infer, infer_startup):
-        emb_concat = paddle.static.data(name=DENSE_INPUT, shape=[-1, n * d], dtype="float32")
+        # The pooled rows, then the standardised dense slots: serving's one input.
+        emb_concat = paddle.static.data(name=DENSE_INPUT, shape=[-1, n * d + len(spec.dense_slots)], dtype="float32")
         infer_prob = paddle.nn.functional.sigmoid(dense_logit(paddle, emb_concat, family))
     return TrainingNet(
         keys,
@@ -242,6 +255,7 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
         l2_input,
         rate_input,
         anchor,
+        dense_input,
     )
 
 

@@ -163,6 +163,7 @@ class RoleSettings:
             dense_l2=h.dense_l2,
             cross_layers=h.cross_layers,
             cross_rank=h.cross_rank,
+            dense_slots=tuple(self.slot_conf.dense),
         )
 
 

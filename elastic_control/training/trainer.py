@@ -99,6 +99,8 @@ class Trainer:
         # the held-out AUC while the model still moves fast (and reads ~0.5 early in the
         # first pass, when all scores are nearly equal); a short window keeps the lag small.
         self.window = RecentWindow(4096)
+        # The dense slots' standardisation (ctr_foundation/dense_features.py): trainer 0's, shared at start.
+        self.dense_norm = None
 
     def log(self, message: str) -> None:
         print(f"[trainer {self.rank}] {message}", flush=True)
@@ -111,14 +113,23 @@ class Trainer:
             self._load_dense_from_pass(hello["last_pass_dir"])
         elif self.s.is_chief and first is not None:
             self._init_bias_at_base_rate(data, first)
+        norm = self._chief_dense_norm(hello, first, data) if self.s.is_chief and self.spec.dense_slots else None
         # init_worker: trainer 0 pushes its dense parameters, then every trainer pulls them. Paddle's
-        # barrier in between is a no-op without Gloo, so the others wait for trainer 0 here.
+        # barrier in between is a no-op without Gloo, so the others wait for trainer 0 here (and take
+        # its dense slots' standardisation from it).
         if self.s.is_chief:
             self.fleet.init_worker()
-            self.coord.barrier("init/chief-pushed", self.rank, self.s.trainers)
+            self.coord.barrier("init/chief-pushed", self.rank, self.s.trainers, {"dense_norm": norm})
         else:
-            self.coord.barrier("init/chief-pushed", self.rank, self.s.trainers)
+            got = self.coord.barrier("init/chief-pushed", self.rank, self.s.trainers)["0"] or {}
+            norm = got.get("dense_norm")
             self.fleet.init_worker()
+        if self.spec.dense_slots:
+            from ctr_foundation.dense_features import DenseNorm
+
+            self.dense_norm = DenseNorm.from_json(norm, "trainer 0's dense_norm")
+            if self.dense_norm is None or self.dense_norm.slots != self.spec.dense_slots:
+                raise RuntimeError(f"no standardisation for the dense slots {list(self.spec.dense_slots)}")
         self._dense_ctx = self._dense_pull_context()
         if hello.get("last_pass"):
             self.log(f"resuming after {hello['last_pass']} (hours up to {hello['resume_after']} are done)")
@@ -182,6 +193,38 @@ class Trainer:
         self.log(
             f"logit bias set to {bias:.4f}: the log-odds of the base rate {rate:.4f} ({shows} lines of {part.name})"
         )
+
+    def _chief_dense_norm(self, hello: dict, first: HourPartition | None, data: HourlyData, lines: int = 100_000):
+        """The dense slots' standardisation (JSON): a resumed model keeps its last pass's, a fresh one
+        measures it on up to ``lines`` of trainer 0's share of its first pass (the others take it from
+        trainer 0, so that every trainer feeds the same numbers)."""
+        from ctr_foundation.dense_features import DenseMoments, DenseNorm
+        from ctr_foundation.pass_format import load_pass
+        from elastic_control.data.line_batch import batch_dense
+
+        slots = self.spec.dense_slots
+        if hello.get("last_pass"):
+            norm = DenseNorm.from_json(load_pass(hello["last_pass_dir"]).meta.get("dense_norm"))
+            if norm is None or norm.slots != slots:
+                raise RuntimeError(
+                    f"{hello['last_pass']} has no standardisation of the dense slots {list(slots)} "
+                    "(was it trained with another slot.conf?)"
+                )
+            return norm.to_json()
+        moments, seen = DenseMoments(slots), 0
+        if first is not None:
+            for chunk in data.iter_batches(first, trainer_id=0, trainers=self.s.trainers, counter=BadLineCounter(1.0)):
+                moments.add(batch_dense(chunk, slots))
+                seen += len(chunk)
+                if seen >= lines:
+                    break
+        norm = moments.norm()
+        self.log(
+            "dense slots standardised on "
+            + f"{seen} lines of {first.name if first else 'no pass'}: "
+            + ", ".join(f"{s}: mean {m:.4g} std {d:.4g}" for s, m, d in zip(slots, norm.mean, norm.std, strict=True))
+        )
+        return norm.to_json()
 
     def _load_dense_from_pass(self, pass_dir: str) -> None:
         paddle = self.paddle
@@ -450,6 +493,7 @@ class Trainer:
                     admission=mask,
                     rate_factors=decay.factors if decay else None,
                     wide_prior=self.wide_prior,
+                    dense_norm=self.dense_norm,
                 )
                 if decay:  # the parse thread runs ahead of exe.run by a few batches: close enough
                     decay.fed(len(b))
@@ -539,7 +583,11 @@ class Trainer:
         decay rule factors of 1 (they scale gradients only, the forward value is the same for any, but the
         forward programs still read them)."""
         ones = (lambda keys: np.ones(len(keys), np.float32)) if self.rate_decay else None
-        return {"admission": self.incremental.mask if self.incremental else None, "rate_factors": ones}
+        return {
+            "admission": self.incremental.mask if self.incremental else None,
+            "rate_factors": ones,
+            "dense_norm": self.dense_norm,
+        }
 
     def score(self, batch: LineBatch) -> np.ndarray:
         """Probabilities from the training program's forward pass (no gradient push)."""
@@ -624,6 +672,11 @@ class Trainer:
             ),
             "model_family": self.spec.family,
             "row_layout": row_layout(self.spec.family, self.spec.embedding_dim),
+            **(
+                {"dense_slots": list(self.spec.dense_slots), "dense_norm": self.dense_norm.to_json()}
+                if self.dense_norm
+                else {}
+            ),
             "training": {
                 "epochs": self.s.epochs,
                 "epochs_run": stats.epochs,
