@@ -49,7 +49,15 @@ from elastic_control.training.settings import DEFAULT_MODEL  # noqa: E402
 
 THROUGHPUT_SLOTS = tuple(range(1, 9))
 DEMO_SLOTS = tuple(range(1, 27))
-CRITEO_SLOTS = tuple(range(1, 40))
+CRITEO_SPARSE_SLOTS = tuple(range(1, 40))
+
+
+def criteo_slots() -> list[str]:
+    """The slot.conf lines `data criteo` writes (sparse 1-39, dense 40-52): what a user of the converter trains."""
+    from elastic_control.data.criteo import slot_conf_text
+
+    return [ln for ln in slot_conf_text().splitlines() if ln and not ln.startswith("#")]
+
 
 
 # The defaults before issue 12 (f60be70^): the original DNN with its MLP 400-400-400, one epoch per pass
@@ -86,7 +94,13 @@ FULL_BATCHES = ["--min-batches-first-pass", "0"]
 # The defaults with the early stop judging every pass, however few its held-out lines (before 2026-12-04,
 # session 32: pass_stream.unjudged_pass).
 ALL_JUDGED = ["--min-holdout-to-stop", "0"]
-SMALL_LOG_CONFIGS = (("defaults", []), ("all judged", ALL_JUDGED), ("full batches", FULL_BATCHES))
+# "no dense slots": the converter's lines trained on the sparse slots alone (slot.conf 1-39, before 2026-12-05).
+SMALL_LOG_CONFIGS = (
+    ("defaults", []),
+    ("no dense slots", []),
+    ("all judged", ALL_JUDGED),
+    ("full batches", FULL_BATCHES),
+)
 # Small real logs: (first line, lines, hours) slices of the Criteo file, trained on all hours but the
 # last (one or two passes) and scored on the last; the first two are tests/test_model_quality.py's.
 SMALL_LOGS = (
@@ -192,27 +206,29 @@ def small_logs(root: Path, quick: bool) -> None:
         peer = best_fit(logistic_regression(train_lines, test_lines))
         got = {}
         for label, extra in SMALL_LOG_CONFIGS:
-            last, _ = train(hourly_job(folder / label.replace(" ", "-"), data, CRITEO_SLOTS, hours - 1), 2, extra=extra)
+            slots = CRITEO_SPARSE_SLOTS if label == "no dense slots" else criteo_slots()
+            last, _ = train(hourly_job(folder / label.replace(" ", "-"), data, slots, hours - 1), 2, extra=extra)
             probs = B.score_pass(last, test_lines)
             got[label] = (auc(labels, probs), probs.mean() / labels.mean())
         rows.append((first, len(train_lines), hours - 1, peer.auc, peer.c, got))
         print(
             f"small log: lines {first}..{first + count}, {len(train_lines)} training lines in {hours - 1} pass(es): "
             f"defaults AUC {got['defaults'][0]:.4f} ({got['defaults'][0] - peer.auc:+.4f} vs LR), "
-            f"calibration {got['defaults'][1]:.3f}; all judged {got['all judged'][0]:.4f}; "
+            f"calibration {got['defaults'][1]:.3f}; no dense slots {got['no dense slots'][0]:.4f}; "
+            f"all judged {got['all judged'][0]:.4f}; "
             f"full batches {got['full batches'][0]:.4f}; "
             f"logistic regression (C={peer.c}) {peer.auc:.4f}",
             flush=True,
         )
     print(
-        "\n| first line | training lines, passes | LR (best C) | defaults (calibration) | vs LR | all judged "
-        "| full batches |"
+        "\n| first line | training lines, passes | LR (best C) | defaults (calibration) | vs LR | no dense slots "
+        "| all judged | full batches |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for first, n, passes, lr_auc, c, got in rows:
         (a, cal), judged, full = got["defaults"], got["all judged"][0], got["full batches"][0]
         row = (f"{first:,}", f"{n:,}, {passes}", f"{lr_auc:.4f} ({c})", f"{a:.4f} ({cal:.3f})", f"{a - lr_auc:+.4f}")
-        print("| " + " | ".join(row) + f" | {judged:.4f} | {full:.4f} |")
+        print("| " + " | ".join(row) + f" | {got['no dense slots'][0]:.4f} | {judged:.4f} | {full:.4f} |")
     for label, _ in SMALL_LOG_CONFIGS:
         gaps = [got[label][0] - lr_auc for _, _, _, lr_auc, _, got in rows]
         print(
@@ -255,7 +271,7 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     for family in families:
         runs = {}
         for trainers in (1, 2):
-            job = hourly_job(root / f"criteo-{family}-t{trainers}", root / "criteo", CRITEO_SLOTS, hours - 1)
+            job = hourly_job(root / f"criteo-{family}-t{trainers}", root / "criteo", criteo_slots(), hours - 1)
             last, rate = train(job, trainers, family=family)
             probs = B.score_pass(last, test_lines)
             runs[trainers] = (auc(labels, probs), log_loss(labels, probs), probs.mean() / labels.mean(), rate)
@@ -266,9 +282,19 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
             f"examples/s 1 trainer {runs[1][3]:,.0f}, 2 trainers {rate2:,.0f}  (AUC with 1 trainer {runs[1][0]:.4f})",
             flush=True,
         )
+    # The default family on the sparse slots alone (no dense slots: slot.conf 1-39, as before 2026-12-05).
+    job = hourly_job(root / "criteo-sparse-only", root / "criteo", CRITEO_SPARSE_SLOTS, hours - 1)
+    last, rate = train(job, 2)
+    probs = B.score_pass(last, test_lines)
+    sparse_only = (auc(labels, probs), log_loss(labels, probs), probs.mean() / labels.mean(), rate)
+    print(
+        f"  {DEFAULT_MODEL}, no dense slots: AUC {sparse_only[0]:.4f} ({sparse_only[0] - lr_auc:+.4f} vs LR)  "
+        f"log loss {sparse_only[1]:.4f}  calibration {sparse_only[2]:.3f}  examples/s 2 trainers {rate:,.0f}",
+        flush=True,
+    )
     # The same four hours as ONE pass (PASS_HOURS, what a backfill of history would use): the peer of the
     # hourly passes above, so the cost of hour-by-hour training is measured in the same run.
-    job = hourly_job(root / "criteo-pass-hours", root / "criteo", CRITEO_SLOTS, hours - 1)
+    job = hourly_job(root / "criteo-pass-hours", root / "criteo", criteo_slots(), hours - 1)
     with open(job[0], "a", encoding="utf-8") as f:
         f.write(f"export PASS_HOURS={hours - 1}\n")
     last, rate = train(job, 2)
@@ -287,10 +313,8 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     print(f"| scikit-learn LR (C={peer.c}) | {lr_auc:.4f} | - | {lr_loss:.4f} | {lr_cal:.3f} | - | - | - |")
     for family, a, ll, cal, r1, r2, a1 in rows:
         print(f"| {family} | {a:.4f} | {a - lr_auc:+.4f} | {ll:.4f} | {cal:.3f} | {r1:,.0f} | {r2:,.0f} | {a1:.4f} |")
-    print(
-        f"| {DEFAULT_MODEL}, PASS_HOURS={hours - 1} | {pooled[0]:.4f} | {pooled[0] - lr_auc:+.4f} | {pooled[1]:.4f} | "
-        f"{pooled[2]:.3f} | - | {pooled[3]:,.0f} | - |"
-    )
+    for label, r in ((f"{DEFAULT_MODEL}, no dense slots", sparse_only), (f"{DEFAULT_MODEL}, PASS_HOURS={hours - 1}", pooled)):
+        print(f"| {label} | {r[0]:.4f} | {r[0] - lr_auc:+.4f} | {r[1]:.4f} | {r[2]:.3f} | - | {r[3]:,.0f} | - |")
 
 
 def main() -> None:

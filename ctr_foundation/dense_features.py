@@ -111,52 +111,64 @@ class DenseNorm:
         if not obj:
             return None
         try:
+            if not all(isinstance(obj[k], list) for k in ("slots", "mean", "std")):
+                raise TypeError("slots, mean and std must be lists")
             return cls(
                 tuple(int(s) for s in obj["slots"]),
                 tuple(float(v) for v in obj["mean"]),
                 tuple(float(v) for v in obj["std"]),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, DataError) as e:
             raise DataError(f"{source}: not a dense normalisation ({e})") from None
 
 
 class DenseMoments:
-    """Count, sum and sum of squares per dense slot, mergeable across trainers (JSON-able)."""
+    """Count, mean and sum of squared deviations per dense slot, mergeable across trainers (JSON-able).
+
+    Merged with Chan et al.'s pairwise update, not as sums of squares: a slot whose values are large beside
+    their spread (a timestamp, an id-like number) would lose its variance to cancellation.
+    """
 
     def __init__(self, slots: Sequence[int]):
         self.slots = tuple(int(s) for s in slots)
         k = len(self.slots)
-        self.count, self.total, self.squares = np.zeros(k), np.zeros(k), np.zeros(k)
+        self.count, self.mean, self.m2 = np.zeros(k), np.zeros(k), np.zeros(k)
 
     def add(self, raw: np.ndarray) -> None:
+        """Add a batch of raw values [n, k] (NaN: missing)."""
         raw = np.asarray(raw, np.float64).reshape(-1, len(self.slots))
         present = np.isfinite(raw)
-        v = np.where(present, raw, 0.0)
-        self.count += present.sum(axis=0)
-        self.total += v.sum(axis=0)
-        self.squares += (v * v).sum(axis=0)
+        count = present.sum(axis=0).astype(np.float64)
+        safe = np.maximum(count, 1)
+        mean = np.where(present, raw, 0.0).sum(axis=0) / safe
+        m2 = np.where(present, (raw - mean) ** 2, 0.0).sum(axis=0)
+        self._combine(count, mean, m2)
+
+    def _combine(self, count: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> None:
+        total = self.count + count
+        safe = np.maximum(total, 1)
+        delta = mean - self.mean
+        self.mean = self.mean + delta * count / safe
+        self.m2 = self.m2 + m2 + delta * delta * self.count * count / safe
+        self.count = total
 
     def to_json(self) -> dict:
         return {
             "slots": list(self.slots),
             "count": self.count.tolist(),
-            "sum": self.total.tolist(),
-            "squares": self.squares.tolist(),
+            "mean": self.mean.tolist(),
+            "m2": self.m2.tolist(),
         }
 
     def merge(self, obj: dict) -> None:
         """Add another trainer's ``to_json``."""
         if [int(s) for s in obj["slots"]] != list(self.slots):
             raise DataError(f"dense moments of slots {obj['slots']} cannot merge into {list(self.slots)}")
-        self.count += np.asarray(obj["count"], np.float64)
-        self.total += np.asarray(obj["sum"], np.float64)
-        self.squares += np.asarray(obj["squares"], np.float64)
+        self._combine(*(np.asarray(obj[k], np.float64) for k in ("count", "mean", "m2")))
 
     def norm(self) -> DenseNorm:
         """The standardisation these moments give; a slot never seen gets mean 0, std 1."""
-        n = np.maximum(self.count, 1)
-        mean = np.where(self.count > 0, self.total / n, 0.0)
-        var = np.maximum(self.squares / n - mean * mean, 0.0)
-        std = np.sqrt(var)
+        std = np.sqrt(self.m2 / np.maximum(self.count, 1))
         std = np.where(std < MIN_STD, 1.0, std)
+        mean = np.where(self.count > 0, self.mean, 0.0)
         return DenseNorm(self.slots, tuple(mean.tolist()), tuple(std.tolist()))

@@ -54,6 +54,42 @@ def test_slot_conf_is_a_usage_error_exit_2():
     assert info.value.exit_code == 2
 
 
+def test_slot_conf_dense_slots_and_to_text_round_trip():
+    conf = parse_slot_conf("1\n40 dense\n2   # sparse\n\t41\tdense  # tab-separated\n3\n")
+    assert conf.slots == (1, 2, 3) and conf.dense == (40, 41)
+    assert conf.index_of() == {1: 0, 2: 1, 3: 2}  # the embedding positions: sparse slots only
+    # to_text writes the sparse slots, then the dense ones: each kind keeps its own order
+    assert conf.to_text() == "1\n2\n3\n40 dense\n41 dense\n"
+    again = parse_slot_conf(conf.to_text())
+    assert (again.slots, again.dense) == (conf.slots, conf.dense)
+
+
+def test_slot_conf_criteo_slot_conf_as_data_criteo_writes_it(tmp_path):
+    from elastic_control.data.criteo import CATEGORICAL_SLOTS, DENSE_SLOTS, INTEGER_SLOTS, slot_conf_text
+
+    path = tmp_path / "slot.conf"
+    path.write_text(slot_conf_text())
+    conf = load_slot_conf(path)
+    assert conf.slots == INTEGER_SLOTS + CATEGORICAL_SLOTS and conf.dense == DENSE_SLOTS == tuple(range(40, 53))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("1\n3 dense dense\n", r"slot.conf:2: '3 dense dense' is not 'SLOT' or 'SLOT dense'"),
+        ("1\n3 sparse\n", r"slot.conf:2: '3 sparse' is not 'SLOT' or 'SLOT dense'"),
+        ("3\n4\n3 dense\n", r"slot.conf:3: slot 3 is listed twice \(first on line 1\)"),
+        ("3 dense\n1\n3\n", r"slot.conf:3: slot 3 is listed twice \(first on line 1\)"),
+        ("40 dense\n41 dense\n", r"slot.conf: no sparse slot listed \(dense slots need at least one\)"),
+        ("1\nx dense\n", r"slot.conf:2: slot id 'x' is not an integer"),
+        ("1\n-40 dense\n", r"slot.conf:2: slot id -40 is negative"),
+    ],
+)
+def test_slot_conf_dense_refusals(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_slot_conf(text)
+
+
 def test_data_config_values_expansion_and_quotes():
     cfg = parse_data_config(GOOD, env={"SUB": "ctr"})
     assert cfg.hdfs_address == "hdfs://nn:9000"

@@ -1,7 +1,8 @@
 """Model quality with the defaults, on real Criteo lines, through the product's own path.
 
 `elastic-control data criteo` converts a slice of the real lines into hours, `elastic-control train`
-(the defaults: no model or hyperparameter flag) trains on all hours but the last, and `elastic-control
+(the defaults: no model or hyperparameter flag; the slot.conf the converter wrote, with its dense slots)
+trains on all hours but the last, and `elastic-control
 eval --json` scores the last hour from the saved pass. The peer is a scikit-learn logistic regression
 on exactly the same one-hot feasigns and split (best C of a small grid, chosen on the test hour: the
 peer's most favourable figure), fitted in the same test.
@@ -51,6 +52,12 @@ def _convert(root: Path, first: int, count: int, hours: int) -> Path:
     return data
 
 
+def _converted_slots(data: Path) -> list[str]:
+    """The slot.conf lines `data criteo` wrote beside the hours (sparse 1-39, dense 40-52): what its user trains with."""
+    text = (data / "slot.conf").read_text()
+    return [ln for ln in (raw.split("#", 1)[0].strip() for raw in text.splitlines()) if ln]
+
+
 def _hour_lines(data: Path, hours: range) -> list[str]:
     out = []
     for i in hours:
@@ -75,12 +82,14 @@ def _evaluate(root: Path, data: Path, pass_dir: Path, hour: int) -> dict:
 def _quality(root: Path, *, first: int, lines: int, hours: int, trainers: int = 2) -> tuple[dict, float]:
     """(eval metrics of the defaults' last pass on the last hour, peer LR AUC) for one slice of real lines."""
     data = _convert(root, first, lines, hours)
+    slots = _converted_slots(data)
     _, _, _, passes = train(
-        root / "job", data=data, slots=CRITEO_SLOTS, start=START, end=_hour(hours - 2), trainers=trainers, timeout=3000
+        root / "job", data=data, slots=slots, start=START, end=_hour(hours - 2), trainers=trainers, timeout=3000
     )
     assert len(passes) == hours - 1
     meta = json.loads((passes[-1] / "meta.json").read_text())
     assert meta["model_family"] == _default_family()
+    assert meta["slots"] == CRITEO_SLOTS and meta["dense_slots"] == list(range(40, 53))
     if lines <= 30_000:  # a small log: its first pass trains smaller batches, the later ones full size
         batches = [json.loads((p / "meta.json").read_text())["training"]["batch_size"] for p in passes]
         assert 16 <= batches[0] < 128 and batches[1:] == [128] * (len(passes) - 1), batches
@@ -112,11 +121,9 @@ def _default_family() -> str:
 # another part of the file. The margin is the AUC noise of a 5-6k-line test set (about 0.007 s.d.).
 SMALL_LOGS = [(0, 12_000, 2), (60_000, 15_000, 3)]
 NOISE = 0.005
-# Six more slices of the file (2026-12-02), `-m slow`: the defaults reproduce within 0.003 run to run; since
-# small passes are not judged by their held-out lines (2026-12-04, session 32) one is above logistic
-# regression, four within 0.003 and 1pass-2k 0.006 below, beyond NOISE, so that one fails
-# (docs/contracts.md "Open items"): the judged point "at least logistic regression on other small logs"
-# is not met on the smallest.
+# Six more slices of the file (2026-12-02), `-m slow`. Trained on the sparse slots alone the defaults were
+# 0.002-0.006 below logistic regression on five of them (1pass-2k beyond NOISE); with the converter's dense
+# slots (2026-12-05) all eight are above it, by 0.001-0.008 (docs/benchmarks.md "Dense slots").
 MORE_SMALL_LOGS = [
     pytest.param(*s, marks=pytest.mark.slow, id=i)
     for s, i in (
@@ -194,7 +201,7 @@ def test_small_hourly_passes_do_not_blow_up_in_their_later_epochs(tmp_path):
     _, _, _, passes = train(
         tmp_path / "job",
         data=data,
-        slots=CRITEO_SLOTS,
+        slots=_converted_slots(data),
         start=START,
         end=_hour(3),
         trainers=2,

@@ -50,7 +50,10 @@ def dense_integer(text: str) -> str | None:
         return None
     v = int(text)
     x = math.log1p(v) if v >= 0 else -math.log1p(-v)
-    return f"{x:.6g}"
+    text = f"{x:.6g}"
+    # Always a value token (``0.0``, not ``0``): a reader that does not know the slot's kind (a peer
+    # counting feasigns) can tell the numbers from the feasigns.
+    return text if ("." in text or "e" in text) else text + ".0"
 
 
 def bucketize_integer(text: str) -> str:

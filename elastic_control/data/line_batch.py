@@ -28,12 +28,18 @@ from ctr_foundation.sample import (
 # One valid line: show, click (0/1), then feasign:slot pairs. Feasigns have at
 # most 20 digits (uint64); values above 2**64-1 are caught after conversion.
 _CHUNK_OK = re.compile(r"(?:[ \t]*\d+[ \t]+[01](?:[ \t]+\d{1,20}:\d{1,9})*[ \t\r]*\n)*")
-# A value token (a dense slot's number, ctr_foundation/dense_features.py): a decimal number that is not a
-# plain unsigned integer, so it has a sign, a point or an exponent. Removing them leaves integer tokens.
-_VALUE_TOKEN = re.compile(
-    r"(?<![^ \t\n])([-+](?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)"
-    r":(\d{1,9})(?=[ \t\r\n])"
-)
+# A chunk with value tokens too (a dense slot's number, ctr_foundation/dense_features.py: a decimal number
+# that is not a plain unsigned integer, so it has a sign, a point or an exponent), in feature positions only:
+# a value token where show or click belongs makes the chunk fall back to the per-line parser. The left part
+# is only checked for its characters here (unbounded repeats: a third faster than _CHUNK_OK's bounded
+# ones); numpy's float conversion refuses a malformed number ("1.2.3") and a feasign's 20-digit bound is the
+# uint64 parse's saturation check.
+_CHUNK_WITH_VALUES_OK = re.compile(r"(?:[ \t]*[0-9]+[ \t]+[01](?:[ \t]+[-+.0-9eE]+:[0-9]{1,9})*[ \t\r]*\n)*")
+# Bytes that only a value token holds in a valid chunk (integer tokens, show and click are digits).
+_VALUE_BYTES = np.zeros(256, bool)
+_VALUE_BYTES[list(b".+-eE")] = True
+_BLANK_BYTES = np.zeros(256, bool)
+_BLANK_BYTES[list(b" \t\r\n")] = True
 _NO_VALUES = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
@@ -97,7 +103,7 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
         batch = _parse_valid_chunk(lines, text)
         if batch is not None:
             return batch, []
-    elif ("." in text or "-" in text or "+" in text or "e" in text or "E" in text) and ":" in text:
+    else:
         batch = _parse_chunk_with_values(lines, text)
         if batch is not None:
             return batch, []
@@ -105,27 +111,39 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
 
 
 def _parse_chunk_with_values(lines: list[str], text: str) -> LineBatch | None:
-    """The fast path for lines with value tokens: take them out with one regular expression, parse the
-    integer tokens left as usual; None when the chunk is not valid that way (the caller then parses line
-    by line, which names the bad lines)."""
-    found = [(m.start(), m.group(1), m.group(2)) for m in _VALUE_TOKEN.finditer(text)]
-    if not found:
+    """The fast path for lines with value tokens; None when the chunk is not valid that way (the caller
+    then parses line by line, which names the bad lines).
+
+    One regular expression validates the chunk; numpy then splits it by bytes: in a valid chunk a token
+    holding any of ``.+-eE`` is a value token, so blanking those tokens leaves the integer tokens for the
+    usual parse, and blanking the others leaves ``value:slot`` pairs for one float parse.
+    """
+    if not _CHUNK_WITH_VALUES_OK.fullmatch(text):
         return None
-    rest = _VALUE_TOKEN.sub("", text)
-    if not _CHUNK_OK.fullmatch(rest):
+    b = np.frombuffer(text.encode("ascii", "replace"), np.uint8)
+    blank = _BLANK_BYTES[b]
+    token = np.cumsum(blank, dtype=np.int32)  # a token's bytes share its number (blanks start a new one)
+    is_value = np.zeros(int(token[-1]) + 1, bool)
+    is_value[token[_VALUE_BYTES[b]]] = True
+    in_value = is_value[token] & ~blank
+    space = np.uint8(32)
+    rest = np.where(in_value, space, b).tobytes().decode("ascii")
+    pairs = np.where(in_value, b, space).tobytes().replace(b":", b" ").split()
+    try:
+        values = np.array(pairs[0::2], dtype=np.float64)
+    except ValueError:  # a malformed number ("1.2.3"): the per-line parser names it
         return None
-    newlines = np.flatnonzero(np.frombuffer(text.encode("latin-1", "replace"), np.uint8) == 10)
-    starts, nums, slots = zip(*found, strict=True)
-    value_line = np.searchsorted(newlines, np.array(starts, np.int64))
-    values = np.array(nums, dtype=np.float64)
     if not np.isfinite(values).all():
-        return None
+        return None  # an overflow (1e999), likewise
+    slots = np.array(pairs[1::2], dtype=np.int64)
+    starts = np.flatnonzero(in_value & np.r_[True, ~in_value[:-1]])
+    value_line = np.searchsorted(np.flatnonzero(b == 10), starts)
     batch = _parse_valid_chunk(rest.split("\n")[:-1], rest)
     if batch is None:
         return None
     batch.lines = lines
     batch.value_line = value_line.astype(np.int64)
-    batch.value_slots = np.array(slots, dtype=np.int64)
+    batch.value_slots = slots.astype(np.int64)
     batch.values = values
     return batch
 

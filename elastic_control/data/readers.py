@@ -13,6 +13,13 @@ With ``PASS_HOURS=N`` a pass covers N consecutive hourly folders (from START_DAT
 ending at END_DATE_HR): its partition lists the files of its ready hours as paths relative to the dataset
 root. Offline a missing hour is skipped with a warning (a group with no ready hour is no pass); online the
 reader waits for every hour of the group before the pass starts.
+
+Parquet files (DATA_FORMAT=parquet, ``PARQUET_COLUMNS``): one row per sample, columns ``click`` (0/1),
+``feasigns`` (list<uint64>) and ``slots`` (list<int>) of equal length, optional ``show`` (default 1); and,
+for dense slots, optional ``values`` (list<double>) with ``value_slots`` (list<int64>), both or neither,
+of equal length in a row: the Parquet form of the text format's value tokens ``value:slot``
+(ctr_foundation/dense_features.py). A row with a bad click/show or unequal feasigns/slots is a bad line;
+a file whose values break these rules is a DataError (a writer's bug, not a stray line).
 """
 
 from __future__ import annotations
@@ -289,11 +296,16 @@ PARQUET_COLUMNS = {
     "click": "int (0/1)",
     "feasigns": "list<uint64>",
     "slots": "list<int>",
+    "values": "list<double> (optional, with value_slots: dense slots' values)",
+    "value_slots": "list<int64> (optional, with values: the slot of each value)",
 }
+# The value tokens' two columns: present together or not at all.
+VALUE_COLUMNS = ("values", "value_slots")
 
 
 def iter_parquet_batches(fs, path: str, where: str, chunk_lines: int) -> Iterator[tuple[LineBatch, list[BadLine]]]:
-    """Batches of a Parquet file with columns click, feasigns, slots (and optionally show)."""
+    """Batches of a Parquet file with columns click, feasigns, slots (optionally show; optionally values
+    with value_slots, the dense slots' values)."""
     import pyarrow.parquet as pq
 
     try:
@@ -303,14 +315,42 @@ def iter_parquet_batches(fs, path: str, where: str, chunk_lines: int) -> Iterato
             missing = {"click", "feasigns", "slots"} - names
             if missing:
                 raise DataError(f"{where}: Parquet columns {sorted(missing)} are missing (expected {PARQUET_COLUMNS})")
-            cols = [c for c in ("show", "click", "feasigns", "slots") if c in names]
+            value_cols = [c for c in VALUE_COLUMNS if c in names]
+            if value_cols:
+                _check_value_schema(pf.schema_arrow, where)
+            cols = [c for c in ("show", "click", "feasigns", "slots") if c in names] + value_cols
+            first_row = 0  # the file row of the record batch's first row, for error messages
             for rb in pf.iter_batches(batch_size=chunk_lines, columns=cols):
-                yield _record_batch_to_lines(rb, where)
+                yield _record_batch_to_lines(rb, where, first_row)
+                first_row += rb.num_rows
     except (OSError, EOFError) as e:
         raise DataError(f"{where}: cannot read: {e}") from e
 
 
-def _record_batch_to_lines(rb, where: str) -> tuple[LineBatch, list[BadLine]]:
+def _check_value_schema(schema, where: str) -> None:
+    """values and value_slots: both present, lists of numbers and of integers."""
+    import pyarrow as pa
+
+    present = [c for c in VALUE_COLUMNS if c in schema.names]
+    if len(present) == 1:
+        (other,) = set(VALUE_COLUMNS) - set(present)
+        raise DataError(
+            f"{where}: Parquet column {present[0]!r} without {other!r}: a dense slot's values need both "
+            f"(values {PARQUET_COLUMNS['values']}; value_slots {PARQUET_COLUMNS['value_slots']})"
+        )
+    # Integers are exact as float64 values; strings or decimals would need a parse of their own: refused.
+    wanted = {
+        "values": ("numbers (list<double>)", pa.types.is_floating, pa.types.is_integer),
+        "value_slots": ("integers (list<int64>)", pa.types.is_integer),
+    }
+    for name, (what, *kinds) in wanted.items():
+        t = schema.field(name).type
+        is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+        if not is_list or not any(kind(t.value_type) for kind in kinds):
+            raise DataError(f"{where}: Parquet column {name!r} is {t}, expected a list of {what}")
+
+
+def _record_batch_to_lines(rb, where: str, first_row: int = 0) -> tuple[LineBatch, list[BadLine]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -322,6 +362,8 @@ def _record_batch_to_lines(rb, where: str) -> tuple[LineBatch, list[BadLine]]:
     slot_len = pc.fill_null(pc.list_value_length(slots), -2).to_numpy(zero_copy_only=False)
     click_np = pc.fill_null(pc.cast(click, pa.int64()), -1).to_numpy(zero_copy_only=False)
     show_np = pc.fill_null(pc.cast(show, pa.int64()), -1).to_numpy(zero_copy_only=False)
+    # Checked on every row, bad rows included, before the filter below renumbers them.
+    value_cols = _value_columns(rb, where, first_row) if "values" in rb.schema.names else None
     ok = (feas_len == slot_len) & np.isin(click_np, (0, 1)) & (show_np >= 0)
     bad = [
         BadLine(int(i), f"row {int(i)}", "click must be 0/1, show >= 0, feasigns and slots of equal length")
@@ -338,6 +380,55 @@ def _record_batch_to_lines(rb, where: str) -> tuple[LineBatch, list[BadLine]]:
             raise DataError(f"{where}: feasigns must be unsigned 64-bit (uint64 column), found negative values")
         flat_feas = flat_feas.astype(np.uint64)
     lines = np.repeat(np.arange(len(click_np), dtype=np.int64), feas_len)
-    return LineBatch(
+    batch = LineBatch(
         show_np.astype(np.int64), click_np.astype(np.int64), lines, flat_feas, flat_slots.astype(np.int64), None
-    ), bad
+    )
+    if value_cols is not None:
+        value_row, value_slots, values = value_cols
+        # The values of the rows kept, each on its row's new line number (value_row is in row order).
+        keep = ok[value_row]
+        batch.value_line = (np.cumsum(ok) - 1)[value_row[keep]]
+        batch.value_slots, batch.values = value_slots[keep], values[keep]
+    return batch, bad
+
+
+def _value_columns(rb, where: str, first_row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """values/value_slots of a record batch, flat: (row of each value, its slot, the value).
+
+    A null list is an empty one (a row without dense values); one list longer than the other, a null
+    inside a list, a non-finite value or a negative slot is a DataError naming the file row."""
+    import pyarrow.compute as pc
+
+    vals, vslots = rb.column("values"), rb.column("value_slots")
+    val_len = pc.fill_null(pc.list_value_length(vals), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    slot_len = pc.fill_null(pc.list_value_length(vslots), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    unequal = np.flatnonzero(val_len != slot_len)
+    if len(unequal):
+        i = int(unequal[0])
+        raise DataError(
+            f"{where}: row {first_row + i}: {val_len[i]} values but {slot_len[i]} value_slots (one slot per value)"
+        )
+    flat_vals, flat_slots = pc.list_flatten(vals), pc.list_flatten(vslots)
+    value_row = np.repeat(np.arange(rb.num_rows, dtype=np.int64), val_len)
+    for name, flat in (("values", flat_vals), ("value_slots", flat_slots)):
+        if flat.null_count:
+            at = int(np.flatnonzero(~pc.is_valid(flat).to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"{where}: row {first_row + value_row[at]}: a null inside {name!r}")
+    values = flat_vals.to_numpy(zero_copy_only=False).astype(np.float64)
+    slots_np = flat_slots.to_numpy(zero_copy_only=False)
+    not_finite = np.flatnonzero(~np.isfinite(values))
+    if len(not_finite):
+        at = int(not_finite[0])
+        raise DataError(
+            f"{where}: row {first_row + value_row[at]}: value {float(values[at])!r} in 'values' is not finite "
+            "(a dense slot's value is a finite number)"
+        )
+    # A uint64 slot above 2**63 wraps negative here and is refused with the negative ones.
+    slots_np = slots_np.astype(np.int64)
+    negative = np.flatnonzero(slots_np < 0)
+    if len(negative):
+        at = int(negative[0])
+        raise DataError(
+            f"{where}: row {first_row + value_row[at]}: value slot {slots_np[at]} is negative (slots are >= 0)"
+        )
+    return value_row, slots_np, values

@@ -1,7 +1,8 @@
 """The peer that model-quality claims are measured against: logistic regression on the same feasigns.
 
-scikit-learn's liblinear logistic regression on one-hot features, one column per slot-format token
-(``feasign:slot``) of the training lines, fitted for each C of a small grid and scored on the held-out
+scikit-learn's liblinear logistic regression on one-hot features, one column per slot-format feasign
+token (``feasign:slot``) of the training lines (a dense slot's number, ``2.5:40``, is not a feasign: it is
+left out, so the peer stays logistic regression on the keys the sparse table learns), fitted for each C of a small grid and scored on the held-out
 lines. The best C is chosen on those held-out lines: the peer's most favourable figure. Used by
 ``bench/bench_training.py`` and ``tests/test_model_quality.py``, so both measure the model against the
 same peer. scikit-learn is a development dependency (requirements-dev.txt), imported only here.
@@ -44,6 +45,8 @@ def logistic_regression(train_lines: list[str], test_lines: list[str], grid=C_GR
         cols, ptr = [], [0]
         for ln in lines:
             for tok in ln.split()[2:]:
+                if not tok.partition(":")[0].isdigit():
+                    continue  # a value token (a dense slot's number)
                 j = vocab.setdefault(tok, len(vocab)) if grow else vocab.get(tok)
                 if j is not None:
                     cols.append(j)

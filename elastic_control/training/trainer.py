@@ -108,12 +108,14 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------------
     def start(self, hello: dict, first: HourPartition | None, data: HourlyData) -> None:
         self.exe.run(self.paddle.static.default_startup_program())
+        # Before the last pass's dense parameters: a slot.conf whose dense slots that pass lacks fails here,
+        # naming it, not in a shape mismatch.
+        norm = self._chief_dense_norm(hello, first, data) if self.s.is_chief and self.spec.dense_slots else None
         if hello.get("last_pass") and self.s.is_chief:
             # init_worker pushes trainer 0's dense parameters to the servers: make them the last pass's.
             self._load_dense_from_pass(hello["last_pass_dir"])
         elif self.s.is_chief and first is not None:
             self._init_bias_at_base_rate(data, first)
-        norm = self._chief_dense_norm(hello, first, data) if self.s.is_chief and self.spec.dense_slots else None
         # init_worker: trainer 0 pushes its dense parameters, then every trainer pulls them. Paddle's
         # barrier in between is a no-op without Gloo, so the others wait for trainer 0 here (and take
         # its dense slots' standardisation from it).
@@ -155,6 +157,7 @@ class Trainer:
                     "wide_prior": self.spec.wide_prior if self.spec.uses_wide_prior else "",
                     "slots": ",".join(map(str, self.spec.slots)),
                     "num_slots": len(self.spec.slots),
+                    "dense_slots": ",".join(map(str, self.spec.dense_slots)),
                     "embedding_dim": self.spec.embedding_dim,
                     "hidden": "-".join(map(str, self.spec.hidden)),
                     "trainers": self.s.trainers,
