@@ -313,7 +313,8 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     print(f"| scikit-learn LR (C={peer.c}) | {lr_auc:.4f} | - | {lr_loss:.4f} | {lr_cal:.3f} | - | - | - |")
     for family, a, ll, cal, r1, r2, a1 in rows:
         print(f"| {family} | {a:.4f} | {a - lr_auc:+.4f} | {ll:.4f} | {cal:.3f} | {r1:,.0f} | {r2:,.0f} | {a1:.4f} |")
-    for label, r in ((f"{DEFAULT_MODEL}, no dense slots", sparse_only), (f"{DEFAULT_MODEL}, PASS_HOURS={hours - 1}", pooled)):
+    for label, r in (("no dense slots", sparse_only), (f"PASS_HOURS={hours - 1}", pooled)):
+        label = f"{DEFAULT_MODEL}, {label}"
         print(f"| {label} | {r[0]:.4f} | {r[0] - lr_auc:+.4f} | {r[1]:.4f} | {r[2]:.3f} | - | {r[3]:,.0f} | - |")
 
 

@@ -53,7 +53,7 @@ def _convert(root: Path, first: int, count: int, hours: int) -> Path:
 
 
 def _converted_slots(data: Path) -> list[str]:
-    """The slot.conf lines `data criteo` wrote beside the hours (sparse 1-39, dense 40-52): what its user trains with."""
+    """The slot.conf lines `data criteo` wrote beside the hours (sparse 1-39, dense 40-52): what its user trains."""
     text = (data / "slot.conf").read_text()
     return [ln for ln in (raw.split("#", 1)[0].strip() for raw in text.splitlines()) if ln]
 

@@ -1,11 +1,12 @@
 """The peer that model-quality claims are measured against: logistic regression on the same feasigns.
 
 scikit-learn's liblinear logistic regression on one-hot features, one column per slot-format feasign
-token (``feasign:slot``) of the training lines (a dense slot's number, ``2.5:40``, is not a feasign: it is
-left out, so the peer stays logistic regression on the keys the sparse table learns), fitted for each C of a small grid and scored on the held-out
-lines. The best C is chosen on those held-out lines: the peer's most favourable figure. Used by
-``bench/bench_training.py`` and ``tests/test_model_quality.py``, so both measure the model against the
-same peer. scikit-learn is a development dependency (requirements-dev.txt), imported only here.
+token (``feasign:slot``) of the training lines (a dense slot's number, ``2.5:40``, is not a feasign:
+it is left out, so the peer stays logistic regression on the keys the sparse table learns), fitted for
+each C of a small grid and scored on the held-out lines. The best C is chosen on those held-out lines:
+the peer's most favourable figure. Used by ``bench/bench_training.py`` and ``tests/test_model_quality.py``,
+so both measure the model against the same peer. scikit-learn is a development dependency
+(requirements-dev.txt), imported only here.
 """
 
 from __future__ import annotations
