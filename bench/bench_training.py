@@ -59,7 +59,6 @@ def criteo_slots() -> list[str]:
     return [ln for ln in slot_conf_text().splitlines() if ln and not ln.startswith("#")]
 
 
-
 # The defaults before issue 12 (f60be70^): the original DNN with its MLP 400-400-400, one epoch per pass
 # in file order, the embeddings on Paddle's sparse Adam rule at 0.02 without L2, dense rate 0.001.
 PREVIOUS_DEFAULT = [

@@ -214,18 +214,26 @@ class GrpcServingClient(_LinePredictor):
         self._channel.close()
 
     def _instance(self, inst: dict):
+        """A JSON-style instance as a proto Instance: in the ``slots`` form, unsigned integers (or strings of
+        digits) are feasigns and any other number is a dense slot's value (``SlotFeatures.dense``); serving
+        decides by the model's slot kinds, as for HTTP (an integer in a dense slot is its value too)."""
         pb = self._pb
         if "line" in inst:
             return pb.Instance(line=inst["line"])
         if "slots" in inst:
-            slots = {}
+            slots, dense = {}, {}
             for slot, values in inst["slots"].items():
-                values = values if isinstance(values, list) else [values]
                 try:
-                    slots[int(slot)] = pb.FeasignList(feasigns=[int(v) for v in values])
+                    feasigns, numbers = _feasigns_and_numbers(values if isinstance(values, list) else [values])
+                    if len(numbers) > 1:
+                        raise ValueError(f"a dense slot takes one number, got {len(numbers)}")
+                    if feasigns or not numbers:
+                        slots[int(slot)] = pb.FeasignList(feasigns=feasigns)
+                    if numbers:
+                        dense[int(slot)] = numbers[0]
                 except (TypeError, ValueError) as e:
                     raise PredictionError(f"slot {slot!r}: {e}") from e
-            return pb.Instance(slots=pb.SlotFeatures(slots=slots))
+            return pb.Instance(slots=pb.SlotFeatures(slots=slots, dense=dense))
         raise PredictionError('an instance is {"line": ...} or {"slots": {...}}')
 
     def predict_instances(self, instances: Sequence[dict], *, routing_key: str | None = None) -> dict:
@@ -282,6 +290,22 @@ class GrpcServingClient(_LinePredictor):
         except self._grpc.RpcError as e:
             raise ComponentError(f"serving's gRPC at {self.target} is unreachable: {e.details()}") from e
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+
+def _feasigns_and_numbers(values: list) -> tuple[list[int], list[float]]:
+    """Split one slot's JSON values: unsigned 64-bit integers (or digit strings) are feasigns, other numbers
+    (or decimal strings) a dense slot's value; serving checks what the model makes of them."""
+    feasigns, numbers = [], []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise TypeError(f"{v!r} is not an integer feasign nor a number")
+        if isinstance(v, str) and v.isascii() and v.isdigit():
+            v = int(v)
+        if isinstance(v, int) and 0 <= v < 1 << 64:
+            feasigns.append(v)
+        else:
+            numbers.append(float(v))
+    return feasigns, numbers
 
 
 def _check_target(target: str | None) -> str:

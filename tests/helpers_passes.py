@@ -107,14 +107,17 @@ def train(
     pservers: int = 1,
     args: list[str] | None = None,
     timeout: float = 600,
+    slot_conf_text: str | None = None,
 ) -> tuple[Path, Path, Path, tuple[Path, ...]]:
-    """`elastic-control train` over START..END of ``data``: (data_config, slot_conf, models, passes)."""
+    """`elastic-control train` over START..END of ``data``: (data_config, slot_conf, models, passes).
+
+    The slot.conf lists ``slots``, or is ``slot_conf_text`` when given (e.g. one with dense slots)."""
     from ctr_foundation.records import read_donefile
 
     root.mkdir(parents=True, exist_ok=True)
     models = root / "models"
     slot_conf = root / "slot.conf"
-    slot_conf.write_text("".join(f"{s}\n" for s in slots))
+    slot_conf.write_text(slot_conf_text if slot_conf_text is not None else "".join(f"{s}\n" for s in slots))
     config = write_data_config(root / "data.config", data, start, end, model_path=models, sparse_dim=sparse_dim)
     # The training's own store (sqlite in MODEL_PATH), whatever the calling environment says.
     env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
@@ -221,6 +224,35 @@ def criteo_world(root: Path, *, lines: int = CRITEO_LINES, sparse_dim: int | Non
         root, data=data, slots=CRITEO_SLOTS, start=start, end=start, sparse_dim=sparse_dim, args=QUICK_TRAIN_ARGS
     )
     return TrainedWorld(root, data, models, config, slot_conf, tuple(CRITEO_SLOTS), passes, sparse_dim=sparse_dim)
+
+
+def criteo_dense_world(root: Path, *, lines: int = CRITEO_LINES) -> TrainedWorld:
+    """Real Criteo lines as `elastic-control data criteo` converts them (sparse slots 1-39, and I1-I13 as
+    numbers in the dense slots 40-52), trained with the slot.conf it wrote: a pass with dense slots."""
+    import json
+
+    raw = root / "raw.tsv"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(CRITEO_FILE, encoding="utf-8") as f:
+        raw.write_text("".join(itertools.islice(f, lines)))
+    data = root / "data"
+    start = hour_text(SYNTH_START)
+    result = run_cli("data", "criteo", "--input", raw, "--output", data, "--hours", 1, "--start", start)
+    _check(result, "elastic-control data criteo")
+    written = Path(json.loads(result.stdout)["slot_conf"])
+    config, slot_conf, models, passes = train(
+        root,
+        data=data,
+        slots=CRITEO_SLOTS,
+        start=start,
+        end=start,
+        sparse_dim=CRITEO_SPARSE_DIM,
+        args=QUICK_TRAIN_ARGS,
+        slot_conf_text=written.read_text(),
+    )
+    return TrainedWorld(
+        root, data, models, config, slot_conf, tuple(CRITEO_SLOTS), passes, sparse_dim=CRITEO_SPARSE_DIM
+    )
 
 
 _SESSION_WORLDS: dict[str, TrainedWorld] = {}

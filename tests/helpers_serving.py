@@ -42,6 +42,7 @@ __all__ = [
     "raw_request",
     "serving_in_thread",
     "set_current",
+    "slots_instance",
     "status_of",
     "switch_cube_version",
     "wait_healthy",
@@ -53,6 +54,23 @@ SERVING_TOKEN = "t0ken"
 def golden(pass_dir: Path) -> tuple[list[str], list[float]]:
     """(lines, probabilities) of a pass's golden.jsonl, read by records.py (the format's owner)."""
     return read_golden(Path(pass_dir) / GOLDEN_FILE)
+
+
+def slots_instance(line: str) -> dict:
+    """A slot-format line with at most one number per dense slot as the ``{"slots": ...}`` instance serving
+    scores the same way: feasigns alternately as JSON integers and decimal strings, value tokens alternately
+    as bare JSON numbers and one-element lists (an integer token of a dense slot stays a one-feasign list)."""
+    from ctr_foundation.sample import parse_sample_line
+
+    s = parse_sample_line(line)
+    given: dict = {}
+    for i, (f, slot) in enumerate(zip(s.feasigns, s.slots, strict=True)):
+        given.setdefault(str(slot), []).append(str(f) if i % 2 else f)
+    for i, (v, slot) in enumerate(zip(s.values, s.value_slots, strict=True)):
+        if str(slot) in given:
+            raise ValueError(f"{line!r}: slot {slot} has more than one number")
+        given[str(slot)] = [v] if i % 2 else v
+    return {"slots": given}
 
 
 def raw_request(port: int, data: bytes, timeout: float = 10.0) -> bytes:

@@ -9,7 +9,15 @@ import pytest
 import requests
 from helpers_common import PYTHON, REPO, fileserver_in_thread, free_port
 
-from client.api import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, ServingClient, resolve_client_settings, upload_configs
+from client.api import (
+    REMOTE_DATA_CONFIG,
+    REMOTE_SLOT_CONF,
+    GrpcServingClient,
+    PredictionError,
+    ServingClient,
+    resolve_client_settings,
+    upload_configs,
+)
 from client.cli import main
 from ctr_foundation.errors import ConfigError, UsageError
 
@@ -71,6 +79,21 @@ def test_predict_gives_up_after_the_retry_window_with_a_clear_error():
     with pytest.raises(Exception, match="batch starting at input line 3: serving .* unavailable"):
         list(c.predict_lines(["", "", "1 0 1:1"]))
     assert c.retries >= 1
+
+
+def test_grpc_slots_instances_send_dense_numbers_in_their_own_map():
+    """Unsigned integers (or digit strings) stay feasigns; any other number is a dense slot's value
+    (serving decides by the model's slot kinds, as for HTTP): floats, negatives, decimal strings."""
+    c = GrpcServingClient(f"127.0.0.1:{free_port()}")  # no call is made: the channel connects lazily
+    try:
+        inst = c._instance({"slots": {"1": [5, "7"], "40": 2.5, "41": [-3], "42": [7], "43": [], "44": "1e-3"}})
+        assert {k: list(v.feasigns) for k, v in inst.slots.slots.items()} == {1: [5, 7], 42: [7], 43: []}
+        assert dict(inst.slots.dense) == {40: 2.5, 41: -3.0, 44: 1e-3}
+        for bad, words in (({"40": [1.5, 2.5]}, "a dense slot takes one number, got 2"), ({"40": True}, "True")):
+            with pytest.raises(PredictionError, match=words):
+                c._instance({"slots": bad})
+    finally:
+        c.close()
 
 
 def test_cli_errors_are_one_line_with_exit_codes(state, capsys):

@@ -101,6 +101,7 @@ def test_no_skew_model_dir(models, pass_a):
         body = r.json()
         assert body["model_version"] == body["cube_version"] == pass_a.name
         np.testing.assert_allclose(body["predictions"], probs, rtol=0, atol=TOL)
+        assert requests.get(srv.url + "/v1/status").json()["dense_slots"] == []  # a pass without dense slots
 
 
 def test_bad_requests_get_4xx_and_serving_keeps_serving(models, pass_a):
@@ -114,7 +115,7 @@ def test_bad_requests_get_4xx_and_serving_keeps_serving(models, pass_a):
         (json.dumps({"instances": [{}]}).encode(), 400, "empty"),
         (json.dumps({"instances": [{"slots": {"12345": [1]}}]}).encode(), 400, "unknown slot"),
         (json.dumps({"instances": [{"slots": {"1": ["x1"]}}]}).encode(), 400, "unsigned integer"),
-        (json.dumps({"instances": [{"line": "1 0 1.5:1"}]}).encode(), 400, "integer:integer"),
+        (json.dumps({"instances": [{"line": "1 0 1.5.5:1"}]}).encode(), 400, "integer:integer"),
         (b'{"instances": [' + b'{"line": "1 0 1:1"},' * 500_000 + b'{"line": "1 0 1:1"}]}', 413, "exceeds"),
     ]
     with serving_in_thread(ModelDirSource(models)) as srv:

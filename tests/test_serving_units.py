@@ -8,13 +8,13 @@ import random
 
 import numpy as np
 import pytest
-from helpers_serving import criteo_slot_lines
+from helpers_serving import criteo_slot_lines, slots_instance
 from sklearn.metrics import log_loss, roc_auc_score
 
 from ctr_foundation.sample import PADDING_FEASIGN, parse_sample_line, slot_keys
 from elastic_control.data.line_batch import parse_lines
-from elastic_control.inference.scoring import line_key_batch as line_batch_key_batch
 from elastic_control.inference.scoring import InMemoryTable, batch_from_lines, concat_key_batches, pool
+from elastic_control.inference.scoring import line_key_batch as line_batch_key_batch
 from elastic_control.serving.arms import Arm, SplitError, make_split, route_point, split_from_flag, split_from_json
 from elastic_control.serving.cache import EmbeddingCaches, VersionCache
 from elastic_control.serving.feedback import PredictionLog
@@ -30,6 +30,7 @@ from elastic_control.serving.instances import (
 from elastic_control.serving.monitor import AlertRules, Monitor
 
 SLOTS = list(range(1, 40))
+DENSE_SLOTS = list(range(40, 53))  # Criteo's I1-I13 as numbers, as `elastic-control data criteo` writes them
 
 
 # ---- the one KeyBatch builder ----------------------------------------------------------------
@@ -44,27 +45,66 @@ def reference_pooled(lines, slots, sparse_dim, table):
     return np.stack(rows)
 
 
+def reference_dense(lines, dense_slots):
+    """Per line, per dense slot: the sum of its numbers (value tokens, and integer tokens of that slot), NaN
+    without any: the rule of ctr_foundation/dense_features.py, line by line from the reference parser."""
+    out = np.full((len(lines), len(dense_slots)), np.nan)
+    for i, ln in enumerate(lines):
+        s = parse_sample_line(ln)
+        for v, slot in [*zip(s.values, s.value_slots, strict=True), *zip(s.feasigns, s.slots, strict=True)]:
+            if slot in dense_slots:
+                j = dense_slots.index(slot)
+                out[i, j] = (0.0 if np.isnan(out[i, j]) else out[i, j]) + float(v)
+    return out
+
+
 @pytest.mark.parametrize("sparse_dim", [None, 1000003])
 def test_every_builder_pools_like_the_per_line_reference(sparse_dim):
-    lines = criteo_slot_lines(0, 150) + ["1 0", "1 1 5:1 6:1 7:99 8:1", "0 1 3:2 4:2 5:2"]
+    criteo = criteo_slot_lines(0, 150)  # with Criteo's dense values: value tokens, and '0:40' integer ones
+    assert any(":" in t and not t.split(":")[0].isdigit() for t in criteo[0].split()[2:])
+    lines = criteo + [
+        "1 0",
+        "1 1 5:1 6:1 7:99 8:1",
+        "0 1 3:2 4:2 5:2",
+        # several numbers of one dense slot are summed; a value token of a sparse slot (2) is ignored
+        "1 0 5:1 2.5:40 7:41 -1.5:41 +3:42 1e-3:43 .5:44 3.5:2 4.:45",
+    ]
     rng = np.random.default_rng(0)
     keys = np.unique(np.concatenate([k for ln in lines for k in slot_keys(parse_sample_line(ln), SLOTS, sparse_dim)]))
     table = InMemoryTable(keys, rng.normal(size=(len(keys), 9)).astype(np.float32))
     want = reference_pooled(lines, SLOTS, sparse_dim, table)
+    want_dense = reference_dense(lines, DENSE_SLOTS)
+    mixed = [{"line": ln} if i % 2 else slots_instance(ln) for i, ln in enumerate(criteo)]
     batches = {
-        "lines": batch_from_lines(lines, SLOTS, sparse_dim),
-        "serving instances": build_key_batch([{"line": ln} for ln in lines], SLOTS, sparse_dim),
-        "evaluation LineBatch": line_batch_key_batch(parse_lines(lines)[0], SLOTS, sparse_dim),
+        "lines": (batch_from_lines(lines, SLOTS, sparse_dim, DENSE_SLOTS), slice(None)),
+        "serving instances": (
+            build_key_batch([{"line": ln} for ln in lines], SLOTS, sparse_dim, DENSE_SLOTS),
+            slice(None),
+        ),
+        "evaluation LineBatch": (
+            line_batch_key_batch(parse_lines(lines)[0], SLOTS, sparse_dim, DENSE_SLOTS),
+            slice(None),
+        ),
+        "serving slots form": (
+            build_key_batch([slots_instance(ln) for ln in criteo], SLOTS, sparse_dim, DENSE_SLOTS),
+            slice(len(criteo)),
+        ),
+        "serving mixed forms": (build_key_batch(mixed, SLOTS, sparse_dim, DENSE_SLOTS), slice(len(criteo))),
     }
-    for name, kb in batches.items():
+    for name, (kb, rows) in batches.items():
         got = pool(kb, table.lookup(kb.keys)[0])
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(got, want[rows], rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(kb.dense, want_dense[rows], rtol=1e-12, atol=0, err_msg=name)
         cells = kb.rows * kb.num_slots + kb.slot_pos
         assert (np.diff(cells) >= 0).all(), f"{name}: keys are sorted by (row, slot)"
+    # without dense slots (a pass that has none): the same keys, and no dense values
+    plain = build_key_batch([{"line": ln} for ln in lines], SLOTS, sparse_dim)
+    assert plain.dense is None and plain.keys.tolist() == batches["serving instances"][0].keys.tolist()
     # merging keeps each part's rows
-    merged, offsets = concat_key_batches([batches["lines"], batches["serving instances"]])
+    merged, offsets = concat_key_batches([batches["lines"][0], batches["serving instances"][0]])
     got = pool(merged, table.lookup(merged.keys)[0])
     np.testing.assert_allclose(got[offsets[1] :], want, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(merged.dense[offsets[1] :], want_dense, rtol=1e-12, atol=0)
 
 
 def test_one_key_per_cell_pools_by_reshape_and_padding_fills_empty_slots():
@@ -81,6 +121,49 @@ def test_slots_form_equals_line_form():
     a = build_key_batch([{"line": f"1 0 {big}:0 7:1 8:1"}], [0, 1, 2], None)
     b = build_key_batch([{"slots": {"0": [str(big)], "1": [7, 8]}}], [0, 1, 2], None)
     assert a.keys.tolist() == b.keys.tolist() and a.slot_pos.tolist() == b.slot_pos.tolist()
+
+
+def test_slots_form_takes_one_number_per_dense_slot_like_the_line_form():
+    slots, dense = [1, 2], [40, 41]
+    given = [
+        {"slots": {"1": [5], "40": 2.5, "41": [-3]}},
+        {"slots": {"2": ["7"], "40": [7], "41": []}},  # an integer is a dense slot's value; [] leaves it missing
+        {"slots": {"1": [1], "40": "1e-3", "41": 10**30}},  # a decimal string; any finite JSON number
+    ]
+    lines = ["1 0 5:1 2.5:40 -3:41", "1 0 7:2 7:40", f"1 0 1:1 1e-3:40 {float(10**30)!r}:41"]
+    kb = build_key_batch(given, slots, None, dense)
+    np.testing.assert_array_equal(kb.dense, [[2.5, -3], [7, np.nan], [1e-3, 1e30]])
+    line_kb = build_key_batch([{"line": ln} for ln in lines], slots, None, dense)
+    np.testing.assert_array_equal(kb.dense, line_kb.dense)
+    assert kb.keys.tolist() == line_kb.keys.tolist()
+
+
+@pytest.mark.parametrize(
+    "instances, dense, words",
+    [
+        ([{"slots": {"40": [1, 2.5]}}], [40], "instance 0 slot 40: a dense slot takes one number, got 2"),
+        ([{"line": "1 0 1:1"}, {"slots": {"40": [1, 2]}}], [40], "instance 1 slot 40: a dense slot takes one"),
+        ([{"slots": {"1": [1.5], "40": 1}}], [40], "instance 0 slot 1: feasign 1.5 is not an integer (slot 1 is"),
+        ([{"slots": {"1": [-1]}}], [40], "instance 0 slot 1: feasign -1 is outside the unsigned 64-bit range"),
+        ([{"slots": {"1": [10**30]}}], [], "instance 0 slot 1: feasign 1e+30 is outside the unsigned 64-bit"),
+        ([{"slots": {"1": ["2.5"]}}], [], "instance 0 slot 1: feasign 2.5 is not an integer"),
+        ([{"slots": {"77": 2.5}}], [40], "unknown slot '77'; this model's slots are [1, 2] and dense slots [40]"),
+        ([{"slots": {"40": 2.5}}], [], "unknown slot '40'; this model's slots are [1, 2]"),  # a model without
+        ([{"slots": {"40": True}}], [40], "instance 0 slot 40: True is not an integer feasign nor a number"),
+        ([{"slots": {"40": None}}], [40], "instance 0 slot 40: None is not an integer feasign nor a number"),
+        ([{"slots": {"40": float("inf")}}], [40], "instance 0 slot 40: inf is not a finite number"),
+        ([{"slots": {"40": "2,5"}}], [40], "instance 0 slot 40: feasign '2,5' is not an unsigned integer"),
+        ([{"slots": {"40": "nan"}}], [40], "nor a decimal number"),
+        ([{"line": "1 0 1:1 2.5.1:40"}], [40], "'2.5.1:40' is not integer:integer (feasign:slot) nor number:integer"),
+        ([{"line": "1 0 1:1 1e999:40"}], [40], "instance 0: feature '1e999:40': a dense value must be a finite"),
+        ([{"line": "1 0 1:1 2.5:1234567890"}], [40], "slot above 9 digits"),
+        ([{"line": "1 0 1:1 ٣.5:40"}], [40], "ASCII digits"),
+    ],
+)
+def test_bad_dense_values_are_named(instances, dense, words):
+    with pytest.raises(InstanceError) as info:
+        build_key_batch(instances, [1, 2], None, dense)
+    assert words in str(info.value)
 
 
 # ---- strict request parsing (issue 15, items 1 and 10) --------------------------------------------
@@ -110,21 +193,33 @@ def test_bad_lines_are_refused_with_the_reason(line, words):
         parse_lines_strict([line], [0])
 
 
+def _same_as_reference(got, lines):
+    """parse_lines_strict's columns of ``lines`` equal the reference parser's, line by line, values included."""
+    want = [parse_sample_line(ln) for ln in lines]
+    assert list(got.counts) == [len(w.feasigns) for w in want], lines[0]
+    assert list(got.feasigns) == [f for w in want for f in w.feasigns], lines[0]
+    assert list(got.slots) == [s for w in want for s in w.slots], lines[0]
+    assert sorted(zip(got.value_lines, got.value_slots, got.values, strict=True)) == sorted(
+        (i, s, v) for i, w in enumerate(want) for s, v in zip(w.value_slots, w.values, strict=True)
+    ), lines[0]
+
+
 def test_fast_and_exact_line_paths_agree_on_random_lines():
     rng = random.Random(7)
     lines = criteo_slot_lines(500, 40)
+    assert any("." in ln for ln in lines), "Criteo lines carry dense values"
     good = [ln for ln in lines]
     good += ["1 0 18446744073709551615:3", "0 1", "7 1 1:2\t3:4", "1 0  5:1 ", "1 1 00012:0001"]
-    feats, bads = [], []
+    good += ["1 0 2.5:40 -3:41 1e-3:42 7:43 +.5:44 5.:45 1E+2:46 -0:47", "1 1 1:1\t-2.5:40 ", "0 0 0.0:1"]
+    bads = []
     for ln in good:
         for many in (1, 6):  # the few-lines path and the vectorised path
-            f = parse_lines_strict([ln] * many, list(range(many)))
-            want = parse_sample_line(ln)
-            assert list(f[1]) == list(want.feasigns) * many and list(f[2]) == list(want.slots) * many, ln
-            assert list(f[0]) == [len(want.feasigns)] * many
-        feats.append(f)
-    alphabet = "0123456789 :\t²x-\n"
-    for _ in range(400):  # mutations: either refused with InstanceError, or parsed like the reference
+            _same_as_reference(parse_lines_strict([ln] * many, list(range(many))), [ln] * many)
+    mixed = ["1 0", "1 0 2.5:40", "0 1 5:1", "1 1 -1:41 3:2 7:40", "1 0 1:1 1e3:41"] * 2 + lines[:3]
+    for chosen in (mixed, mixed[:4], list(reversed(mixed))):  # lines with and without values, and none
+        _same_as_reference(parse_lines_strict(chosen, list(range(len(chosen)))), chosen)
+    alphabet = "0123456789 :\t²x-\n.e+E"
+    for _ in range(600):  # mutations: either refused with InstanceError, or parsed like the reference
         base = list(rng.choice(lines))
         for _ in range(rng.randint(1, 3)):
             base[rng.randrange(len(base))] = rng.choice(alphabet)
@@ -135,8 +230,7 @@ def test_fast_and_exact_line_paths_agree_on_random_lines():
             except InstanceError:
                 bads.append(mutated)
                 continue
-            want = parse_sample_line(mutated)
-            assert list(got[1]) == list(want.feasigns) * many and list(got[2]) == list(want.slots) * many, mutated
+            _same_as_reference(got, [mutated] * many)
     assert bads, "the mutations must produce some bad lines"
 
 
@@ -145,11 +239,13 @@ def test_fast_and_exact_line_paths_agree_on_random_lines():
     [
         (b"[" * 100_000 + b"]" * 100_000, 400, "nested deeper than"),
         (b'{"instances": [{"slots": {"1": [' + b"9" * 5000 + b"]}}]}", 400, "malformed JSON"),
-        (b'{"instances": [{"slots": {"1": [' + b"9" * 30 + b"]}}]}", 400, "unsigned 64-bit"),
         (b'{"instances": [{"slots": {"1": ["' + b"9" * 30 + b'"]}}]}', 400, "more than 20 digits"),
         (b'{"instances": [{"slots": {"1": ["\xc2\xb2"]}}]}', 400, "ASCII digits"),
         (b'{"instances": [{"slots": {"1": [true]}}]}', 400, "not an integer"),
-        (b'{"instances": [{"slots": {"1": [-1]}}]}', 400, "unsigned 64-bit"),
+        (b'{"instances": [{"slots": {"1": [1e999]}}]}', 400, "not a finite number"),
+        (b'{"instances": [{"slots": {"1": [null]}}]}', 400, "not an integer feasign nor a number"),
+        (b'{"instances": [{"slots": {"1": ["2.5x"]}}]}', 400, "nor a decimal number"),
+        (b'{"instances": [{"slots": {"1": [[1]]}}]}', 400, "not an integer feasign nor a number"),
         (b'{"instances": [{"slots": {"\xc2\xb2": [1]}}]}', 400, "unknown slot"),
         (json.dumps({"instances": [{"line": "1 0 1:1"}] * 10_001}).encode(), 413, "at most 10000"),
         (b'{"instances": []}', 400, "empty"),

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%ctr_foundation/grpc_api/serving.proto\x12\x15\x65lasticctr.serving.v1\"\x1f\n\x0b\x46\x65\x61signList\x12\x10\n\x08\x66\x65\x61signs\x18\x01 \x03(\x04\"\x9f\x01\n\x0cSlotFeatures\x12=\n\x05slots\x18\x01 \x03(\x0b\x32..elasticctr.serving.v1.SlotFeatures.SlotsEntry\x1aP\n\nSlotsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".elasticctr.serving.v1.FeasignList:\x02\x38\x01\"\\\n\x08Instance\x12\x0e\n\x04line\x18\x01 \x01(\tH\x00\x12\x34\n\x05slots\x18\x02 \x01(\x0b\x32#.elasticctr.serving.v1.SlotFeaturesH\x00\x42\n\n\x08\x66\x65\x61tures\"f\n\x0ePredictRequest\x12\x32\n\tinstances\x18\x01 \x03(\x0b\x32\x1f.elasticctr.serving.v1.Instance\x12\x13\n\x0brouting_key\x18\x02 \x01(\t\x12\x0b\n\x03\x61rm\x18\x03 \x01(\t\"v\n\x0fPredictResponse\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0b\n\x03\x61rm\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x14\n\x0c\x63ube_version\x18\x05 \x01(\t\"A\n\rFeedbackEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63lick\x18\x03 \x01(\r\"G\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x34\n\x06\x65vents\x18\x01 \x03(\x0b\x32$.elasticctr.serving.v1.FeedbackEvent\"W\n\x10\x46\x65\x65\x64\x62\x61\x63kResponse\x12\x0e\n\x06joined\x18\x01 \x01(\r\x12\x0f\n\x07unknown\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\r\x12\x0f\n\x07invalid\x18\x04 \x01(\r2\xc3\x01\n\nPrediction\x12X\n\x07Predict\x12%.elasticctr.serving.v1.PredictRequest\x1a&.elasticctr.serving.v1.PredictResponse\x12[\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12&.elasticctr.serving.v1.FeedbackRequest\x1a\'.elasticctr.serving.v1.FeedbackResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%ctr_foundation/grpc_api/serving.proto\x12\x15\x65lasticctr.serving.v1\"\x1f\n\x0b\x46\x65\x61signList\x12\x10\n\x08\x66\x65\x61signs\x18\x01 \x03(\x04\"\x8c\x02\n\x0cSlotFeatures\x12=\n\x05slots\x18\x01 \x03(\x0b\x32..elasticctr.serving.v1.SlotFeatures.SlotsEntry\x12=\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32..elasticctr.serving.v1.SlotFeatures.DenseEntry\x1aP\n\nSlotsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".elasticctr.serving.v1.FeasignList:\x02\x38\x01\x1a,\n\nDenseEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\\\n\x08Instance\x12\x0e\n\x04line\x18\x01 \x01(\tH\x00\x12\x34\n\x05slots\x18\x02 \x01(\x0b\x32#.elasticctr.serving.v1.SlotFeaturesH\x00\x42\n\n\x08\x66\x65\x61tures\"f\n\x0ePredictRequest\x12\x32\n\tinstances\x18\x01 \x03(\x0b\x32\x1f.elasticctr.serving.v1.Instance\x12\x13\n\x0brouting_key\x18\x02 \x01(\t\x12\x0b\n\x03\x61rm\x18\x03 \x01(\t\"v\n\x0fPredictResponse\x12\x15\n\rprobabilities\x18\x01 \x03(\x02\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0b\n\x03\x61rm\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x14\n\x0c\x63ube_version\x18\x05 \x01(\t\"A\n\rFeedbackEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63lick\x18\x03 \x01(\r\"G\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x34\n\x06\x65vents\x18\x01 \x03(\x0b\x32$.elasticctr.serving.v1.FeedbackEvent\"W\n\x10\x46\x65\x65\x64\x62\x61\x63kResponse\x12\x0e\n\x06joined\x18\x01 \x01(\r\x12\x0f\n\x07unknown\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\r\x12\x0f\n\x07invalid\x18\x04 \x01(\r2\xc3\x01\n\nPrediction\x12X\n\x07Predict\x12%.elasticctr.serving.v1.PredictRequest\x1a&.elasticctr.serving.v1.PredictResponse\x12[\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12&.elasticctr.serving.v1.FeedbackRequest\x1a\'.elasticctr.serving.v1.FeedbackResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -23,24 +23,28 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   _globals['_SLOTFEATURES_SLOTSENTRY']._options = None
   _globals['_SLOTFEATURES_SLOTSENTRY']._serialized_options = b'8\001'
+  _globals['_SLOTFEATURES_DENSEENTRY']._options = None
+  _globals['_SLOTFEATURES_DENSEENTRY']._serialized_options = b'8\001'
   _globals['_FEASIGNLIST']._serialized_start=64
   _globals['_FEASIGNLIST']._serialized_end=95
   _globals['_SLOTFEATURES']._serialized_start=98
-  _globals['_SLOTFEATURES']._serialized_end=257
-  _globals['_SLOTFEATURES_SLOTSENTRY']._serialized_start=177
-  _globals['_SLOTFEATURES_SLOTSENTRY']._serialized_end=257
-  _globals['_INSTANCE']._serialized_start=259
-  _globals['_INSTANCE']._serialized_end=351
-  _globals['_PREDICTREQUEST']._serialized_start=353
-  _globals['_PREDICTREQUEST']._serialized_end=455
-  _globals['_PREDICTRESPONSE']._serialized_start=457
-  _globals['_PREDICTRESPONSE']._serialized_end=575
-  _globals['_FEEDBACKEVENT']._serialized_start=577
-  _globals['_FEEDBACKEVENT']._serialized_end=642
-  _globals['_FEEDBACKREQUEST']._serialized_start=644
-  _globals['_FEEDBACKREQUEST']._serialized_end=715
-  _globals['_FEEDBACKRESPONSE']._serialized_start=717
-  _globals['_FEEDBACKRESPONSE']._serialized_end=804
-  _globals['_PREDICTION']._serialized_start=807
-  _globals['_PREDICTION']._serialized_end=1002
+  _globals['_SLOTFEATURES']._serialized_end=366
+  _globals['_SLOTFEATURES_SLOTSENTRY']._serialized_start=240
+  _globals['_SLOTFEATURES_SLOTSENTRY']._serialized_end=320
+  _globals['_SLOTFEATURES_DENSEENTRY']._serialized_start=322
+  _globals['_SLOTFEATURES_DENSEENTRY']._serialized_end=366
+  _globals['_INSTANCE']._serialized_start=368
+  _globals['_INSTANCE']._serialized_end=460
+  _globals['_PREDICTREQUEST']._serialized_start=462
+  _globals['_PREDICTREQUEST']._serialized_end=564
+  _globals['_PREDICTRESPONSE']._serialized_start=566
+  _globals['_PREDICTRESPONSE']._serialized_end=684
+  _globals['_FEEDBACKEVENT']._serialized_start=686
+  _globals['_FEEDBACKEVENT']._serialized_end=751
+  _globals['_FEEDBACKREQUEST']._serialized_start=753
+  _globals['_FEEDBACKREQUEST']._serialized_end=824
+  _globals['_FEEDBACKRESPONSE']._serialized_start=826
+  _globals['_FEEDBACKRESPONSE']._serialized_end=913
+  _globals['_PREDICTION']._serialized_start=916
+  _globals['_PREDICTION']._serialized_end=1111
 # @@protoc_insertion_point(module_scope)

@@ -5,8 +5,9 @@ Serving calls a ``ShadowScorer`` as an after-response hook
 answers went out, with the active version's probabilities. The scorer hands
 the batch to its own thread through a bounded queue (a full queue drops the
 batch and counts it), so shadowing never slows or fails a live answer. The
-thread rebuilds the keys for the candidate's slots and key transform, looks
-them up in the candidate's sparse table (in memory) and runs its dense model.
+thread rebuilds the keys for the candidate's slots and key transform (and its
+dense slots' standardised values, when it has any), looks them up in the
+candidate's sparse table (in memory) and runs its dense model.
 
 Log: one JSON object per shadowed batch, appended to a JSONL file::
 
@@ -95,13 +96,13 @@ class ShadowScorer:
 
     def score_instances(self, instances: list) -> np.ndarray:
         """The candidate's probabilities for request instances (line or slots form)."""
-        from elastic_control.inference.scoring import pool
+        from elastic_control.inference.scoring import model_input
         from elastic_control.serving.instances import build_key_batch
 
         info = self.scorer.info
-        kb = build_key_batch(instances, info.slots, info.sparse_dim)
+        kb = build_key_batch(instances, info.slots, info.sparse_dim, info.dense_slots)
         vectors, _ = self.scorer.table.lookup(kb.keys)
-        return self.scorer.model.predict(pool(kb, vectors))
+        return self.scorer.model.predict(model_input(kb, vectors, info.dense_norm))
 
     def _run(self) -> None:
         with open(self.log_path, "a", encoding="utf-8") as out:

@@ -531,6 +531,7 @@ class ServingApp:
             "slots": list(a.slots) if a else None,
             "embedding_dim": a.width if a else None,
             "sparse_dim": a.sparse_dim if a else None,
+            "dense_slots": list(a.dense_slots) if a else None,
             "loaded_at": a.loaded_at if a else None,
             "last_reload_error": self.last_reload_error,
             "workers": self.workers,

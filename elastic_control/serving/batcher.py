@@ -3,9 +3,9 @@
 Frontends (HTTP, gRPC) parse and validate each request on their own thread, then ``submit`` it. A
 worker takes everything queued (up to ``max_batch_instances``), routes every request to its A/B arm
 with the split in force, and per arm builds one KeyBatch, looks its keys up (the hot-key cache, then
-cube pinned to the arm's version for the misses), pools and runs the dense model once. So concurrent
-requests share one cube round trip per shard and one dense-model run, and every answer's model and
-cube versions are the same version.
+cube pinned to the arm's version for the misses), pools, appends the version's standardised dense slots
+(``scoring.model_input``) and runs the dense model once. So concurrent requests share one cube round
+trip per shard and one dense-model run, and every answer's model and cube versions are the same version.
 
 Predictors: each worker creates the DenseModel of every version it scores in its own thread
 (issue 15: predictors created in one thread and run in others crashed inside oneDNN under load), and
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elastic_control.inference.scoring import DenseModel, KeyBatch, key_batch, pool
+from elastic_control.inference.scoring import DenseModel, KeyBatch, model_input
 from elastic_control.serving.instances import (
     ParsedInstances,
     PredictRequest,
     concat_parsed,
-    unknown_slot_message,
-    unknown_slot_rows,
+    parsed_key_batch,
+    strict_problems,
 )
 from elastic_control.serving.lookup import CubeUnavailable
 from elastic_control.serving.versions import LoadedVersion
@@ -140,7 +140,7 @@ class _Worker:
 
     def _create(self, version: LoadedVersion) -> DenseModel:
         model = DenseModel(version.dense_prefix, onednn=self.batcher.onednn, bind_thread=True)
-        width = len(version.slots) * version.width
+        width = version.input_width
         out = model.predict(np.zeros((1, width), np.float32))
         if out.shape != (1,) or not np.isfinite(out).all():
             raise ValueError(f"version {version.version}: dense model gave {out!r} for one zero row of width {width}")
@@ -306,7 +306,7 @@ class Batcher:
                 self.answer_all([(j, Refusal(503, f"cube unavailable: {e}")) for j in jobs])
                 return
             break
-        probs = worker.model_for(version).predict(pool(kb, values))
+        probs = worker.model_for(version).predict(model_input(kb, values, version.dense_norm))
         app.metrics.observe_batch(kb.n)
         num_slots = len(version.slots)
         slot_keys = np.bincount(kb.slot_pos, minlength=num_slots)
@@ -331,23 +331,22 @@ class Batcher:
 def _key_batch_of(
     jobs: list[Job], version: LoadedVersion
 ) -> tuple[list[Job], KeyBatch, list[int], list[tuple[Job, Outcome]]]:
-    """One KeyBatch for the jobs of one version; a job naming a slot the version lacks is refused alone."""
-    parts: list[ParsedInstances] = [j.request.parsed for j in jobs]
-    merged, offsets = concat_parsed(parts)
-    bad = unknown_slot_rows(merged, version.slots)
+    """One KeyBatch for the jobs of one version; a job the version cannot score (a slot it lacks, a number
+    for one of its sparse slots, ...: ``strict_problems``) is refused alone."""
+    slots, dense_slots = version.slots, version.dense_slots
+    merged, offsets = concat_parsed([j.request.parsed for j in jobs])
     refused = []
-    if bad:
-        starts = np.asarray(offsets)
-        bad_jobs: dict[int, tuple[int, int]] = {}
-        for row, slot in sorted(bad.items()):
-            i = int(np.searchsorted(starts, row, side="right")) - 1
-            bad_jobs.setdefault(i, (row - offsets[i], slot))
-        refused = [(jobs[i], Refusal(400, unknown_slot_message(r, s, version.slots))) for i, (r, s) in bad_jobs.items()]
-        jobs = [j for i, j in enumerate(jobs) if i not in bad_jobs]
+    if strict_problems(merged, slots, dense_slots):
+        # rare: name each bad request's own first problem, with its own instance numbers
+        refused = [
+            (j, Refusal(400, problems[min(problems)]))
+            for j in jobs
+            if (problems := strict_problems(j.request.parsed, slots, dense_slots))
+        ]
+        bad = {id(j) for j, _ in refused}
+        jobs = [j for j in jobs if id(j) not in bad]
         if not jobs:
-            return [], key_batch([], [], [], 0, version.slots, version.sparse_dim), [], refused
+            nothing = ParsedInstances(0, [], [], [], None)
+            return [], parsed_key_batch(nothing, slots, version.sparse_dim, dense_slots), [], refused
         merged, offsets = concat_parsed([j.request.parsed for j in jobs])
-    kb = key_batch(
-        merged.feature_row, merged.feasigns, merged.feature_slots, merged.n, version.slots, version.sparse_dim
-    )
-    return jobs, kb, offsets, refused
+    return jobs, parsed_key_batch(merged, slots, version.sparse_dim, dense_slots), offsets, refused

@@ -1,19 +1,20 @@
 """Serving's gRPC API (ctr_foundation/grpc_api/serving.proto) beside HTTP, on its own port.
 
-``Predict`` takes the instances ``/v1/predict`` takes (a slot-format line, or slot -> feasigns),
-validated the same way (instances.py), and goes through the same batcher: the same merged batches,
-arms, versions and answers. ``Feedback`` is ``/v1/feedback``. Errors are gRPC status codes with the
-HTTP route's message: 400 -> INVALID_ARGUMENT, 413 -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE,
-500 -> INTERNAL. The standard ``grpc.health.v1.Health`` service answers SERVING (for "" and for
-``elasticctr.serving.v1.Prediction``) only while serving is ready, and server reflection lists the
-services. The server is grpc.aio on its own event loop thread; answers come back from batch workers
-with one ``call_soon_threadsafe`` per batch.
+``Predict`` takes the instances ``/v1/predict`` takes (a slot-format line, or slot -> feasigns and
+dense slot -> number), validated the same way (instances.py), and goes through the same batcher: the
+same merged batches, arms, versions and answers. ``Feedback`` is ``/v1/feedback``. Errors are gRPC
+status codes with the HTTP route's message: 400 -> INVALID_ARGUMENT, 413 -> RESOURCE_EXHAUSTED,
+503 -> UNAVAILABLE, 500 -> INTERNAL. The standard ``grpc.health.v1.Health`` service answers SERVING
+(for "" and for ``elasticctr.serving.v1.Prediction``) only while serving is ready, and server
+reflection lists the services. The server is grpc.aio on its own event loop thread; answers come back
+from batch workers with one ``call_soon_threadsafe`` per batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 
@@ -60,10 +61,14 @@ def parse_proto_instances(instances) -> ParsedInstances:
         if kind == "line":
             columns.add_line(r, inst.line)
         elif kind == "slots":
-            if not inst.slots.slots:
+            if not inst.slots.slots and not inst.slots.dense:
                 raise InstanceError(f'instance {r}: "slots" must name at least one slot')
             for slot, values in sorted(inst.slots.slots.items()):
                 columns.add_slot(r, slot, list(values.feasigns))  # uint64 already: nothing else to check
+            for slot, value in sorted(inst.slots.dense.items()):
+                if not math.isfinite(value):  # a double may be NaN or infinite; JSON cannot say either
+                    raise InstanceError(f"instance {r} slot {slot}: dense value {value!r} is not a finite number")
+                columns.add_slot(r, slot, [], [value])
         else:
             raise InstanceError(f'instance {r} is empty: give "line" or "slots"')
     return columns.build()

@@ -1,6 +1,6 @@
 """Request bodies and instances -> feature columns, validated per request before any merging.
 
-An instance is ``{"line": "<slot-format line>"}`` or ``{"slots": {"<slot>": [feasign, ...]}}``.
+An instance is ``{"line": "<slot-format line>"}`` or ``{"slots": {"<slot>": [feasign, ...], ...}}``.
 Every request is parsed and checked on its own (issue 15: one client's bad feasign must never fail
 another client's request of the same merged batch): feasigns are ASCII digits only (``str.isdigit``
 is true for "²"), at most 20 of them, value below 2**64; JSON too deep or with integers too long for
@@ -12,14 +12,33 @@ Lines follow training exactly (features of slots outside slot.conf are ignored, 
 them too); the ``slots`` form is explicit, so an unknown slot there is an error. In both forms a slot
 with no feature gets the padding feasign, and the key transform is ``feasign % sparse_dim`` when the
 version has one.
+
+Dense slots (slot.conf ``SLOT dense``, ctr_foundation/dense_features.py) carry one number each:
+
+- In a line, as in training: a value token ``value:slot`` (``2.5:40``, ``-3:41``, ``1e-3:42``: a decimal
+  number that is not a plain unsigned integer, ASCII only), and an integer token of a dense slot
+  (``7:43``) is that slot's value too. A value token of a sparse slot is ignored, as training ignores it.
+- In the ``slots`` form, a dense slot takes one JSON number (integer or not) or a one-element list of
+  one, e.g. ``{"slots": {"14": [123], "40": 2.5, "41": [-3]}}``; a decimal string (``"2.5"``) is read as
+  a number too, and an empty list leaves the value missing (standardised to 0, as training does). Any
+  other value is a 400 naming the instance and slot: bool, null, a non-finite number, a string that is
+  neither digits nor a decimal number, more than one number for a dense slot, and a number that is not
+  a feasign (``2.5``, ``-1``) in a sparse slot.
+
+Whether a slot is dense is the scoring version's business, so what depends on it is checked when a
+merged batch meets its version (``strict_problems``), still per request: a request the version cannot
+score is refused alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,8 +53,20 @@ MAX_FEASIGN_DIGITS = 20
 MAX_SLOT_DIGITS = 9
 MAX_ROUTING_KEY = 256
 
-# One valid line, ASCII only (re.ASCII: \d would accept any Unicode digit): show, click, feasign:slot pairs.
-_LINE_OK = re.compile(r"[ \t]*[0-9]{1,20}[ \t]+[01](?:[ \t]+[0-9]{1,20}:[0-9]{1,9})*[ \t\r]*", re.ASCII)
+# A value token's number (a dense slot's value), ASCII only: a decimal number that is NOT a plain unsigned
+# integer (a sign, a point or an exponent), the rule of sample.py. No alternative can match the same digits
+# two ways, so a long digit run costs linear time to refuse (no quadratic backtracking on hostile input).
+_VALUE_NUMBER = (
+    r"(?:[-+](?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+    r"|(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+    r"|[0-9]+[eE][-+]?[0-9]+)"
+)
+_VALUE_NUMBER_OK = re.compile(_VALUE_NUMBER, re.ASCII)
+# One valid line, ASCII only (re.ASCII: \d would accept any Unicode digit): show, click, then feasign:slot
+# and value:slot tokens.
+_LINE_OK = re.compile(
+    rf"[ \t]*[0-9]{{1,20}}[ \t]+[01](?:[ \t]+(?:[0-9]{{1,20}}|{_VALUE_NUMBER}):[0-9]{{1,9}})*[ \t\r]*", re.ASCII
+)
 _ARM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}", re.ASCII)
 
 
@@ -65,6 +96,10 @@ class ParsedInstances:
     feasigns: list | np.ndarray  # uint64 [m], raw (before the key transform)
     feature_slots: list | np.ndarray  # int [m]
     strict_rows: list | np.ndarray | None  # bool [n]: instances in the "slots" form (unknown slot = error); None: none
+    # numbers that are not feasigns (value tokens, JSON numbers): instance, slot, value; in no particular order
+    value_rows: list | np.ndarray = ()  # int [k]
+    value_slots: list | np.ndarray = ()  # int [k]
+    values: list | np.ndarray = ()  # float [k]
 
     @property
     def feature_row(self) -> np.ndarray:
@@ -142,18 +177,26 @@ def parse_instances(instances: Sequence[object]) -> ParsedInstances:
                 raise InstanceError(f'instance {r}: "line" must be a string')
             columns.add_line(r, line)
         elif "slots" in inst:
-            given = inst["slots"]
-            if not isinstance(given, dict) or not given:
-                raise InstanceError(f'instance {r}: "slots" must be a non-empty object {{"<slot>": [feasign, ...]}}')
-            for key, values in given.items():
-                if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_SLOT_DIGITS):
-                    raise InstanceError(f"instance {r}: unknown slot {key!r}; slots are decimal integers")
-                where = f"instance {r} slot {key}"
-                values = values if isinstance(values, list) else [values]
-                columns.add_slot(r, int(key), [feasign_value(v, where) for v in values])
+            add_json_slots(columns, r, inst["slots"])
         else:
             raise InstanceError(f'instance {r} is empty: give "line" or "slots"')
     return columns.build()
+
+
+def add_json_slots(columns: InstanceColumns, r: int, given: object) -> None:
+    """The ``"slots"`` object of instance ``r``: each slot's feasigns, or numbers (dense slots)."""
+    if not isinstance(given, dict) or not given:
+        raise InstanceError(f'instance {r}: "slots" must be a non-empty object {{"<slot>": [feasign, ...]}}')
+    for key, items in given.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_SLOT_DIGITS):
+            raise InstanceError(f"instance {r}: unknown slot {key!r}; slots are decimal integers")
+        where = f"instance {r} slot {key}"
+        feasigns: list[int] = []
+        numbers: list[float] = []
+        for item in items if isinstance(items, list) else [items]:
+            kind, v = feasign_or_number(item, where)
+            (feasigns if kind is int else numbers).append(v)
+        columns.add_slot(r, int(key), feasigns, numbers)
 
 
 class InstanceColumns:
@@ -167,40 +210,86 @@ class InstanceColumns:
         self.strict: list[bool] | None = None
         self.lines: list[str] = []
         self.line_rows: list[int] = []
+        self.value_rows: list[int] = []
+        self.value_slots: list[int] = []
+        self.values: list[float] = []
 
     def add_line(self, row: int, line: str) -> None:
         self.lines.append(line)
         self.line_rows.append(row)
 
-    def add_slot(self, row: int, slot: int, feasigns: list[int]) -> None:
-        """Checked feasigns (ints below 2**64) of one slot of instance ``row`` (rows in order)."""
+    def add_slot(self, row: int, slot: int, feasigns: list[int], numbers: Sequence[float] = ()) -> None:
+        """Checked feasigns (ints below 2**64) and other finite numbers of one slot of instance ``row``
+        (rows in order). Whether the slot may take numbers is the version's business (``strict_problems``)."""
         if self.strict is None:
             self.strict = [False] * self.n
         self.strict[row] = True
         self.counts[row] += len(feasigns)
         self.feasigns.extend(feasigns)
         self.slots.extend([slot] * len(feasigns))
+        if numbers:
+            self.value_rows.extend([row] * len(numbers))
+            self.value_slots.extend([slot] * len(numbers))
+            self.values.extend(numbers)
 
     def build(self) -> ParsedInstances:
+        own_values = (self.value_rows, self.value_slots, self.values)
         if not self.lines:
-            return ParsedInstances(self.n, self.counts, self.feasigns, self.slots, self.strict)
-        counts, feasigns, slots = parse_lines_strict(self.lines, self.line_rows)
-        if len(self.lines) == self.n:  # every instance is a line (the usual case)
-            return ParsedInstances(self.n, counts, feasigns, slots, None)
+            return ParsedInstances(self.n, self.counts, self.feasigns, self.slots, self.strict, *own_values)
+        cols = parse_lines_strict(self.lines, self.line_rows)
+        if len(self.lines) == self.n:  # every instance is a line (the usual case): line i is instance i
+            return ParsedInstances(
+                self.n, cols.counts, cols.feasigns, cols.slots, None, cols.value_lines, cols.value_slots, cols.values
+            )
         # both forms: put the lines' features among the slot features, in instance order
-        line_counts = np.asarray(counts, np.int64)
+        line_counts = np.asarray(cols.counts, np.int64)
+        line_rows = np.asarray(self.line_rows, np.int64)
         rows = np.concatenate(
             [
-                np.repeat(np.asarray(self.line_rows, np.int64), line_counts),
+                np.repeat(line_rows, line_counts),
                 np.repeat(np.arange(self.n, dtype=np.int64), np.asarray(self.counts, np.int64)),
             ]
         )
         order = np.argsort(rows, kind="stable")
         all_counts = np.asarray(self.counts, np.int64)
-        all_counts[np.asarray(self.line_rows, np.int64)] += line_counts
-        fs = np.concatenate([np.asarray(feasigns, np.uint64), np.asarray(self.feasigns, np.uint64)])[order]
-        sl = np.concatenate([np.asarray(slots, np.int64), np.asarray(self.slots, np.int64)])[order]
-        return ParsedInstances(self.n, all_counts, fs, sl, self.strict)
+        all_counts[line_rows] += line_counts
+        fs = np.concatenate([np.asarray(cols.feasigns, np.uint64), np.asarray(self.feasigns, np.uint64)])[order]
+        sl = np.concatenate([np.asarray(cols.slots, np.int64), np.asarray(self.slots, np.int64)])[order]
+        # values carry their row, so they need no ordering: the lines' ones only move to their instances
+        value_rows = np.concatenate([line_rows[np.asarray(cols.value_lines, np.int64)], _ints(self.value_rows)])
+        value_slots = np.concatenate([_ints(cols.value_slots), _ints(self.value_slots)])
+        values = np.concatenate([np.asarray(cols.values, np.float64), np.asarray(self.values, np.float64)])
+        return ParsedInstances(self.n, all_counts, fs, sl, self.strict, value_rows, value_slots, values)
+
+
+def _ints(column) -> np.ndarray:
+    return np.asarray(column, np.int64)
+
+
+def feasign_or_number(value: object, where: str) -> tuple[type, int | float]:
+    """(int, feasign) for a feasign from JSON (an integer or a string of ASCII digits, below 2**64), or
+    (float, number) for any other finite number (a dense slot's value; a decimal string counts)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):  # bool is an int in Python
+        raise InstanceError(f"{where}: {_shown(value)} is not an integer feasign nor a number")
+    if isinstance(value, str):
+        if value.isascii() and value.isdigit():
+            return int, feasign_value(value, where)
+        if not (value.isascii() and _VALUE_NUMBER_OK.fullmatch(value)):
+            raise InstanceError(
+                f"{where}: feasign {value[:40]!r} is not an unsigned integer (ASCII digits) nor a decimal number"
+            )
+        value = float(value)
+    elif isinstance(value, int) and 0 <= value <= UINT64_MAX:
+        return int, value
+    value = float(value)  # JSON integers are at most 40 digits (http_json): never too large for a float
+    if not math.isfinite(value):
+        raise InstanceError(f"{where}: {value!r} is not a finite number")
+    return float, value
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def feasign_value(value: object, where: str) -> int:
@@ -219,36 +308,61 @@ def feasign_value(value: object, where: str) -> int:
 
 
 _FAST_CHARS_DELETE = b"0123456789 :\n"  # what the fast path allows (no tabs, no \r, single spaces)
+_VALUE_CHARS = b".-+eE"  # and, in value tokens, these
+_VALUE_NUMBERS_OK = re.compile(rf"(?:{_VALUE_NUMBER}\n)*{_VALUE_NUMBER}".encode())  # numbers, one a line
 _SLOT_LIMIT = 10**MAX_SLOT_DIGITS
 _COLON, _SPACE, _NEWLINE = ord(":"), ord(" "), ord("\n")
 
 
-def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> tuple:
-    """(counts per line, feasigns, feature_slots) of slot-format lines; raise InstanceError naming a bad one
-    (``line_rows``: each line's instance number, for the message). Lists for a few lines, else arrays.
+class LineColumns(NamedTuple):
+    """Parsed slot-format lines: integer tokens (``counts[i]`` of line i, line after line) and value tokens
+    (``value_lines``: the index of each one's line in the list given). Lists for a few lines, else arrays."""
+
+    counts: list | np.ndarray
+    feasigns: list | np.ndarray
+    slots: list | np.ndarray
+    value_lines: list | np.ndarray = ()
+    value_slots: list | np.ndarray = ()
+    values: list | np.ndarray = ()
+
+
+def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> LineColumns:
+    """The columns of slot-format lines; raise InstanceError naming a bad one (``line_rows``: each line's
+    instance number, for the message).
 
     Fast path (lines separated by single spaces, the usual case): a handful of C-speed string checks
-    over all lines at once, then one ``np.fromstring``. Anything else, or anything wrong, takes the
-    exact path, which checks line by line (ASCII-only regular expression) and names the bad line.
+    over all lines at once, then one ``np.fromstring`` (and one ``float`` per value token). Anything
+    else, or anything wrong, takes the exact path, which checks line by line (ASCII-only regular
+    expression), names the bad line, and parses with the training reader's parser.
     """
-    parsed = _parse_few_lines(lines, line_rows) if len(lines) <= 4 else _parse_lines_fast(lines, line_rows)
+    parsed = _parse_few_lines(lines) if len(lines) <= 4 else _parse_lines_fast(lines)
     if parsed is not None:
         return parsed
     for line, r in zip(lines, line_rows, strict=True):
         if not _LINE_OK.fullmatch(line):
             raise InstanceError(f"instance {r}: {_line_problem(line)}")
     batch, bad = parse_lines(list(lines))
-    if bad:  # e.g. a 20-digit feasign above 2**64-1
+    if bad:  # e.g. a 20-digit feasign above 2**64-1, a value beyond the float range
         raise InstanceError(f"instance {line_rows[bad[0].index]}: {bad[0].reason}")
-    return np.bincount(batch.feature_line, minlength=len(lines)), batch.feasigns, batch.feature_slots
+    return LineColumns(
+        np.bincount(batch.feature_line, minlength=len(lines)),
+        batch.feasigns,
+        batch.feature_slots,
+        batch.value_line,
+        batch.value_slots,
+        batch.values,
+    )
 
 
-def _parse_few_lines(lines: Sequence[str], line_rows: Sequence[int]):
+def _parse_few_lines(lines: Sequence[str]) -> LineColumns | None:
     """A few lines, token by token (numpy's per-call overhead dominates below a few thousand characters)."""
     counts: list[int] = []
     feasigns: list[int] = []
     slots: list[int] = []
-    for line in lines:
+    value_lines: list[int] = []
+    value_slots: list[int] = []
+    values: list[float] = []
+    for i, line in enumerate(lines):
         if not line.isascii():
             return None
         tokens = line.split(" ")
@@ -256,31 +370,38 @@ def _parse_few_lines(lines: Sequence[str], line_rows: Sequence[int]):
             return None
         if tokens[1] != "0" and tokens[1] != "1":
             return None
+        count = 0
         for tok in tokens[2:]:
             f, sep, slot = tok.partition(":")
-            if not (sep and f.isdigit() and slot.isdigit()):
+            if not (sep and slot.isdigit() and len(slot) <= MAX_SLOT_DIGITS):
                 return None  # tabs, \r, double spaces, a bad feature: the exact path decides and explains
-            if len(f) > MAX_FEASIGN_DIGITS or len(slot) > MAX_SLOT_DIGITS:
+            if f.isdigit():
+                if len(f) > MAX_FEASIGN_DIGITS or (v := int(f)) > UINT64_MAX:
+                    return None
+                feasigns.append(v)
+                slots.append(int(slot))
+                count += 1
+            elif _VALUE_NUMBER_OK.fullmatch(f) and math.isfinite(x := float(f)):
+                value_lines.append(i)
+                value_slots.append(int(slot))
+                values.append(x)
+            else:
                 return None
-            v = int(f)
-            if v > UINT64_MAX:
-                return None
-            feasigns.append(v)
-            slots.append(int(slot))
-        counts.append(len(tokens) - 2)
-    return counts, feasigns, slots
+        counts.append(count)
+    return LineColumns(counts, feasigns, slots, value_lines, value_slots, values)
 
 
-def _parse_lines_fast(lines: Sequence[str], line_rows: Sequence[int]):
+def _parse_lines_fast(lines: Sequence[str]) -> LineColumns | None:
     """The fast path of ``parse_lines_strict``, or None to take the exact one (never a wrong answer).
 
     After show and click, a line's features joined by newlines must read ``D:D D:D ... D:D`` (D = one or
     more ASCII digits): then the non-digit characters, in order, alternate ':' and a separator, and no
     two of them touch. Numbers come from one ``np.fromstring``; 21+ digits or values above 2**64-1
-    saturate there, so they go to the exact path too.
+    saturate there, so they go to the exact path too. Value tokens (``2.5:40``) are first set aside
+    (``_set_values_aside``), so the same checks and conversion also give their slots.
     """
-    features: list[str] = []
     counts: list[int] = []
+    features: list[str] = []
     for line in lines:
         head = line.split(" ", 2)
         if len(head) < 2 or not (head[0].isascii() and head[0].isdigit() and len(head[0]) <= MAX_FEASIGN_DIGITS):
@@ -288,17 +409,22 @@ def _parse_lines_fast(lines: Sequence[str], line_rows: Sequence[int]):
         if head[1] != "0" and head[1] != "1":
             return None
         f = head[2] if len(head) == 3 else ""
-        counts.append(f.count(":"))
+        counts.append(f.count(":"))  # tokens, one colon each (checked below)
         if f:
             features.append(f)
     if not features:
-        return counts, [], []
+        return LineColumns(counts, [], [])
     text = "\n".join(features)
     if not text.isascii():
         return None
     raw = text.encode("ascii")
-    if raw.translate(None, _FAST_CHARS_DELETE):  # tabs, \r, letters, ...: the exact path decides
-        return None
+    value_tokens = None
+    if rest := raw.translate(None, _FAST_CHARS_DELETE):
+        if rest.translate(None, _VALUE_CHARS):  # tabs, \r, letters, ...: the exact path decides
+            return None
+        if (aside := _set_values_aside(raw)) is None:
+            return None
+        raw, value_tokens, values = aside
     a = np.frombuffer(raw, np.uint8)
     other = (a - 48) > 9  # not a digit (uint8 arithmetic wraps below '0')
     if other[0] or other[-1] or (other[1:] & other[:-1]).any():
@@ -318,7 +444,55 @@ def _parse_lines_fast(lines: Sequence[str], line_rows: Sequence[int]):
     feasigns, slots = numbers[0::2], numbers[1::2]
     if (feasigns == np.uint64(UINT64_MAX)).any() or (slots >= np.uint64(_SLOT_LIMIT)).any():
         return None
-    return np.asarray(counts, np.int64), feasigns.copy(), slots.astype(np.int64)
+    if value_tokens is None:
+        return LineColumns(np.asarray(counts, np.int64), feasigns.copy(), slots.astype(np.int64))
+    token_lines = np.repeat(np.arange(len(lines), dtype=np.int64), counts)
+    value_lines = token_lines[value_tokens]
+    keep = ~value_tokens
+    return LineColumns(
+        np.asarray(counts, np.int64) - np.bincount(value_lines, minlength=len(lines)),
+        feasigns[keep],
+        slots[keep].astype(np.int64),
+        value_lines,
+        slots[value_tokens].astype(np.int64),
+        values,
+    )
+
+
+def _set_values_aside(raw: bytes) -> tuple[bytes, np.ndarray, np.ndarray] | None:
+    """Features text with value tokens -> (the text with each value's number written as zeros, which token
+    is a value token, their values), or None to take the exact path.
+
+    Each token (between single spaces or newlines) must hold one colon, and a token's number characters
+    ('.', '-', '+', 'e', 'E') must come before it; the numbers must all be decimal numbers (one regular
+    expression over them at once) and finite. ``float`` converts them, as the reference parser does.
+    Per character only uint8 and bool arrays: the rest is per token (a Criteo line has ~50 in ~900 bytes).
+    """
+    a = np.frombuffer(raw, np.uint8)
+    seps = np.flatnonzero((a == _SPACE) | (a == _NEWLINE))
+    starts = np.r_[0, seps + 1]
+    ends = np.r_[seps, len(a)]
+    colon_at = np.flatnonzero(a == _COLON)
+    if len(colon_at) != len(starts) or (colon_at < starts).any() or (colon_at >= ends).any():
+        return None  # not one colon in each token
+    number_at = np.flatnonzero(((a - 48) > 9) & (a != _COLON) & (a != _SPACE) & (a != _NEWLINE))
+    token = np.searchsorted(seps, number_at)  # the token of each number character
+    if (number_at > colon_at[token]).any():  # a slot is digits only
+        return None
+    value_tokens = np.zeros(len(starts), bool)
+    value_tokens[token] = True
+    first, colon = starts[value_tokens], colon_at[value_tokens]
+    numbers = [raw[i:j] for i, j in zip(first.tolist(), colon.tolist(), strict=True)]
+    if not _VALUE_NUMBERS_OK.fullmatch(b"\n".join(numbers)):
+        return None
+    values = np.array([float(x) for x in numbers], np.float64)
+    if not np.isfinite(values).all():
+        return None
+    lengths = colon - first
+    spans = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+    zeroed = a.copy()
+    zeroed[spans] = ord("0")  # "2.5:40" -> "000:40": an integer token, the slot where it was
+    return zeroed.tobytes(), value_tokens, values
 
 
 def _line_problem(line: str) -> str:
@@ -329,10 +503,19 @@ def _line_problem(line: str) -> str:
         return f"show/click {parts[0][:20]!r} {parts[1][:20]!r}: show is an unsigned integer, click 0 or 1"
     for tok in parts[2:]:
         f, sep, s = tok.partition(":")
-        if not sep or not (f.isascii() and f.isdigit() and s.isascii() and s.isdigit()):
-            return f"feature {tok[:60]!r} is not integer:integer (ASCII digits)"
-        if len(f) > MAX_FEASIGN_DIGITS or len(s) > MAX_SLOT_DIGITS:
-            return f"feature {tok[:60]!r}: feasign above 20 digits or slot above 9"
+        if sep and s.isascii() and s.isdigit() and f.isascii():
+            if f.isdigit():
+                if len(f) > MAX_FEASIGN_DIGITS or len(s) > MAX_SLOT_DIGITS:
+                    return f"feature {tok[:60]!r}: feasign above 20 digits or slot above 9"
+                continue
+            if _VALUE_NUMBER_OK.fullmatch(f):
+                if len(s) > MAX_SLOT_DIGITS:
+                    return f"feature {tok[:60]!r}: slot above 9 digits"
+                continue
+        return (
+            f"feature {tok[:60]!r} is not integer:integer (feasign:slot) nor number:integer (a dense slot's "
+            "value:slot), in ASCII digits"
+        )
     return "characters outside the slot format (spaces or tabs between fields, ASCII digits)"
 
 
@@ -342,15 +525,16 @@ def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, li
     for p in parts:
         offsets.append(n)
         n += p.n
+    value_columns = _concat_values(parts, offsets)
     if len(parts) == 1 and isinstance(parts[0].feasigns, np.ndarray):
-        return parts[0], offsets
+        return dataclasses.replace(parts[0], **value_columns), offsets
     counts = _concat([p.counts for p in parts], np.int64)
     feasigns = _concat([p.feasigns for p in parts], np.uint64)
     slots = _concat([p.feature_slots for p in parts], np.int64)
     strict = None
     if any(p.strict_rows is not None for p in parts):
         strict = _concat([p.strict_rows if p.strict_rows is not None else [False] * p.n for p in parts], bool)
-    return ParsedInstances(n, counts, feasigns, slots, strict), offsets
+    return ParsedInstances(n, counts, feasigns, slots, strict, **value_columns), offsets
 
 
 def _concat(columns: list, dtype) -> np.ndarray:
@@ -362,35 +546,107 @@ def _concat(columns: list, dtype) -> np.ndarray:
     return np.concatenate([np.asarray(c, dtype=dtype) for c in columns])
 
 
-def unknown_slot_rows(parsed: ParsedInstances, slots: Sequence[int]) -> dict[int, int]:
-    """Rows of the strict ("slots") form naming a slot outside ``slots``: {row: first such slot}."""
-    if parsed.strict_rows is None or not len(parsed.feature_slots):
+def _concat_values(parts: Sequence[ParsedInstances], offsets: list[int]) -> dict[str, np.ndarray]:
+    """The value columns of several requests as arrays, rows renumbered like the features'."""
+    if not any(len(p.values) for p in parts):  # no dense values at all (every pass without dense slots)
+        return {"value_rows": _ints(()), "value_slots": _ints(()), "values": np.zeros(0, np.float64)}
+    return {
+        "value_rows": np.concatenate([_ints(p.value_rows) + off for p, off in zip(parts, offsets, strict=True)]),
+        "value_slots": np.concatenate([_ints(p.value_slots) for p in parts]),
+        "values": np.concatenate([np.asarray(p.values, np.float64) for p in parts]),
+    }
+
+
+def strict_problems(parsed: ParsedInstances, slots: Sequence[int], dense_slots: Sequence[int] = ()) -> dict[int, str]:
+    """{row: message} for the rows of the strict ("slots") form that a version with these sparse ``slots``
+    and ``dense_slots`` cannot score (each row's first problem): a slot that is neither, a number that is
+    not a feasign in a sparse slot, more than one number for a dense slot. Lines are never strict."""
+    if parsed.strict_rows is None:
         return {}
-    feature_slots = np.asarray(parsed.feature_slots, np.int64)
-    pos = slot_positions(feature_slots, np.asarray(list(slots), np.int64))
-    rows = parsed.feature_row
-    bad = np.flatnonzero((pos < 0) & np.asarray(parsed.strict_rows, bool)[rows])
-    out: dict[int, int] = {}
-    for j in bad.tolist():
-        out.setdefault(int(rows[j]), int(feature_slots[j]))
+    strict = np.asarray(parsed.strict_rows, bool)
+    sparse_arr, dense_arr = _ints(list(slots)), _ints(list(dense_slots))
+    f_rows, f_slots = parsed.feature_row, _ints(parsed.feature_slots)
+    v_rows, v_slots, values = _ints(parsed.value_rows), _ints(parsed.value_slots), np.asarray(parsed.values, float)
+    f_strict, v_strict = strict[f_rows], strict[v_rows]
+    f_dense, v_dense = np.isin(f_slots, dense_arr), np.isin(v_slots, dense_arr)
+    f_sparse, v_sparse = slot_positions(f_slots, sparse_arr) >= 0, slot_positions(v_slots, sparse_arr) >= 0
+    out: dict[int, str] = {}
+    for rows, cols, bad in (
+        (f_rows, f_slots, f_strict & ~f_sparse & ~f_dense),
+        (v_rows, v_slots, v_strict & ~v_sparse & ~v_dense),
+    ):
+        for j in np.flatnonzero(bad).tolist():
+            out.setdefault(int(rows[j]), unknown_slot_message(int(rows[j]), int(cols[j]), slots, dense_slots))
+    for j in np.flatnonzero(v_strict & v_sparse).tolist():
+        r = int(v_rows[j])
+        out.setdefault(r, not_a_feasign_message(r, int(v_slots[j]), float(values[j]), dense_slots))
+    if len(dense_arr):
+        # one number per dense slot: count the integers and the other numbers of each (row, dense slot)
+        cells = np.stack(
+            [
+                np.concatenate([f_rows[f_strict & f_dense], v_rows[v_strict & v_dense]]),
+                np.concatenate([f_slots[f_strict & f_dense], v_slots[v_strict & v_dense]]),
+            ],
+            axis=1,
+        )
+        if len(cells):
+            cell, count = np.unique(cells, axis=0, return_counts=True)
+            for (r, s), c in zip(cell[count > 1].tolist(), count[count > 1].tolist(), strict=True):
+                out.setdefault(r, f"instance {r} slot {s}: a dense slot takes one number, got {c}")
     return out
 
 
-def unknown_slot_message(row: int, slot: int, slots: Sequence[int]) -> str:
-    shown = list(slots)[:8]
-    return f"instance {row}: unknown slot '{slot}'; this model's slots are {shown}{'...' if len(slots) > 8 else ''}"
+def _few(slots: Sequence[int]) -> str:
+    return f"{list(slots)[:8]}{'...' if len(slots) > 8 else ''}"
 
 
-def to_key_batch(parsed: ParsedInstances, slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
-    """The KeyBatch of one request's instances for a version's ``slots``; an unknown strict slot is an error."""
-    bad = unknown_slot_rows(parsed, slots)
-    if bad:
-        row, slot = min(bad.items())
-        raise InstanceError(unknown_slot_message(row, slot, slots))
+def unknown_slot_message(row: int, slot: int, slots: Sequence[int], dense_slots: Sequence[int] = ()) -> str:
+    dense = f" and dense slots {_few(dense_slots)}" if len(dense_slots) else ""
+    return f"instance {row}: unknown slot '{slot}'; this model's slots are {_few(slots)}{dense}"
+
+
+def not_a_feasign_message(row: int, slot: int, value: float, dense_slots: Sequence[int] = ()) -> str:
+    """A number that is not a feasign, given for a sparse slot."""
+    if value.is_integer() and not 0 <= value <= UINT64_MAX:
+        shown = str(int(value)) if abs(value) < 2**53 else repr(value)
+        why = f"feasign {shown} is outside the unsigned 64-bit range"
+    else:
+        why = f"feasign {value!r} is not an integer"
+    hint = f" (slot {slot} is sparse; numbers go to the dense slots {_few(dense_slots)})" if len(dense_slots) else ""
+    return f"instance {row} slot {slot}: {why}{hint}"
+
+
+def parsed_key_batch(
+    parsed: ParsedInstances, slots: Sequence[int], sparse_dim: int | None, dense_slots: Sequence[int] = ()
+) -> KeyBatch:
+    """The KeyBatch of (merged) instances for a version: sparse ``slots`` in slot.conf order, its key
+    transform, its ``dense_slots`` (through scoring.key_batch, the one builder)."""
+    return key_batch(
+        parsed.feature_row,
+        parsed.feasigns,
+        parsed.feature_slots,
+        parsed.n,
+        slots,
+        sparse_dim,
+        dense_slots=dense_slots,
+        values=(parsed.value_rows, parsed.value_slots, parsed.values),
+    )
+
+
+def to_key_batch(
+    parsed: ParsedInstances, slots: Sequence[int], sparse_dim: int | None, dense_slots: Sequence[int] = ()
+) -> KeyBatch:
+    """The KeyBatch of one request's instances for a version; a strict instance it cannot score is an error."""
+    problems = strict_problems(parsed, slots, dense_slots)
+    if problems:
+        raise InstanceError(problems[min(problems)])
     merged, _ = concat_parsed([parsed])
-    return key_batch(merged.feature_row, merged.feasigns, merged.feature_slots, merged.n, slots, sparse_dim)
+    return parsed_key_batch(merged, slots, sparse_dim, dense_slots)
 
 
-def build_key_batch(instances: Sequence[object], slots: Sequence[int], sparse_dim: int | None) -> KeyBatch:
-    """JSON instances -> KeyBatch for ``slots`` (slot.conf order); raise InstanceError on bad input."""
-    return to_key_batch(parse_instances(instances), slots, sparse_dim)
+def build_key_batch(
+    instances: Sequence[object], slots: Sequence[int], sparse_dim: int | None, dense_slots: Sequence[int] = ()
+) -> KeyBatch:
+    """JSON instances -> KeyBatch for a version's ``slots`` (slot.conf order) and ``dense_slots``; raise
+    InstanceError on bad input."""
+    return to_key_batch(parse_instances(instances), slots, sparse_dim, dense_slots)

@@ -27,9 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ctr_foundation.dense_features import DenseNorm
 from ctr_foundation.errors import ComponentError, DataError
 from ctr_foundation.names import CUBE_PREFIX, REMOTE_CURRENT
-from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, META_FILE, complete_passes, latest_complete_pass
+from ctr_foundation.pass_format import (
+    DENSE_DIR,
+    DENSE_PREFIX,
+    META_FILE,
+    PassInfo,
+    complete_passes,
+    latest_complete_pass,
+)
 from ctr_foundation.records import CurrentVersion, read_current
 from elastic_control.inference.scoring import InMemoryTable
 from elastic_control.serving.lookup import CubeLookup, CubeUnavailable, Lookup, TableLookup
@@ -52,6 +60,15 @@ class LoadedVersion:
     record: CurrentVersion | None = None
     loaded_at: float = field(default_factory=time.time)
     load_id: int = 0  # unique per load: batch workers key their predictors by it
+    # dense slots (slot.conf "SLOT dense") and their standardisation, from the version's meta.json: their
+    # standardised values follow the pooled rows in the dense model's input (scoring.model_input)
+    dense_slots: tuple[int, ...] = ()
+    dense_norm: DenseNorm | None = None
+
+    @property
+    def input_width(self) -> int:
+        """Columns of the dense model's input: the pooled rows, then one per dense slot."""
+        return len(self.slots) * self.width + len(self.dense_slots)
 
     def probe(self) -> str | None:
         """None if every cube shard answers a lookup of this version, else why not."""
@@ -72,6 +89,12 @@ def _version_fields(record: CurrentVersion, meta: dict) -> tuple[tuple[int, ...]
         raise DataError(f"version {record.version}: slots missing from meta.json and current.json")
     sparse_dim = meta.get("sparse_dim", record.sparse_dim)
     return slots, (int(sparse_dim) if sparse_dim else None)
+
+
+def _dense_fields(info: PassInfo) -> dict:
+    """The LoadedVersion fields of a version's dense slots, read by PassInfo (meta.json's owner); a version
+    without dense slots has none, and the model's input is the pooled rows alone."""
+    return {"dense_slots": tuple(int(s) for s in info.dense_slots), "dense_norm": info.dense_norm}
 
 
 def _check_dense(dense_dir: Path, version: str) -> Path:
@@ -131,7 +154,14 @@ class CubeRootSource:
         if width <= 0:
             raise DataError(f"version {record.version}: row width (dim) missing from current.json and meta.json")
         return LoadedVersion(
-            record.version, slots, sparse_dim, width, prefix, CubeLookup(self.cube_urls, self.lookup_timeout), record
+            record.version,
+            slots,
+            sparse_dim,
+            width,
+            prefix,
+            CubeLookup(self.cube_urls, self.lookup_timeout),
+            record,
+            **_dense_fields(PassInfo(record.version, vdir, meta)),
         )
 
     def prune(self, keep: set[str]) -> None:
@@ -239,7 +269,8 @@ class ModelDirSource:
         slots, sparse_dim = _version_fields(record, info.meta)
         prefix = _check_dense(info.path / DENSE_DIR, info.name)
         table = InMemoryTable.from_pass(info)
-        return LoadedVersion(info.name, slots, sparse_dim, table.dim, prefix, TableLookup(table, info.name), record)
+        lookup = TableLookup(table, info.name)
+        return LoadedVersion(info.name, slots, sparse_dim, table.dim, prefix, lookup, record, **_dense_fields(info))
 
     def prune(self, keep: set[str]) -> None:
         pass
