@@ -43,7 +43,8 @@ def test_criteo_data_is_converted_and_split(tmp_path):
     assert data.lines_total == 1500 and len(data.heldout_lines) == 500
     assert data.bayes_auc is None and data.heldout_truth is None
     assert set(data.heldout_labels) <= {0, 1}
-    assert load_slot_conf(data.slot_conf).slots == tuple(range(1, 40))
+    conf = load_slot_conf(data.slot_conf)
+    assert conf.slots == tuple(range(1, 40)) and conf.dense == tuple(range(40, 53))
 
 
 def test_demo_refuses_bad_arguments(tmp_path):

@@ -18,7 +18,6 @@ from elastic_control.config.data_config import format_hour
 
 DEMO_START = dt.datetime(2019, 12, 21, 0)
 SYNTH_SLOTS = tuple(range(1, 27))  # 26 slots, as many as Criteo's categorical features
-CRITEO_SLOTS = tuple(range(1, 40))  # the converter's slots: 13 integer + 26 categorical features
 
 
 @dataclass(frozen=True)
@@ -186,8 +185,10 @@ def prepare_criteo(
         source, dataset, hours=train_hours + 1, start=DEMO_START, progress=progress, minutes=_minutes(extra)
     )
     lines, _ = _heldout(dataset, DEMO_START + dt.timedelta(hours=train_hours), _minutes(extra), truth=False)
+    # The converter's slot.conf: 13 bucketised integer + 26 categorical sparse slots, the 13 counts as dense slots.
+    slots = [ln for ln in Path(summary["slot_conf"]).read_text().splitlines() if ln and not ln.startswith("#")]
     slot_conf, data_config = write_configs(
-        workdir, slots=CRITEO_SLOTS, train_hours=train_hours, dataset=dataset, model_path=model_path, extra=extra
+        workdir, slots=slots, train_hours=train_hours, dataset=dataset, model_path=model_path, extra=extra
     )
     return DemoData(
         slot_conf,
