@@ -74,10 +74,8 @@ def dense_matrix(
         return out
     rows, cols, vals = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
     cell = rows * k + cols
-    present = np.zeros(n * k, bool)
-    present[cell] = True
-    summed = np.zeros(n * k)
-    np.add.at(summed, cell, vals)
+    present = np.bincount(cell, minlength=n * k) > 0
+    summed = np.bincount(cell, weights=vals, minlength=n * k)  # a sum per cell (np.add.at is 10x slower)
     flat = out.reshape(-1)
     flat[present] = summed[present]
     return out

@@ -36,6 +36,14 @@ def test_slot_conf_ignores_comments_and_blank_lines():
         ("-4\n", r"slot.conf:1: slot id -4 is negative"),
         ("# only comments\n\n", r"slot.conf: no slots listed"),
         ("", r"no slots listed"),
+        # dense slots (SLOT dense)
+        ("1\n3 dense dense\n", r"slot.conf:2: '3 dense dense' is not 'SLOT' or 'SLOT dense'"),
+        ("1\n3 sparse\n", r"slot.conf:2: '3 sparse' is not 'SLOT' or 'SLOT dense'"),
+        ("3\n4\n3 dense\n", r"slot.conf:3: slot 3 is listed twice \(first on line 1\)"),
+        ("3 dense\n1\n3\n", r"slot.conf:3: slot 3 is listed twice \(first on line 1\)"),
+        ("40 dense\n41 dense\n", r"slot.conf: no sparse slot listed \(dense slots need at least one\)"),
+        ("1\nx dense\n", r"slot.conf:2: slot id 'x' is not an integer"),
+        ("1\n-40 dense\n", r"slot.conf:2: slot id -40 is negative"),
     ],
 )
 def test_slot_conf_errors_name_file_line_and_value(text, message):
@@ -71,23 +79,6 @@ def test_slot_conf_criteo_slot_conf_as_data_criteo_writes_it(tmp_path):
     path.write_text(slot_conf_text())
     conf = load_slot_conf(path)
     assert conf.slots == INTEGER_SLOTS + CATEGORICAL_SLOTS and conf.dense == DENSE_SLOTS == tuple(range(40, 53))
-
-
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("1\n3 dense dense\n", r"slot.conf:2: '3 dense dense' is not 'SLOT' or 'SLOT dense'"),
-        ("1\n3 sparse\n", r"slot.conf:2: '3 sparse' is not 'SLOT' or 'SLOT dense'"),
-        ("3\n4\n3 dense\n", r"slot.conf:3: slot 3 is listed twice \(first on line 1\)"),
-        ("3 dense\n1\n3\n", r"slot.conf:3: slot 3 is listed twice \(first on line 1\)"),
-        ("40 dense\n41 dense\n", r"slot.conf: no sparse slot listed \(dense slots need at least one\)"),
-        ("1\nx dense\n", r"slot.conf:2: slot id 'x' is not an integer"),
-        ("1\n-40 dense\n", r"slot.conf:2: slot id -40 is negative"),
-    ],
-)
-def test_slot_conf_dense_refusals(text, message):
-    with pytest.raises(ConfigError, match=message):
-        parse_slot_conf(text)
 
 
 def test_data_config_values_expansion_and_quotes():

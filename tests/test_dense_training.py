@@ -29,14 +29,20 @@ def _hour_lines(data, hour: str) -> list[str]:
     return [ln for p in sorted(folder.glob("part-*")) for ln in p.read_text().splitlines() if ln]
 
 
-def test_dense_slots_train_resume_and_score_like_the_training_program(tmp_path):
-    raw = tmp_path / "raw.tsv"
+def _convert(root, lines: int):
+    """`elastic-control data criteo` on the first ``lines`` real lines, in 2 hours: (data, its summary)."""
+    raw = root / "raw.tsv"
     with open(CRITEO_FILE, encoding="utf-8") as f:
-        raw.write_text("".join(next(f) for _ in range(4000)))
-    data = tmp_path / "data"
+        raw.write_text("".join(next(f) for _ in range(lines)))
+    data = root / "data"
     r = run_cli("data", "criteo", "--input", raw, "--output", data, "--hours", 2, "--start", "20200101/00")
     assert r.returncode == 0, r.stderr
-    conf = load_slot_conf(json.loads(r.stdout)["slot_conf"])
+    return data, json.loads(r.stdout)
+
+
+def test_dense_slots_train_resume_and_score_like_the_training_program(tmp_path):
+    data, summary = _convert(tmp_path, 4000)
+    conf = load_slot_conf(summary["slot_conf"])
     assert conf.dense == DENSE_SLOTS
     slots = [*map(str, conf.slots), *(f"{s} dense" for s in conf.dense)]
     args = ["--log-every", "1000", "--epochs", "1"]
@@ -69,12 +75,7 @@ def test_dense_slots_train_resume_and_score_like_the_training_program(tmp_path):
 
 
 def test_a_resumed_job_whose_passes_have_no_dense_standardisation_fails_naming_it(tmp_path):
-    raw = tmp_path / "raw.tsv"
-    with open(CRITEO_FILE, encoding="utf-8") as f:
-        raw.write_text("".join(next(f) for _ in range(1000)))
-    data = tmp_path / "data"
-    r = run_cli("data", "criteo", "--input", raw, "--output", data, "--hours", 2, "--start", "20200101/00")
-    assert r.returncode == 0, r.stderr
+    data, _ = _convert(tmp_path, 1000)
     args = ["--log-every", "1000", "--epochs", "1"]
     job = tmp_path / "job"
     sparse = [str(s) for s in range(1, 40)]
