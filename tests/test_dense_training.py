@@ -64,6 +64,12 @@ def test_dense_slots_train_resume_and_score_like_the_training_program(tmp_path):
     assert all(s > 0 for s in norms[0].std)
     assert np.allclose(norms[0].mean, want.mean, atol=0.2 * np.array(want.std))
 
+    # After each pass the logit bias was refitted: the first pass's mean prediction on its hour is the
+    # hour's click rate (training/bias_refit.py).
+    assert all(isinstance(m["training"]["bias_shift"], float) for m in metas)
+    labels = hour.clicks
+    first_hour = score_pass(passes[0], _hour_lines(data, "20200101/00"))
+    assert abs(first_hour.mean() / labels.mean() - 1) < 0.01, (first_hour.mean(), labels.mean())
     for p in passes:
         lines, probs = read_golden(p)
         assert len(lines) >= 50 and any(":40" in ln or ":52" in ln for ln in lines)

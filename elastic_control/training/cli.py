@@ -97,6 +97,13 @@ _OPTIONS = [
         "With the early stop, export the pass's best epoch, not the worse one that stopped it (default: on).",
     ),
     (
+        "--refit-bias/--no-refit-bias",
+        "refit_bias",
+        None,
+        "After each pass, move the logit bias so that the mean prediction on the pass's lines is their click "
+        "rate (default: on).",
+    ),
+    (
         "--early-stop-patience",
         "early_stop_patience",
         click.IntRange(1, 100),

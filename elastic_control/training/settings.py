@@ -44,6 +44,9 @@ class Hyperparameters:
     # (training/best_epoch.py). None: on.
     restore_best_epoch: bool | None = None
     early_stop_patience: int = 2  # with a best epoch to restore: epochs no better that end a pass (best_epoch.py)
+    # After each pass trainer 0 moves the logit bias so that the mean prediction on the pass's lines is their
+    # click rate (training/bias_refit.py). None: on.
+    refit_bias: bool | None = None
     # EPOCHS=auto with the early stop: a pass whose held-out set (trainer 0's every 20th line) is smaller
     # than this is not judged by it but trains at most ``unjudged_pass_epochs`` epochs
     # (pass_stream.unjudged_pass). 500: the eight small real logs hold out 50-250 lines a pass, where the

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from elastic_control.config.data_config import format_hour, parse_slot
-from elastic_control.data.line_batch import LineBatch, concat_batches
+from elastic_control.data.line_batch import LineBatch, concat_batches, slice_batch
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
 from elastic_control.metrics import RecentWindow, auc, line_log_losses, log_loss
+from elastic_control.training.bias_refit import BIAS_REFIT_LINES
 from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
 from elastic_control.training.settings import RoleSettings
 
@@ -39,6 +40,9 @@ class PassStats:
     judged: bool = True  # False: too few held-out lines for the early stop (pass_stream.unjudged_pass)
     best_epoch: int | None = None  # the early stop's lowest held-out loss (of the epochs scored)
     restored_epoch: int | None = None  # the epoch put back after a worse last one (training/best_epoch.py)
+    # This trainer's predictions on a sample of its share after the pass's epochs (training/bias_refit.py)
+    prediction_sums: dict = field(default_factory=dict)
+    bias_shift: float | None = None  # what trainer 0 added to the logit bias after the pass (None: not refitted)
 
 
 class Trainer:
@@ -144,6 +148,7 @@ class Trainer:
                     "epochs": self.s.epochs,
                     "early_stop": self.s.early_stop,
                     "restore_best_epoch": self.s.hyper.restore_best_epoch is not False,
+                    "refit_bias": self.s.hyper.refit_bias is not False,
                     "early_stop_patience": self.s.hyper.early_stop_patience,
                     "min_holdout_to_stop": self.s.hyper.min_holdout_to_stop,
                     "unjudged_pass_epochs": self.s.hyper.unjudged_pass_epochs,
@@ -273,8 +278,11 @@ class Trainer:
                     "bad_lines": stats.bad_lines,
                     "lines": stats.lines,
                     "seconds": stats.seconds,
+                    "prediction_sums": stats.prediction_sums,
                 },
             )
+            if self.s.is_chief and self.s.hyper.refit_bias is not False:
+                stats.bias_shift = self._refit_bias(part, [d["prediction_sums"] for d in everyone.values()])
             published = self.export(part, stats, everyone) if self.s.is_chief else None
             done = self.coord.barrier(f"{part.name}/exported", self.rank, self.s.trainers, {"pass_dir": published})
             if self.incremental and not self.s.is_chief:
@@ -398,6 +406,8 @@ class Trainer:
             best.end_pass()
         if self.wide_prior:
             self.wide_prior.end_pass(counts)
+        if h.refit_bias is not False:
+            stats.prediction_sums = self._prediction_sums(share)
         stats.epochs = epoch
         stats.seconds = time.monotonic() - started
         stats.golden = [holdout.batch()] if holdout.count else []
@@ -455,6 +465,37 @@ class Trainer:
         # A hidden staging name: a job restarted after a crash removes it (resume.remove_stale_staging).
         self._best.start_pass(Path(self.s.model_path) / f".{name}-best-epoch.tmp")
         return self._best
+
+    def _prediction_sums(self, share, lines: int = BIAS_REFIT_LINES) -> dict:
+        """Sums of the current model's predictions over up to ``lines`` of this trainer's share (its first
+        ones: the share is in file order, and any part of the hour will do), for ``bias_refit.shift``."""
+        from elastic_control.training.bias_refit import PredictionSums
+
+        self._pull_dense()
+        sums = PredictionSums()
+        for chunk in share:
+            chunk = slice_batch(chunk, 0, min(len(chunk), lines - sums.n))
+            if len(chunk):
+                sums.add(chunk.clicks, self.score(chunk))
+            if sums.n >= lines:
+                break
+        return sums.to_json()
+
+    def _refit_bias(self, part: HourPartition, sums: list[dict]) -> float:
+        """Trainer 0, every trainer waiting: move the logit bias so that the model's mean prediction on the
+        pass's lines is their click rate (training/bias_refit.py); returns the shift."""
+        from elastic_control.training.bias_refit import PredictionSums
+
+        total = PredictionSums.merged(sums)
+        shift = total.shift()
+        if shift:
+            snapshot = self._dense_snapshot()
+            self._push_dense({"logit.b": snapshot["logit.b"] + np.float32(shift)})
+        self.log(
+            f"pass {part.name}: mean prediction {total.mean_prediction:.4f} against click rate {total.click_rate:.4f} "
+            f"on {total.n} lines: logit bias {shift:+.4f}"
+        )
+        return shift
 
     def _sparse_table(self):
         """(the PS client, the id of the one sparse table): what saves and loads of the table address."""
@@ -689,6 +730,7 @@ class Trainer:
                 "early_stop": self.s.early_stop,
                 "judged_by_holdout": bool(self.s.early_stop) and stats.judged,
                 "batch_size": stats.batch_size,
+                "bias_shift": None if stats.bias_shift is None else round(stats.bias_shift, 6),
             },
             "trainers": self.s.trainers,
             "pservers": self.s.pservers,
