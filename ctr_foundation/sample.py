@@ -20,8 +20,16 @@ import numpy as np
 UINT64_MAX = (1 << 64) - 1
 
 
-# A value token's number: what Python's float() reads, minus inf/nan, underscores and spaces.
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# A value token's number, ASCII only: a decimal number that is NOT a plain unsigned integer (a sign, a point
+# or an exponent; what Python's float() reads minus inf/nan, underscores and spaces). No alternative can match
+# the same digits two ways, so a long digit run costs linear time to refuse (no quadratic backtracking on
+# hostile input). Serving's strict line checks build on it.
+VALUE_NUMBER = (
+    r"(?:[-+](?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+    r"|(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+    r"|[0-9]+[eE][-+]?[0-9]+)"
+)
+_VALUE_NUMBER_OK = re.compile(VALUE_NUMBER, re.ASCII)
 
 
 class MalformedLine(ValueError):
@@ -72,7 +80,7 @@ def parse_sample_line(line: str) -> Sample:
             value = float(f)
         except ValueError:
             raise MalformedLine(f"feature {tok!r} is not feasign:slot (integer) or value:slot (number)") from None
-        if not math.isfinite(value) or not _NUMBER.fullmatch(f):
+        if not math.isfinite(value) or not _VALUE_NUMBER_OK.fullmatch(f):
             raise MalformedLine(f"feature {tok!r}: a dense value must be a finite decimal number")
         values.append(value)
         value_slots.append(sv)

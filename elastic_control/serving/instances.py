@@ -44,7 +44,7 @@ import numpy as np
 
 from ctr_foundation.http_json import parse_json
 from ctr_foundation.http_messages import HttpError
-from ctr_foundation.sample import UINT64_MAX
+from ctr_foundation.sample import UINT64_MAX, VALUE_NUMBER
 from elastic_control.data.line_batch import parse_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
@@ -53,14 +53,8 @@ MAX_FEASIGN_DIGITS = 20
 MAX_SLOT_DIGITS = 9
 MAX_ROUTING_KEY = 256
 
-# A value token's number (a dense slot's value), ASCII only: a decimal number that is NOT a plain unsigned
-# integer (a sign, a point or an exponent), the rule of sample.py. No alternative can match the same digits
-# two ways, so a long digit run costs linear time to refuse (no quadratic backtracking on hostile input).
-_VALUE_NUMBER = (
-    r"(?:[-+](?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-    r"|(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-    r"|[0-9]+[eE][-+]?[0-9]+)"
-)
+# A value token's number (a dense slot's value): the grammar of sample.py, its one owner.
+_VALUE_NUMBER = VALUE_NUMBER
 _VALUE_NUMBER_OK = re.compile(_VALUE_NUMBER, re.ASCII)
 # One valid line, ASCII only (re.ASCII: \d would accept any Unicode digit): show, click, then feasign:slot
 # and value:slot tokens.
