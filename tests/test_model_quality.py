@@ -7,8 +7,8 @@ eval --json` scores the last hour from the saved pass. The peer is a scikit-lear
 on exactly the same one-hot feasigns and split (best C of a small grid, chosen on the test hour: the
 peer's most favourable figure), fitted in the same test.
 
-- default suite: small real logs (a few thousand lines, one pass): AUC at least the peer's minus a
-  small noise margin, and calibrated (mean predicted CTR within 10% of the observed);
+- default suite: small real logs (a few thousand lines, one or two passes): AUC at least the peer's, and
+  calibrated (mean predicted CTR within 10% of the observed);
 - slow: the issue-12 Criteo split (`data criteo --hours 5`, train hours 1-4, evaluate hour 5).
 """
 
@@ -118,12 +118,14 @@ def _default_family() -> str:
 
 
 # Small real logs: one pass of 6,000 lines scored on the next 6,000; and two passes of 5,000 from
-# another part of the file. The margin is the AUC noise of a 5-6k-line test set (about 0.007 s.d.).
+# another part of the file. The issue's point is "at least logistic regression": no allowance since the dense
+# slots and the bias refit put all eight slices above it (2026-12-05: +0.005 and +0.0067 on these two, run-to-run
+# spread about 0.003; a miss is retried once below). Before, the allowance was 0.005, the AUC noise of a
+# 5-6k-line test set.
 SMALL_LOGS = [(0, 12_000, 2), (60_000, 15_000, 3)]
-NOISE = 0.005
 # Six more slices of the file (2026-12-02), `-m slow`. Trained on the sparse slots alone the defaults were
-# 0.002-0.006 below logistic regression on five of them (1pass-2k beyond NOISE); with the converter's dense
-# slots (2026-12-05) all eight are above it, by 0.001-0.008 (docs/benchmarks.md "Dense slots").
+# 0.002-0.006 below logistic regression on five of them (1pass-2k beyond the allowance of then); with the
+# converter's dense slots (2026-12-05) all eight are above it, by 0.001-0.009 (docs/benchmarks.md "Dense slots").
 MORE_SMALL_LOGS = [
     pytest.param(*s, marks=pytest.mark.slow, id=i)
     for s, i in (
@@ -150,7 +152,7 @@ def test_small_real_log_beats_logistic_regression_and_is_calibrated(tmp_path, fi
     for attempt in range(2):
         metrics, lr = _quality(tmp_path / f"run-{attempt}", first=first, lines=lines, hours=hours)
         problems = []
-        if metrics["auc"] < lr - NOISE:
+        if metrics["auc"] < lr:
             problems.append(f"AUC {metrics['auc']:.4f} below logistic regression's {lr:.4f}")
         if abs(metrics["calibration"] - 1) > 0.10:
             problems.append(f"mean predicted / observed CTR {metrics['calibration']:.3f}")
