@@ -81,6 +81,7 @@ PREVIOUS_DEFAULT = [
     "0",
     "--learning-rate",
     "0.001",
+    "--no-refit-bias",
 ]
 # The defaults before the decay rule: the embeddings on Paddle's sparse Adam rule at 0.01.
 ADAM_DEFAULT = ["--sparse-optimizer", "adam", "--sparse-learning-rate", "0.01"]
