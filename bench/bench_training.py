@@ -14,14 +14,15 @@ Prints, in one run:
 - synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7): held-out AUC
   of the default family vs the Bayes-optimal AUC;
 - the real Criteo split of issue 12 (`data criteo --hours 5`: train on hours 1-4, score hour 5 from the
-  saved pass) for every family with the defaults: AUC, log loss, calibration (mean predicted CTR /
-  observed), examples/s with 1 and with 2 trainers; beside a scikit-learn logistic regression on the
-  same one-hot feasigns and split, best C over a small grid, measured in the same run; and the default
-  family trained on the four hours as one pass (PASS_HOURS=4) beside its hourly passes;
+  saved pass) for every family with the defaults and the slot.conf the converter writes (its dense slots
+  included): AUC, log loss, calibration (mean predicted CTR / observed), examples/s with 1 and with 2
+  trainers; beside a scikit-learn logistic regression on the same one-hot feasigns and split, best C over
+  a small grid, measured in the same run; the default family on the sparse slots alone (no dense slots);
+  and the default family trained on the four hours as one pass (PASS_HOURS=4) beside its hourly passes;
 - small real logs (slices of the same file, 2,000-15,000 training lines in one or two passes, scored on
-  the next hour): AUC and calibration of the defaults, of the defaults with every pass judged by its few
-  held-out lines (--min-holdout-to-stop 0) and with the first pass at the full batch size
-  (--min-batches-first-pass 0), beside logistic regression on the same feasigns and split.
+  the next hour): AUC and calibration of the defaults, of the defaults on the sparse slots alone, with
+  every pass judged by its few held-out lines (--min-holdout-to-stop 0) and with the first pass at the
+  full batch size (--min-batches-first-pass 0), beside logistic regression on the same feasigns and split.
 """
 
 from __future__ import annotations
