@@ -489,6 +489,7 @@ class Trainer:
         total = PredictionSums.merged(sums)
         shift = total.shift()
         if shift:
+            self._pull_dense()  # every trainer's pushes of the pass are in (the barrier): start from them
             snapshot = self._dense_snapshot()
             self._push_dense({"logit.b": snapshot["logit.b"] + np.float32(shift)})
         self.log(
