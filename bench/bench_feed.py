@@ -4,22 +4,21 @@
 
 A training batch's per-key inputs with the defaults (wide_deep: the count-scaled L2's 1 / count, the
 decay rule's rate factor, the wide prior's anchor and weight) are each a function of the key.
-``feeding.feed_keys`` finds the batch's distinct keys once; since 2026-12-04 (session 32) all four share
-one search of the pass's counts (``KeyCounts.index``). Before, they searched five times: the pass's
+``feeding.feed_keys`` finds the batch's distinct keys once, and all four share one search of the
+pass's counts (``KeyCounts.index``). The peer searches five times, as the inputs once did: the pass's
 counts for the L2 scale and for the rate factor, every key the trainer had seen in earlier passes (a
 table that grows all job long) for the rate factor, and the pass's keys seen before twice for the
-prior. This prints, per batch of real Criteo lines (an hour of the issue-12 split, 39 slots):
+prior. This prints, per batch of real Criteo lines (an hour of the 5-hour Criteo split, 39 slots):
 
 - the floor both need: ``np.unique`` of the batch's keys (the distinct keys and where each goes);
 - the four inputs as they are computed now (the product's objects, on that one search);
-- the five searches as before (reimplemented here as the peer), with the earlier passes' keys being
+- the five searches of the peer (reimplemented here as the peer), with the earlier passes' keys being
   this pass's (a job's second hour) and then ``--history`` more (a long online job);
 
 and the ratios, measured in the same run (medians of three repetitions). Then, with feature admission
 (``ADMIT_MIN_COUNT``), the training mask of each batch (``admission.TrainingAdmission``: occurrences fed
-since the export, in an array aligned with the pass's keys since session 33) against the dict of counts
-it kept before (the peer), in a first pass (no key admitted yet) and in a second one (the first pass's
-keys exported with their counts).
+since the export, in an array aligned with the pass's keys) against a dict of counts (the peer), in a
+first pass (no key admitted yet) and in a second one (the first pass's keys exported with their counts).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ def criteo_batches(lines: int, batch: int) -> list[np.ndarray]:
 
 
 def before(distinct, counts: KeyCounts, seen: KeyCounts, known_keys, anchors, weights, progress, scale, l2):
-    """The per-key inputs as computed until session 32: five searches (the peer)."""
+    """The peer: the per-key inputs by five searches, one per table and input."""
 
     def find(table, keys):
         idx = np.minimum(np.searchsorted(table, keys), len(table) - 1)
@@ -120,7 +119,7 @@ def measure(batches, counts: KeyCounts, history: KeyCounts, hyper: Hyperparamete
 
 
 class DictAdmission(TrainingAdmission):
-    """The training admission mask as computed until session 33: a dict of occurrences fed (the peer)."""
+    """The peer: the training admission mask from a dict of occurrences fed."""
 
     def start_pass(self, pass_counts=None) -> None:
         self.seen: dict[int, int] = {}

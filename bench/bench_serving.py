@@ -23,8 +23,8 @@ what serving runs), batches of 2048 pooled rows, one predictor per core, both co
 limit" = serving's predictions/s / that limit.
 
 Without --pass it first trains a pass with the product pipeline (`elastic-control data criteo` +
-`elastic-control train`, the product's default model unless --train-args says otherwise; issue 13's
-figures are for `--train-args='--model dnn --hidden 400,400,400'`) on 20k real Criteo lines (5k with
+`elastic-control train`, the product's default model unless --train-args says otherwise; the figures
+in docs/benchmarks.md are for `--train-args='--model dnn --hidden 400,400,400'`) on 20k real Criteo lines (5k with
 --quick), which takes about a minute.
 """
 

@@ -1,4 +1,4 @@
-"""How far can models outside the product get on the issue-12 Criteo split? (Not the product: a yardstick.)
+"""How far can models outside the product get on the 5-hour Criteo split? (Not the product: a yardstick.)
 
     .venv/bin/python bench/criteo_ceiling.py [--criteo PATH] [--hours 5]
 

@@ -15,8 +15,8 @@ The last hour under
 hour by hour with each pass over every hour so far, ``passes=all`` on all training hours pooled (what
 scikit-learn's logistic regression sees). ``decay`` multiplies every rate by decay**epoch. ``peer=1`` also
 fits scikit-learn's logistic regression (C=0.1) on the same one-hot keys and prints the difference. Prints the
-test hour's AUC, log loss and calibration after every epoch. Figures: docs/benchmarks.md "What can beat
-logistic regression on the issue-12 split at all".
+test hour's AUC, log loss and calibration after every epoch. Figures: CHANGELOG.md, "Model quality
+on the Criteo split".
 """
 
 import sys

@@ -112,8 +112,8 @@ SERVING_URL = _var("ELASTIC_CTR_SERVING_URL", str, None, "base URL of the servin
 SERVING_GRPC = _var("ELASTIC_CTR_SERVING_GRPC", str, None, "HOST:PORT of serving's gRPC API (the client)", ADDRESS)
 
 # Listening ports and per-component settings; the Kubernetes manifests set
-# these (the defaults are the ports in DESIGN.md, so a program that only uses
-# its default still listens where its Service points).
+# these (the defaults are the ports of ctr_foundation.names, the original elastic-control.sh's, so a
+# program that only uses its default still listens where its Service points).
 FILESERVER_PORT = _var(
     "ELASTIC_CTR_FILESERVER_PORT", int, names.FILESERVER_PORT, "file server listening port", LISTEN_PORT
 )

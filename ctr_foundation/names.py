@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-# ---- ports (DESIGN.md, from the original elastic-control.sh) --------------------------
+# ---- ports (the original elastic-control.sh's, so its users' firewalls and Services still fit) ----
 FILESERVER_PORT = 8080
 SERVING_PORT = 8010
 SERVING_GRPC_PORT = 8011

@@ -31,7 +31,7 @@ KNOWN_KEYS = (
     "MODEL",
     "EPOCHS",
     "EARLY_STOP",
-    # Incremental rollouts (issue 14): delta passes, admission, eviction, sub-hour passes; multi-hour passes.
+    # Incremental rollouts: delta passes, admission, eviction, sub-hour passes; multi-hour passes.
     "DELTA_PASSES",
     "BASE_EVERY",
     "ADMIT_MIN_COUNT",

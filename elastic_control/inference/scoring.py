@@ -287,8 +287,8 @@ def import_paddle(*, keep_signals: bool = True) -> None:
 class DenseModel:
     """The pass's dense inference program, run with paddle.inference (CPU).
 
-    A predictor is not safe to share between threads (issue 15: oneDNN keeps per-thread state, and
-    cloned predictors used from other threads crashed serving under load). ``predict`` serialises its
+    A predictor is not safe to share between threads (oneDNN keeps per-thread state, and cloned
+    predictors used from other threads crash under load). ``predict`` serialises its
     callers; serving goes further and creates one DenseModel per batch worker, in that worker's
     thread, with ``bind_thread=True`` so that any other thread's call is refused.
     """

@@ -19,7 +19,7 @@ VOLCANO_QUEUE_GROUP = "scheduling.volcano.sh"
 VOLCANO_QUEUE_VERSION = "v1beta1"
 VOLCANO_QUEUE_PLURAL = "queues"
 VOLCANO_SCHEDULER = "volcano"
-# A pinned release, never a moving `master` URL (DESIGN.md).
+# A pinned release, never a moving `master` URL: what the hint installs must not change under the user.
 VOLCANO_INSTALL_HINT = (
     "install Volcano from a pinned release, e.g. `kubectl apply -f "
     "https://raw.githubusercontent.com/volcano-sh/volcano/v1.11.0/installer/volcano-development.yaml`"
@@ -50,7 +50,7 @@ CONFIG_CHECKSUM_ANNOTATION = "elastic-ctr/config-checksum"
 # On Deployments: replicas as rendered, so -a tells a changed plan from an HPA's or `kubectl scale`'s replicas.
 REPLICAS_ANNOTATION = "elastic-ctr/replicas"
 
-# Ports (DESIGN.md): owned by ctr_foundation.names; named here too because the templates read `k.*`.
+# Ports: owned by ctr_foundation.names; named here too because the templates read `k.*`.
 PSERVER_PORT = names.PSERVER_PORT
 TRAINER_PORT = names.TRAINER_PORT
 FILESERVER_PORT = names.FILESERVER_PORT

@@ -9,7 +9,7 @@ where ``sightings`` estimates the key's occurrences trained so far by all traine
 own (earlier epochs and passes, plus the share of the current epoch already fed, assuming a key's
 occurrences are spread evenly over the shuffled epoch) times the number of trainers, each of which
 reads an equal share of every pass. Frequent keys settle instead of jittering around their optimum
-at a constant step (the synthetic gap of issue 12), rare keys keep the full rate.
+at a constant step (which kept the gap to Bayes-optimal on synthetic data wide), rare keys keep the full rate.
 
 The counts live in the trainer's memory: a restarted trainer starts them again from zero, so for
 one pass after a restart its keys learn at their first, larger rates (the model itself is resumed
