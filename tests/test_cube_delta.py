@@ -1,4 +1,4 @@
-"""Delta versions (issue 14, cube side): built from delta passes derived from a real saved table, served as
+"""Delta versions (the cube side): built from delta passes derived from a real saved table, served as
 the parent overlaid by the delta, shipped alone, caught up by restarted shards, compacted, kept by GC."""
 
 from __future__ import annotations

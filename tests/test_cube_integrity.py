@@ -1,4 +1,4 @@
-"""Issue 15's cube reproductions, rerun against real processes: damaged, truncated and overwritten shard
+"""Cube under damage, against real processes: damaged, truncated and overwritten shard
 files, prepares that must not touch served files, URLs the agent must not fetch, unread answers, bad JSON."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_a_prepare_with_a_wrong_sha256_never_deletes_a_file_the_server_holds(sha
     wrong = {"version": V1, "url": url, "sha256": "0" * 64, "size": len(before)}
     r = requests.post(f"{shard.agent_url}/v1/prepare", json=wrong, headers=AUTH, timeout=30)
     assert r.status_code == 409 and r.json()["refused"] is True, r.text
-    assert live.read_bytes() == before  # issue 15 item 2: the live file was unlinked here
+    assert live.read_bytes() == before  # a refused prepare must never unlink a file being served
     # A refused prepare of a new version leaves no folder (and no staging copy) behind.
     r = requests.post(
         f"{shard.agent_url}/v1/prepare", json={**wrong, "version": "pass-20990101-00"}, headers=AUTH, timeout=30
@@ -130,7 +130,7 @@ def test_a_truncated_previous_version_neither_kills_the_server_nor_takes_the_act
     old = _shard_file(shard, V1)
     with open(old, "r+b") as f:  # truncated in place, under the running server
         f.truncate(old.stat().st_size // 2)
-    # Issue 15 item 4: this lookup killed cube-server with SIGBUS; the data it serves is its own copy.
+    # A mapped file truncated like this would make the lookup die of SIGBUS; the server serves its own copy.
     r = requests.post(f"{shard.server_url}/v1/lookup?version={V1}", data=KEYS[:100].tobytes(), timeout=5)
     assert r.status_code == 200 and np.all(np.frombuffer(r.content[: 100 * 16], np.float32) == 1.0)
     assert np.all(shard.values(V1) == 1.0)
@@ -255,7 +255,7 @@ def test_json_lookup_never_coerces_and_control_calls_always_answer(shard):
     deep = b"[" * 100_000 + b"]" * 100_000
     r = requests.post(f"{url}/v1/lookup", data=b'{"keys": ' + deep + b"}", headers={"Content-Type": "application/json"})
     assert r.status_code == 400
-    # Control calls: bad bodies get a 400 at once (issue 15 item 10: these hung); a big one a 413.
+    # Control calls: bad bodies get a 400 at once (never a hang); a big one a 413.
     deep = b"[" * 5000 + b"]" * 5000
     for raw in (b"\xff\xfe{", b'{"version": "v", "path": "a\\u0000b"}', deep, b"[]", b'{"version": 5}', b"{"):
         for endpoint in ("load", "activate", "unpin"):

@@ -1,4 +1,4 @@
-"""Delta passes written by the real trainer (issue 14): 2 pservers + 2 trainers, three hourly passes with
+"""Delta passes written by the real trainer: 2 pservers + 2 trainers, three hourly passes with
 DELTA_PASSES=1, admission and eviction on, a crash during the third pass's export and a resume; then the
 passes go through real cube processes (file server, cube-transfer, two shards)."""
 

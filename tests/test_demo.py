@@ -136,7 +136,7 @@ def test_demo_on_real_criteo_lines(tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_demo_with_sub_hour_delta_passes_admission_and_eviction(tmp_path):
-    """The main job with deltas on (issue 14): 30-minute passes, a base then deltas, rolled out and served."""
+    """The main job with deltas on: 30-minute passes, a base then deltas, rolled out and served."""
     import json
 
     from helpers_local import processes_under

@@ -1,4 +1,4 @@
-"""Fault suite (issue 15): every component a real process, faults injected from outside.
+"""Fault suite: every component a real process, faults injected from outside.
 
 kill -9 and SIGSTOP of each component (cube-server, cube-agent, cube-transfer, the file server), shard
 files truncated and overwritten (active and non-active versions, pinned, before load and while loaded,

@@ -1,4 +1,4 @@
-"""Issue 15's HTTP reproductions (items 6, 10, 11), rerun against the real server processes.
+"""Malformed, oversized and stalled HTTP requests, sent to the real server processes.
 
 Every server runs as its own process, started as the pipeline starts it; each
 test sends the exact bytes of the reproduction (tests/helpers_http.py) and

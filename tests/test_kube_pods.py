@@ -11,7 +11,7 @@ rolls the pass out, serving loads it, and a client pod predicts through the
 serving Service. Then a cube shard pod and a serving pod are deleted while a
 client predicts without retries.
 
-The plan runs with delta passes on (`DELTA_PASSES=1`, issue 14): the second pass is a delta, cube
+The plan runs with delta passes on (`DELTA_PASSES=1`): the second pass is a delta, cube
 builds and serves it over the base, and the replaced shard re-seeds itself with base + delta.
 """
 

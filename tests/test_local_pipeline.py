@@ -165,7 +165,7 @@ def test_status_and_logs_commands(pipeline):
     assert res.returncode == 0, res.stderr
     for prefix in ("trainer-0     |", "fileserver    |", "cube-transfer |"):
         assert prefix in res.stdout, f"{prefix!r} missing from -l output"
-    # Paddle's glog lines stay in the log file, not in -l (issue 15 item 12); --raw shows them.
+    # Paddle's glog lines stay in the log file, not in -l (they drown the pipeline's own); --raw shows them.
     glog = re.compile(r"^I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\.(cc|cpp|h):\d+\]", re.M)
     assert glog.search((state / "logs" / "trainer-0.log").read_text())
     assert "[trainer 0]" in res.stdout and not glog.search(re.sub(r"^\S+ +\| ", "", res.stdout, flags=re.M))

@@ -2,7 +2,7 @@
 
 The components here are small stand-in HTTP servers (under the real
 supervisor) answering the same endpoints as cube-server, cube-transfer and
-serving with answers the test sets, so each situation of issue 15 item 7 can
+serving with answers the test sets, so each situation status must tell apart can
 be staged exactly: a rollout in flight with shards on different versions, a
 shard holding no version, serving with a model that cannot answer, a
 SIGSTOPped component. The real components go through the same probes in
@@ -164,7 +164,7 @@ def test_a_shard_holding_no_version_means_serving_cannot_answer(pipeline, capsys
     layout, answer, activate = pipeline
     activate("pass-A")
     answer("cube-server-0", _shard("pass-A"))
-    answer("cube-server-1", _shard(None))  # restarted empty (issue 15 items 2 and 4)
+    answer("cube-server-1", _shard(None))  # restarted empty (its damaged files dropped)
     answer("cube-transfer", {"/v1/status": [200, {"in_flight": None}]})
     answer("serving", _serving("pass-A"))
     status = collect_status(layout)

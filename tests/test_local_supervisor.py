@@ -243,7 +243,7 @@ def test_free_ports_are_free_and_distinct():
 
 
 def test_an_offline_job_that_wrote_no_pass_failed_and_says_why(layout):
-    """Issue 15 item 12: every hour missing means every trainer exits 0 with nothing written: that is a failure."""
+    """Every hour missing means every trainer exits 0 with nothing written: that is a failure."""
     from elastic_control.local.status import collect_status
 
     models = layout.state / "models"

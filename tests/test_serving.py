@@ -158,7 +158,7 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(models, pass_
 
 
 def test_requests_read_in_one_pass_of_the_loop_are_one_batch(models, pass_a):
-    """Issue 13: the requests the event loop reads in one pass are queued together (one lock, one wake-up),
+    """The requests the event loop reads in one pass are queued together (one lock, one wake-up),
     so an idle worker wakes to all of them instead of to the first one (a batch per request, and a wake-up
     per request that cost more than decoding its JSON)."""
     lines, probs = golden(pass_a)

@@ -1,4 +1,4 @@
-"""Serving under bad input and faults (issue 15): one client's bad feasign never fails another's request,
+"""Serving under bad input and faults: one client's bad feasign never fails another's request,
 SIGTERM drains without losing a request, and a soak with hot reloads and 1,000 half-open connections."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ BAD_INSTANCES = [
 
 
 def test_a_bad_client_never_fails_the_good_clients_of_its_merged_batches(served):
-    """Issue 15 item 1, rerun: 8 good clients and one sending bad feasigns for 5 s; every good request is a
+    """8 good clients and one sending bad feasigns for 5 s; every good request is a
     200 with its golden probabilities, every bad one a 400, and batches did merge."""
     lines, probs = golden(served.a)
     with serving_in_thread(ModelDirSource(served.models), workers=1) as srv:
@@ -283,7 +283,7 @@ def test_soak_short(served, tmp_path):
 
 @pytest.mark.slow
 def test_soak_ten_minutes(served, tmp_path):
-    """Issue 15's soak: 10 minutes, 32 clients, hot reloads every 30 s, 1,000 idle connections: zero failed
+    """The soak: 10 minutes, 32 clients, hot reloads every 30 s, 1,000 idle connections: zero failed
     requests and stable memory."""
     r = soak(served, tmp_path, seconds=600, reload_every=30)
     assert r["failures"] == [], r["failures"][:5]

@@ -1,4 +1,4 @@
-"""Serving as users drive it (issue 13): gRPC beside HTTP, A/B splits, click feedback and live metrics,
+"""Serving as users drive it: gRPC beside HTTP, A/B splits, click feedback and live metrics,
 the hot-key cache; real passes, real HTTP and gRPC servers on loopback."""
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_bad_dense_values_are_named(instances, dense, words):
     assert words in str(info.value)
 
 
-# ---- strict request parsing (issue 15, items 1 and 10) --------------------------------------------
+# ---- strict request parsing: one bad request fails alone --------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -435,7 +435,7 @@ def _rss() -> int:
 
 
 def test_prediction_log_and_cache_memory_is_bounded_by_their_rings():
-    """The soak's RSS rise (issue 13): the feedback rings and the hot-key cache are preallocated numpy
+    """The soak's RSS rise: the feedback rings and the hot-key cache are preallocated numpy
     arrays whose pages the kernel commits when first written, so RSS climbs until they are full once;
     after that, traffic, overwritten predictions and evicted keys add nothing."""
     log = PredictionLog(window_s=60, capacity=400_000, max_requests=100_000)
