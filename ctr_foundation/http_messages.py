@@ -173,6 +173,16 @@ class Slot:
         self.head_only = head_only
 
 
+def media_type(headers: dict[str, str]) -> str:
+    """The media type of a request's ``Content-Type`` (lower-cased, parameters dropped), "" when absent.
+
+    Media types are case-insensitive and may carry parameters (RFC 9110 8.3.1): ``APPLICATION/JSON`` and
+    ``application/json; charset=utf-8`` are both ``application/json``. Every server compares this, never the
+    raw header.
+    """
+    return headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
 def parse_head(raw: bytes, *, max_headers: int = 100) -> Request:
     """Parse a request head (without its final blank line) strictly; raise HttpError (closing) if bad."""
     if b"\x00" in raw:

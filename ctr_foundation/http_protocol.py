@@ -24,6 +24,16 @@ byte is read:
 Backpressure: while the transport holds more unsent answer bytes than its
 high-water mark, the connection stops reading (and parsing) new requests; a
 client that never reads its answers is dropped after ``write_timeout``.
+
+Admission, so that no client can hold a server with slow or idle connections:
+the whole request head is held to ``max_header_bytes`` however it arrives
+(431), and a head with a bare LF or CR is a 400 at once (it could never end
+with CRLF CRLF). A body that does not arrive with its head is *unfinished*:
+at most ``max_unfinished_bodies`` of them per server (beyond: 503 and close),
+each must keep ``body_min_rate`` bytes/s after ``body_grace`` seconds (408
+otherwise). A new connection over ``max_connections`` evicts the oldest
+connection that is between requests (idle, or still sending its head) and is
+refused with 503 only when every connection is in the middle of a request.
 """
 
 from __future__ import annotations
@@ -102,6 +112,9 @@ class HttpProtocol(asyncio.Protocol):
 
     def __init__(self, server):
         self.server = server
+        self._body_open = False  # counted in server.unfinished_bodies
+        self._body_since = self._swept = 0.0
+        self._body_got = 0  # bytes received since the body became unfinished
         self.limits = server.limits
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
@@ -128,7 +141,7 @@ class HttpProtocol(asyncio.Protocol):
     # ---- connection events -------------------------------------------------------------------
     def connection_made(self, transport):
         server = self.server
-        if len(server.connections) >= self.limits.max_connections:
+        if len(server.connections) >= self.limits.max_connections and not server.evict_one():
             # Over the cap: answer at once and close, never let connections pile up.
             self.rejected = True
             busy = Response.error(
@@ -138,7 +151,7 @@ class HttpProtocol(asyncio.Protocol):
             transport.close()
             return
         self.transport = transport
-        server.connections.add(self)
+        server.connections[self] = None
         transport.set_write_buffer_limits(high=self.limits.write_high_water, low=self.limits.write_high_water // 4)
         self._last_rx = self._idle_since = server.loop.time()
 
@@ -146,7 +159,10 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = None
         if self.rejected:
             return
-        self.server.connections.discard(self)
+        self.server.connections.pop(self, None)
+        if self._body_open:
+            self._body_open = False
+            self.server.unfinished_bodies -= 1
         head = self._head
         if head is not None and head.__class__ is _Incoming and head.reader is not None:
             head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
@@ -175,6 +191,7 @@ class HttpProtocol(asyncio.Protocol):
         self.closing = True
         self.buffer.clear()
         self._want = 0
+        self._track_body()
         if head.__class__ is _Incoming and head.reader is not None:
             head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
 
@@ -200,6 +217,13 @@ class HttpProtocol(asyncio.Protocol):
 
     # ---- parsing -----------------------------------------------------------------------------
     def _receive(self, data: bytes) -> None:
+        if self._body_open:
+            self._body_got += len(data)
+        self._parse(data)
+        if self._body_open is not (self._head is not None and self.transport is not None):
+            self._track_body()
+
+    def _parse(self, data: bytes) -> None:
         if self._lingering:
             return  # closing after an error answer: what still arrives is discarded
         if self.buffer:  # the tail of an earlier chunk: continue from it
@@ -220,9 +244,15 @@ class HttpProtocol(asyncio.Protocol):
                 end = data.find(b"\r\n\r\n", pos)
                 if end < 0:
                     if n - pos > self.limits.max_header_bytes:
-                        self._fail(431, "request head too large")
+                        self._fail(431, f"request head larger than {self.limits.max_header_bytes} bytes")
+                        return
+                    if _bare_line_end(data, pos, n):
+                        self._fail(400, "bare LF or CR in the request head (lines must end with CRLF)")
                         return
                     break
+                if end - pos > self.limits.max_header_bytes:  # complete, but arrived whole: the same limit
+                    self._fail(431, f"request head larger than {self.limits.max_header_bytes} bytes")
+                    return
                 fast = None
                 if self.fast_prefix is not None and data.startswith(self.fast_prefix, pos):
                     fast = self.fast_head(data, pos, end)
@@ -434,6 +464,7 @@ class HttpProtocol(asyncio.Protocol):
             self.closing = True
             if self._head is not None and self._head.__class__ is _Incoming and self._head.request is req:
                 self._head = None  # nobody reads the rest of that body
+                self._track_body()
         self._deliver(slot, response)
 
     def _refuse(self, req: Request, e: HttpError) -> None:
@@ -590,6 +621,9 @@ class HttpProtocol(asyncio.Protocol):
         if self._heard:
             self._heard = False
             self._last_rx = now
+        if self._body_open and self._paused:  # we stopped reading (backpressure): that time is not the client's
+            self._body_since += now - self._swept
+        self._swept = now
         lim = self.limits
         if self._lingering:
             if now - self._linger_since > LINGER_SECONDS:
@@ -609,6 +643,18 @@ class HttpProtocol(asyncio.Protocol):
         if head is not None:  # a body is arriving
             if now - self._last_rx > lim.body_timeout:
                 self._body_timed_out(head)
+            elif (
+                self._body_open
+                and lim.body_min_rate
+                and now > self._body_since + lim.body_grace + self._body_got / lim.body_min_rate
+            ):
+                self._abandon_body(
+                    head,
+                    408,
+                    f"request body arriving slower than {lim.body_min_rate} bytes/s "
+                    f"({self._body_got} bytes in {now - self._body_since:.0f}s)",
+                )
+            self._track_body()
             return
         if self._busy or self._sending or self.pending:
             return
@@ -627,19 +673,72 @@ class HttpProtocol(asyncio.Protocol):
             self.transport = None
 
     def _body_timed_out(self, head) -> None:
-        message = f"request body stalled for more than {self.limits.body_timeout}s"
+        self._abandon_body(head, 408, f"request body stalled for more than {self.limits.body_timeout}s")
+
+    def _abandon_body(self, head, status: int, message: str) -> None:
+        """Answer ``status`` for a request whose body will not be read to its end, and close."""
         if head.__class__ is _Incoming and head.reader is not None:
             self._head = None
             self.closing = True
-            head.reader.fail(HttpError(408, message, close=True))
+            head.reader.fail(HttpError(status, message, close=True))  # its handler answers
         else:
-            self._fail(408, message)
+            self._fail(status, message)
+
+    def _track_body(self) -> None:
+        """Count this connection in the server's unfinished bodies while one is arriving; refuse one over
+        the cap (its connection would otherwise be held by a client that may send a byte a minute)."""
+        opened = self._head is not None and self.transport is not None
+        if opened is self._body_open:
+            return
+        server = self.server
+        if not opened:
+            self._body_open = False
+            server.unfinished_bodies -= 1
+            return
+        cap = self.limits.max_unfinished_bodies
+        if server.unfinished_bodies >= cap:
+            self._abandon_body(
+                self._head, 503, f"{server.name}: too many request bodies arriving at once ({cap}), retry later"
+            )
+            return
+        server.unfinished_bodies += 1
+        self._body_open = True
+        self._body_since = self._swept = server.loop.time()
+        self._body_got = 0
+
+    def evictable(self) -> bool:
+        """Between requests (idle, or still sending a head) or closing: nothing of an answer is lost."""
+        if self.transport is None:
+            return False
+        if self._lingering:
+            return True
+        return self._head is None and not self.pending and not self._busy and not self._sending
+
+    def evict(self) -> None:
+        """Close to make room for a new connection (see ``HttpServer.evict_one``)."""
+        self.server.connections.pop(self, None)
+        t = self.transport
+        if self.buffer and not self._lingering:  # part of a head: say why, then close
+            t.write(b"".join(Response.error(503, f"{self.server.name}: too many connections, retry").encode(False)))
+        self.closing = True
+        self.buffer.clear()
+        t.close()
+        self.transport = None
 
     def shutdown(self) -> None:
         head = self._head
         if head is not None and head.__class__ is _Incoming and head.reader is not None:
             head.reader.fail(ConnectionError("the server is shutting down"))
         self._abort()
+
+
+def _bare_line_end(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` (part of a head) holds an LF or CR that is not part of a CRLF; a CR as the
+    last byte may still get its LF."""
+    crlf = data.count(b"\r\n", start, end)
+    if data.count(b"\n", start, end) != crlf:
+        return True
+    return data.count(b"\r", start, end) - (data[end - 1 : end] == b"\r") != crlf
 
 
 def _close_file(response) -> None:

@@ -33,10 +33,13 @@ log = logging.getLogger("ctr_foundation.http")
 class HttpLimits:
     """Limits of one server; every server has all of them (values in docs/contracts.md)."""
 
-    max_connections: int = 1024  # beyond: answered 503 and closed at once
+    max_connections: int = 1024  # beyond: the oldest idle connection is closed, else 503 and closed at once
     header_timeout: float = 10.0  # a request head must be complete this long after it started
     idle_timeout: float = 60.0  # a keep-alive connection with nothing to do is closed
     body_timeout: float = 60.0  # a body that stalls (no byte) this long is abandoned (408)
+    max_unfinished_bodies: int = 128  # bodies still arriving after their head, per server; beyond: 503
+    body_grace: float = 10.0  # an unfinished body has this long before body_min_rate applies
+    body_min_rate: int = 1024  # bytes/s an unfinished body must average after body_grace (408); 0: no minimum
     write_timeout: float = 60.0  # a client that reads none of its answers this long is dropped
     max_header_bytes: int = 16 * 1024  # 431 above
     max_headers: int = 100  # 431 above
@@ -70,7 +73,8 @@ class HttpServer:
         self.protocol_factory = protocol_factory
         self.loop_factory = loop_factory or asyncio.new_event_loop
         self.backlog = backlog
-        self.connections: set[HttpProtocol] = set()
+        self.connections: dict[HttpProtocol, None] = {}  # an ordered set: oldest first
+        self.unfinished_bodies = 0  # connections whose request body is still arriving
         self.loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
@@ -166,6 +170,16 @@ class HttpServer:
             raise errors[0]
         return self
 
+    def evict_one(self) -> bool:
+        """Close the oldest connection that is between requests, for a new one over the cap; False if every
+        connection is in the middle of a request. A flood of idle or half-sent connections then only ever
+        displaces itself (and idle keep-alive connections, which clients reopen), never a request."""
+        for conn in self.connections:
+            if conn.evictable():
+                conn.evict()
+                return True
+        return False
+
     def stop_accepting(self) -> None:
         """Stop accepting connections, keep serving the open ones (a graceful drain); call on the loop."""
         if self._server is not None:
@@ -198,7 +212,9 @@ class HttpServer:
 
     async def _sweep(self) -> None:
         lim = self.limits
-        tick = max(0.05, min(1.0, lim.header_timeout / 4, lim.idle_timeout / 4, lim.body_timeout / 4))
+        tick = max(
+            0.05, min(1.0, lim.header_timeout / 4, lim.idle_timeout / 4, lim.body_timeout / 4, lim.body_grace / 4)
+        )
         while True:
             await asyncio.sleep(tick)
             now = self.loop.time()

@@ -15,7 +15,7 @@ from helpers_http import exchange, parse_answers, request
 from ctr_foundation.errors import ComponentError
 from ctr_foundation.http_auth import check_bearer, token_matches
 from ctr_foundation.http_json import JsonRoute, downstream_status, make_json_server, nesting_depth, parse_json
-from ctr_foundation.http_messages import ChunkedDecoder, HttpError, Response, parse_head
+from ctr_foundation.http_messages import ChunkedDecoder, HttpError, Response, media_type, parse_head
 from ctr_foundation.http_protocol import LOOP, STREAM, THREAD, Route
 from ctr_foundation.http_server import HttpLimits, HttpServer
 
@@ -304,13 +304,18 @@ def test_header_idle_and_body_timeouts():
 
 
 def test_connection_cap_answers_503_at_once_and_recovers():
+    """Over the cap with every connection waiting for an answer (none idle to evict): 503 at once."""
     with running(FAST) as server:
         held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
+        for s in held:
+            s.sendall(request("GET", "/later?n=0&d=1"))
         time.sleep(0.2)
         t0 = time.monotonic()
         reply = exchange(server.port, request("GET", "/loop?n=1"), timeout=3)
         assert parse_answers(reply)[0].status == 503 and time.monotonic() - t0 < 1
         for s in held:
+            s.settimeout(5)
+            assert s.recv(4096).startswith(b"HTTP/1.1 200 ")
             s.close()
         time.sleep(0.2)
         assert parse_answers(exchange(server.port, request("GET", "/loop?n=2")))[0].status == 200
@@ -408,3 +413,124 @@ def test_json_services_route_and_refuse():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---- whole-head limit, bare line ends, media types, slow-body floods ------------------------------
+
+
+def test_media_types_compare_case_insensitively_and_ignore_parameters():
+    assert media_type({"content-type": "APPLICATION/JSON"}) == "application/json"
+    assert media_type({"content-type": " application/json ; charset=utf-8"}) == "application/json"
+    assert media_type({"content-type": "Application/Octet-Stream"}) == "application/octet-stream"
+    assert media_type({}) == "" and media_type({"content-type": ""}) == ""
+
+
+@pytest.mark.parametrize("split", ["whole", "two pieces", "after a request"])
+def test_a_head_over_the_limit_is_431_however_it_arrives(split):
+    """The limit holds for a head that arrives complete in one read, not only for one still arriving."""
+    big = request("GET", "/loop?n=1", {"X-Big": "a" * 20_000})
+    with running(HttpLimits(max_header_bytes=16 * 1024)) as server:
+        if split == "whole":
+            reply = exchange(server.port, big)
+        elif split == "two pieces":
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+                s.sendall(big[:10_000])
+                time.sleep(0.2)
+                s.sendall(big[10_000:])
+                _, reply = _closed_within(s, 5)
+        else:
+            reply = exchange(server.port, request("GET", "/loop?n=0") + big)
+        statuses = [a.status for a in parse_answers(reply)]
+        assert statuses[-1] == 431, statuses
+        assert statuses == ([200, 431] if split == "after a request" else [431])
+        # a head just under the limit is still served
+        fits = request("GET", "/loop?n=2", {"X-Big": "a" * 15_000})
+        assert [a.status for a in parse_answers(exchange(server.port, fits))] == [200]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"GET /loop HTTP/1.1\nHost: x\n\n", b"GET /loop HTTP/1.1\r\nHost: x\n\n", b"GET /loop HTTP/1.1\rHost: x\r\r"],
+    ids=["bare LF", "bare LF after CRLF", "bare CR"],
+)
+def test_heads_with_bare_line_ends_are_400_at_once(raw):
+    """A head that can never end with CRLF CRLF is refused at once, not with a 408 after the header time-out."""
+    with (
+        running(HttpLimits(header_timeout=10.0)) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as s,
+    ):
+        t0 = time.monotonic()
+        s.sendall(raw)  # no half-close: the client waits for its answer
+        closed, data = _closed_within(s, 5)
+        assert closed and time.monotonic() - t0 < 2, data
+        [answer] = parse_answers(data)
+        assert answer.status == 400 and "bare" in json.loads(answer.body)["error"]
+
+
+def _slow_bodies(port: int, n: int, stop: threading.Event, path: str = "/loop") -> list[socket.socket]:
+    """``n`` connections that announce a 1 MB body and then send one byte every 0.3 s until ``stop``."""
+    socks = []
+    for _ in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n".encode())
+            socks.append(s)
+        except OSError:
+            pass  # refused at once: fine, the flood goes on with the others
+
+    def drip():
+        while not stop.wait(0.3):
+            for s in socks:
+                with contextlib.suppress(OSError):
+                    s.send(b"x")
+
+    threading.Thread(target=drip, daemon=True).start()
+    return socks
+
+
+def test_a_slow_body_flood_leaves_room_for_other_clients():
+    """300 connections each dripping a 1 MB body, against a cap of 64 connections: a fresh client is still
+    answered (the unfinished-body cap refuses most of them at their head, the minimum body rate drops the
+    rest, and a new connection over the cap evicts an idle one instead of being refused)."""
+    limits = HttpLimits(
+        max_connections=64, max_unfinished_bodies=8, body_grace=1.0, body_min_rate=1000, body_timeout=60.0
+    )
+    stop = threading.Event()
+    with running(limits) as server:
+        socks = _slow_bodies(server.port, 300, stop)
+        try:
+            statuses, slow = [], []
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                t0 = time.monotonic()
+                reply = exchange(server.port, request("GET", "/loop?n=1"), timeout=5)
+                slow.append(time.monotonic() - t0)
+                statuses.append(parse_answers(reply)[0].status)
+                time.sleep(0.05)
+            assert set(statuses) == {200}, {c: statuses.count(c) for c in set(statuses)}
+            assert max(slow) < 1.0, max(slow)
+            assert server.unfinished_bodies <= 8
+            # the bodies still dripping after the grace period arrive far below the minimum rate: dropped
+            assert server.unfinished_bodies == 0, server.unfinished_bodies
+        finally:
+            stop.set()
+            for s in socks:
+                s.close()
+
+
+def test_a_new_connection_over_the_cap_evicts_an_idle_one_not_a_busy_one():
+    with running(HttpLimits(max_connections=4)) as server:
+        busy = []
+        for i in range(3):  # waiting for answers: never evicted
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(request("GET", f"/later?n={i}&d=1.5"))
+            busy.append(s)
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        time.sleep(0.2)
+        assert [a.status for a in parse_answers(exchange(server.port, request("GET", "/loop?n=x")))] == [200]
+        assert _closed_within(idle, 2) == (True, b"")
+        for i, s in enumerate(busy):
+            s.settimeout(5)
+            data = s.recv(4096)
+            assert data.startswith(b"HTTP/1.1 200 ") and f'"n": "{i}"'.encode() in data
+            s.close()
