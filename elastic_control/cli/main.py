@@ -34,6 +34,7 @@ LAZY_COMMANDS = {
     "fileserver": ("elastic_control.fileserver.cli", "fileserver_command"),
     "predict": ("client.cli", "predict_command"),
     "supervise": ("elastic_control.local.cli", "supervise_command"),
+    "tune": ("elastic_control.tuning.cli", "tune_command"),
 }
 HIDDEN = {"role", "supervise"}
 

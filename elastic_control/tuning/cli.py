@@ -1,0 +1,137 @@
+"""`elastic-control tune`: the click layer over elastic_control.tuning.search.tune and apply.apply_best."""
+
+from __future__ import annotations
+
+import click
+
+from elastic_control.cli.options import state_dir_option
+
+EPILOG = (
+    "Example: elastic-control tune -f data.config -s slot.conf --validation 20200101/04 --candidates 12 "
+    "--output tune-out; then elastic-control tune --output tune-out --apply; elastic-control -a. "
+    "Rerun the same command to finish an interrupted search. See docs/tune.md."
+)
+
+
+@click.command(
+    "tune", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=EPILOG
+)
+@click.option("-f", "--datafile", help="data.config: the data and the window of hours candidates train on.")
+@click.option("-s", "--slot_conf", help="slot.conf: the slots to train on.")
+@click.option(
+    "--validation",
+    metavar="START[..END]",
+    help="Hours (YYYYMMDD/HH) that judge the candidates; outside the window or at one of its ends. "
+    "Default: every 5th line of each hour of the window is held out and judges.",
+)
+@click.option(
+    "--candidates",
+    type=click.IntRange(1, 10_000),
+    default=12,
+    show_default=True,
+    help="Candidates to finish (trained and judged, or stopped early by the pruner).",
+)
+@click.option(
+    "--parallel", type=click.IntRange(1, 256), help="Candidates training at once (default: one per two cores)."
+)
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder of the search (resumable).")
+@click.option("-t", "--trainers", type=click.IntRange(1, 64), default=2, show_default=True, help="Trainers per job.")
+@click.option("-p", "--pservers", type=click.IntRange(1, 64), default=1, show_default=True, help="Pservers per job.")
+@click.option(
+    "--max-epochs-cap", type=click.IntRange(1, 1000), help="Bound every candidate's epochs per pass (quick searches)."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler.")
+@click.option("--mlflow", "mlflow_uri", metavar="URI", help="Record the search here (default: $MLFLOW_TRACKING_URI).")
+@click.option(
+    "--references/--no-references",
+    default=True,
+    show_default=True,
+    help="Judge logistic regression and the plan's current pass on the same lines.",
+)
+@click.option(
+    "--apply",
+    "apply_best",
+    is_flag=True,
+    help="Put the winner's settings into the plan (alone: from --output's leaderboard.json).",
+)
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the leaderboard as JSON on stdout.")
+def tune_command(
+    datafile,
+    slot_conf,
+    validation,
+    candidates,
+    parallel,
+    output,
+    trainers,
+    pservers,
+    max_epochs_cap,
+    seed,
+    mlflow_uri,
+    references,
+    apply_best,
+    state_dir,
+    as_json,
+):
+    """Search training settings: every candidate a real parameter-server job, judged on held-out lines."""
+    import json
+    import shlex
+
+    from ctr_foundation.errors import UsageError
+    from elastic_control.console import console, done, out
+
+    if not datafile:
+        if not apply_best:
+            raise UsageError(
+                "-f DATA_CONFIG and -s SLOT_CONF are required to search (alone, --apply needs only --output)"
+            )
+        _apply(output, state_dir)
+        return
+    if not slot_conf:
+        raise UsageError("-s SLOT_CONF is required with -f (the slots every candidate trains on)")
+    import pyarrow  # noqa: F401  (before paddle, which the evaluation loads)
+
+    from elastic_control.tuning.search import tune
+
+    board = tune(
+        data_config=datafile,
+        slot_conf=slot_conf,
+        output=output,
+        validation=validation,
+        candidates=candidates,
+        parallel=parallel,
+        trainers=trainers,
+        pservers=pservers,
+        max_epochs_cap=max_epochs_cap,
+        seed=seed,
+        state_dir=state_dir,
+        mlflow_uri=mlflow_uri,
+        references=references,
+    )
+    from elastic_control.tuning.leaderboard import table
+
+    if as_json:
+        out(json.dumps(board, sort_keys=True))
+    else:
+        console.print(table(board))
+    if not board["best"]:
+        raise UsageError(f"no candidate finished: see the worker.log files under {output}/candidates/")
+    best = board["best"]
+    done(f"best: candidate {best['candidate']}, validation AUC {best['validation']['auc']:.5f}, pass {best['pass']}")
+    if apply_best:
+        _apply(output, state_dir)
+    else:
+        console.print(
+            f"to train with it: elastic-control tune --output {shlex.quote(str(output))} --apply && elastic-control -a"
+        )
+
+
+def _apply(output, state_dir) -> None:
+    from elastic_control.console import done
+    from elastic_control.tuning.apply import apply_best
+
+    changed = apply_best(output=output, state_dir=state_dir)
+    done(
+        f"plan {changed['plan']}: training flags {' '.join(changed['training_args'])}, "
+        f"PASS_HOURS={changed['pass_hours']} (elastic-control -a trains with them)"
+    )

@@ -1,0 +1,103 @@
+"""``tune`` as one library call: split, study, candidates, references, leaderboard, MLflow, apply."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from elastic_control.console import console, done, info, warn
+
+
+def default_parallel() -> int:
+    """One candidate per two cores (each runs its pservers and trainers), at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // 2)
+
+
+def tune(
+    *,
+    data_config: str,
+    slot_conf: str,
+    output: str,
+    validation: str | None = None,
+    candidates: int = 12,
+    parallel: int | None = None,
+    trainers: int = 2,
+    pservers: int = 1,
+    max_epochs_cap: int | None = None,
+    seed: int = 0,
+    state_dir: str | None = None,
+    mlflow_uri: str | None = None,
+    references: bool = True,
+    show_progress: bool = True,
+) -> dict:
+    """Run (or finish) the search in ``output``; returns the leaderboard (also in output/leaderboard.json)."""
+    from ctr_foundation.errors import ConfigError
+    from elastic_control.config.data_config import load_data_config
+    from elastic_control.config.slot_conf import load_slot_conf
+    from elastic_control.tuning import leaderboard
+    from elastic_control.tuning import references as refs
+    from elastic_control.tuning.split import prepare_split
+    from elastic_control.tuning.study import open_study, recover, seed_study
+
+    out = Path(output)
+    config = load_data_config(data_config)
+    load_slot_conf(slot_conf)  # a bad slot.conf fails here, not in every candidate
+    split = prepare_split(config=config, output=out, validation=validation)
+    if split.train_hours < 1:
+        raise ConfigError("no training hours are left once the validation hours are taken out", path=data_config)
+    info(f"tune: training on {split.train_hours} hour(s), judged on {split.how}; results in {out}")
+    study = open_study(out, candidates=candidates, seed=seed)
+    seed_study(study, train_hours=split.train_hours)
+    for note in recover(study, out):
+        info(note)
+    _search_with_progress(
+        study,
+        output=out,
+        split=split,
+        slot_conf=Path(slot_conf),
+        candidates=candidates,
+        parallel=parallel or default_parallel(),
+        trainers=trainers,
+        pservers=pservers,
+        max_epochs_cap=max_epochs_cap,
+        show=show_progress,
+    )
+    reference_rows = {"logistic_regression": None, "production": None}
+    if references:
+        reference_rows["logistic_regression"] = refs.logistic_regression(split, out, warn=warn)
+        reference_rows["production"] = refs.production(state_dir, split, warn=warn)
+    board = leaderboard.build(study, output=out, split=split, candidates=candidates, references=reference_rows)
+    path = leaderboard.write(out, board)
+    done(f"leaderboard written to {path}")
+    uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        from elastic_control.tuning import tracking
+
+        run = tracking.record(board, output=out, uri=uri, warn=warn)
+        if run:
+            tracking.finish(out, warn=warn)
+            done(f"recorded in MLflow (parent run {run})")
+    return board
+
+
+def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from elastic_control.tuning.study import run_search
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=not show, transient=False) as bar:
+        task = bar.add_task("candidates", total=candidates)
+
+        def on_change(finished: int, running: list[str]) -> None:
+            what = f"running {', '.join(running)}" if running else "candidates"
+            bar.update(task, completed=min(finished, candidates), description=what)
+
+        run_search(
+            study,
+            candidates=candidates,
+            on_change=on_change,
+            log=lambda line: bar.console.print(line, markup=False, highlight=False),
+            **kwargs,
+        )
