@@ -115,10 +115,24 @@ def criteo_command(input_path, output, hours, start, parts, minutes):
     show_default=True,
     help="Vocabulary drift: popularity ranks move this many feasigns per hour (per slot with --minutes).",
 )
-def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, parts, gz, minutes, drift):
+@click.option(
+    "--interactions",
+    "strength",
+    metavar="STRENGTH",
+    type=click.FloatRange(0, 10),
+    default=None,
+    # The literals mirror synth.DEFAULT_INTERACTIONS and synth.MAIN_STD (tests compare them): importing
+    # synth here would load numpy on every CLI start.
+    show_default="1.0",
+    help="Planted pairwise interactions: a factorisation-machine term over every pair of slots whose logit "
+    "standard deviation is STRENGTH, beside first-order weights of standard deviation 1; logistic "
+    "regression cannot learn the term, a deep model can. 0: the original planted model (first-order "
+    "weights and a few low-rank slot products; the same lines as before for a seed).",
+)
+def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, parts, gz, minutes, drift, strength):
     from elastic_control.config.slot_conf import load_slot_conf
     from elastic_control.console import done, out
-    from elastic_control.data.synth import DEFAULT_VOCAB, generate
+    from elastic_control.data.synth import DEFAULT_INTERACTIONS, DEFAULT_VOCAB, generate
 
     slots = load_slot_conf(slot_conf).slots if slot_conf else tuple(range(1, 40))
     with _progress(f"generating {hours} hour(s)", hours) as advance:
@@ -135,6 +149,7 @@ def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, 
             progress=advance,
             minutes=minutes,
             drift=drift,
+            interactions=DEFAULT_INTERACTIONS if strength is None else strength,
         )
     layout = f" in {minutes}-minute folders" if minutes else ""
     done(

@@ -56,9 +56,17 @@ class PlantedModel:
     weights: tuple[np.ndarray, ...]  # per slot: float64[vocab]
     interactions: tuple[tuple[int, int, np.ndarray, np.ndarray], ...]  # (slot pos a, slot pos b, U_a, V_b)
     bias: float
+    # The factorisation-machine term: per slot float64[vocab, rank] (empty without --interactions), and the
+    # factor that gives the term the requested standard deviation.
+    embeddings: tuple[np.ndarray, ...] = ()
+    fm_scale: float = 0.0
 
 
 DEFAULT_VOCAB = 50  # feasigns per slot; see the module docstring for why not more
+DEFAULT_INTERACTIONS = 1.0  # `data synth` and the demo: see the module docstring for the measured gaps
+MAIN_STD = 1.0  # logit standard deviation of the first-order part in the interaction model
+FM_RANK = 4
+_CALIBRATION_LINES = 20_000
 
 
 def build_planted_model(
@@ -68,12 +76,22 @@ def build_planted_model(
     vocab: int = DEFAULT_VOCAB,
     zipf: float = 1.1,
     weight_scale: float = 0.7,
-    interactions: int = 3,
-    rank: int = 2,
-    interaction_scale: float = 0.4,
+    cross_pairs: int = 3,
+    cross_rank: int = 2,
+    cross_scale: float = 0.4,
     base_ctr: float = 0.2,
+    interactions: float = 0.0,
+    main_std: float = MAIN_STD,
+    fm_rank: int = FM_RANK,
 ) -> PlantedModel:
-    """The ground truth for ``slots``; deterministic in ``seed``."""
+    """The ground truth for ``slots``; deterministic in ``seed``.
+
+    ``interactions`` 0 is the original model (first-order weights of ``weight_scale`` per slot plus
+    ``cross_pairs`` low-rank products). ``interactions`` > 0 is the interaction model: the same weights
+    rescaled so the first-order part has logit standard deviation ``main_std`` whatever the number of
+    slots, plus a factorisation-machine term over every pair of slots with standard deviation
+    ``interactions``, and the bias set so the mean CTR is ``base_ctr``.
+    """
     rng = np.random.default_rng([seed, 1])
     slots = tuple(slots)
     ranks = np.arange(1, vocab + 1, dtype=np.float64)
@@ -83,42 +101,113 @@ def build_planted_model(
     # Some slots matter more than others, as in real logs.
     scales = weight_scale * rng.uniform(0.3, 1.5, size=len(slots))
     weights = tuple(rng.normal(0.0, sc, size=vocab) for sc in scales)
+    bias = float(np.log(base_ctr / (1 - base_ctr)))
+    if interactions > 0:
+        return _interaction_model(
+            PlantedModel(slots, feas, (pop,) * len(slots), weights, (), bias),
+            seed,
+            strength=interactions,
+            main_std=main_std,
+            rank=fm_rank,
+            base_ctr=base_ctr,
+        )
     pairs = []
     if len(slots) >= 2:
-        for _ in range(interactions):
+        for _ in range(cross_pairs):
             a, b = rng.choice(len(slots), size=2, replace=False)
             pairs.append(
                 (
                     int(a),
                     int(b),
-                    rng.normal(0, interaction_scale, size=(vocab, rank)),
-                    rng.normal(0, interaction_scale, size=(vocab, rank)),
+                    rng.normal(0, cross_scale, size=(vocab, cross_rank)),
+                    rng.normal(0, cross_scale, size=(vocab, cross_rank)),
                 )
             )
-    bias = float(np.log(base_ctr / (1 - base_ctr)))
     return PlantedModel(slots, feas, (pop,) * len(slots), weights, tuple(pairs), bias)
 
 
-def sample_lines(model: PlantedModel, n: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """``n`` slot-format lines, their true click probabilities and the drawn clicks."""
-    logit = np.full(n, model.bias)
-    tokens: list[list[str]] = [[] for _ in range(n)]
+def _interaction_model(
+    base: PlantedModel, seed: int, *, strength: float, main_std: float, rank: int, base_ctr: float
+) -> PlantedModel:
+    """``base``'s weights rescaled, plus planted embeddings whose pairwise inner products are the interactions.
+
+    Each slot's embeddings are centred on their popularity-weighted mean, so the interaction term has
+    (nearly) no first-order part: no per-feasign weight, which is all logistic regression can learn,
+    explains any of it. The scales are measured on a calibration sample from its own random stream
+    (the lines themselves are drawn as before, so a seed's lines only change through the model).
+    """
+    rng = np.random.default_rng([seed, 3])
+    emb_scales = rng.uniform(0.3, 1.5, size=len(base.slots))  # some slot pairs interact more than others
+    embeddings = []
+    for pop, w, sc in zip(base.popularity, base.weights, emb_scales, strict=True):
+        e = rng.normal(0.0, sc, size=(len(w), rank))
+        embeddings.append(e - pop @ e)
+    model = dataclasses.replace(base, embeddings=tuple(embeddings), fm_scale=1.0, bias=0.0)
+    first, pairwise = _logit_parts(model, _CALIBRATION_LINES, np.random.default_rng([seed, 4]))[:2]
+    w_factor = main_std / max(float(first.std()), 1e-12)
+    fm_scale = strength / max(float(pairwise.std()), 1e-12)
+    logit = w_factor * first + fm_scale * pairwise
+    return dataclasses.replace(
+        model,
+        weights=tuple(w * w_factor for w in base.weights),
+        fm_scale=fm_scale,
+        bias=_bias_for_ctr(logit, base_ctr),
+    )
+
+
+def _bias_for_ctr(logit: np.ndarray, ctr: float) -> float:
+    """The bias b with mean(sigmoid(b + logit)) = ctr (bisection: the mean is increasing in b)."""
+    lo, hi = -30.0, 30.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if np.mean(1.0 / (1.0 + np.exp(-(mid + logit)))) < ctr:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _logit_parts(model: PlantedModel, n: int, rng: np.random.Generator):
+    """(bias + first-order + low-rank cross part, factorisation-machine part before ``fm_scale``, chosen
+    feasigns per slot) of ``n`` drawn lines; the feasigns are (line index, vocabulary index) pairs."""
+    first = np.full(n, model.bias)
     chosen = []
-    for j, slot in enumerate(model.slots):
+    for j in range(len(model.slots)):
         counts = rng.choice(FEATURES_PER_SLOT, size=n, p=FEATURES_PER_SLOT_P)
         line_of = np.repeat(np.arange(n), counts)
         idx = rng.choice(len(model.weights[j]), size=len(line_of), p=model.popularity[j])
-        np.add.at(logit, line_of, model.weights[j][idx])
+        np.add.at(first, line_of, model.weights[j][idx])
         chosen.append((line_of, idx))
-        feas = model.feasigns[j][idx].tolist()
-        for line, f in zip(line_of.tolist(), feas, strict=True):
-            tokens[line].append(f"{f}:{slot}")
     for a, b, u, v in model.interactions:
         ua = np.zeros((n, u.shape[1]))
         vb = np.zeros((n, v.shape[1]))
         np.add.at(ua, chosen[a][0], u[chosen[a][1]])
         np.add.at(vb, chosen[b][0], v[chosen[b][1]])
-        logit += (ua * vb).sum(axis=1)
+        first += (ua * vb).sum(axis=1)
+    pairwise = np.zeros(n)
+    if model.embeddings:
+        # sum over slot pairs a < b of <E_a, E_b>, E_s the sum of slot s's embeddings in the line:
+        # (|sum_s E_s|^2 - sum_s |E_s|^2) / 2, which leaves out pairs within one slot.
+        total = np.zeros((n, model.embeddings[0].shape[1]))
+        squares = np.zeros(n)
+        for (line_of, idx), e in zip(chosen, model.embeddings, strict=True):
+            per_slot = np.zeros_like(total)
+            np.add.at(per_slot, line_of, e[idx])
+            total += per_slot
+            squares += (per_slot**2).sum(axis=1)
+        pairwise = 0.5 * ((total**2).sum(axis=1) - squares)
+    return first, pairwise, chosen
+
+
+def sample_lines(model: PlantedModel, n: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """``n`` slot-format lines, their true click probabilities and the drawn clicks."""
+    first, pairwise, chosen = _logit_parts(model, n, rng)
+    logit = first + model.fm_scale * pairwise
+    tokens: list[list[str]] = [[] for _ in range(n)]
+    for j, slot in enumerate(model.slots):
+        line_of, idx = chosen[j]
+        for line, f in zip(line_of.tolist(), model.feasigns[j][idx].tolist(), strict=True):
+            tokens[line].append(f"{f}:{slot}")
     prob = 1.0 / (1.0 + np.exp(-logit))
     clicks = (rng.random(n) < prob).astype(np.int64)
     lines = [f"1 {c} " + " ".join(t) if t else f"1 {c}" for c, t in zip(clicks.tolist(), tokens, strict=True)]
