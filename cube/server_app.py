@@ -24,7 +24,7 @@ import numpy as np
 
 from ctr_foundation.errors import ElasticControlError, UsageError
 from ctr_foundation.http_json import parse_json, parse_json_object
-from ctr_foundation.http_messages import HttpError, Request, Response, Slot
+from ctr_foundation.http_messages import HttpError, Request, Response, Slot, media_type
 from ctr_foundation.http_protocol import Route
 from ctr_foundation.http_server import HttpLimits, HttpServer
 from cube.lookup_protocol import LookupProtocol
@@ -324,7 +324,7 @@ class CubeWorker:
         index = self.versions.get(version)
         if index is None:
             return self._count("lookup", self._no_index(version))
-        if req.headers.get("content-type", "").startswith("application/json"):
+        if media_type(req.headers) == "application/json":
             return self._count("lookup", self._lookup_json(req, index))
         bad = self._check_body(req.body)
         if bad is not None:

@@ -440,3 +440,44 @@ def test_cube_server_on_uvloop_exits_promptly_on_sigterm(stack, tmp_path, worker
         # The bug waited past wait(15); a clean exit takes well under a second on a quiet machine, but a
         # shared 2-core machine at load 30+ took 7.8 s to reap two workers.
         assert time.monotonic() - t0 < 10 and proc.returncode in (0, -15), proc.returncode
+
+
+# ---- admission: the whole head, bare line ends, media types -------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL_SERVERS)
+def test_a_120000_byte_head_is_431_on_every_server(stack, name):
+    """A head that arrives complete in one read (a read takes up to 256 KiB) is held to the 16 KiB limit too."""
+    url, _ = stack[name]
+    reply = exchange(port_of(url), request("GET", HEALTH[name], {"X-Big": "a" * 120_000}))
+    assert [a.status for a in parse_answers(reply)] == [431]
+    reply = exchange(port_of(url), request("GET", HEALTH[name], {"X-Big": "a" * 15_000}))
+    assert [a.status for a in parse_answers(reply)] == [200]
+    _alive(stack, name)
+
+
+@pytest.mark.parametrize("name", ALL_SERVERS)
+def test_a_bare_lf_head_is_400_at_once_on_every_server(stack, name):
+    url, _ = stack[name]
+    with socket.create_connection(("127.0.0.1", port_of(url)), timeout=5) as s:
+        t0 = time.monotonic()
+        s.sendall(f"GET {HEALTH[name]} HTTP/1.1\nHost: x\n\n".encode())
+        data = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while piece := s.recv(4096):
+                data += piece
+    assert time.monotonic() - t0 < 3
+    assert [a.status for a in parse_answers(data)] == [400]
+    _alive(stack, name)
+
+
+@pytest.mark.parametrize("content_type", ["APPLICATION/JSON", "application/json; charset=utf-8", "Application/Json"])
+def test_cube_json_lookup_media_type_is_case_insensitive(stack, content_type):
+    url, _ = stack["cube"]
+    key = int(stack["keys"][0])
+    body = json.dumps({"keys": [key]}).encode()
+    [answer] = parse_answers(
+        exchange(port_of(url), request("POST", "/v1/lookup", {"Content-Type": content_type}, body))
+    )
+    assert answer.status == 200 and answer.headers["content-type"] == "application/json", answer
+    assert json.loads(answer.body)["values"][0] == stack["values"][0].tolist()
