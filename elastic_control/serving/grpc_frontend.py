@@ -4,7 +4,9 @@
 dense slot -> number), validated the same way (instances.py), and goes through the same batcher: the
 same merged batches, arms, versions and answers. ``Feedback`` is ``/v1/feedback``. Errors are gRPC
 status codes with the HTTP route's message: 400 -> INVALID_ARGUMENT, 413 -> RESOURCE_EXHAUSTED,
-503 -> UNAVAILABLE, 500 -> INTERNAL. The standard ``grpc.health.v1.Health`` service answers SERVING
+503 -> UNAVAILABLE, 500 -> INTERNAL. Bytes that do not decode as the method's request message are
+INVALID_ARGUMENT too, naming the message type (grpc would answer UNKNOWN for a deserializer's exception).
+The standard ``grpc.health.v1.Health`` service answers SERVING
 (for "" and for ``elasticctr.serving.v1.Prediction``) only while serving is ready, and server
 reflection lists the services. The server is grpc.aio on its own event loop thread; answers come back
 from batch workers with one ``call_soon_threadsafe`` per batch.
@@ -19,6 +21,7 @@ import threading
 import time
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -50,6 +53,47 @@ STATUS_CODES = {
 }
 MAX_MESSAGE_BYTES = 8 << 20
 MAX_FEEDBACK_EVENTS = 100_000
+
+
+class _Malformed:
+    """What a request deserializes to when its bytes are not the message: the handler refuses it."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _lenient(message_class):
+    """``message_class.FromString`` that returns a _Malformed instead of raising: an exception raised in a
+    deserializer never reaches a handler, and grpc answers it UNKNOWN instead of INVALID_ARGUMENT."""
+    parse = message_class.FromString
+    name = message_class.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError as e:
+            return _Malformed(f"malformed {name} message ({len(data)} bytes): {e}")
+
+    return deserialize
+
+
+def _add_prediction_service(servicer, server) -> None:
+    """As serving_pb2_grpc.add_PredictionServicer_to_server, with deserializers that never raise."""
+    handlers = {
+        "Predict": grpc.unary_unary_rpc_method_handler(
+            servicer.Predict,
+            request_deserializer=_lenient(serving_pb2.PredictRequest),
+            response_serializer=serving_pb2.PredictResponse.SerializeToString,
+        ),
+        "Feedback": grpc.unary_unary_rpc_method_handler(
+            servicer.Feedback,
+            request_deserializer=_lenient(serving_pb2.FeedbackRequest),
+            response_serializer=serving_pb2.FeedbackResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
 def parse_proto_instances(instances) -> ParsedInstances:
@@ -126,7 +170,7 @@ class GrpcFrontend(Frontend):
                 ("grpc.so_reuseport", 0),
             ]
         )
-        serving_pb2_grpc.add_PredictionServicer_to_server(_PredictionServicer(self), server)
+        _add_prediction_service(_PredictionServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
@@ -192,6 +236,9 @@ class _PredictionServicer(serving_pb2_grpc.PredictionServicer):
     async def Predict(self, request, context):
         started = time.perf_counter()
         app = self.app
+        if request.__class__ is _Malformed:
+            app.metrics.observe_request(400, time.perf_counter() - started)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             parsed = PredictRequest(
                 parse_proto_instances(request.instances), routing_key_of(request.routing_key), arm_of(request.arm)
@@ -217,6 +264,8 @@ class _PredictionServicer(serving_pb2_grpc.PredictionServicer):
         await context.abort(STATUS_CODES.get(outcome.status, grpc.StatusCode.INTERNAL), outcome.message)
 
     async def Feedback(self, request, context):
+        if request.__class__ is _Malformed:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         if len(request.events) > MAX_FEEDBACK_EVENTS:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(request.events)} events; at most {MAX_FEEDBACK_EVENTS}"
