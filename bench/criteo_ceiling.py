@@ -10,7 +10,8 @@ all hours but the last, score the last), every model trained on the training hou
   400 rounds), and tuned ones (rate 0.03, up to 2,000 rounds, 31 leaves of at least 100 lines, half the
   features a split, L2 5) for three seeds, averaged;
 - the trees and the logistic regression averaged in logit space.
-Prints each AUC beside the issue's target (0.7715). Figures: docs/benchmarks.md "How far can anything get".
+Prints each AUC beside the target (0.7715: logistic regression + 0.005). Figures: docs/benchmarks.md
+"Current figures"; earlier runs in CHANGELOG.md, "How far can anything get on the Criteo split".
 """
 
 from __future__ import annotations

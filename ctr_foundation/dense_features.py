@@ -3,7 +3,7 @@
 A click log often carries numbers as well as ids (Criteo's 13 counts, a price, an age). Bucketing a number
 into a feasign keeps its slot in the sparse table, but every bucket then learns on its own; the number
 itself, fed to the dense part, lets the network use its order and interact it with the embeddings
-(docs/benchmarks.md "Dense slots").
+(CHANGELOG.md, "Dense slots: the counts as numbers").
 
 - slot.conf declares a dense slot as ``SLOT dense`` (config/slot_conf.py); the others are sparse.
 - A line carries a dense slot's value as ``value:slot``, ``value`` any finite decimal number

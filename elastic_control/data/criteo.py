@@ -7,7 +7,7 @@ A missing value is a value of its own ("NA"): missingness carries signal.
 Integer feature k is also written as a number, ``log(1 + v)`` (``-log(1 - v)``
 for the few negative counts), in dense slot 39+k (40-52; a missing value has
 no token): the network then also sees the count's order, which the buckets
-alone lose (docs/benchmarks.md "Dense slots"). ``slot_conf_text`` is the
+alone lose (CHANGELOG.md, "Dense slots: the counts as numbers"). ``slot_conf_text`` is the
 slot.conf that trains on all of them.
 feasign = a stable 64-bit hash of (slot, value), so values above 2**63 occur.
 """

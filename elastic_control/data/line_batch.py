@@ -8,7 +8,7 @@ validated with one regular-expression pass and converted with one
 per-line parser, which then names the bad lines. A chunk with value tokens
 (dense slots' numbers, ``2.5:40``) is validated by a second expression and
 split from its integer tokens by bytes (``_parse_chunk_with_values``): about
-half the speed of integer-only lines (docs/benchmarks.md "Dense slots").
+half the speed of integer-only lines (CHANGELOG.md, "Dense slots: the counts as numbers").
 """
 
 from __future__ import annotations

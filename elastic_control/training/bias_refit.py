@@ -3,7 +3,7 @@
 In Paddle 2.6.2's asynchronous parameter-server mode the dense part's bias barely leaves its start (the
 base rate's log-odds): on passes of a few thousand lines it moved by 0.001, and the model's mean prediction
 was whatever the embeddings and the MLP made of it (1.05-1.07 times the click rate on its own training
-hour, 1.09-1.15 on the next one, docs/benchmarks.md "The bias refitted after each pass"). Logistic
+hour, 1.09-1.15 on the next one, CHANGELOG.md, "The bias refitted after each pass"). Logistic
 regression's optimality condition for its intercept is exactly "mean prediction = click rate on the
 training lines": after a pass's epochs every trainer scores up to BIAS_REFIT_LINES lines of its share,
 trainer 0 sums what they send on the pass's ``trained`` barrier and moves the bias by the shift that meets

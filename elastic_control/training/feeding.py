@@ -82,9 +82,8 @@ def feed_keys(
     if per_key:
         # Each of these is a pure function of the key, found in a table of up to millions of keys:
         # searching a batch's distinct keys once, in sorted order, costs less than half of searching
-        # every occurrence in line order (docs/benchmarks.md "Each batch's distinct keys searched once"),
-        # and the defaults' four share that one search (docs/benchmarks.md "One search per batch for the
-        # per-key inputs").
+        # every occurrence in line order (CHANGELOG.md, "Each batch's distinct keys searched once"), and
+        # the defaults' four share that one search (CHANGELOG.md, "One search per batch for the per-key inputs").
         distinct, where = np.unique(np.asarray(keys, dtype=np.uint64), return_inverse=True)
         # Read-only: the per-key functions that search the pass's counts (KeyCounts.index) then search
         # it once for all of them.

@@ -144,7 +144,7 @@ def decayed_rows(paddle, emb, factor):
     ``1 / sqrt(1 + sightings / decay_sightings)``, a per-key rate that decays as the key is seen
     (Adagrad's schedule) but whose first steps are the full rate, not a jump. Paddle 2.6.2's own
     rules cannot do that: Adam's step does not decay, and its Adagrad rule's first steps are plain
-    SGD at the full rate (docs/benchmarks.md).
+    SGD at the full rate (CHANGELOG.md, "The decay rule").
     """
     held = emb * (1.0 - factor)
     held.stop_gradient = True

@@ -155,7 +155,7 @@ def unjudged_pass(setting: int | str, early_stop: bool, holdout_lines: int, min_
     none of them.
 
     Why: the early stop's plan is many epochs (a fresh model's 800 steps) for the stop to cut, and on a
-    small pass the cut is noise. The eight small real logs measured (docs/benchmarks.md "Small passes
+    small pass the cut is noise. The eight small real logs measured (CHANGELOG.md, "Small passes
     are not judged by their held-out lines") hold out 50-250 lines a pass; there the held-out loss picked
     epoch 1 or 2 while the next hour's AUC rose to epoch 3-5 and stayed (the 2,000-line log: 0.6933 at 1
     epoch, 0.6986-0.7004 at 2-5, 0.6466 at the plan's 20): the stop exported 0.6904, and the two-pass
@@ -181,7 +181,7 @@ def pass_batch_size(share_lines: int, batch_size: int, min_batches: int) -> int:
     Smaller batches there gained 0.002-0.008 AUC on six of eight small real logs. Not in later passes:
     on the two-pass logs small batches in the second pass too were no better on average and lost
     0.002-0.005 on one; and not on larger hours: on the Criteo split's (16,600 lines a trainer) every
-    batch under 128 lost (64: -0.001, 32: -0.002, 16: -0.003). docs/benchmarks.md "Small first passes,
+    batch under 128 lost (64: -0.001, 32: -0.002, 16: -0.003). CHANGELOG.md, "Small first passes,
     smaller batches".
     """
     if min_batches <= 0 or share_lines >= batch_size * min_batches:

@@ -3,9 +3,9 @@
 With the count-scaled L2 alone, every pass pulls each of its keys' wide weights toward 0 as if the
 pass were all the data there is, and its epochs refit the weights to the pass's own lines: two
 passes of 5,000 real lines then score like logistic regression on the second hour alone (0.72
-against 0.73 for both hours pooled, docs/benchmarks.md "The wide prior"). Logistic regression over
-all hours is the same as the last hour's loss plus the earlier hours' loss, and that earlier loss,
-near its minimum, is a quadratic around the weights they left: per key about
+against 0.73 for both hours pooled, CHANGELOG.md, "Six more small real logs, and the wide prior").
+Logistic regression over all hours is the same as the last hour's loss plus the earlier hours' loss,
+and that earlier loss, near its minimum, is a quadratic around the weights they left: per key about
 ``p (1 - p) / 2 * occurrences`` times ``(w - w_before)^2`` (a Laplace approximation, diagonal).
 
 So in a pass a key seen before is pulled toward its weight at the pass start, not toward 0, with
