@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import threading
@@ -318,3 +319,72 @@ def test_a_full_disk_is_507_and_leaves_no_partial_file(tmp_path):
         assert sorted(p.name for p in root.rglob("*") if p.is_file() and STAGING_DIR not in p.parts) == ["small.bin"]
         assert not any((root / STAGING_DIR).iterdir()) if (root / STAGING_DIR).exists() else True
         assert requests.get(f"{url}/files/cube/small.bin").content == b"x" * 1000
+
+
+# ---- versions in use, and what the public listing shows ------------------------------------------
+
+
+def _current(version: str) -> bytes:
+    record = {"version": version, "pass": version, "shards": 1, "dim": 8, "slots": [1], "sparse_dim": None}
+    return json.dumps({**record, "dense": f"cube/{version}/dense/"}).encode()
+
+
+def test_a_version_in_use_cannot_be_deleted(served):
+    """What cube/current.json names, the versions its chain needs and pinned versions answer 409 naming the
+    version; nothing of them is deleted; a version nobody uses still can be."""
+    url, root = served
+    for v in ("v0", "v1", "v2", "v3"):
+        assert requests.put(f"{url}/files/cube/{v}/shard-0.arrow", data=b"s", headers=AUTH).status_code == 201
+    chain = {"version": "v2", "chain": [{"version": "v1"}, {"version": "v2"}]}
+    puts = {
+        "cube/current.json": _current("v2"),
+        "cube/v2/chain.json": json.dumps(chain).encode(),
+        "cube/pins.json": json.dumps({"versions": ["v0"]}).encode(),
+    }
+    for path, body in puts.items():
+        assert requests.put(f"{url}/files/{path}", data=body, headers=AUTH).status_code == 201
+    for path, version, why in (
+        ("cube/v2/", "v2", "current.json"),
+        ("cube/v2", "v2", "current.json"),
+        ("cube/v2/shard-0.arrow", "v2", "current.json"),
+        ("cube/", "v", "in use"),
+        ("cube/v1/", "v1", "chain"),
+        ("cube/v0/", "v0", "pins.json"),
+    ):
+        r = requests.delete(f"{url}/files/{path}", headers=AUTH)
+        assert r.status_code == 409, (path, r.status_code, r.text)
+        assert version in r.json()["error"] and why in r.json()["error"], (path, r.text)
+    for v in ("v0", "v1", "v2"):
+        assert (root / "cube" / v / "shard-0.arrow").read_bytes() == b"s"
+    assert requests.delete(f"{url}/files/cube/v3/", headers=AUTH).status_code == 200
+    assert not (root / "cube" / "v3").exists()
+    # once current.json names another version, the old one may go
+    assert requests.put(f"{url}/files/cube/current.json", data=_current("v0"), headers=AUTH).status_code == 201
+    assert requests.delete(f"{url}/files/cube/v2/", headers=AUTH).status_code == 200
+
+
+def test_an_unreadable_current_json_protects_every_version(served):
+    url, root = served
+    assert requests.put(f"{url}/files/cube/v1/shard-0.arrow", data=b"s", headers=AUTH).status_code == 201
+    assert requests.put(f"{url}/files/cube/current.json", data=b"{not json", headers=AUTH).status_code == 201
+    r = requests.delete(f"{url}/files/cube/v1/", headers=AUTH)
+    assert r.status_code == 409 and "current.json" in r.json()["error"], r.text
+    assert (root / "cube" / "v1" / "shard-0.arrow").exists()
+
+
+def test_the_public_listing_does_not_follow_links_out_of_its_tree(served):
+    url, root = served
+    assert requests.put(f"{url}/files/cube/v1/shard-0.arrow", data=b"shard", headers=AUTH).status_code == 201
+    secret = b'export HDFS_UGI="user,password"\n' * 100
+    assert requests.put(f"{url}/files/config/data.config", data=secret, headers=AUTH).status_code == 201
+    (root / "cube" / "to-config").symlink_to("../config/data.config")
+    (root / "cube" / "to-config-dir").symlink_to("../config")
+    (root / "cube" / "to-etc").symlink_to("/etc/hostname")
+    (root / "cube" / "alias").symlink_to("v1")  # inside the tree: listed
+    listing = requests.get(f"{url}/files/cube/").json()["entries"]
+    names = {e["name"] for e in listing}
+    assert names == {"alias", "v1"}, listing
+    assert all(e["size"] != len(secret) for e in listing)
+    assert requests.get(f"{url}/files/cube/to-config").status_code == 401  # reads behind such a link need the token
+    private = {e["name"] for e in requests.get(f"{url}/files/", headers=AUTH).json()["entries"]}
+    assert private == {"config", "cube"}

@@ -10,7 +10,16 @@ file; the last rename wins whole. Downloads are sent with sendfile.
 
 Reads of ``cube/`` (shards, manifests, dense models, current.json) are open;
 every other read (``config/`` holds data.config and its credentials) and every
-write needs the token, checked before any body byte is read.
+write needs the token, checked before any body byte is read. A folder listing
+leaves out symlinks whose target lies outside the tree being listed (``cube/``
+for the open listing): the open listing never shows what lies behind a link
+into ``config/`` or elsewhere on the host.
+
+A cube version in use cannot be deleted (409 naming the version and why): the
+one ``cube/current.json`` names, the versions of its ``chain.json`` (a delta's
+ancestors) and those pinned in ``cube/pins.json`` with their chains. Deleting
+it would leave serving answering with a version no new replica can download.
+If current.json or pins.json cannot be read, no version folder is deleted.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -27,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctr_foundation import names
+from ctr_foundation.errors import DataError
 from ctr_foundation.http_messages import FileBody, HttpError, Request, Response
 from ctr_foundation.http_protocol import STREAM, THREAD, Route
 from ctr_foundation.http_server import HttpLimits, HttpServer
+from ctr_foundation.records import CurrentVersion
 from elastic_control.fileserver.paths import STAGING_DIR, UnsafePath, resolve_under_root, split_request_path
 
 log = logging.getLogger("elastic_control.fileserver")
@@ -39,7 +51,9 @@ SHA_HEADER = "X-Content-Sha256"
 CHUNK = 1 << 20
 DEFAULT_MAX_BYTES = 8 << 30  # shards of a large table fit; a runaway upload does not fill the disk
 DEFAULT_PORT = names.FILESERVER_PORT
-LIMITS = HttpLimits(max_connections=512, threads=32, body_timeout=120.0)
+LIMITS = HttpLimits(max_connections=512, threads=32, body_timeout=120.0, max_unfinished_bodies=64)
+PINS_FILE = "pins.json"  # {"versions": [VERSION, ...]} in cube/ (cube-transfer and serving read it)
+CHAIN_FILE = "chain.json"  # cube/VERSION/chain.json: {"chain": [{"version": ...}, ...]}
 
 
 def _stat_key(st: os.stat_result) -> tuple:
@@ -132,6 +146,9 @@ class FileServerApp:
 
     def __init__(self, cfg: FileServerConfig):
         self.cfg = cfg
+        # Held while a delete checks what is in use and deletes, and while current.json or pins.json is
+        # replaced: a version cannot become current between the check and its deletion.
+        self._use_lock = threading.Lock()
         self.health = Route(lambda req: Response.json({"status": "ok"}), mode=THREAD)
         self.read_open = Route(_fs_errors(self._get), mode=THREAD)
         self.read_private = Route(_fs_errors(self._get), mode=THREAD, token=True)
@@ -181,11 +198,15 @@ class FileServerApp:
     def _get(self, req: Request) -> Response:
         parts, is_dir, target = self._target(req)
         if target.is_dir():
+            real_root = os.path.realpath(self.cfg.root)
+            tree = os.path.join(real_root, parts[0]) if self._public(parts) else real_root
             entries = []
             with os.scandir(target) as it:
                 for e in sorted(it, key=lambda e: e.name):
                     if e.name == STAGING_DIR and not parts:
                         continue
+                    if e.is_symlink() and not _inside(os.path.realpath(e.path), tree):
+                        continue  # a link out of the listed tree: neither its target's kind nor its size
                     with contextlib.suppress(FileNotFoundError):
                         d = e.is_dir()
                         entries.append({"name": e.name, "size": 0 if d else e.stat().st_size, "is_dir": d})
@@ -235,7 +256,11 @@ class FileServerApp:
             if target.is_dir():
                 raise HttpError(409, f"{'/'.join(parts)} is a folder")
             os.chmod(tmp, 0o644)
-            self.cfg.sha.install(tmp, target, digest)
+            if parts in ([names.CUBE_PREFIX, names.CURRENT_FILE], [names.CUBE_PREFIX, PINS_FILE]):
+                with self._use_lock:
+                    self.cfg.sha.install(tmp, target, digest)
+            else:
+                self.cfg.sha.install(tmp, target, digest)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -247,6 +272,61 @@ class FileServerApp:
         parts, _is_dir, target = self._target(req)
         if not parts:
             raise HttpError(400, "refusing to delete the root")
+        with self._use_lock:
+            self._refuse_if_in_use(parts, target)
+            return self._delete_unlocked(parts, target)
+
+    def _refuse_if_in_use(self, parts: list[str], target: Path) -> None:
+        """409 if ``target`` is, holds or lies inside the folder of a cube version in use."""
+        cube = os.path.join(os.path.realpath(self.cfg.root), names.CUBE_PREFIX)
+        real = os.path.realpath(target)
+        if not (_inside(real, cube) or _inside(cube, real)):
+            return
+        what = "/".join(parts)
+        try:
+            used = self._versions_in_use(cube)
+        except DataError as e:
+            rel = os.path.relpath(real, cube)
+            if real == cube or not _inside(real, cube) or os.sep in rel or os.path.isdir(real):
+                raise HttpError(
+                    409, f"cannot tell which cube versions are in use ({e}): refusing to delete {what}"
+                ) from None
+            return  # a file directly in cube/ (current.json itself may be replaced or removed)
+        for version, why in sorted(used.items()):
+            folder = os.path.join(cube, version)
+            if _inside(real, folder) or _inside(folder, real):
+                raise HttpError(409, f"cube version {version} is in use ({why}): refusing to delete {what}")
+
+    def _versions_in_use(self, cube: str) -> dict[str, str]:
+        """version -> why it is in use; DataError if current.json or pins.json exists but cannot be read."""
+        used: dict[str, str] = {}
+
+        def with_chain(version: str, why: str) -> None:
+            used.setdefault(version, why)
+            try:
+                doc = _read_json(os.path.join(cube, version, CHAIN_FILE))
+            except DataError:
+                return  # a base version without a readable chain: itself only
+            chain = doc.get("chain") if isinstance(doc, dict) else None
+            for item in chain if isinstance(chain, list) else ():
+                v = item.get("version") if isinstance(item, dict) else None
+                if isinstance(v, str) and v and v != version:
+                    used.setdefault(v, f"the chain of {version}, {why}, needs it")
+
+        current = _read_json(os.path.join(cube, names.CURRENT_FILE))
+        if current is not None:
+            record = CurrentVersion.from_json(current, f"{names.CUBE_PREFIX}/{names.CURRENT_FILE}")
+            with_chain(record.version, f"named by {names.CUBE_PREFIX}/{names.CURRENT_FILE}")
+        pins = _read_json(os.path.join(cube, PINS_FILE))
+        if pins is not None:
+            versions = pins.get("versions") if isinstance(pins, dict) else None
+            if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+                raise DataError(f'{names.CUBE_PREFIX}/{PINS_FILE} must be {{"versions": [VERSION, ...]}}')
+            for v in versions:
+                with_chain(v, f"pinned in {names.CUBE_PREFIX}/{PINS_FILE}")
+        return used
+
+    def _delete_unlocked(self, parts: list[str], target: Path) -> Response:
         self.cfg.sha.forget_under(target)
         if target.is_symlink() or target.is_file():
             target.unlink()
@@ -259,6 +339,21 @@ class FileServerApp:
             raise HttpError(404, f"no such file: {'/'.join(parts)}")
         log.info("DELETE %s", "/".join(parts))
         return Response.json({"path": "/".join(parts), "deleted": True})
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
+
+
+def _read_json(path: str):
+    """The JSON document at ``path``, None if there is none; DataError if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{os.path.basename(path)}: {e}") from None
 
 
 @contextlib.contextmanager
