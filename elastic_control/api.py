@@ -183,9 +183,47 @@ def logs(
     follow: bool = False,
     components: list[str] | None = None,
     raw: bool = False,
+    tail: int | None = None,
+    since: float | None = None,
+    out=None,
 ) -> None:
-    """``-l``: trainer 0's, the file server's and cube-transfer's logs (Paddle's glog lines only with ``raw``)."""
-    attach(state_dir=state_dir).stream_logs(components=components, follow=follow, raw=raw)
+    """``-l``: the logs of ``components`` (default: trainer 0, the file server, cube-transfer).
+
+    ``tail``: the last lines of each (default: 40 locally, 200 on Kubernetes; every line with ``since``);
+    ``since``: only lines of the last ``since`` seconds; ``follow``: keep streaming. Paddle's glog lines
+    only with ``raw``. A name the plan does not know is a UsageError that lists the names it knows.
+    """
+    deployment = attach(state_dir=state_dir)
+    plan = deployment.plan
+    if plan.backend == "k8s":
+        from elastic_control.kube import logs as kube_logs
+
+        known = list(kube_logs.plan_log_sources(plan))
+        check_components(components, known)
+        kube_logs.stream_logs(plan, components=components, follow=follow, tail=tail, since=since, raw=raw, out=out)
+        return
+    import time
+
+    from ctr_foundation.names import StateFolder
+    from elastic_control.local.logs_view import TAIL, known_components, show_logs
+
+    layout = StateFolder.of(plan.state_dir)
+    check_components(components, known_components(layout))
+    if tail is None:
+        tail = None if since is not None else TAIL
+    cutoff = None if since is None else time.time() - since
+    show_logs(layout, components=components, follow=follow, tail=tail, since=cutoff, raw=raw, out=out)
+
+
+def check_components(components: list[str] | None, known: list[str]) -> None:
+    """A UsageError naming the first unknown component, the closest known name, and every known one."""
+    import difflib
+
+    for name in components or []:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"no component {name!r} in this plan{hint} (known: {', '.join(known)})")
 
 
 def configure_client(*, state_dir: str = ".elastic-ctr") -> Path:

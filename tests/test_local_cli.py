@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers_local import write_complete_hours
 
+from elastic_control.cli.exit_codes import EXIT_NOT_RUNNING
 from elastic_control.local.spec import COMPONENTS_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +109,7 @@ def test_log_before_apply_and_delete_before_apply_are_clear(rendered):
     res = cli("delete", "--state-dir", "st", cwd=cwd)
     assert res.returncode == 0 and "nothing was running" in res.stderr
     res = cli("status", "--state-dir", "st", cwd=cwd)
-    assert res.returncode == 0 and "never started" in res.stdout + res.stderr
+    assert res.returncode == EXIT_NOT_RUNNING and "never started" in res.stdout + res.stderr
 
 
 def test_state_folder_from_an_older_version_is_refused_clearly(rendered):
@@ -135,7 +136,7 @@ def test_runtime_record_of_an_older_version_does_not_break_status(rendered):
     cwd, state = rendered
     (state / "local" / "runtime.json").write_text(json.dumps({"format": 0, "pid": 12345}))
     res = cli("status", "--state-dir", "st", cwd=cwd)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == EXIT_NOT_RUNNING, res.stderr
     assert "Traceback" not in res.stderr
 
 

@@ -23,6 +23,16 @@ MISSING = "missing"  # planned, but nothing runs (never started, deleted, pod no
 COMPONENT_STATES = (RUNNING, STARTING, DEGRADED, HUNG, RESTARTING, COMPLETED, FAILED, STOPPED, MISSING)
 UNHEALTHY = (DEGRADED, HUNG, FAILED, MISSING)
 
+# The pipeline's health as a whole (``pipeline_health``), worst first; `status` exits with a code per word.
+HEALTH_NOT_RUNNING = "not running"  # nothing runs: never started, stopped, deleted, the supervisor gone
+HEALTH_FAILED = "failed"  # the pipeline or its training job failed, or a component failed for good
+HEALTH_DEGRADED = "degraded"  # runs, but a component is degraded, hung, missing or restarting
+HEALTH_STARTING = "starting"  # runs, nothing is wrong, but a component is not ready yet (e.g. no model yet)
+HEALTH_HEALTHY = "healthy"  # every component is running (or completed its work)
+HEALTH_WORDS = (HEALTH_NOT_RUNNING, HEALTH_FAILED, HEALTH_DEGRADED, HEALTH_STARTING, HEALTH_HEALTHY)
+# Pipeline states (``PipelineStatus.state``) in which nothing runs, on either backend.
+_NOT_RUNNING_STATES = ("never started", "not running", "stopped", "not deployed")
+
 
 @dataclass
 class ComponentStatus:
@@ -66,7 +76,35 @@ class PipelineStatus:
         return next((c for c in self.components if c.name == name), None)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The document as JSON data, with its ``health`` and the reason for it (``pipeline_health``)."""
+        doc = asdict(self)
+        doc["health"], doc["health_reason"] = pipeline_health(self)
+        return doc
+
+
+def pipeline_health(status: PipelineStatus) -> tuple[str, str]:
+    """(one of HEALTH_WORDS, why): the pipeline's health, from its state and its components' states."""
+    if status.state == FAILED:
+        return HEALTH_FAILED, status.reason or "the pipeline failed"
+    if status.state in _NOT_RUNNING_STATES:
+        return HEALTH_NOT_RUNNING, f"the pipeline is {status.state}"
+
+    def named(states: tuple[str, ...]) -> list[str]:
+        return [f"{c.name} {c.state}" for c in status.components if c.state in states]
+
+    failed = named((FAILED,))
+    if status.training.get("state") == FAILED and not failed:
+        why = status.training.get("reason") or status.training.get("detail")
+        failed = ["training failed" + (f": {why}" if why else "")]
+    if failed:
+        return HEALTH_FAILED, ", ".join(failed)
+    degraded = named((DEGRADED, HUNG, MISSING, RESTARTING))
+    if degraded:
+        return HEALTH_DEGRADED, ", ".join(degraded)
+    starting = named((STARTING,))
+    if starting or status.state == STARTING:
+        return HEALTH_STARTING, ", ".join(starting) or f"the pipeline is {status.state}"
+    return HEALTH_HEALTHY, ""
 
 
 def service_alerts(status: PipelineStatus) -> list[str]:

@@ -14,7 +14,7 @@ from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.env_vars import DEBUG
 from ctr_foundation.errors import ElasticControlError
 from elastic_control import __version__
-from elastic_control.cli.options import kube_render_options, state_dir_option
+from elastic_control.cli.options import DURATION, kube_render_options, state_dir_option
 from elastic_control.config.resources import RANGES, Resources
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -39,6 +39,48 @@ LAZY_COMMANDS = {
 HIDDEN = {"role", "supervise"}
 
 
+# The verbs of the original script, as flags of the one command; `-r -h` shows only -r's options.
+VERBS = {  # parameter name: (flag, what it does, its options)
+    "do_render": (
+        "-r",
+        "Validate the flags, slot.conf and data.config, then render the plan and the Kubernetes manifests into "
+        "the state folder (nothing starts; `kubectl apply -f STATE/manifests` works too). The backend is chosen "
+        "here: Kubernetes when a cluster answers (--backend auto), else local processes.",
+        ("cpu", "mem", "trainers", "pservers", "cube_shards", "datafile", "slot_conf", "hdfs_address", "verbose",
+         "backend", "namespace", "image", "queue", "job_name", "service_type", "promotion_gate", "context",
+         "storage_class", "access_mode", "serving_replicas", "network_policy", "max_retry", "image_pull_policy",
+         "image_pull_secrets", "data_secrets", "pod_overlay", "state_dir"),
+    ),
+    "do_apply": (
+        "-a",
+        "Start everything -r rendered (training, cube, serving, the file server, MLflow) where -r planned it, "
+        "and wait until every component is up.",
+        ("dry_run", "state_dir"),
+    ),
+    "do_log": (
+        "-l",
+        "Show the logs of the COMPONENTs named, each line prefixed with its component (default: trainer-0, "
+        "fileserver and cube-transfer). Components are the names `elastic-control status` lists: trainer-N, "
+        "pserver-N, cube-server-N, cube-agent-N, cube-transfer, serving, fileserver, mlflow (and, locally, "
+        "supervisor).",
+        ("tail", "since", "follow", "raw", "state_dir"),
+    ),
+    "do_client": (
+        "-c",
+        "Configure the client: find serving and the file server, fetch slot.conf, and write STATE/client.json "
+        "for `elastic-control predict`.",
+        ("state_dir",),
+    ),
+}  # fmt: skip
+VERB_EXAMPLES = {
+    "do_render": "elastic-control -r -u 4 -m 20 -t 2 -p 2 -b 5 -s examples/slot.conf -f examples/data.config",
+    "do_apply": "elastic-control -a; elastic-control -a --dry-run",
+    "do_log": "elastic-control -l trainer-1 --tail 5; elastic-control -l serving cube-server-0 --since 10m --follow",
+    "do_client": "elastic-control -c",
+}
+LOG_COMPONENTS = "elastic_control.log_components"  # ctx.meta key: the COMPONENTs given after -l
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *(n for n in LAZY_COMMANDS if n not in HIDDEN)])
@@ -53,6 +95,61 @@ class LazyGroup(click.Group):
                     raise
                 return _unavailable(name, e)
         return super().get_command(ctx, name)
+
+
+class VerbGroup(LazyGroup):
+    """The command line of the original script: verb flags (-r, -a, -l, -c) and subcommands.
+
+    Before click parses: names after -l that are not subcommands are its COMPONENTs (``-l trainer-1
+    --tail 5``), and -h beside verb flags shows only those verbs' options.
+    """
+
+    def parse_args(self, ctx, args):
+        args, given, components = self._split_components(ctx, list(args))
+        ctx.meta[LOG_COMPONENTS] = components
+        verbs = [v for v in VERBS if v in given]
+        help_option = self.get_help_option(ctx)
+        if verbs and help_option is not None and help_option.name in given:
+            click.echo(self.verb_help(ctx, verbs))
+            ctx.exit()
+        return super().parse_args(ctx, args)
+
+    def _split_components(self, ctx, args: list[str]) -> tuple[list[str], set[str], list[str]]:
+        """(args without -l's COMPONENTs, the parameters given, the COMPONENTs)."""
+        head, rest, given, components = [], args, set(), []
+        commands = {*self.list_commands(ctx), *LAZY_COMMANDS}
+        while True:
+            try:
+                opts, left, _ = self.make_parser(ctx).parse_args(args=list(rest))
+            except click.UsageError:
+                return args, given, []  # the real parse says what is wrong
+            given |= set(opts)
+            head += rest[: len(rest) - len(left)]
+            if "do_log" in given and left and not left[0].startswith("-") and left[0] not in commands:
+                components.append(left[0])
+                rest = left[1:]
+                continue
+            return head + left, given, components
+
+    def verb_help(self, ctx, verbs: list[str]) -> str:
+        """Help on ``verbs`` only: what each does, its options, an example."""
+        formatter = ctx.make_formatter()
+        usage = " ".join(VERBS[v][0] for v in verbs) + " [OPTIONS]"
+        formatter.write_usage(ctx.command_path, usage + (" [COMPONENT]..." if "do_log" in verbs else ""))
+        for verb in verbs:
+            flag, text, _ = VERBS[verb]
+            formatter.write_paragraph()
+            with formatter.indentation():
+                formatter.write_text(f"{flag}: {text}")
+        names = {name for v in verbs for name in VERBS[v][2]}
+        help_option = self.get_help_option(ctx)
+        records = [p.get_help_record(ctx) for p in self.get_params(ctx) if p.name in names or p is help_option]
+        with formatter.section("Options"):
+            formatter.write_dl([r for r in records if r is not None])
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text("Example: " + "; ".join(VERB_EXAMPLES[v] for v in verbs))
+        return formatter.getvalue().rstrip("\n")
 
 
 def _unavailable(name: str, err: Exception) -> click.Command:
@@ -70,11 +167,11 @@ def _range_help(name: str) -> str:
 
 
 @click.group(
-    cls=LazyGroup,
+    cls=VerbGroup,
     invoke_without_command=True,
     context_settings=CONTEXT,
     epilog="Example: elastic-control -r -u 4 -m 20 -t 2 -p 2 -b 5 -s examples/slot.conf "
-    "-f examples/data.config; then -a, -l, -c.",
+    "-f examples/data.config; then -a, -l, -c. One verb's options only: elastic-control -r -h (or -a, -l, -c).",
 )
 @click.option(
     "-r",
@@ -91,7 +188,12 @@ def _range_help(name: str) -> str:
     help="Start everything -r rendered (training, cube, serving, file server, MLflow).",
 )
 @click.option(
-    "-l", "--log", "do_log", is_flag=True, help="Show trainer 0's, the file server's and cube-transfer's logs."
+    "-l",
+    "--log",
+    "do_log",
+    is_flag=True,
+    help="Show logs: of the COMPONENTs named after it (e.g. -l trainer-1 serving), else of trainer 0, "
+    "the file server and cube-transfer.",
 )
 @click.option(
     "-c",
@@ -151,7 +253,23 @@ def _range_help(name: str) -> str:
     type=click.Choice(["client", "server"]),
     help="With -a: show what would be applied (server: ask the API server).",
 )
-@click.option("--follow", is_flag=True, help="With -l: keep streaming.")
+@click.option(
+    "--tail",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="With -l: the last N lines of each component [default: 40 locally, 200 on Kubernetes; every line "
+    "with --since].",
+)
+@click.option(
+    "--since",
+    type=DURATION,
+    default=None,
+    metavar="DURATION",
+    help="With -l: only lines newer than DURATION (e.g. 30s, 10m, 1h30m). Local log lines without a time "
+    "of their own count as new until a later line that has one says otherwise.",
+)
+@click.option("--follow", is_flag=True, help="With -l: keep streaming new lines until Ctrl-C.")
 @click.option(
     "--raw", is_flag=True, help="With -l: every line, Paddle's internal glog lines too (the log files keep them)."
 )
@@ -182,6 +300,8 @@ def cli(
     service_type,
     promotion_gate,
     dry_run,
+    tail,
+    since,
     follow,
     raw,
     context,
@@ -240,7 +360,14 @@ def cli(
     if do_client:
         api.configure_client(state_dir=state_dir)
     if do_log:
-        api.logs(state_dir=state_dir, follow=follow, raw=raw)
+        api.logs(
+            state_dir=state_dir,
+            components=ctx.meta.get(LOG_COMPONENTS) or None,
+            tail=tail,
+            since=since,
+            follow=follow,
+            raw=raw,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from ctr_foundation.env_vars import STATE_DIR
@@ -105,3 +107,30 @@ def kube_render_options(func):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+class Duration(click.ParamType):
+    """A duration as ``kubectl logs --since`` takes it: ``90s``, ``10m``, ``1h30m``, ``2d``, or plain seconds."""
+
+    name = "duration"
+    UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        else:
+            text = str(value).strip().lower()
+            try:
+                seconds = float(text)
+            except ValueError:
+                parts = self._PART.findall(text)
+                if not parts or "".join(n + u for n, u in parts) != text:
+                    self.fail(f"{value!r} is not a duration: use e.g. 30s, 10m, 1h30m or 2d", param, ctx)
+                seconds = sum(float(n) * self.UNITS[u] for n, u in parts)
+        if seconds <= 0:
+            self.fail(f"{value!r} is not a positive duration", param, ctx)
+        return seconds
+
+
+DURATION = Duration()

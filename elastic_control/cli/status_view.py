@@ -1,8 +1,13 @@
-"""``status``: the status document of either backend, printed for people (stdout) or as JSON.
+"""``status``: the status document of either backend, printed for people (stdout) or as JSON or YAML.
 
 The document comes from ``Deployment.status()`` (elastic_control/backends/status.py);
 this module only renders it. Everything printed here is data, so it goes to
 stdout (``status > file`` keeps it); progress goes to stderr elsewhere.
+
+Outputs (``-o``): ``text`` fits the components table to the terminal (the last
+log line is cut with an ellipsis), ``wide`` shows every cell whole, ``json``
+and ``yaml`` dump the whole document. Under ``json`` and ``yaml`` an error is a
+document too (``{"error": ..., "kind": ...}``), so a script always reads one.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -17,6 +24,11 @@ from rich.text import Text
 
 from ctr_foundation.records import parse_time
 from elastic_control.backends import status as st
+
+OUTPUTS = ("text", "wide", "json", "yaml")
+DOCUMENT_OUTPUTS = ("json", "yaml")
+YAML_WIDTH = 4096  # long strings (log lines, errors) stay on one line
+WIDE_WIDTH = 10_000  # `-o wide`: no cell is cut; the terminal wraps what does not fit
 
 _STYLE = {
     st.RUNNING: "green",
@@ -28,11 +40,21 @@ _STYLE = {
     st.FAILED: "red",
     st.MISSING: "red",
 }
+_HEALTH_STYLE = {
+    st.HEALTH_HEALTHY: "green",
+    st.HEALTH_STARTING: "yellow",
+    st.HEALTH_DEGRADED: "red",
+    st.HEALTH_FAILED: "red",
+    st.HEALTH_NOT_RUNNING: "yellow",
+}
 
 
-def _console() -> Console:
+def _console(*, wide: bool = False) -> Console:
     # Redirected (`status > file`): as wide as COLUMNS says, else 160 columns rather than 80.
-    width = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
+    if wide:
+        width = WIDE_WIDTH
+    else:
+        width = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
     return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
 
 
@@ -46,13 +68,88 @@ def _secs(value) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value:.1f}s"
 
 
-def print_status_json(status: st.PipelineStatus) -> None:
-    sys.stdout.write(json.dumps(status.to_json(), indent=2, sort_keys=True, default=str) + "\n")
+def _write(text: str) -> None:
+    sys.stdout.write(text)
     sys.stdout.flush()
 
 
-def print_status(status: st.PipelineStatus) -> None:
-    con = _console()
+def print_status_json(status: st.PipelineStatus) -> None:
+    _write(json.dumps(status.to_json(), indent=2, sort_keys=True, default=str) + "\n")
+
+
+def print_status_yaml(status: st.PipelineStatus) -> None:
+    import yaml
+
+    # Through JSON first: the document's values become plain str, int, float, bool, None, list, dict.
+    doc = json.loads(json.dumps(status.to_json(), default=str))
+    _write(yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, allow_unicode=True, width=YAML_WIDTH))
+
+
+def print_error_document(message: str, kind: str, output: str) -> None:
+    """An error as a document on stdout, for ``-o json`` and ``-o yaml``: ``{"error": ..., "kind": ...}``."""
+    doc = {"error": message, "kind": kind}
+    if output == "yaml":
+        import yaml
+
+        _write(yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, allow_unicode=True, width=YAML_WIDTH))
+    else:
+        _write(json.dumps(doc, sort_keys=True) + "\n")
+
+
+def render_status(status: st.PipelineStatus, output: str = "text") -> None:
+    """Print ``status`` as ``output`` (one of OUTPUTS) on stdout."""
+    if output == "json":
+        print_status_json(status)
+    elif output == "yaml":
+        print_status_yaml(status)
+    else:
+        print_status(status, wide=output == "wide")
+
+
+def watch_status(
+    read: Callable[[], st.PipelineStatus],
+    *,
+    output: str = "text",
+    interval: float = 2.0,
+    updates: int | None = None,
+    on_status: Callable[[st.PipelineStatus], None] | None = None,
+) -> st.PipelineStatus | None:
+    """Read and print the status every ``interval`` seconds until Ctrl-C (or ``updates`` times); the last one
+    shown (Ctrl-C before the first one is raised).
+
+    On a terminal the text outputs redraw the screen; redirected, each update follows the last one
+    (JSON documents one after another, YAML documents separated by ``---``).
+    """
+    last = None
+    shown = 0
+    redraw = output not in DOCUMENT_OUTPUTS and sys.stdout.isatty()
+    try:
+        while updates is None or shown < updates:
+            started = time.monotonic()
+            status = read()
+            if redraw:
+                _write("\x1b[H\x1b[2J")
+            elif shown and output == "yaml":
+                _write("---\n")
+            elif shown and output not in DOCUMENT_OUTPUTS:
+                _write("\n")
+            render_status(status, output)
+            last, shown = status, shown + 1
+            if on_status is not None:
+                on_status(status)
+            if updates is not None and shown >= updates:
+                break
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        if last is None:
+            raise
+    return last
+
+
+def print_status(status: st.PipelineStatus, *, wide: bool = False) -> None:
+    """The status for people: a headline with the health, one row per component, then training, cube,
+    serving, rollouts and alerts. ``wide`` shows every cell whole; else the table fits the terminal."""
+    con = _console(wide=wide)
     ctl = status.controller
     if status.backend == "local":
         head = f"[bold]{status.state_dir}[/bold]: supervisor {status.state}"
@@ -61,23 +158,14 @@ def print_status(status: st.PipelineStatus) -> None:
     else:
         head = f"[bold]{status.target}[/bold]: {status.state}"
     con.print(head)
+    health, why = st.pipeline_health(status)
+    line = Text("health: ")
+    line.append(health, style=_HEALTH_STYLE.get(health, ""))
+    if why and health != st.HEALTH_NOT_RUNNING:
+        line.append(f" ({why})")
+    con.print(line, overflow="ellipsis", no_wrap=not wide, crop=not wide)
 
-    table = Table(show_edge=False, pad_edge=False, header_style="bold")
-    local = status.backend == "local"
-    columns = ["component", "kind", "state", "detail"]
-    columns += ["pid", "address", "restarts", "version", "last log line"] if local else ["ready"]
-    for col in columns:
-        wrap = col in ("detail", "last log line")
-        table.add_column(col, overflow="fold" if wrap else "ellipsis", no_wrap=not wrap, max_width=60 if wrap else None)
-    for c in status.components:
-        style = _STYLE.get(c.state, "")
-        row = [c.name, c.kind, Text(c.state, style=style), c.detail]
-        if local:
-            row += [str(c.pid or "-"), c.address or "-", str(c.restarts), c.version or "-", c.last_line[-160:]]
-        else:
-            row += [c.ready or "-"]
-        table.add_row(*row)
-    con.print(table)
+    con.print(_components_table(status, width=None if wide else con.width))
 
     _print_training(con, status.training)
     _print_cube(con, status.cube)
@@ -99,6 +187,43 @@ def print_status(status: st.PipelineStatus) -> None:
         con.print(t)
     for alert in status.alerts:
         con.print(Text("! " + alert, style="yellow"))
+
+
+DETAIL_WIDTH = 48  # `text`: the detail column's widest (it gives way first to the last log line's minimum)
+MIN_LOG_WIDTH = 12
+
+
+def _components_table(status: st.PipelineStatus, *, width: int | None) -> Table:
+    """One line per component. Cells never wrap: with a ``width`` (``text``) the detail and the last log
+    line are cut with an ellipsis so that the table fits it; without one (``wide``) nothing is cut."""
+    local = status.backend == "local"
+    columns = ["component", "kind", "state", "detail"]
+    columns += ["pid", "address", "restarts", "version", "last log line"] if local else ["ready"]
+    rows = []
+    for c in status.components:
+        row = [c.name, c.kind, c.state, c.detail]
+        if local:
+            row += [str(c.pid or "-"), c.address or "-", str(c.restarts), c.version or "-", c.last_line]
+        else:
+            row += [c.ready or "-"]
+        rows.append(row)
+    fits = [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(columns)]
+    if width is not None:
+        # Every other column keeps its width; detail, then the last log line, take what is left.
+        free = width - 3 * (len(columns) - 1) - (sum(fits) - fits[3])
+        if local:
+            free += fits[-1]
+            log = max(MIN_LOG_WIDTH, free - min(fits[3], DETAIL_WIDTH))
+            fits[-1] = min(fits[-1], log)
+            free -= fits[-1]
+        fits[3] = max(len("detail"), min(fits[3], DETAIL_WIDTH, free))
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for col, w in zip(columns, fits, strict=True):
+        table.add_column(col, no_wrap=True, overflow="ellipsis", width=None if width is None else w)
+    for row in rows:
+        row[2] = Text(row[2], style=_STYLE.get(row[2], ""))
+        table.add_row(*row)
+    return table
 
 
 def _print_training(con: Console, training: dict) -> None:

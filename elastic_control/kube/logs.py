@@ -1,4 +1,4 @@
-"""-l: trainer 0's, the file server's and cube-transfer's logs, one prefix per pod.
+"""-l: the components' logs (default: trainer 0's, the file server's and cube-transfer's), one prefix per pod.
 
 With ``follow`` each component is streamed in its own thread. When a stream
 ends, the follower looks at the pod and either reattaches (the pod still
@@ -36,6 +36,9 @@ class LogSource:
     pod_name: str | None = None  # a Volcano pod's fixed name (JOB-TASK-I)
 
 
+DEFAULT_COMPONENTS = ("trainer-0", "fileserver", "cube-transfer")
+
+
 def log_sources(job: str) -> dict[str, LogSource]:
     # Volcano names trainer 0 JOB-trainer-0 in every release; the task-index label came only with 1.9.
     trainer0 = f"{k.VOLCANO_JOB_NAME_LABEL}={job},{k.VOLCANO_TASK_SPEC_LABEL}=trainer"
@@ -46,6 +49,90 @@ def log_sources(job: str) -> dict[str, LogSource]:
             "cube-transfer", f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}=cube-transfer", "cube-transfer"
         ),
     }
+
+
+def plan_log_sources(plan) -> dict[str, LogSource]:
+    """Every component of ``plan`` -l can show, by the names the local backend uses too: mlflow, fileserver,
+    cube-server-I and cube-agent-I (the two containers of shard I's pod), cube-transfer, serving (its newest
+    pod), pserver-I and trainer-I (the Volcano job's pods JOB-pserver-I, JOB-trainer-I)."""
+    job, res = plan.job_name, plan.resources
+    sources = {"mlflow": _deployment_source(job, "mlflow"), "fileserver": log_sources(job)["fileserver"]}
+    for shard in range(res.cube_shards):
+        selector = f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}=cube,{k.LABEL_SHARD}={shard}"
+        for container in ("cube-server", "cube-agent"):
+            sources[f"{container}-{shard}"] = LogSource(f"{container}-{shard}", selector, container)
+    sources["cube-transfer"] = log_sources(job)["cube-transfer"]
+    sources["serving"] = _deployment_source(job, "serving")
+    for role, count in (("pserver", res.pservers), ("trainer", res.trainers)):
+        selector = f"{k.VOLCANO_JOB_NAME_LABEL}={job},{k.VOLCANO_TASK_SPEC_LABEL}={role}"
+        for i in range(count):
+            sources[f"{role}-{i}"] = LogSource(f"{role}-{i}", selector, role, job=job, pod_name=f"{job}-{role}-{i}")
+    return sources
+
+
+def _deployment_source(job: str, component: str) -> LogSource:
+    return LogSource(component, f"{k.LABEL_INSTANCE}={job},{k.LABEL_COMPONENT}={component}", component)
+
+
+def stream_logs(
+    plan,
+    *,
+    components: list[str] | None = None,
+    follow: bool = False,
+    tail: int | None = None,
+    since: float | None = None,
+    raw: bool = False,
+    out=None,
+) -> None:
+    """-l on a cluster: the last ``tail`` lines (default 200; every line with ``since``) of the last ``since``
+    seconds of each component's pod; with ``follow`` each is streamed in its own thread until Ctrl-C."""
+    from ctr_foundation.errors import UsageError
+    from elastic_control.backends.log_filter import is_paddle_noise
+
+    sources = plan_log_sources(plan)
+    wanted = list(components or DEFAULT_COMPONENTS)
+    unknown = [c for c in wanted if c not in sources]
+    if unknown:
+        raise UsageError(f"unknown log component(s) {', '.join(unknown)} (known: {', '.join(sources)})")
+
+    def write(text: str) -> None:
+        if not raw and is_paddle_noise(text.split("] ", 1)[-1]):
+            return
+        stream = out or sys.stdout
+        stream.write(text)
+        stream.flush()
+
+    printer = LogPrinter(write)
+    since_seconds = None if since is None else max(1, math.ceil(since))
+    if tail is None and since is None:
+        tail = DEFAULT_TAIL
+    if not follow:
+        for name in wanted:
+            print_logs(plan.namespace, sources[name], printer, tail_lines=tail, since_seconds=since_seconds)
+        return
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(source):
+        try:
+            follow_logs(
+                plan.namespace, source, printer, stop=stop, first_tail_lines=tail, first_since_seconds=since_seconds
+            )
+        except BaseException as e:  # noqa: BLE001 - surfaced in the main thread below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(sources[n],), daemon=True, name=f"log-{n}") for n in wanted]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    if errors:
+        raise errors[0]
 
 
 def find_pod(namespace: str, source: LogSource):
@@ -112,8 +199,19 @@ class LogPrinter:
             self._write(f"[{prefix}] {text}\n")
 
 
-def print_logs(namespace: str, source: LogSource, printer: LogPrinter, *, tail_lines: int = 200) -> bool:
-    """The current log of ``source``'s pod; False when it has no pod yet."""
+DEFAULT_TAIL = 200
+
+
+def print_logs(
+    namespace: str,
+    source: LogSource,
+    printer: LogPrinter,
+    *,
+    tail_lines: int | None = DEFAULT_TAIL,
+    since_seconds: int | None = None,
+) -> bool:
+    """The current log of ``source``'s pod (its last ``tail_lines`` lines, of the last ``since_seconds``);
+    False when it has no pod yet."""
     pod = find_pod(namespace, source)
     if pod is None:
         printer.line(source.component, f"(no pod yet for selector {source.selector})")
@@ -121,7 +219,11 @@ def print_logs(namespace: str, source: LogSource, printer: LogPrinter, *, tail_l
     with adaptor.reachable(f"reading the log of {pod.metadata.name}"):
         try:
             for text in adaptor.stream_pod_log(
-                pod.metadata.name, namespace, container=source.container, tail_lines=tail_lines
+                pod.metadata.name,
+                namespace,
+                container=source.container,
+                tail_lines=tail_lines,
+                since_seconds=since_seconds,
             ):
                 printer.line(pod.metadata.name, text)
         except adaptor.ApiException as e:
@@ -147,10 +249,16 @@ def follow_logs(
     reattach_timeout: float = 300.0,
     poll: float = 0.5,
     stop: threading.Event | None = None,
+    first_tail_lines: int | None = None,
+    first_since_seconds: int | None = None,
 ) -> int:
-    """Stream ``source``'s log, reattaching while its pod (or a replacement) runs; returns the streams opened."""
+    """Stream ``source``'s log, reattaching while its pod (or a replacement) runs; returns the streams opened.
+
+    The first stream starts ``first_tail_lines`` lines back and ``first_since_seconds`` ago (default: the
+    pod's whole log); a stream reopened later goes on from the last line printed."""
     stop = stop or threading.Event()
     streams = printed = 0
+    opened = False  # a stream has been read (not refused because its container was still being created)
     seen: tuple | None = None
     last: dt.datetime | None = None  # time of the last line printed from the pod ``seen``
     while not stop.is_set():
@@ -184,7 +292,7 @@ def follow_logs(
         seen = identity
         streams += 1
         printed = 0
-        since = None
+        since, tail = (None, None) if opened else (first_since_seconds, first_tail_lines)
         if last is not None:  # reopened on the same pod: from a little before the last line printed
             since = max(1, math.ceil((dt.datetime.now(dt.timezone.utc) - last).total_seconds()) + 1)
         with adaptor.reachable(f"streaming the log of {pod.metadata.name}"):
@@ -196,6 +304,7 @@ def follow_logs(
                     container=source.container,
                     timestamps=True,
                     since_seconds=since,
+                    tail_lines=tail,
                 ):
                     when, text = _split_timestamp(raw)
                     if when is not None and last is not None and when <= last:
@@ -214,5 +323,6 @@ def follow_logs(
                     raise
                 printer.line(pod.metadata.name, f"(log stream failed: HTTP {e.status} {adaptor.api_error_message(e)})")
                 return streams
+        opened = True
         time.sleep(poll / 5)
     return streams
