@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -15,8 +16,8 @@ from helpers_http import exchange, parse_answers, request
 from ctr_foundation.errors import ComponentError
 from ctr_foundation.http_auth import check_bearer, token_matches
 from ctr_foundation.http_json import JsonRoute, downstream_status, make_json_server, nesting_depth, parse_json
-from ctr_foundation.http_messages import ChunkedDecoder, HttpError, Response, media_type, parse_head
-from ctr_foundation.http_protocol import LOOP, STREAM, THREAD, Route
+from ctr_foundation.http_messages import ChunkedDecoder, HttpError, Response, Slot, media_type, parse_head
+from ctr_foundation.http_protocol import LOOP, STREAM, THREAD, HttpProtocol, Route
 from ctr_foundation.http_server import HttpLimits, HttpServer
 
 # ---- request heads --------------------------------------------------------------------------------
@@ -248,8 +249,10 @@ server_loop: list = []
 
 
 @contextlib.contextmanager
-def running(limits: HttpLimits, app=None):
-    server = HttpServer(app or App(), port=0, token="tok", name="test", limits=limits)
+def running(limits: HttpLimits, app=None, protocol_factory=HttpProtocol):
+    server = HttpServer(
+        app or App(), port=0, token="tok", name="test", limits=limits, protocol_factory=protocol_factory
+    )
     server.start_in_thread(on_started=lambda s: server_loop.__setitem__(slice(None), [s.loop]))
     try:
         yield server
@@ -488,7 +491,25 @@ def _slow_bodies(port: int, n: int, stop: threading.Event, path: str = "/loop") 
     return socks
 
 
-def test_a_slow_body_flood_leaves_room_for_other_clients():
+class FastProtocol(HttpProtocol):
+    """A protocol with a fast path (as cube-server's binary lookups): ``POST /fast`` heads skip the parser."""
+
+    fast_prefix = b"POST /fast "
+    fast_max_body = 1 << 20
+
+    @staticmethod
+    def fast_head(data, start, end):
+        length = re.search(rb"\r\nContent-Length: ([0-9]+)", data[start:end])
+        return None if length is None else (None, int(length.group(1)), True)
+
+    def fast_dispatch(self, arg, body, keep_alive):
+        slot = Slot(keep_alive)
+        self.pending.append(slot)
+        self._deliver(slot, Response.json({"len": len(body)}))
+
+
+@pytest.mark.parametrize("path", ["/loop", "/fast"])
+def test_a_slow_body_flood_leaves_room_for_other_clients(path):
     """300 connections each dripping a 1 MB body, against a cap of 64 connections: a fresh client is still
     answered (the unfinished-body cap refuses most of them at their head, the minimum body rate drops the
     rest, and a new connection over the cap evicts an idle one instead of being refused)."""
@@ -496,8 +517,8 @@ def test_a_slow_body_flood_leaves_room_for_other_clients():
         max_connections=64, max_unfinished_bodies=8, body_grace=1.0, body_min_rate=1000, body_timeout=60.0
     )
     stop = threading.Event()
-    with running(limits) as server:
-        socks = _slow_bodies(server.port, 300, stop)
+    with running(limits, protocol_factory=FastProtocol) as server:
+        socks = _slow_bodies(server.port, 300, stop, path)
         try:
             statuses, slow = [], []
             deadline = time.monotonic() + 4
