@@ -1,4 +1,5 @@
-"""The local backend through the command line: -r, the plan it renders, and clear messages for wrong orders.
+"""The local backend through the command line: -r, the plan it renders, clear messages for wrong orders,
+per-verb help, `status` outputs and exit codes, and -l's component, --tail and --since filters.
 
 Fast: nothing here starts the pipeline's components.
 """
@@ -7,14 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers_local import write_complete_hours
 
-from elastic_control.cli.exit_codes import EXIT_NOT_RUNNING
+from ctr_foundation.names import StateFolder
+from elastic_control.cli.exit_codes import EXIT_NOT_RUNNING, EXIT_USAGE_ERROR
+from elastic_control.local import runtime as rt
 from elastic_control.local.spec import COMPONENTS_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,3 +194,154 @@ def test_render_without_data_in_the_window_fails_and_says_how_to_make_some(tmp_p
     )
     assert res.returncode == 0, res.stderr
     assert cli(*args, cwd=tmp_path).returncode == 0
+
+
+# ---- the command line as an operator uses it: per-verb help, status outputs and exit codes, -l filters ----
+
+VERB_OPTIONS = {
+    "-r": ("--cpu", "--trainer", "--cube", "--slot_conf", "--backend", "--storage-class", "--promotion-gate"),
+    "-a": ("--dry-run",),
+    "-l": ("--tail", "--since", "--follow", "--raw"),
+    "-c": (),
+}
+
+
+@pytest.mark.parametrize("verb", list(VERB_OPTIONS))
+def test_each_verb_has_its_own_help(tmp_path, verb):
+    for args in ((verb, "-h"), ("--help", verb)):
+        res = cli(*args, cwd=tmp_path)
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+        text = res.stdout
+        assert text.startswith(f"Usage: elastic-control {verb} [OPTIONS]"), text
+        assert "--state-dir" in text and "-h, --help" in text and "Example: elastic-control " + verb in text
+        for other, options in VERB_OPTIONS.items():
+            for option in options:
+                assert (option in text) == (other == verb), (verb, option)
+        assert "Commands:" not in text
+    # The flags themselves are unchanged, and -h alone still lists everything.
+    res = cli("-h", cwd=tmp_path)
+    assert all(o in res.stdout for options in VERB_OPTIONS.values() for o in options)
+    assert "Commands:" in res.stdout and "elastic-control -r -h" in res.stdout
+
+
+def test_status_outputs_and_exit_code_of_a_pipeline_never_started(rendered):
+    cwd, state = rendered
+    docs = {}
+    for args in (("-o", "json"), ("--json",), ("-o", "yaml")):
+        res = cli("status", *args, "--state-dir", "st", cwd=cwd)
+        assert res.returncode == EXIT_NOT_RUNNING, res.stderr
+        docs[args] = yaml.safe_load(res.stdout) if "yaml" in args else json.loads(res.stdout)
+    for doc in docs.values():
+        assert doc["health"] == "not running" and doc["state"] == "never started" and len(doc["components"]) == 14
+    assert docs[("-o", "yaml")] == {**docs[("-o", "json")], "probed_at": docs[("-o", "yaml")]["probed_at"]}
+    # text and wide: one line per component, whatever the width.
+    for output in ("text", "wide"):
+        res = cli("status", "-o", output, "--state-dir", "st", cwd=cwd)
+        assert res.returncode == EXIT_NOT_RUNNING
+        assert "health: not running" in res.stdout
+        rows = [ln for ln in res.stdout.splitlines() if "│" in ln]
+        assert [r.split()[0] for r in rows] == [c["name"] for c in docs[("--json",)]["components"]], res.stdout
+
+
+def test_status_errors_are_documents_under_json_and_yaml(tmp_path):
+    """No plan: under -o json|yaml the error is a document on stdout, with the usual exit code (2)."""
+    for args in (("--json",), ("-o", "json"), ("-ojson",), ("--output=json",)):
+        res = cli("status", *args, "--state-dir", "nothing", cwd=tmp_path)
+        assert res.returncode == EXIT_USAGE_ERROR and res.stderr == "", (args, res.stderr)
+        doc = json.loads(res.stdout)
+        assert doc["kind"] == "UsageError" and "no plan in nothing/" in doc["error"] and "-r" in doc["error"]
+    res = cli("status", "-o", "yaml", "--state-dir", "nothing", cwd=tmp_path)
+    assert res.returncode == EXIT_USAGE_ERROR and yaml.safe_load(res.stdout)["kind"] == "UsageError"
+    # A bad flag value too.
+    res = cli("status", "-o", "json", "--interval", "soon", cwd=tmp_path)
+    assert res.returncode == EXIT_USAGE_ERROR and "--interval" in json.loads(res.stdout)["error"]
+    # Without a document output, errors stay one line on stderr and stdout stays empty.
+    res = cli("status", "--state-dir", "nothing", cwd=tmp_path)
+    assert res.returncode == EXIT_USAGE_ERROR and res.stdout == "" and res.stderr.count("\n") == 1
+    res = cli("status", "--json", "-o", "wide", cwd=tmp_path)
+    assert res.returncode == EXIT_USAGE_ERROR and "different outputs" in res.stderr
+
+
+def test_status_watch_shows_updates_until_ctrl_c(rendered):
+    cwd, state = rendered
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("ELASTIC_CTR_STATE_DIR", None)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "elastic_control", "status", "--watch", "--interval", "0.2", "-o", "yaml"],
+        cwd=cwd / "st" / "..",
+        env={**env, "ELASTIC_CTR_STATE_DIR": str(state)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's Ctrl-C
+    )
+    seen = 0
+    while seen < 3:
+        line = watch.stdout.readline()
+        assert line, watch.stderr.read()
+        seen += line == "---\n"
+    watch.send_signal(signal.SIGINT)
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == EXIT_NOT_RUNNING and "Traceback" not in err, err  # the last status's code
+
+
+def _stopped_pipeline_with_logs(state: Path) -> StateFolder:
+    """The state of a pipeline that ran and stopped: its logs stay readable."""
+    layout = StateFolder.of(state)
+    rt.write_runtime(layout, {"state": rt.STOPPED, "components": {}})
+    layout.logs_dir.mkdir(parents=True, exist_ok=True)
+    old = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 3600))
+    new = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 60))
+    glog = time.strftime("I%m%d %H:%M:%S.000000", time.localtime(time.time() - 1800))
+    layout.log_path("trainer-1").write_text(
+        "".join(f"step {i} loss 0.5\n" for i in range(10))
+        + f"[supervisor {old}] training job failed: restarting\n"
+        + f"{glog}  1234 brpc_ps_client.cc:100] connected\n"
+        + "step 10 loss 0.4\n"
+        + f"{new} INFO trainer 1 writes pass 2\n"
+        + "step 11 loss 0.3\n"
+    )
+    layout.log_path("cube-server-0").write_text(f"{old} cube-server loaded pass-1\n")
+    return layout
+
+
+def test_logs_of_named_components_with_tail_and_since(rendered):
+    cwd, state = rendered
+    _stopped_pipeline_with_logs(state)
+    res = cli("-l", "trainer-1", "--tail", "3", "--state-dir", "st", cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "trainer-1 | step 10 loss 0.4" and lines[2] == "trainer-1 | step 11 loss 0.3", lines
+    assert len(lines) == 3 and lines[1].startswith("trainer-1 | ") and lines[1].endswith("writes pass 2")
+    # --since: the lines of the last 10 minutes. The timeless "step 10" line came after an hour-old line and
+    # before a recent one: it may be recent, so it stays; the hour-old lines go.
+    res = cli("-l", "trainer-1", "cube-server-0", "--since", "10m", "--state-dir", "st", cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("trainer-1")]
+    assert lines[0] == "trainer-1     | step 10 loss 0.4" and lines[2] == "trainer-1     | step 11 loss 0.3"
+    assert len(lines) == 3 and "step 9 " not in res.stdout and "failed: restarting" not in res.stdout
+    assert "cube-server-0 | (nothing since" in res.stdout and "loaded pass-1" not in res.stdout
+    res = cli("-l", "trainer-1", "--since", "2h", "--tail", "100", "--raw", "--state-dir", "st", cwd=cwd)
+    assert "step 0 loss" in res.stdout and "failed: restarting" in res.stdout and "brpc_ps_client" in res.stdout
+    # Options after the components and before them alike; -l with other verbs keeps working.
+    res = cli("--state-dir", "st", "-l", "--tail", "1", "trainer-1", cwd=cwd)
+    assert res.returncode == 0 and res.stdout == "trainer-1 | step 11 loss 0.3\n", res.stdout
+
+
+def test_logs_refuse_unknown_components_and_bad_durations(rendered):
+    cwd, state = rendered
+    _stopped_pipeline_with_logs(state)
+    res = cli("-l", "trainer-7", "--state-dir", "st", cwd=cwd)
+    assert res.returncode == EXIT_USAGE_ERROR and res.stderr.count("\n") == 1
+    assert "no component 'trainer-7' in this plan; did you mean 'trainer-1'?" in res.stderr
+    assert "(known: mlflow, fileserver, cube-server-0," in res.stderr and "trainer-1, supervisor)" in res.stderr
+    res = cli("-l", "sevring", "--state-dir", "st", cwd=cwd)
+    assert res.returncode == EXIT_USAGE_ERROR and "did you mean 'serving'?" in res.stderr
+    for bad in ("10x", "-5m", "0"):
+        res = cli("-l", "--since", bad, "--state-dir", "st", cwd=cwd)
+        assert res.returncode == EXIT_USAGE_ERROR and "--since" in res.stderr and "duration" in res.stderr, bad
+    res = cli("-l", "--tail", "-1", "--state-dir", "st", cwd=cwd)
+    assert res.returncode == EXIT_USAGE_ERROR and "--tail" in res.stderr
+    # A name that is a subcommand is still the subcommand; COMPONENTs only follow -l.
+    res = cli("trainer-1", "--state-dir", "st", cwd=cwd)
+    assert res.returncode == EXIT_USAGE_ERROR and "No such command" in res.stderr
