@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import requests
 from helpers_common import wait_until
 from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan
 
@@ -19,6 +20,7 @@ from elastic_control.local import lifecycle
 from elastic_control.local import runtime as rt
 from elastic_control.local.logs_view import show_logs
 from elastic_control.local.ports import free_ports, port_is_free
+from elastic_control.local.spec import save_local_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -308,3 +310,59 @@ def test_components_get_only_their_planned_variables_and_secrets(layout, tmp_pat
         assert "ELASTIC_CTR_CUBE_KEEP" not in env and env["ELASTIC_CTR_CUBE_SHARDS"] == "2"
         assert env["ELASTIC_CTR_DEBUG"] == "1" and env["SOME_OTHER_VARIABLE"] == "kept"
     assert first["ELASTIC_CTR_TOKEN"] == "the-token" and "ELASTIC_CTR_TOKEN" not in second
+
+
+# A service that, like MLflow, serves from a child it forks (uvicorn): the child stays in the service's
+# process group and answers GET /healthz with its own PID. Parent-death signals do not reach it.
+FORKING_PARENT = r"""
+import subprocess, sys
+child = subprocess.Popen([sys.executable, sys.argv[1], sys.argv[2]])
+sys.exit(child.wait())
+"""
+FORKED_SERVER = r"""
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(str(os.getpid()).encode())
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _answering_pid(port: int) -> int | None:
+    try:
+        return int(requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).text)
+    except (requests.RequestException, ValueError):
+        return None
+
+
+def test_a_service_killed_outright_leaves_no_orphan_holding_its_port(layout):
+    """kill -9 of a parent whose child serves the port: the supervisor stops the child (the rest of the
+    parent's process group) before restarting, so the restart binds the port; delete then leaves nothing."""
+    plan = simple_plan(layout, services=1, steps=2000)
+    scripts = layout.state / "scripts"
+    (scripts / "service.py").write_text(FORKING_PARENT)
+    (scripts / "child.py").write_text(FORKED_SERVER)
+    svc = plan.components[0]
+    svc.argv[1:] = [str(scripts / "service.py"), str(scripts / "child.py"), str(svc.port)]
+    save_local_plan(plan, layout.components_file)
+    record = lifecycle.apply(layout, show_progress=False)
+    parent = component(record, "svc-0")["pid"]
+    child = wait_until(lambda: _answering_pid(svc.port), what="the forked server answering")
+    assert child != parent and alive(child)
+    os.kill(parent, signal.SIGKILL)
+    new_child = wait_until(
+        lambda: (
+            (r := record_of(layout))
+            and component(r, "svc-0")["restarts"] == 1
+            and component(r, "svc-0")["state"] == rt.C_RUNNING
+            and (pid := _answering_pid(svc.port)) not in (None, child)
+            and pid
+        ),
+        timeout=30,
+        what="a restarted service answering from a new child",
+    )
+    assert not alive(child), "the orphan of the killed parent is still alive"
+    lifecycle.delete(layout)
+    assert port_is_free(svc.port) and _answering_pid(svc.port) is None
+    assert not alive(new_child) and processes_under(layout.state) == []

@@ -10,6 +10,10 @@ Failure policy (spec.JOB / spec.SERVICE):
   after the last complete pass), at most ``max_job_restarts`` times; when
   every trainer exited 0 the job is complete and its pservers are stopped;
 - services: restarted with exponential backoff whenever they exit;
+- whenever a component's main process exits, what is left of its process
+  group (helpers it forked, e.g. MLflow's uvicorn server, which parent-death
+  signals do not reach) is stopped before anything else: a restart must find
+  its port free, and nothing outlives the component it belongs to;
 - while starting up, a service that exits or never becomes ready fails the
   whole start: everything started is stopped and the reason recorded;
 - an offline job (``LocalPlan.training_window``) whose trainers all finished
@@ -40,7 +44,13 @@ from ctr_foundation.names import StateFolder
 from ctr_foundation.records import read_donefile
 from elastic_control.local import runtime as rt
 from elastic_control.local.ports import LOOPBACK, wait_tcp
-from elastic_control.local.process import describe_exit, process_identity, start_process, stop_components
+from elastic_control.local.process import (
+    describe_exit,
+    group_members,
+    process_identity,
+    start_process,
+    stop_components,
+)
 from elastic_control.local.spec import JOB, ComponentSpec, LocalPlan
 
 log = logging.getLogger("elastic_control.supervisor")
@@ -50,6 +60,7 @@ HEARTBEAT = 2.0
 JOB_RESTART_DELAY = 1.0
 JOB_STOP_GRACE = 5.0
 BACKOFF_MAX = 30.0
+LEFTOVER_GRACE = 2.0  # seconds a component's leftover helpers get to exit on SIGTERM before SIGKILL
 STABLE_AFTER = 30.0  # a service that ran this long has its backoff reset
 
 
@@ -233,6 +244,7 @@ class Supervisor:
         self._dirty = True
         what = f"{spec.name} (pid {run.pid}) {describe_exit(code)}"
         self._note(spec.name, what)
+        self._stop_leftovers(run)
         if spec.group == JOB:
             self._on_job_member_exit(run, code, what)
             return
@@ -246,6 +258,16 @@ class Supervisor:
         run.state = rt.C_BACKOFF
         run.next_start = time.monotonic() + delay
         log.warning("%s; restarting in %.1fs", what, delay)
+
+    def _stop_leftovers(self, run: ComponentRun) -> None:
+        """Stop what is left of the process group of ``run``'s exited main process (its PID is the group id:
+        each component starts in its own session). The group still has members, so its id is not reused."""
+        leftovers = group_members(run.pid) if run.pid else []
+        if not leftovers:
+            return
+        pids = ", ".join(str(p.pid) for p in leftovers)
+        self._note(run.spec.name, f"stopping what {run.spec.name} (pid {run.pid}) left running: pid {pids}")
+        stop_components([run.pid], LEFTOVER_GRACE)
 
     def _on_job_member_exit(self, run: ComponentRun, code: int, what: str) -> None:
         if code == 0:
