@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers_local import kill_everything_under, wait_until
 
 from ctr_foundation.names import StateFolder
@@ -254,3 +255,84 @@ def test_status_of_a_pipeline_never_started_is_data_too(tmp_path):
     status = collect_status(layout)
     assert status.state == "never started" and status.components[0].state == st.MISSING
     assert Path(status.state_dir) == layout.state
+
+
+def test_exit_code_follows_the_pipeline_health(pipeline):
+    """healthy 0, degraded 3, starting 6, then not running 5 once deleted; -o json and -o yaml carry the same."""
+    from elastic_control.cli import exit_codes as ec
+
+    layout, answer, activate = pipeline
+    _plan_json(layout)
+    activate("pass-A")
+    for shard in (0, 1):
+        answer(f"cube-server-{shard}", _shard("pass-A"))
+    answer("cube-transfer", {"/v1/status": [200, {"in_flight": None}]})
+    answer("serving", _serving("pass-A"))
+
+    def check(code: int, health: str) -> dict:
+        res = _cli(layout, "-o", "json")
+        assert res.returncode == code, (res.stdout, res.stderr)
+        doc = json.loads(res.stdout)
+        assert doc["health"] == health, doc["health_reason"]
+        res = _cli(layout, "-o", "yaml")
+        assert res.returncode == code and yaml.safe_load(res.stdout)["health"] == health
+        return doc
+
+    check(ec.EXIT_HEALTHY, st.HEALTH_HEALTHY)
+    answer("cube-server-1", _shard(None))  # restarted empty: serving cannot answer
+    doc = check(ec.EXIT_DEGRADED, st.HEALTH_DEGRADED)
+    assert "cube-server-1 degraded" in doc["health_reason"] and "serving degraded" in doc["health_reason"]
+    res = _cli(layout)  # text says so too, on the second line
+    assert res.returncode == ec.EXIT_DEGRADED and res.stdout.splitlines()[1].startswith("health: degraded (")
+    # Before the first rollout nothing is loaded: starting, not broken.
+    (layout.cube_root / CURRENT_FILE).unlink()
+    answer("cube-server-0", _shard(None))
+    answer("serving", {"/readyz": [503, {"error": "no model version is active yet"}], "/v1/status": [200, {}]})
+    check(ec.EXIT_STARTING, st.HEALTH_STARTING)
+    lifecycle.delete(layout)
+    check(ec.EXIT_NOT_RUNNING, st.HEALTH_NOT_RUNNING)
+
+
+def test_a_failed_training_job_exits_failed(tmp_path):
+    from helpers_local import simple_plan
+
+    from elastic_control.cli.exit_codes import EXIT_FAILED
+
+    layout = StateFolder.of(tmp_path / "state")
+    layout.local_dir.mkdir(parents=True)
+    simple_plan(layout, services=1, trainers=1, max_job_restarts=0, member_env={"ALWAYS_FAIL": "1"})
+    _plan_json(layout)
+    try:
+        lifecycle.apply(layout, show_progress=False)
+        wait_until(lambda: (rt.read_runtime(layout)["job"] or {}).get("state") == rt.J_FAILED, what="job failure")
+        res = _cli(layout, "--json")
+        assert res.returncode == EXIT_FAILED, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["health"] == st.HEALTH_FAILED and "trainer-0 failed" in doc["health_reason"]
+    finally:
+        lifecycle.delete(layout)
+        kill_everything_under(layout.state)
+
+
+def test_text_keeps_one_line_per_component_and_wide_shows_the_whole_log_line(capsys, monkeypatch):
+    from elastic_control.cli.status_view import print_status
+
+    long_line = "2024-05-01 12:00:00 serving GET /v1/predict 200 " + "x" * 300
+    names = ["mlflow", "fileserver", *(f"{k}-{i}" for i in range(3) for k in ("cube-server", "cube-agent"))]
+    names += ["cube-transfer", "serving", *(f"{role}-{i}" for role in ("pserver", "trainer") for i in range(4))]
+    status = st.PipelineStatus(backend="local", state_dir="/somewhere/.elastic-ctr", target="local", state="running")
+    status.components = [
+        st.ComponentStatus(name=n, kind=n.rsplit("-", 1)[0], state=st.RUNNING, detail="answering with pass-A",
+                           address="127.0.0.1:40000", pid=4242, version="pass-A", last_line=long_line)
+        for n in names
+    ]  # fmt: skip
+    assert len(names) == 18
+    for columns in (100, 160):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        print_status(status)
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 + 2 + 18 and max(len(ln) for ln in lines) <= columns, lines
+        assert all(ln.rstrip().endswith("…") for ln in lines[4:]) and "x" * 300 not in "".join(lines)
+    print_status(status, wide=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 2 + 18 and all(long_line in ln for ln in lines[4:])
