@@ -100,16 +100,16 @@ class Running:
     reported: set = field(default_factory=set)
 
 
-def _report_passes(trial, folder: CandidateFolder, reported: set) -> bool:
+def _report_passes(trial, folder: CandidateFolder, reported: set) -> int | None:
     """Report each new pass's held-out log loss (negated: the study maximises) at the hours trained so far;
-    True when a new value was reported."""
+    returns the last step reported now (None: no new pass)."""
     import datetime as dt
 
     from ctr_foundation.records import read_donefile
 
     spec = folder.spec or {}
     start = spec.get("train_start")
-    new = False
+    new = None
     for entry in read_donefile(folder.models):
         loss = entry.metrics.get("logloss")
         if entry.pass_name in reported or not isinstance(loss, (int, float)) or not start:
@@ -118,7 +118,7 @@ def _report_passes(trial, folder: CandidateFolder, reported: set) -> bool:
         end = dt.datetime.strptime(entry.window.get("end", ""), "%Y%m%d/%H")
         step = (end - dt.datetime.strptime(start, "%Y%m%d/%H")) // HOUR + 1
         trial.report(-float(loss), step)
-        new = True
+        new = step
     return new
 
 
@@ -177,7 +177,10 @@ def run_search(
                 log(f"candidate {folder.name} started: {settings}")
             for number, r in list(running.items()):
                 code = r.proc.poll()
-                if _report_passes(r.trial, r.folder, r.reported) and code is None and r.trial.should_prune():
+                step = _report_passes(r.trial, r.folder, r.reported)
+                # Stopping a candidate after its last pass saves nothing: only one with hours to go is pruned.
+                more = step is not None and step < split.train_hours and code is None
+                if more and r.trial.should_prune():
                     _stop(r.proc)
                     from ctr_foundation.atomic import atomic_write_json
 

@@ -1,0 +1,154 @@
+"""`elastic-control tune` end to end: real parameter-server candidates on small synthetic data.
+
+One search (module fixture) is killed with SIGKILL while its second candidate trains and run again with
+the same --output; the tests then read what it left: the leaderboard, the candidates' folders, their
+passes, and the plan after --apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers_common import wait_until
+from helpers_local import kill_everything_under, processes_under
+from helpers_train import read_golden, score_pass
+
+PYTHON = sys.executable
+SEARCH = ["--candidates", "2", "--parallel", "1", "--max-epochs-cap", "2", "-t", "1", "-p", "1"]
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MLFLOW_TRACKING_URI")}
+
+
+def _run(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "elastic_control", *args], cwd=root, capture_output=True, text=True, env=_env(), timeout=timeout
+    )
+
+
+def _tune_args(out: str = "out") -> list[str]:
+    return ["tune", "-f", "data.config", "-s", "slot.conf", *SEARCH, "--output", out, "--state-dir", "state"]
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune")
+    (root / "slot.conf").write_text("".join(f"{s}\n" for s in range(1, 6)))
+    synth = _run(
+        root, "data", "synth", "--output", "data", "--hours", "2", "--lines-per-hour", "2500", "-s", "slot.conf"
+    )
+    assert synth.returncode == 0, synth.stderr
+    (root / "data.config").write_text(
+        f'export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\nexport DATASET_PATH="{root / "data"}"\n'
+        f'export MODEL_PATH="{root / "production"}"\n'
+    )
+    out = root / "out"
+    first, second = out / "candidates" / "000", out / "candidates" / "001"
+    try:
+        with open(root / "killed-tune.log", "wb") as log:
+            proc = subprocess.Popen(
+                [PYTHON, "-m", "elastic_control", *_tune_args()], cwd=root, stdout=log, stderr=log, env=_env()
+            )
+            wait_until(
+                lambda: (first / "result.json").exists() and (second / "candidate.json").exists(),
+                timeout=400,
+                what="the first candidate to finish and the second to start",
+            )
+            time.sleep(3)  # the second candidate's job is up and training
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finished_at = (first / "result.json").stat().st_mtime
+        # The killed tune's worker and its roles end by themselves (parent-death signal, then the supervisor).
+        wait_until(lambda: not processes_under(root), timeout=90, what="the killed search's processes to end")
+        rerun = _run(root, *_tune_args(), "--json")
+        assert rerun.returncode == 0, rerun.stderr
+        yield {"root": root, "out": out, "board": json.loads(rerun.stdout), "stderr": rerun.stderr, "at": finished_at}
+    finally:
+        kill_everything_under(root)
+
+
+def test_leaderboard_names_the_best_candidate(search):
+    board = search["board"]
+    assert board == json.loads((search["out"] / "leaderboard.json").read_text())
+    done = [c for c in board["candidates"] if c["state"] == "done"]
+    assert len(done) == 2 and board["budget"] == {"candidates": 2, "finished": 2}
+    best = board["best"]
+    assert set(best) == {"candidate", "pass", "settings", "validation"}
+    assert best["validation"]["auc"] == max(c["validation"]["auc"] for c in done)
+    assert Path(best["pass"], "meta.json").exists()
+    for row in done:
+        v = row["validation"]
+        assert 0.5 < v["auc"] < 1 and v["logloss"] > 0 and 0.5 < v["calibration"] < 1.5
+        assert v["examples"] == 1000  # every 5th line of 2 x 2,500 judges
+        assert row["examples_per_sec"] > 0 and row["seconds"] > 0
+        assert set(row["settings"]) >= {"model", "hidden", "embedding_dim", "learning_rate", "pass_hours"}
+    lr = board["references"]["logistic_regression"]
+    if lr is not None:  # scikit-learn is a development dependency
+        assert 0.5 < lr["auc"] < 1
+
+
+def test_a_killed_search_resumes_without_redoing_finished_candidates(search):
+    out, board = search["out"], search["board"]
+    states = {c["candidate"]: c["state"] for c in board["candidates"]}
+    # 000 finished before the kill and is kept; 001 was interrupted, its settings ran again as 002.
+    assert states == {"000": "done", "001": "failed", "002": "done"}
+    assert (out / "candidates" / "000" / "result.json").stat().st_mtime == search["at"]
+    assert (out / "candidates" / "000" / "worker.log").read_text().count("done: ") == 1
+    by_name = {c["candidate"]: c for c in board["candidates"]}
+    assert by_name["002"]["settings"] == by_name["001"]["settings"]
+    assert "interrupted" in search["stderr"]
+
+
+def test_every_pass_tune_writes_reproduces_its_golden_lines(search):
+    passes = sorted(search["out"].glob("candidates/*/models/pass-*"))
+    assert passes
+    for pass_dir in passes:
+        lines, probs = read_golden(pass_dir)
+        assert len(lines) > 0
+        assert abs(score_pass(pass_dir, lines) - probs).max() < 1e-5, pass_dir
+
+
+def test_apply_puts_the_winner_into_the_plan(search):
+    from elastic_control import api
+    from elastic_control.config import Resources
+    from elastic_control.config.data_config import load_data_config
+    from elastic_control.plan import load_plan
+    from elastic_control.tuning.apply import training_args_of
+
+    root = search["root"]
+    api.configure_resource(
+        resources=Resources(trainers=1, pservers=1, cube_shards=1),
+        slot_conf=str(root / "slot.conf"),
+        data_config=str(root / "data.config"),
+        backend="local",
+        state_dir=str(root / "state"),
+    )
+    res = _run(root, "tune", "--output", "out", "--apply", "--state-dir", "state")
+    assert res.returncode == 0, res.stderr
+    best = search["board"]["best"]["settings"]
+    plan = load_plan(root / "state")
+    args = training_args_of(plan)
+    assert args[args.index("--model") + 1] == best["model"]
+    assert args[args.index("--hidden") + 1] == best["hidden"]
+    assert args[args.index("--epochs") + 1] == "auto"
+    assert plan.extra["tuned"]["pass"] == search["board"]["best"]["pass"]
+    assert load_data_config(root / "state" / "data.config").pass_hours == best["pass_hours"]
+
+
+def test_validation_hours_inside_the_window_are_refused(search):
+    res = _run(search["root"], *_tune_args("out-bad"), "--validation", "20191221/00..20191221/01")
+    assert res.returncode == 2
+    assert "no candidate trains on them" in res.stderr
+
+
+def test_apply_without_a_search_names_the_missing_leaderboard(tmp_path):
+    res = _run(tmp_path, "tune", "--output", "nowhere", "--apply")
+    assert res.returncode == 2 and "leaderboard.json" in res.stderr
