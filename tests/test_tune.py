@@ -152,3 +152,48 @@ def test_validation_hours_inside_the_window_are_refused(search):
 def test_apply_without_a_search_names_the_missing_leaderboard(tmp_path):
     res = _run(tmp_path, "tune", "--output", "nowhere", "--apply")
     assert res.returncode == 2 and "leaderboard.json" in res.stderr
+
+
+def test_kube_plan_renders_each_candidate_as_volcano_jobs(tmp_path):
+    from helpers_kube import EXAMPLE_DATA_CONFIG, render_plan
+
+    from elastic_control.tuning.search import kube_plan, render_for_kube
+
+    plan, _ = render_plan(tmp_path / "state", queue="research")
+    plan = kube_plan(str(tmp_path / "state"))
+    assert plan is not None
+    rendered = render_for_kube(
+        plan, data_config=str(EXAMPLE_DATA_CONFIG), output=str(tmp_path / "out"), validation="20191221/01", candidates=3
+    )
+    assert len(rendered) == 3
+    import yaml
+
+    job = yaml.safe_load(rendered[1]["training"].read_text())  # the deepfm seed point
+    assert job["kind"] == "Job" and job["spec"]["queue"] == "research"
+    assert job["metadata"]["name"] == f"{plan.job_name}-t001"
+    trainer = next(t for t in job["spec"]["tasks"] if t["name"] == "trainer")
+    entry = trainer["template"]["spec"]["containers"][0]["command"][-1]
+    assert "exec elastic-control role --model deepfm" in entry and "--hidden 256,256" in entry
+    assert 'END_DATE_HR="20191221/00"' in entry and "ELASTIC_CTR_DATA_CONFIG=" in entry
+    env = {e["name"]: e.get("value") for e in trainer["template"]["spec"]["containers"][0]["env"]}
+    assert env["MODEL_PATH"].endswith("/001/models")
+    workers = yaml.safe_load(rendered[1]["eval_workers"].read_text())
+    command = workers["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"][-1]
+    assert f"{env['MODEL_PATH']}/pass-20191221-00" in command and "--start 20191221/01" in command
+
+
+def test_kube_plan_needs_validation_hours(tmp_path):
+    from helpers_kube import EXAMPLE_DATA_CONFIG, render_plan
+
+    from ctr_foundation.errors import UsageError
+    from elastic_control.tuning.search import kube_plan, render_for_kube
+
+    render_plan(tmp_path / "state")
+    with pytest.raises(UsageError, match="--validation"):
+        render_for_kube(
+            kube_plan(str(tmp_path / "state")),
+            data_config=str(EXAMPLE_DATA_CONFIG),
+            output=str(tmp_path / "out"),
+            validation=None,
+            candidates=1,
+        )

@@ -91,8 +91,20 @@ def tune_command(
         raise UsageError("-s SLOT_CONF is required with -f (the slots every candidate trains on)")
     import pyarrow  # noqa: F401  (before paddle, which the evaluation loads)
 
-    from elastic_control.tuning.search import tune
+    from elastic_control.tuning.search import kube_plan, render_for_kube, tune
 
+    plan = kube_plan(state_dir)
+    if plan is not None:
+        rendered = render_for_kube(
+            plan, data_config=datafile, output=output, validation=validation, candidates=candidates, seed=seed
+        )
+        for files in rendered:
+            done("rendered " + ", ".join(str(p) for p in files.values()))
+        console.print(
+            f"the plan runs on Kubernetes: {len(rendered)} candidate job(s) rendered under {output}/kube/ "
+            "(apply each training job, then its evaluation jobs; tune does not submit them itself)"
+        )
+        return
     board = tune(
         data_config=datafile,
         slot_conf=slot_conf,
@@ -113,7 +125,11 @@ def tune_command(
     if as_json:
         out(json.dumps(board, sort_keys=True))
     else:
-        console.print(table(board))
+        from rich.console import Console
+
+        # Not a terminal (a log, a pipe): wide enough that the settings column stays readable.
+        wide = console if console.is_terminal else Console(stderr=True, width=160, highlight=False)
+        wide.print(table(board))
     if not board["best"]:
         raise UsageError(f"no candidate finished: see the worker.log files under {output}/candidates/")
     best = board["best"]

@@ -101,3 +101,33 @@ def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> No
             log=lambda line: bar.console.print(line, markup=False, highlight=False),
             **kwargs,
         )
+
+
+def kube_plan(state_dir: str | None):
+    """The plan of ``state_dir`` when its backend is Kubernetes, else None (candidates run locally)."""
+    from elastic_control.plan import load_plan
+
+    if not state_dir or not (Path(state_dir) / "plan.json").exists():
+        return None
+    plan = load_plan(state_dir)
+    return plan if plan.backend == "k8s" else None
+
+
+def render_for_kube(
+    plan, *, data_config: str, output: str, validation: str | None, candidates: int, seed: int = 0
+) -> list[dict[str, Path]]:
+    """Kubernetes plan: every candidate's Volcano training job and evaluation job, rendered (not submitted)."""
+    from elastic_control.config.data_config import load_data_config
+    from elastic_control.tuning.kube import render_search
+    from elastic_control.tuning.split import prepare_split
+
+    if not validation:
+        from ctr_foundation.errors import UsageError
+
+        raise UsageError(
+            "the plan runs on Kubernetes, whose pods cannot read lines held out on this machine: "
+            "pass --validation START..END (hours of the plan's dataset that judge)"
+        )
+    out = Path(output)
+    split = prepare_split(config=load_data_config(data_config), output=out, validation=validation)
+    return render_search(plan, output=out, split=split, candidates=candidates, seed=seed)

@@ -1,0 +1,174 @@
+"""Candidates on Kubernetes: each one the plan's Volcano training job under its own name, each evaluation
+the plan's Volcano evaluation job, rendered from the existing templates into DIR/kube/NNN/.
+
+A candidate's job is the plan's training job (same template, queue, image, resources, claim) with:
+its own name (``JOB-tNNN``, so its pods and endpoints are its own), MODEL_PATH on the shared claim under
+``tune/SEARCH/NNN/models``, and a data.config of its own (the training window, its PASS_HOURS) that the
+entry line writes onto the claim before ``elastic-control role`` starts with the candidate's flags. Its
+evaluation is `eval submit`'s job for the candidate's last pass on the validation hours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+
+import yaml
+
+from ctr_foundation.atomic import atomic_write_text
+from ctr_foundation.errors import UsageError
+from elastic_control.kube import constants as k
+
+KUBE_DIR = "kube"
+TRAINING_TEMPLATE = "training_job.yaml.j2"
+
+
+def _inputs(plan):
+    from elastic_control.kube.options import KubeOptions
+    from elastic_control.kube.render import RenderInputs
+
+    return RenderInputs(
+        token=plan.token(),
+        data_config=plan.data_config(),
+        service_type=plan.service_type,
+        options=KubeOptions.from_json(plan.kube),
+    )
+
+
+def search_name(output: Path) -> str:
+    """A short stable name of a search folder (pod paths and evaluation run names)."""
+    return "t" + hashlib.sha256(str(Path(output).resolve()).encode()).hexdigest()[:4]
+
+
+def pod_candidate_root(search: str, number: int) -> str:
+    return f"{k.SHARED_MOUNT}/tune/{search}/{number:03d}"
+
+
+def _entry(base: str, *, root: str, data_config_text: str, role_args: list[str]) -> str:
+    """The template's entry line, first writing the candidate's data.config onto the claim (atomically: the
+    pservers and trainers all write the same text), then running the role with the candidate's flags."""
+    config = f"{root}/data.config"
+    path, staged = shlex.quote(config), shlex.quote(config + ".") + "$$"
+    prelude = (
+        f"mkdir -p {shlex.quote(root)} && printf '%s' {shlex.quote(data_config_text)} > {staged} "
+        f"&& mv {staged} {path} && export ELASTIC_CTR_DATA_CONFIG={path}; "
+    )
+    flags = " ".join(shlex.quote(a) for a in role_args)
+    return prelude + base.replace("exec elastic-control role", f"exec elastic-control role {flags}", 1)
+
+
+def candidate_job(plan, *, output: Path, number: int, settings: dict, split, inputs=None) -> dict:
+    """The Volcano training job of one candidate, rendered, finished and checked like the plan's own."""
+    import dataclasses
+
+    from elastic_control.kube.render import (
+        _environment,
+        _Loader,
+        build_context,
+        finish_documents,
+        pod_data_config,
+        validate_job_name,
+    )
+    from elastic_control.kube.volcano_rules import volcano_job_problems
+    from elastic_control.tuning.apply import training_args
+
+    inputs = inputs or _inputs(plan)
+    context = build_context(plan, inputs)
+    job = f"{plan.job_name}-t{number:03d}"
+    validate_job_name(job)
+    root = pod_candidate_root(search_name(output), number)
+    model_path = f"{root}/models"
+    config = dataclasses.replace(
+        inputs.data_config, start=split.train_start, end=split.train_end, pass_hours=int(settings.get("pass_hours", 1))
+    )
+    values = {
+        **config.values,
+        "START_DATE_HR": split.train_start.strftime("%Y%m%d/%H"),
+        "END_DATE_HR": split.train_end.strftime("%Y%m%d/%H"),
+        "PASS_HOURS": str(config.pass_hours),
+        "ONLINE": "0",
+    }
+    text = pod_data_config(dataclasses.replace(config, values=values), plan.hdfs_address, model_path)
+    args = training_args(settings)
+    res = plan.resources
+
+    def endpoints(task: str, count: int, port: int) -> str:
+        return ",".join(f"{job}-{task}-{i}.{job}:{port}" for i in range(count))
+
+    pserver_entry = (
+        f'export POD_IP="{job}-pserver-${{VC_TASK_INDEX}}.{job}" PADDLE_TRAINER_ID="${{VC_TASK_INDEX}}"; '
+        "exec elastic-control role"
+    )
+    context.update(
+        {
+            "job": job,
+            "model_path": model_path,
+            "pserver_endpoints": endpoints("pserver", res.pservers, k.PSERVER_PORT),
+            "trainer_endpoints": endpoints("trainer", res.trainers, k.TRAINER_PORT),
+            "pserver_entry": _entry(pserver_entry, root=root, data_config_text=text, role_args=args),
+            "trainer_entry": _entry(context["trainer_entry"], root=root, data_config_text=text, role_args=args),
+        }
+    )
+    rendered = _environment().get_template(TRAINING_TEMPLATE).render(**context)
+    docs = [d for d in yaml.load_all(rendered, Loader=_Loader) if d and d.get("kind") == k.VOLCANO_JOB_KIND]
+    if len(docs) != 1:
+        raise UsageError(f"{TRAINING_TEMPLATE} rendered {len(docs)} Volcano jobs; expected one")
+    (doc,) = finish_documents(docs, inputs.options)
+    problems = volcano_job_problems(doc)
+    if problems:
+        raise UsageError(f"Volcano would refuse candidate {number:03d}'s job: " + "; ".join(problems))
+    return doc
+
+
+def render_candidate(plan, *, output: Path, number: int, settings: dict, split) -> dict[str, Path]:
+    """DIR/kube/NNN/training-job.yaml and the evaluation job of the candidate's last pass (STATE/eval/RUN/)."""
+    from ctr_foundation.pass_format import pass_name
+    from elastic_control.kube.eval_job import EvalJobRequest, render_eval_job
+    from elastic_control.kube.render import _Dumper
+
+    if split.how.startswith("every "):
+        raise UsageError(
+            "on Kubernetes the candidates' pods read the plan's dataset, not lines held out on this machine: "
+            "pass --validation START..END (hours that judge)"
+        )
+    inputs = _inputs(plan)
+    folder = Path(output) / KUBE_DIR / f"{number:03d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = candidate_job(plan, output=output, number=number, settings=settings, split=split, inputs=inputs)
+    job_path = folder / "training-job.yaml"
+    atomic_write_text(
+        job_path,
+        f"# Rendered by `elastic-control tune` from {TRAINING_TEMPLATE}: candidate {number:03d}.\n"
+        + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096),
+    )
+    validation = split.validation
+    request = EvalJobRequest(
+        model=f"{pod_candidate_root(search_name(output), number)}/models/{pass_name(split.train_end)}",
+        workers=plan.resources.trainers,
+        start=validation.start.strftime("%Y%m%d/%H"),
+        end=validation.end.strftime("%Y%m%d/%H"),
+        run=f"{search_name(output)}-{number:03d}",
+    )
+    files = render_eval_job(plan, inputs, request, plan.state_path)
+    return {"training": job_path, "eval_workers": files.workers_path, "eval_merge": files.merge_path}
+
+
+def render_search(plan, *, output: Path, split, candidates: int, seed: int = 0) -> list[dict[str, Path]]:
+    """Every candidate's jobs: the seed points first, then points drawn from the space (with no results yet
+    to learn from, the sampler draws them from the space's priors)."""
+    import optuna
+
+    from elastic_control.tuning.space import seed_points, suggest
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed))
+    for point in seed_points(split.train_hours):
+        study.enqueue_trial(point)
+    rendered = []
+    for number in range(candidates):
+        settings = suggest(study.ask(), train_hours=split.train_hours)
+        files = render_candidate(plan, output=output, number=number, settings=settings, split=split)
+        atomic_write_text(Path(output) / KUBE_DIR / f"{number:03d}" / "settings.yaml", yaml.safe_dump(settings))
+        rendered.append(files)
+    return rendered
