@@ -36,6 +36,13 @@ class MalformedLine(ValueError):
     """A line that is not in the slot format; readers count and skip these."""
 
 
+def feasign_above_uint64(digits: str) -> str:
+    """What is wrong with a feasign written as ``digits`` (ASCII digits) above 2**64-1, in the words every
+    reader of the format uses."""
+    shown = digits if len(digits) <= 40 else f"{digits[:20]}...({len(digits)} digits)"
+    return f"feasign {shown} is above 2**64-1 (the largest unsigned 64-bit integer, {UINT64_MAX})"
+
+
 @dataclass(frozen=True)
 class Sample:
     show: int
@@ -70,9 +77,9 @@ def parse_sample_line(line: str) -> Sample:
         if sv < 0:
             raise MalformedLine(f"feature {tok!r}: slot must be >= 0")
         if f.isascii() and f.isdigit():
+            if len(f) > len(str(UINT64_MAX)) or int(f) > UINT64_MAX:  # int() refuses 4300+ digits
+                raise MalformedLine(f"feature {tok[:60]!r}: {feasign_above_uint64(f)}")
             fv = int(f)
-            if fv > UINT64_MAX:
-                raise MalformedLine(f"feature {tok!r}: feasign must be an unsigned 64-bit integer")
             feasigns.append(fv)
             slots.append(sv)
             continue

@@ -44,7 +44,7 @@ import numpy as np
 
 from ctr_foundation.http_json import parse_json
 from ctr_foundation.http_messages import HttpError
-from ctr_foundation.sample import UINT64_MAX, VALUE_NUMBER
+from ctr_foundation.sample import UINT64_MAX, VALUE_NUMBER, feasign_above_uint64
 from elastic_control.data.line_batch import parse_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
@@ -294,7 +294,7 @@ def feasign_value(value: object, where: str) -> int:
         if not (value.isascii() and value.isdigit()):
             raise InstanceError(f"{where}: feasign {value[:40]!r} is not an unsigned integer (ASCII digits)")
         if len(value) > MAX_FEASIGN_DIGITS:
-            raise InstanceError(f"{where}: feasign {value[:40]!r}... has more than {MAX_FEASIGN_DIGITS} digits")
+            raise InstanceError(f"{where}: {feasign_above_uint64(value)}")
         value = int(value)
     if not 0 <= value <= UINT64_MAX:
         raise InstanceError(f"{where}: feasign {str(value)[:40]} is outside the unsigned 64-bit range")
@@ -498,19 +498,22 @@ def _line_problem(line: str) -> str:
     for tok in parts[2:]:
         f, sep, s = tok.partition(":")
         if sep and s.isascii() and s.isdigit() and f.isascii():
-            if f.isdigit():
-                if len(f) > MAX_FEASIGN_DIGITS or len(s) > MAX_SLOT_DIGITS:
-                    return f"feature {tok[:60]!r}: feasign above 20 digits or slot above 9"
-                continue
-            if _VALUE_NUMBER_OK.fullmatch(f):
+            if f.isdigit() and len(f) > MAX_FEASIGN_DIGITS:
+                return f"feature {tok[:60]!r}: {feasign_above_uint64(f)}"
+            if f.isdigit() or _VALUE_NUMBER_OK.fullmatch(f):
                 if len(s) > MAX_SLOT_DIGITS:
-                    return f"feature {tok[:60]!r}: slot above 9 digits"
+                    return f"feature {tok[:60]!r}: {slot_too_long(s)}"
                 continue
         return (
             f"feature {tok[:60]!r} is not integer:integer (feasign:slot) nor number:integer (a dense slot's "
             "value:slot), in ASCII digits"
         )
     return "characters outside the slot format (spaces or tabs between fields, ASCII digits)"
+
+
+def slot_too_long(slot: str) -> str:
+    shown = slot if len(slot) <= 20 else f"{slot[:20]}..."
+    return f"slot {shown} has more than {MAX_SLOT_DIGITS} digits (slot ids are integers below {_SLOT_LIMIT})"
 
 
 def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, list[int]]:
