@@ -197,3 +197,19 @@ def test_kube_plan_needs_validation_hours(tmp_path):
             validation=None,
             candidates=1,
         )
+
+
+def test_mlflow_gets_a_parent_run_and_a_child_per_candidate(search, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from elastic_control.tuning import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = tracking.record(search["board"], output=search["out"], uri=uri)
+    assert parent and tracking.record(search["board"], output=search["out"], uri=uri) == parent  # resumed: same
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id
+    children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
+    assert sorted(r.info.run_name for r in children) == ["candidate-000", "candidate-002"]
+    best = search["board"]["best"]
+    assert client.get_run(parent).data.metrics["best_auc"] == pytest.approx(best["validation"]["auc"])
