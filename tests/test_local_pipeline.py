@@ -25,6 +25,8 @@ import requests
 from helpers_common import wait_until
 from helpers_local import alive, kill_everything_under, processes_under
 
+from elastic_control.cli.exit_codes import EXIT_NOT_RUNNING
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 HOURS = 3
@@ -172,6 +174,13 @@ def test_status_and_logs_commands(pipeline):
     assert "lines of Paddle's internal logging hidden" in res.stdout
     raw = cli("-l", "--raw", "--state-dir", str(state))
     assert raw.returncode == 0 and glog.search(re.sub(r"^\S+ +\| ", "", raw.stdout, flags=re.M))
+    # One component, its last lines; the lines of the last minutes.
+    res = cli("-l", "trainer-1", "--tail", "5", "--state-dir", str(state))
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if not ln.startswith("trainer-1 | (")]
+    assert 0 < len(lines) <= 5 and all(ln.startswith("trainer-1 | ") for ln in lines), res.stdout
+    res = cli("-l", "serving", "--since", "30m", "--state-dir", str(state))
+    assert res.returncode == 0 and res.stdout.startswith("serving | "), res.stdout
     assert (
         "was killed by SIGKILL" in (state / "logs" / "trainer-1.log").read_text()
         or "was killed by SIGKILL" in (state / "logs" / "supervisor.log").read_text()
@@ -185,6 +194,7 @@ def test_status_probes_each_component_and_sees_a_stopped_one(pipeline):
     version = report.served_version
     res = cli("status", "--state-dir", str(state))
     assert res.returncode == 0 and f"serving answers with {version}" in res.stdout
+    assert res.stdout.splitlines()[1] == "health: healthy"
     assert f"shards: 0 {version}, 1 {version}" in res.stdout
     assert "cube-server-0" not in res.stderr  # the data is on stdout, so `status > file` keeps it
     doc = json.loads(cli("status", "--json", "--state-dir", str(state)).stdout)
@@ -334,4 +344,4 @@ def test_second_apply_is_refused_then_delete_leaves_no_process(pipeline):
     wait_until(lambda: processes_under(workdir) == [], timeout=20, what="no process left")
     assert (workdir / "models" / "donefile").exists() and (workdir / "data").is_dir()
     res = cli("status", "--state-dir", str(state))
-    assert res.returncode == 0 and "supervisor stopped" in res.stdout + res.stderr
+    assert res.returncode == EXIT_NOT_RUNNING and "supervisor stopped" in res.stdout + res.stderr
