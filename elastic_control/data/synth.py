@@ -313,6 +313,7 @@ def generate(
         "lines": int(len(prob)),
         "ctr": float(clicks.mean()),
         "bayes_auc": float(auc_of(clicks, prob)),
+        "interactions": float(model_options.get("interactions", 0.0)),
         "start": f"{start:%Y%m%d/%H}",
     }
 

@@ -35,6 +35,15 @@ from elastic_control.demo.run import DEFAULT_WORKDIR, run_demo
 )
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic data.")
 @click.option(
+    "--interactions",
+    metavar="STRENGTH",
+    type=click.FloatRange(0, 10),
+    default=None,
+    show_default="0.7",  # synth.DEFAULT_INTERACTIONS (a test compares them)
+    help="Planted pairwise interactions in the synthetic data (`data synth --interactions`): logistic "
+    "regression cannot learn them, a deep model can. 0: the original planted model.",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(60),
     default=900.0,
@@ -75,6 +84,7 @@ def demo_command(
     shards,
     criteo,
     seed,
+    interactions,
     timeout,
     keep,
     deltas,
@@ -96,5 +106,6 @@ def demo_command(
         criteo=criteo,
         keep=keep,
         seed=seed,
+        interactions=interactions,
         timeout=timeout,
     )

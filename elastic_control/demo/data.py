@@ -33,6 +33,7 @@ class DemoData:
     bayes_auc: float | None  # AUC of the true probabilities on the held-out hour
     source: str  # "synthetic" or the Criteo file
     lines_total: int
+    lr_auc: float | None = None  # logistic regression on the same feasigns (see logistic_auc)
 
     @property
     def window(self) -> tuple[dt.datetime, dt.datetime]:
@@ -107,12 +108,15 @@ def prepare_synthetic(
     seed: int = 7,
     progress=None,
     extra: dict | None = None,
+    interactions: float | None = None,
 ) -> DemoData:
     """Planted-model hours (``elastic-control data synth``): train_hours + 1 held-out hour.
 
     ``extra`` data.config keys; with PASS_MINUTES the hours are written as sub-hour folders.
+    ``interactions`` is ``data synth --interactions`` (default: the interaction model, where a deep
+    model beats logistic regression; 0 is the original planted model).
     """
-    from elastic_control.data.synth import generate
+    from elastic_control.data.synth import DEFAULT_INTERACTIONS, generate
     from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     dataset, model_path = workdir / "data", workdir / "models"
@@ -125,6 +129,7 @@ def prepare_synthetic(
         start=DEMO_START,
         progress=progress,
         minutes=_minutes(extra),
+        interactions=DEFAULT_INTERACTIONS if interactions is None else interactions,
     )
     lines, truth = _heldout(dataset, DEMO_START + dt.timedelta(hours=train_hours), _minutes(extra), truth=True)
     labels = _labels(lines)
@@ -142,7 +147,7 @@ def prepare_synthetic(
         labels,
         truth,
         bayes,
-        "synthetic planted-model data",
+        "synthetic planted-model data" + (" with pairwise interactions" if summary["interactions"] else ""),
         int(summary["lines"]),
     )
 
@@ -203,3 +208,21 @@ def prepare_criteo(
         f"Criteo lines from {criteo_file}",
         int(summary.get("lines", 0)),
     )
+
+
+def logistic_auc(data: DemoData, minutes: int | None = None) -> float | None:
+    """The held-out hour's AUC of logistic regression trained on the training hours' feasigns (the peer
+    the deep model is measured against, at its best regularisation), or None without scikit-learn (a
+    development dependency, absent from a bare install). ``minutes``: the PASS_MINUTES layout."""
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        return None
+    from elastic_control.data.hourly_writer import hour_dir, hour_slots
+    from elastic_control.evaluation.logistic_peer import best_fit, logistic_regression
+
+    train: list[str] = []
+    for h in range(data.train_hours):
+        for slot in hour_slots(DEMO_START + dt.timedelta(hours=h), minutes):
+            train += _hour_lines(hour_dir(data.dataset, slot, minutes))
+    return best_fit(logistic_regression(train, data.heldout_lines)).auc
