@@ -32,6 +32,14 @@ class PredictionError(ComponentError):
     """Serving refused a batch (bad input) or stayed unavailable past the retry window."""
 
 
+class BatchRefused(PredictionError):
+    """Serving refused a batch for what it holds (HTTP 400, gRPC INVALID_ARGUMENT): ``reason`` is serving's."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     """What the client uses: flags, then environment variables, then ``client.json`` and the state's token."""
@@ -87,32 +95,17 @@ class _LinePredictor:
     def predict_lines(
         self, lines: Iterable[str], *, batch_size: int = 64, first_line_number: int = 1
     ) -> Iterator[float]:
-        """One probability per non-blank line, in order; blank lines are skipped."""
-        if batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-        batch: list[str] = []
-        start = first_line_number
-        number = first_line_number - 1
-        for line in lines:
-            number += 1
-            line = line.strip()
-            if not line:
-                if not batch:
-                    start = number + 1
-                continue
-            batch.append(line)
-            if len(batch) >= batch_size:
-                yield from self._predict_batch(batch, start)
-                batch, start = [], number + 1
-        if batch:
-            yield from self._predict_batch(batch, start)
+        """One probability per non-blank line, in order; blank lines are skipped. A line serving refuses
+        raises PredictionError naming its input line number (``client.lines.predict_file_lines`` goes on
+        past bad lines instead)."""
+        from client.lines import predict_file_lines
 
-    def _predict_batch(self, batch: list[str], start: int) -> list[float]:
-        try:
-            answer = self.predict_instances([{"line": ln} for ln in batch])
-        except PredictionError as e:
-            raise PredictionError(f"batch starting at input line {start}: {e}") from e
-        return [float(p) for p in answer["predictions"]]
+        for result in predict_file_lines(
+            self, lines, batch_size=batch_size, first_line_number=first_line_number, check_lines=False
+        ):
+            if not result.ok:
+                raise PredictionError(f"input line {result.line}: {result.error}")
+            yield result.probability
 
     def _retrying(self, attempt, what: str):
         """Run ``attempt()`` -> (answer, None) or (None, retryable reason) until it answers or time runs out."""
@@ -166,6 +159,9 @@ class ServingClient(_LinePredictor):
                         f"predictions for {len(instances)} instances"
                     )
                 return answer, None
+            if r.status_code == 400:
+                reason = _reason(r)
+                raise BatchRefused(f"serving refused the batch (HTTP 400): {reason}", reason)
             if r.status_code not in RETRYABLE_STATUS:
                 raise PredictionError(f"serving refused the batch (HTTP {r.status_code}): {_reason(r)}")
             return None, f"HTTP {r.status_code}: {_reason(r)}"
@@ -247,6 +243,9 @@ class GrpcServingClient(_LinePredictor):
                 a = self._stub.Predict(request, timeout=self.timeout)
             except grpc.RpcError as e:
                 code = e.code().name if e.code() else "UNKNOWN"
+                if code == "INVALID_ARGUMENT":
+                    reason = e.details() or ""
+                    raise BatchRefused(f"serving refused the batch (gRPC {code}): {reason}", reason) from e
                 if code not in self.RETRYABLE:
                     raise PredictionError(f"serving refused the batch (gRPC {code}): {e.details()}") from e
                 return None, f"gRPC {code}: {e.details()}"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
 from client.api import check_health, resolve_client_settings, serving_client, upload_configs
+from client.lines import UNKNOWN_SLOT_CHOICES, RefusedLines, known_slots, predict_file_lines
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.env_vars import STATE_DIR
 from ctr_foundation.errors import ElasticControlError
@@ -55,21 +57,98 @@ _fileserver_option = click.option(
     type=click.FloatRange(0),
     help="Seconds to keep retrying a batch while serving is unavailable.",
 )
+@click.option(
+    "--on-error",
+    type=click.Choice(["skip", "fail"]),
+    default="skip",
+    show_default=True,
+    help="A bad line: skip: report it (stderr, or its JSON object), print nan in its place and go on; "
+    "fail: stop at the first one.",
+)
+@click.option(
+    "--unknown-slots",
+    type=click.Choice(UNKNOWN_SLOT_CHOICES),
+    default="refuse",
+    show_default=True,
+    help="A line using a slot that is not in slot.conf (serving would ignore its features): refuse it, "
+    "or warn and score it.",
+)
+@click.option(
+    "--slot-conf",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The slots lines may use [default: the slots of the model serving answers with, else the slot.conf "
+    "`elastic-control -c` saved].",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='One JSON object per non-blank line: {"line": N, "probability": P, "request_id", "index", '
+    '"model_version", "arm"} or {"line": N, "error": "..."} ("warning" beside a probability).',
+)
 @_transport_option
 @_serving_option
 @_grpc_option
 @_state_option
 @click.pass_context
-def predict_command(ctx, input_file, batch_size, retry_for, transport, serving_url, serving_grpc, state_dir):
-    """Print one click probability per slot-format line of INPUT_FILE ('-' = stdin); blank lines are skipped."""
+def predict_command(
+    ctx,
+    input_file,
+    batch_size,
+    retry_for,
+    on_error,
+    unknown_slots,
+    slot_conf,
+    as_json,
+    transport,
+    serving_url,
+    serving_grpc,
+    state_dir,
+):
+    """Print one click probability per slot-format line of INPUT_FILE ('-' = stdin); blank lines are skipped.
+
+    A bad line (not the slot format, a slot not in slot.conf, refused by serving) fails only itself: its
+    error names its input line number. Exit codes: 0 every line predicted, 1 serving unavailable or
+    another failure, 2 usage error, 3 some lines refused (the others were predicted).
+    """
     config = resolve_client_settings(
         state_dir=_state_dir(ctx, state_dir), serving_url=serving_url, serving_grpc=serving_grpc
     )
     client = serving_client(config, transport=transport, retry_for=retry_for)
+    slots = known_slots(config, slot_conf=slot_conf)
+    if slots is None:
+        click.echo(
+            "ctr-client: warning: slots not checked: no slot.conf known (run `elastic-control -c` or pass --slot-conf)",
+            err=True,
+        )
     write = sys.stdout.write
-    for prob in client.predict_lines(input_file, batch_size=batch_size):
-        write(f"{prob:.9g}\n")
+    refused: list[int] = []
+    total = 0
+    for result in predict_file_lines(
+        client, input_file, batch_size=batch_size, slots=slots, unknown_slots=unknown_slots
+    ):
+        total += 1
+        if as_json:
+            write(json.dumps(result.to_json()) + "\n")
+        elif result.ok:
+            write(f"{result.probability:.9g}\n")
+        else:
+            write("nan\n")
+        if result.warning and not as_json:
+            click.echo(f"ctr-client: warning: line {result.line}: {result.warning}", err=True)
+        if not result.ok:
+            refused.append(result.line)
+            if not as_json:
+                sys.stdout.flush()
+                click.echo(f"ctr-client: line {result.line}: {result.error}", err=True)
+            if on_error == "fail":
+                sys.stdout.flush()
+                raise RefusedLines(f"line {result.line}: {result.error} (--on-error fail: stopped there)")
     sys.stdout.flush()
+    if refused:
+        shown = ", ".join(map(str, refused[:10])) + (", ..." if len(refused) > 10 else "")
+        raise RefusedLines(f"{len(refused)} of {total} lines refused (line {shown}); every other line was predicted")
 
 
 @click.command("feedback", context_settings=CONTEXT)
@@ -82,8 +161,6 @@ def predict_command(ctx, input_file, batch_size, retry_for, transport, serving_u
 def feedback_command(ctx, events_file, transport, serving_url, serving_grpc, state_dir):
     """Send click outcomes: EVENTS_FILE ('-' = stdin) has one JSON object per line,
     {"request_id": ID, "index": I, "click": 0|1}; prints the join counts as JSON."""
-    import json
-
     from ctr_foundation.errors import UsageError
 
     events = []
@@ -128,8 +205,6 @@ def upload_command(ctx, slot_conf, data_config, fileserver_url, state_dir):
 @click.pass_context
 def health_command(ctx, serving_url, fileserver_url, state_dir):
     """Check serving and the file server; exit 1 if either is down."""
-    import json
-
     config = resolve_client_settings(
         state_dir=_state_dir(ctx, state_dir), serving_url=serving_url, fileserver_url=fileserver_url
     )
