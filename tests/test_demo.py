@@ -35,6 +35,17 @@ def test_synthetic_data_holds_out_the_hour_after_the_training_window(tmp_path):
     }
 
 
+def test_the_demo_data_has_interactions_and_logistic_regression_is_scored_on_it(tmp_path):
+    from elastic_control.demo.data import logistic_auc, prepare_synthetic
+
+    data = prepare_synthetic(tmp_path, train_hours=2, lines_per_hour=3000)
+    assert "interactions" in data.source
+    lr = logistic_auc(data)
+    assert 0.5 < lr < data.bayes_auc  # the planted interactions are out of its reach
+    original = prepare_synthetic(tmp_path / "original", train_hours=2, lines_per_hour=400, interactions=0)
+    assert "interactions" not in original.source
+
+
 @pytest.mark.needs_criteo
 def test_criteo_data_is_converted_and_split(tmp_path):
     from elastic_control.demo.data import prepare_criteo
