@@ -159,7 +159,9 @@ def build_version(
             "rows": int(total),
             "input_rows": int(input_rows),
             "files": files,
-            "source_pass": {"name": info.name, "path": str(Path(info.path).resolve())},
+            # the folder relative to the model folder (passes are MODEL_PATH/NAME): a manifest is published
+            # on the file server and must not carry the building host's paths
+            "source_pass": {"name": info.name, "path": info.name},
             "slots": info.slots,
             "sparse_dim": sparse_dim,
             "sparse_layout": layout.to_json(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import numpy as np
@@ -199,3 +200,25 @@ def test_builder_cli_reports_errors_in_one_line(tmp_path):
         text=True,
     )
     assert r.returncode == 2 and "--shards 0" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_manifest_names_its_source_pass_without_host_paths(tmp_path):
+    from elastic_control.serving.versions import _record_from_manifest
+
+    keys = np.arange(1, 41, dtype=np.uint64)
+    values = np.ones((40, 3), np.float32)
+    built = []
+    for host in ("host-a", "host-b"):  # the same pass in two places builds the same manifest
+        p = write_synthetic_pass(tmp_path / host / "models" / "pass-20240101-07", keys, values, parts=1)
+        build_version(pass_dir=p, shards=2, output=tmp_path / host / "cube")
+        built.append((tmp_path / host / "cube" / "pass-20240101-07" / "manifest.json").read_text())
+    assert str(tmp_path) not in built[0]
+    assert built[0] == built[1]
+    manifest = json.loads(built[0])
+    assert manifest["source_pass"] == {"name": "pass-20240101-07", "path": "pass-20240101-07"}
+    # serving reads the pass's name from it, and from the manifests written before (absolute path, or a bare name)
+    assert _record_from_manifest("pass-20240101-07", manifest).pass_name == "pass-20240101-07"
+    old = {**manifest, "source_pass": {"name": "pass-20240101-06", "path": "/srv/models/pass-20240101-06"}}
+    assert _record_from_manifest("v", old).pass_name == "pass-20240101-06"
+    assert _record_from_manifest("v", {**manifest, "source_pass": "pass-20240101-05"}).pass_name == "pass-20240101-05"
+    assert _record_from_manifest("v", {**manifest, "source_pass": None}).pass_name == "v"

@@ -9,6 +9,7 @@ from ctr_foundation.pass_format import (
     SparseLayout,
     complete_passes,
     iter_sparse_table,
+    load_pass,
     read_sparse_table,
 )
 from ctr_foundation.records import read_donefile
@@ -55,3 +56,58 @@ def test_donefile_ignores_torn_last_line_and_missing_folders(tmp_path):
     (tmp_path / "donefile").write_text('{"pass": "pass-20191221-00"}\n{"pass": "pass-20191221-01"}\n{"pass": "pa')
     assert [e.pass_name for e in read_donefile(tmp_path)] == ["pass-20191221-00", "pass-20191221-01"]
     assert [p.name for p in complete_passes(tmp_path)] == ["pass-20191221-00"]
+
+
+_RESAVE_SCRIPT = r"""
+import sys
+import pyarrow  # before paddle
+import paddle
+
+paddle.enable_static()
+exe = paddle.static.Executor(paddle.CPUPlace())
+program, feeds, fetches = paddle.static.load_inference_model(sys.argv[1], exe)
+block = program.global_block()
+paddle.static.save_inference_model(sys.argv[2], [block.var(n) for n in feeds], fetches, exe, program=program)
+"""
+
+
+def test_clearing_op_callstacks_keeps_the_program_scoring_bit_for_bit(synth_world, tmp_path):
+    import subprocess
+
+    import pyarrow  # noqa: F401  (before paddle)
+
+    from helpers_common import PYTHON
+
+    from elastic_control.inference.scoring import DenseModel
+    from elastic_control.training.pass_export import clear_op_callstacks
+
+    # save_inference_model as the trainer calls it: its feed and fetch ops record the calling stack
+    src = synth_world.latest / "dense" / "inference"
+    raw, cleared = tmp_path / "raw" / "inference", tmp_path / "cleared" / "inference"
+    for prefix in (raw, cleared):
+        out = subprocess.run([PYTHON, "-c", _RESAVE_SCRIPT, str(src), str(prefix)], capture_output=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert b"op_callstack" in raw.with_suffix(".pdmodel").read_bytes()
+    assert clear_op_callstacks(cleared.with_suffix(".pdmodel")) > 0
+    text = cleared.with_suffix(".pdmodel").read_bytes()
+    assert b"op_callstack" not in text and b".py" not in text
+    assert clear_op_callstacks(cleared.with_suffix(".pdmodel")) == 0  # idempotent
+    info = load_pass(synth_world.latest)
+    width = len(info.slots) * info.embedding_dim + len(info.dense_slots)
+    x = np.random.default_rng(0).normal(0, 0.5, (257, width)).astype(np.float32)
+    a, b = DenseModel(raw, onednn=False).predict(x), DenseModel(cleared, onednn=False).predict(x)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_a_trained_pass_carries_no_host_path_and_still_scores_its_golden_lines(synth_world):
+    from helpers_common import REPO
+    from helpers_train import read_golden, score_pass
+
+    for pass_dir in synth_world.passes:
+        model = (pass_dir / "dense" / "inference.pdmodel").read_bytes()
+        assert b"op_callstack" not in model
+        for host_path in (str(REPO), str(synth_world.root)):
+            assert host_path.encode() not in model, f"{pass_dir.name}: inference.pdmodel names {host_path}"
+        lines, probs = read_golden(pass_dir)
+        assert lines
+        np.testing.assert_allclose(score_pass(pass_dir, lines), probs, rtol=0, atol=1e-5)

@@ -168,11 +168,19 @@ class CubeRootSource:
         """Nothing to prune: a cube root belongs to cube-transfer."""
 
 
+def _source_pass_name(source: object, version: str) -> str:
+    """The pass a manifest was built from: ``source_pass`` is ``{"name", "path"}`` (a bare name in older
+    manifests); the version's own name when it says nothing usable."""
+    if isinstance(source, dict):
+        source = source.get("name")
+    return source if isinstance(source, str) and source else version
+
+
 def _record_from_manifest(version: str, manifest: dict) -> CurrentVersion:
     try:
         return CurrentVersion(
             version=version,
-            pass_name=str(manifest.get("source_pass") or version),
+            pass_name=_source_pass_name(manifest.get("source_pass"), version),
             shards=int(manifest["shards"]),
             dim=int(manifest["dim"]),
             slots=tuple(int(s) for s in manifest.get("slots") or ()),

@@ -81,6 +81,32 @@ def write_pass(
     return entry
 
 
+def clear_op_callstacks(model_file: str | os.PathLike) -> int:
+    """Rewrite a saved inference program without its ops' ``op_callstack`` attributes; returns how many went.
+
+    Paddle records the Python stack that created each op (the feed and fetch ops ``save_inference_model``
+    adds keep theirs), file names included: a published model would show the training host's paths. The
+    attribute is a debugging aid only; the program computes the same without it. The edit is on the
+    protobuf itself, so nothing else of the program changes.
+    """
+    from paddle.base.proto import framework_pb2
+
+    path = Path(model_file)
+    program = framework_pb2.ProgramDesc()
+    program.ParseFromString(path.read_bytes())
+    removed = 0
+    for block in program.blocks:
+        for op in block.ops:
+            kept = [a for a in op.attrs if a.name != "op_callstack"]
+            if len(kept) != len(op.attrs):
+                removed += len(op.attrs) - len(kept)
+                del op.attrs[:]
+                op.attrs.extend(kept)
+    if removed:
+        path.write_bytes(program.SerializeToString())  # inside the pass's staging folder: no reader yet
+    return removed
+
+
 def golden_rows(lines: list[str], probs: np.ndarray) -> list[dict]:
     return [{"line": ln, "prob": float(p)} for ln, p in zip(lines, np.asarray(probs).ravel().tolist(), strict=True)]
 

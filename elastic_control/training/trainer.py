@@ -689,6 +689,7 @@ class Trainer:
             self.paddle.static.save_inference_model(
                 str(prefix), [self.net.infer_input], [self.net.infer_prob], self.exe, program=self.net.infer_program
             )
+            pass_export.clear_op_callstacks(f"{prefix}.pdmodel")
 
         def score_golden():
             timings["dense"] = time.monotonic() - timings["dense"]
