@@ -213,3 +213,78 @@ def test_mlflow_gets_a_parent_run_and_a_child_per_candidate(search, tmp_path):
     assert sorted(r.info.run_name for r in children) == ["candidate-000", "candidate-002"]
     best = search["board"]["best"]
     assert client.get_run(parent).data.metrics["best_auc"] == pytest.approx(best["validation"]["auc"])
+
+
+def test_a_search_folder_keeps_its_inputs(search):
+    res = _run(search["root"], *_tune_args(), "--validation", "20191221/01")
+    assert res.returncode == 2 and "search of another validation" in res.stderr
+
+
+def test_each_pass_reports_its_loss_at_the_hours_trained_so_far(tmp_path):
+    from ctr_foundation.records import DonefileEntry, append_donefile, utc_now
+    from elastic_control.tuning.candidates import CANDIDATE_FILE, CandidateFolder
+    from elastic_control.tuning.study import _report_passes
+
+    folder = CandidateFolder.of(tmp_path, 3)
+    folder.models.mkdir(parents=True)
+    (folder.path / CANDIDATE_FILE).write_text(json.dumps({"train_start": "20191221/00", "settings": {}}))
+
+    class Trial:
+        reports: list = []
+
+        def report(self, value, step):
+            self.reports.append((step, value))
+
+    trial, reported = Trial(), set()
+    assert _report_passes(trial, folder, reported) is None
+    for name, start, end, loss in (("pass-20191221-01", "00", "01", 0.5), ("pass-20191221-03", "02", "03", 0.4)):
+        window = {"start": f"20191221/{start}", "end": f"20191221/{end}"}
+        append_donefile(folder.models, DonefileEntry(name, name, window, utc_now(), {"logloss": loss}))
+    assert _report_passes(trial, folder, reported) == 4
+    assert trial.reports == [(2, -0.5), (4, -0.4)]  # negated: the study maximises
+    assert _report_passes(trial, folder, reported) is None  # each pass once
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_costs_its_candidate_one_attempt(tmp_path):
+    """kill -9 of a candidate's trainer: the job runs again, resumes after its last pass, the candidate finishes."""
+    import psutil
+
+    (tmp_path / "slot.conf").write_text("".join(f"{s}\n" for s in range(1, 6)))
+    assert (
+        _run(
+            tmp_path, "data", "synth", "--output", "data", "--hours", "3", "--lines-per-hour", "2500", "-s", "slot.conf"
+        ).returncode
+        == 0
+    )
+    (tmp_path / "data.config").write_text(
+        f'export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/02\nexport DATASET_PATH="{tmp_path / "data"}"\n'
+    )
+    args = ["tune", "-f", "data.config", "-s", "slot.conf", "--candidates", "1", "--max-epochs-cap", "2"]
+    candidate = tmp_path / "out" / "candidates" / "000"
+    try:
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "elastic_control", *args, "--output", "out", "--no-references"],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: (candidate / "models" / "donefile").exists(), timeout=300, what="the first pass")
+
+        def trainer():
+            for p in processes_under(tmp_path):
+                try:
+                    if p.environ().get("TRAINING_ROLE") == "TRAINER":
+                        return p
+                except psutil.Error:
+                    continue
+            return None
+
+        victim = wait_until(trainer, timeout=60, what="a running trainer")
+        victim.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0
+        result = json.loads((candidate / "result.json").read_text())
+        assert result["attempts"] == 2 and result["passes"] == 3
+    finally:
+        kill_everything_under(tmp_path)

@@ -43,6 +43,7 @@ def tune(
     out = Path(output)
     config = load_data_config(data_config)
     load_slot_conf(slot_conf)  # a bad slot.conf fails here, not in every candidate
+    check_same_search(out, data_config=data_config, slot_conf=slot_conf, validation=validation)
     split = prepare_split(config=config, output=out, validation=validation)
     if split.train_hours < 1:
         raise ConfigError("no training hours are left once the validation hours are taken out", path=data_config)
@@ -79,6 +80,37 @@ def tune(
             tracking.finish(out, warn=warn)
             done(f"recorded in MLflow (parent run {run})")
     return board
+
+
+SEARCH_FILE = "search.json"
+
+
+def check_same_search(output: Path, *, data_config: str, slot_conf: str, validation: str | None) -> None:
+    """A search folder belongs to one data.config, slot.conf and validation: resuming it with others would
+    mix candidates judged on different lines. The first run records them in DIR/search.json."""
+    import json
+
+    from ctr_foundation.atomic import atomic_write_json
+    from ctr_foundation.errors import UsageError
+
+    inputs = {
+        "data_config": str(Path(data_config).resolve()),
+        "slot_conf": str(Path(slot_conf).resolve()),
+        "validation": validation,
+    }
+    path = output / SEARCH_FILE
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        output.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, inputs)
+        return
+    changed = [k for k in inputs if recorded.get(k) != inputs[k]]
+    if changed:
+        what = ", ".join(f"{k} {recorded.get(k)!r} (now {inputs[k]!r})" for k in changed)
+        raise UsageError(
+            f"{output} is the search of another {what}: resume it with the same inputs or use a new --output"
+        )
 
 
 def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> None:
