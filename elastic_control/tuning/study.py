@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.errors import ComponentError
 from elastic_control.tuning.candidates import PRUNED_FILE, CandidateFolder, start_worker, write_candidate
 from elastic_control.tuning.space import seed_points, suggest
@@ -182,8 +183,6 @@ def run_search(
                 more = step is not None and step < split.train_hours and code is None
                 if more and r.trial.should_prune():
                     _stop(r.proc)
-                    from ctr_foundation.atomic import atomic_write_json
-
                     atomic_write_json(r.folder.path / PRUNED_FILE, {"passes": sorted(r.reported)})
                     study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)
                     log(f"candidate {r.folder.name} pruned after {len(r.reported)} pass(es)")
