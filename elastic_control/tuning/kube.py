@@ -55,6 +55,8 @@ def _entry(base: str, *, root: str, data_config_text: str, role_args: list[str])
         f"&& mv {staged} {path} && export ELASTIC_CTR_DATA_CONFIG={path}; "
     )
     flags = " ".join(shlex.quote(a) for a in role_args)
+    if "exec elastic-control role" not in base:  # the flags would be lost: fail loudly instead
+        raise UsageError(f"the training job's entry line no longer runs `exec elastic-control role`: {base!r}")
     return prelude + base.replace("exec elastic-control role", f"exec elastic-control role {flags}", 1)
 
 
