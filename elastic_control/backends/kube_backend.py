@@ -29,6 +29,7 @@ _JOB_PHASES = {
     "Restarting": st.RESTARTING,
     "Completing": st.RUNNING,
     "Completed": st.COMPLETED,
+    "Removed": st.COMPLETED,  # finished, then removed by its ttlSecondsAfterFinished (kube/status.py)
     "Failed": st.FAILED,
     "Aborting": st.FAILED,
     "Aborted": st.FAILED,

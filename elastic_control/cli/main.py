@@ -49,7 +49,7 @@ VERBS = {  # parameter name: (flag, what it does, its options)
         ("cpu", "mem", "trainers", "pservers", "cube_shards", "datafile", "slot_conf", "hdfs_address", "verbose",
          "backend", "namespace", "image", "queue", "job_name", "service_type", "promotion_gate", "context",
          "storage_class", "access_mode", "serving_replicas", "network_policy", "max_retry", "image_pull_policy",
-         "image_pull_secrets", "data_secrets", "pod_overlay", "state_dir"),
+         "image_pull_secrets", "data_secrets", "job_ttl", "prometheus_operator", "pod_overlay", "state_dir"),
     ),
     "do_apply": (
         "-a",
@@ -313,6 +313,8 @@ def cli(
     image_pull_policy,
     image_pull_secrets,
     data_secrets,
+    job_ttl,
+    prometheus_operator,
     pod_overlay,
     state_dir,
 ):
@@ -353,6 +355,8 @@ def cli(
                 "image_pull_secrets": tuple(image_pull_secrets),
                 "data_secrets": tuple(data_secrets),
                 "pod_overlay": pod_overlay,
+                "job_ttl": job_ttl,
+                "prometheus_operator": prometheus_operator,
             },
         )
     if do_apply:

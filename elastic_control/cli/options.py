@@ -97,6 +97,19 @@ def kube_render_options(func):
             "repeatable.",
         ),
         click.option(
+            "--job-ttl",
+            default=None,
+            metavar="DURATION",
+            help="How long the finished training job and its pods (with their logs) stay before Volcano removes "
+            "them: seconds, 90m, 24h, 7d, or never [default: 24h]; -a does not run a removed job again.",
+        ),
+        click.option(
+            "--prometheus-operator/--no-prometheus-operator",
+            default=None,
+            help="Render ServiceMonitors (serving, cube) and a PrometheusRule with the alerts instead of the alerts' "
+            "ConfigMap [default: when the cluster serves monitoring.coreos.com/v1].",
+        ),
+        click.option(
             "--pod-overlay",
             type=click.Path(dir_okay=False),
             default=None,

@@ -31,6 +31,7 @@ __all__ = [
     "custom",
     "apiextensions",
     "detect_cluster",
+    "served_resources",
     "reset",
     "use_context",
     "to_dict",
@@ -187,6 +188,19 @@ def detect_cluster(timeout: float = 3.0) -> tuple[bool, str]:
     except Exception as e:  # noqa: BLE001 - an answer that is not Kubernetes' (a proxy's HTML page, say)
         return False, f"{server_url()} did not answer like a Kubernetes API server ({type(e).__name__})"
     return True, f"the Kubernetes API server at {server_url()} answered (Kubernetes {info.git_version})"
+
+
+def served_resources(group: str, version: str, timeout: float = 3.0) -> set[str] | None:
+    """The resource plurals the API server serves under ``group/version`` (its discovery document), or None
+    when it does not serve that group version; raises ClusterUnavailableError when it cannot be asked."""
+    with reachable(f"discovering {group}/{version}"):
+        try:
+            found = custom().get_api_resources(group, version, _request_timeout=timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+    return {r.name for r in found.resources or [] if "/" not in r.name}  # subresources (x/status) left out
 
 
 def stream_pod_log(

@@ -26,6 +26,16 @@ VOLCANO_INSTALL_HINT = (
     " or `helm install volcano volcano-sh/volcano --version 1.11.0 -n volcano-system --create-namespace`"
 )
 
+# The Prometheus Operator's kinds: rendered instead of the alerts' ConfigMap when the cluster serves them.
+MONITORING_GROUP = "monitoring.coreos.com"
+MONITORING_VERSION = "v1"
+SERVICE_MONITOR_KIND = "ServiceMonitor"
+SERVICE_MONITOR_PLURAL = "servicemonitors"
+PROMETHEUS_RULE_KIND = "PrometheusRule"
+PROMETHEUS_RULE_PLURAL = "prometheusrules"
+# The label the operator puts on its Prometheus pods: what the scrape NetworkPolicy lets in.
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
+
 # Labels Volcano puts on the pods of a job.
 VOLCANO_JOB_NAME_LABEL = "volcano.sh/job-name"
 VOLCANO_TASK_SPEC_LABEL = "volcano.sh/task-spec"
@@ -47,6 +57,11 @@ MANAGED_BY = "elastic-control"  # value of app.kubernetes.io/managed-by, and the
 # checksum of the ConfigMap and Secrets the pod reads (a config change rolls those pods).
 SPEC_HASH_ANNOTATION = "elastic-ctr/spec-hash"
 CONFIG_CHECKSUM_ANNOTATION = "elastic-ctr/config-checksum"
+# A ConfigMap JOB-training-record that -a writes when it creates the training job (the job's spec hash): a
+# finished job that its TTL removed is then told apart from one never created, so -a does not run it again
+# and status shows it as done. Not rendered, never pruned; `delete` removes it with the rest.
+TRAINING_RECORD_COMPONENT = "training-record"
+TRAINING_RECORD_SUFFIX = "-training-record"
 # On Deployments: replicas as rendered, so -a tells a changed plan from an HPA's or `kubectl scale`'s replicas.
 REPLICAS_ANNOTATION = "elastic-ctr/replicas"
 

@@ -13,7 +13,9 @@ Every rendered object carries the hash of what was rendered
   its pods through the checksum annotation of their template, which rolls them;
 - the Volcano Job cannot be updated (its webhook refuses it): with the same
   hash it is left alone, running or finished; with another it is deleted,
-  waited for, and created again;
+  waited for, and created again. Creating it writes the ConfigMap
+  JOB-training-record (its hash): a job with that hash that is gone (its
+  ttlSecondsAfterFinished removed it once it finished) is not run again;
 - claims are created, never changed or deleted (they hold the data).
 
 Then objects of the instance that are no longer rendered (`-b 5` then `-b 2`:
@@ -30,7 +32,7 @@ from elastic_control.kube import constants as k
 from elastic_control.kube import objects as ob
 
 REPLICAS_ANNOTATION = k.REPLICAS_ANNOTATION
-NOT_PRUNED_COMPONENTS = {"eval", "eval-merge"}
+NOT_PRUNED_COMPONENTS = {"eval", "eval-merge", k.TRAINING_RECORD_COMPONENT}
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,12 @@ def converge_object(doc: dict, *, dry_run: bool = False, job_delete_wait: float 
         live = ob.read_volcano_job(meta["name"], meta["namespace"])
         if live is not None and ob.applied_hash(live) == want:
             return change("unchanged")
+        if live is None and _removed_after_its_ttl(doc, want):
+            record = f"configmap {meta['name']}{k.TRAINING_RECORD_SUFFIX}"
+            return change(
+                "kept removed (this plan's job ran and is gone: its TTL removed it once it finished, or it was "
+                f"deleted); to run it again: `kubectl delete {record} -n {meta['namespace']}`, then -a"
+            )
         if dry_run:
             if live is None:
                 ob.create_volcano_job(doc, dry_run=True)
@@ -71,6 +79,7 @@ def converge_object(doc: dict, *, dry_run: bool = False, job_delete_wait: float 
         if live is not None:
             ob.delete_volcano_job(meta["name"], meta["namespace"], wait=job_delete_wait)
         ob.create_volcano_job(doc)
+        ob.server_side_apply(ob.training_record_doc(doc))
         return change("created" if live is None else "recreated (its spec changed)")
     kind = ob.typed_kind(doc)
     live = ob.read_typed(doc)
@@ -84,6 +93,14 @@ def converge_object(doc: dict, *, dry_run: bool = False, job_delete_wait: float 
     return change(f"would be {action}" if dry_run else action)
 
 
+def _removed_after_its_ttl(doc: dict, want: str | None) -> bool:
+    """Whether -a created this very job before (its record holds the hash) and it has a TTL to be gone by."""
+    if doc["spec"].get("ttlSecondsAfterFinished") is None:
+        return False
+    record = ob.read_training_record(doc["metadata"]["name"], doc["metadata"]["namespace"])
+    return record is not None and record.get("spec-hash") == want
+
+
 def stale_objects(docs: list[dict], namespace: str, instance: str) -> list[tuple[str, str]]:
     """(kind, name) of the instance's objects that the rendered ``docs`` no longer contain."""
     rendered = {(d["kind"], d["metadata"]["name"]) for d in docs}
@@ -91,11 +108,10 @@ def stale_objects(docs: list[dict], namespace: str, instance: str) -> list[tuple
     stale = []
     for kind_name in ob.DELETABLE_KINDS:
         for item in ob.list_labelled(kind_name, namespace, selector):
-            labels = item.metadata.labels or {}
-            if labels.get(k.LABEL_COMPONENT) in NOT_PRUNED_COMPONENTS:
+            if item.labels.get(k.LABEL_COMPONENT) in NOT_PRUNED_COMPONENTS:
                 continue
-            if (kind_name, item.metadata.name) not in rendered:
-                stale.append((kind_name, item.metadata.name))
+            if (kind_name, item.name) not in rendered:
+                stale.append((kind_name, item.name))
     return stale
 
 

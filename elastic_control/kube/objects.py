@@ -2,7 +2,8 @@
 
 Built-in kinds go through the typed APIs with server-side apply (field manager
 ``elastic-control``, forced: our manifests own what they set, and only that);
-the Volcano Job through CustomObjectsApi. Volcano's webhook refuses most spec
+the Prometheus Operator's kinds (ServiceMonitor, PrometheusRule) the same way
+through CustomObjectsApi; the Volcano Job through CustomObjectsApi too. Volcano's webhook refuses most spec
 updates, so replacing the job is delete, wait until it and its pods are gone,
 create.
 """
@@ -45,8 +46,36 @@ TYPED_KINDS = {
     "PodDisruptionBudget": TypedKind("PodDisruptionBudget", "pod_disruption_budget", adaptor.policy),
     "NetworkPolicy": TypedKind("NetworkPolicy", "network_policy", adaptor.networking),
 }
+
+
+@dataclass(frozen=True)
+class CustomKind:
+    """A custom resource kind applied like a built-in one (server-side apply through CustomObjectsApi)."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    updatable: bool = True
+    prunable: bool = True
+
+    def call(self, verb: str, name: str, namespace: str, *args, **kwargs):
+        """The typed API's verbs (read, patch, delete) on this kind."""
+        method = {"read": "get"}.get(verb, verb)
+        return getattr(adaptor.custom(), f"{method}_namespaced_custom_object")(
+            self.group, self.version, namespace, self.plural, name, *args, **kwargs
+        )
+
+
+CUSTOM_KINDS = {
+    name: CustomKind(name, k.MONITORING_GROUP, k.MONITORING_VERSION, plural)
+    for name, plural in (
+        (k.SERVICE_MONITOR_KIND, k.SERVICE_MONITOR_PLURAL),
+        (k.PROMETHEUS_RULE_KIND, k.PROMETHEUS_RULE_PLURAL),
+    )
+}
 # What `delete` and pruning remove by label; claims stay.
-DELETABLE_KINDS = tuple(name for name, kind in TYPED_KINDS.items() if kind.prunable)
+DELETABLE_KINDS = tuple(name for name, kind in {**TYPED_KINDS, **CUSTOM_KINDS}.items() if kind.prunable)
 
 
 def is_volcano_job(doc: dict) -> bool:
@@ -73,8 +102,8 @@ def _fail(doc: dict, e: adaptor.ApiException, doing: str) -> ApplyError:
     )
 
 
-def typed_kind(doc: dict) -> TypedKind:
-    kind = TYPED_KINDS.get(doc["kind"])
+def typed_kind(doc: dict) -> TypedKind | CustomKind:
+    kind = TYPED_KINDS.get(doc["kind"]) or CUSTOM_KINDS.get(doc["kind"])
     if kind is None:
         raise ApplyError(f"elastic-control does not know how to apply kind {doc['kind']!r}")
     return kind
@@ -116,15 +145,37 @@ def server_side_apply(doc: dict, *, dry_run: bool = False) -> dict:
             raise _fail(doc, e, "applying") from e
 
 
-def list_labelled(kind_name: str, namespace: str, selector: str) -> list:
+@dataclass(frozen=True)
+class Listed:
+    """One listed object: what pruning and `delete` need of it."""
+
+    name: str
+    labels: dict
+
+
+def list_labelled(kind_name: str, namespace: str, selector: str) -> list[Listed]:
+    """The objects of ``kind_name`` with the labels of ``selector``; none when the cluster lacks the kind."""
+    if kind_name in CUSTOM_KINDS:
+        kind = CUSTOM_KINDS[kind_name]
+        with adaptor.reachable(f"listing {kind_name}s"):
+            try:
+                found = adaptor.custom().list_namespaced_custom_object(
+                    kind.group, kind.version, namespace, kind.plural, label_selector=selector
+                )
+            except adaptor.ApiException as e:
+                if e.status == 404:  # the Prometheus Operator is not installed: nothing of ours to find
+                    return []
+                raise
+        return [Listed(i["metadata"]["name"], i["metadata"].get("labels") or {}) for i in found.get("items", [])]
     kind = TYPED_KINDS[kind_name]
     with adaptor.reachable(f"listing {kind_name}s"):
-        return getattr(kind.api(), f"list_namespaced_{kind.suffix}")(namespace, label_selector=selector).items
+        items = getattr(kind.api(), f"list_namespaced_{kind.suffix}")(namespace, label_selector=selector).items
+    return [Listed(i.metadata.name, i.metadata.labels or {}) for i in items]
 
 
 def delete_typed(kind_name: str, name: str, namespace: str) -> bool:
     """Delete one object (its dependents in the background); False when it was already gone."""
-    kind = TYPED_KINDS[kind_name]
+    kind = TYPED_KINDS.get(kind_name) or CUSTOM_KINDS[kind_name]
     with adaptor.reachable(f"deleting {kind_name} {namespace}/{name}"):
         try:
             kind.call("delete", name, namespace, propagation_policy="Background")
@@ -201,8 +252,8 @@ def delete_labelled(namespace: str, instance: str) -> list[str]:
     selector = f"{k.LABEL_INSTANCE}={instance}"
     for kind_name in DELETABLE_KINDS:
         for item in list_labelled(kind_name, namespace, selector):
-            if delete_typed(kind_name, item.metadata.name, namespace):
-                deleted.append(f"{kind_name} {namespace}/{item.metadata.name}")
+            if delete_typed(kind_name, item.name, namespace):
+                deleted.append(f"{kind_name} {namespace}/{item.name}")
     return deleted
 
 
@@ -219,3 +270,30 @@ def apply_volcano_job(doc: dict, *, dry_run: bool = False, delete_wait: float = 
         delete_volcano_job(name, namespace, wait=delete_wait)
     create_volcano_job(doc)
     return "created" if existing is None else "replaced (deleted, then created)"
+
+
+def training_record_doc(job_doc: dict) -> dict:
+    """The ConfigMap recording that -a created the training job ``job_doc`` (its spec hash, when)."""
+    meta = job_doc["metadata"]
+    labels = {key: value for key, value in meta.get("labels", {}).items() if key != k.LABEL_COMPONENT}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": meta["name"] + k.TRAINING_RECORD_SUFFIX,
+            "namespace": meta["namespace"],
+            "labels": {**labels, k.LABEL_COMPONENT: k.TRAINING_RECORD_COMPONENT},
+        },
+        "data": {
+            "spec-hash": applied_hash(job_doc) or "",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "ttl-seconds-after-finished": str(job_doc["spec"].get("ttlSecondsAfterFinished", "")),
+        },
+    }
+
+
+def read_training_record(job: str, namespace: str) -> dict | None:
+    """The data of the training job's record (training_record_doc), None when -a never created the job."""
+    doc = {"kind": "ConfigMap", "metadata": {"name": job + k.TRAINING_RECORD_SUFFIX, "namespace": namespace}}
+    live = read_typed(doc)
+    return (live or {}).get("data") if live is not None else None

@@ -21,6 +21,12 @@ SERVING_REPLICAS_RANGE = (1, 64)
 DEFAULT_SERVING_REPLICAS = 2
 DEFAULT_MAX_RETRY = 3
 DEFAULT_MAX_RETRY_ONLINE = 100  # an ONLINE job runs for weeks: Volcano's maxRetry counts over its whole life
+# Seconds a finished training job (and its pods, with their logs) stays before Volcano removes it: a day, as
+# for the evaluation jobs. None: kept until deleted.
+DEFAULT_JOB_TTL = 24 * 3600
+MAX_JOB_TTL = 2**31 - 1  # ttlSecondsAfterFinished is an int32
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_TTL = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 # What a pod overlay file may set, merged into every pod the plan renders.
 OVERLAY_KEYS = ("nodeSelector", "tolerations", "affinity", "labels", "annotations", "priorityClassName")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
@@ -47,6 +53,10 @@ class KubeOptions:
     # (pservers, trainers, cube-transfer, evaluation): AWS_* for s3://, and the like.
     data_secrets: tuple[str, ...] = ()
     pod_overlay: dict = field(default_factory=dict)  # validated content of --pod-overlay
+    job_ttl: int | None = DEFAULT_JOB_TTL  # the training job's ttlSecondsAfterFinished; None: never removed
+    # ServiceMonitors and a PrometheusRule instead of the alerts' ConfigMap (the cluster serves
+    # monitoring.coreos.com/v1, found by -r, or --prometheus-operator)
+    prometheus_operator: bool = False
     warnings: tuple[str, ...] = ()  # what -r warned about; -a repeats it
 
     def to_json(self) -> dict:
@@ -150,6 +160,25 @@ def validate_storage(storage_class: str | None, access_mode: str) -> None:
         raise UsageError(f"--access-mode {access_mode!r} is not one of {', '.join(ACCESS_MODES)}")
 
 
+def parse_job_ttl(value: str | int | None) -> int | None:
+    """--job-ttl: seconds (``3600``), a duration (``90m``, ``24h``, ``7d``, ``1d12h``) or ``never``."""
+    if value is None:
+        return DEFAULT_JOB_TTL
+    text = str(value).strip().lower()
+    if text == "never":
+        return None
+    if text.isdigit():
+        seconds = int(text)
+    else:
+        match = _TTL.fullmatch(text)
+        if not text or match is None:
+            raise UsageError(f"--job-ttl {value!r} is not a duration: use seconds (3600), 90m, 24h, 7d or never")
+        seconds = sum(int(n or 0) * _TTL_UNITS[u] for n, u in zip(match.groups(), "dhms", strict=True))
+    if seconds > MAX_JOB_TTL:
+        raise UsageError(f"--job-ttl {value!r} is above {MAX_JOB_TTL} seconds; use never to keep the job")
+    return seconds
+
+
 def check_range(flag: str, value: int, bounds: tuple[int, int]) -> None:
     lo, hi = bounds
     if not lo <= value <= hi:
@@ -170,6 +199,8 @@ def build_kube_options(
     image_pull_secrets: tuple[str, ...] | list[str] = (),
     data_secrets: tuple[str, ...] | list[str] = (),
     pod_overlay: str | None = None,
+    job_ttl: str | int | None = None,
+    prometheus_operator: bool = False,
 ) -> KubeOptions:
     """Validate the flags; ``target`` is the cluster (elastic_control.kube.target.Target) the plan is for."""
     validate_storage(storage_class, access_mode)
@@ -193,4 +224,6 @@ def build_kube_options(
         image_pull_secrets=tuple(image_pull_secrets),
         data_secrets=tuple(data_secrets),
         pod_overlay=load_pod_overlay(pod_overlay) if pod_overlay else {},
+        job_ttl=parse_job_ttl(job_ttl),
+        prometheus_operator=bool(prometheus_operator),
     )

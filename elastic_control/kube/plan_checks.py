@@ -84,14 +84,38 @@ def kube_plan_options(
         if backend == "k8s" or context:
             raise
         target = Target(None, None, None)
-    options = build_kube_options(image=image, online=data_cfg.online, target=target, **flags)
-    warnings: list[str] = []
+    operator, operator_warning = flags.pop("prometheus_operator", None), None
+    if operator is None:
+        operator, operator_warning = discover_prometheus_operator(backend, target)
+    options = build_kube_options(
+        image=image, online=data_cfg.online, target=target, prometheus_operator=operator, **flags
+    )
+    warnings: list[str] = [operator_warning] if operator_warning else []
     if backend == "k8s":
         warnings += path_warnings(
             data_cfg, hdfs_address=hdfs_address, job_name=job_name, data_secrets=options.data_secrets
         )
         warnings += image_warnings(image, default_image)
     return options.with_warnings(warnings), target.namespace
+
+
+def discover_prometheus_operator(backend: str, target: Target) -> tuple[bool, str | None]:
+    """(render the operator's objects?, a warning): whether the plan's cluster serves ServiceMonitor and
+    PrometheusRule under monitoring.coreos.com/v1, as charts check ``.Capabilities.APIVersions``."""
+    if backend != "k8s" or target.server is None:
+        return False, None  # no cluster to ask: the alerts' ConfigMap, which any Prometheus can load
+    from elastic_control.kube import adaptor
+
+    try:
+        served = adaptor.served_resources(k.MONITORING_GROUP, k.MONITORING_VERSION)
+    except ClusterUnavailableError as e:
+        return False, (
+            f"could not ask the cluster whether it serves {k.MONITORING_GROUP}/{k.MONITORING_VERSION} ({e}); the "
+            "alerts are rendered as a ConfigMap: pass --prometheus-operator to -r for ServiceMonitors and a "
+            "PrometheusRule"
+        )
+    wanted = {k.SERVICE_MONITOR_PLURAL, k.PROMETHEUS_RULE_PLURAL}
+    return served is not None and wanted <= served, None
 
 
 def describe_target(options: KubeOptions) -> str:

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,6 +195,8 @@ def build_context(plan, inputs: RenderInputs) -> dict:
     options = inputs.options
     data_config_text = pod_data_config(inputs.data_config, plan.hdfs_address, model_path)
     hdfs_ugi = inputs.data_config.hdfs_ugi
+    # tune --apply's flags on every training role (shell-quoted: they land in the pods' sh -c entry).
+    tuned_flags = "".join(" " + shlex.quote(a) for a in plan.training_args)
 
     def endpoints(task: str, count: int, port: int) -> str:
         # The svc plugin's headless Service JOB makes each pod JOB-TASK-I.JOB.
@@ -210,6 +213,8 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "image": plan.image,
         "queue": plan.queue,
         "max_retry": options.max_retry,
+        "job_ttl": options.job_ttl,
+        "prometheus_operator": options.prometheus_operator,
         "serving_replicas": options.serving_replicas,
         "network_policy": options.network_policy,
         "storage_class": options.storage_class,
@@ -241,11 +246,11 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         # Paddle finds its own place in PADDLE_PSERVERS_IP_PORT_LIST as POD_IP:PADDLE_PORT,
         # so a pserver's POD_IP must be its host name from that list.
         "pserver_entry": f'export POD_IP="{pserver_host}" PADDLE_TRAINER_ID="${{VC_TASK_INDEX}}"; '
-        "exec elastic-control role",
+        f"exec elastic-control role{tuned_flags}",
         # --check-window: an offline window with no complete hour aborts the job (exit 2) instead of
         # completing it with no pass.
         "trainer_entry": 'export PADDLE_TRAINER_ID="${VC_TASK_INDEX:?the Volcano env plugin did not set '
-        'VC_TASK_INDEX}"; exec elastic-control role --check-window',
+        'VC_TASK_INDEX}"; exec elastic-control role --check-window' + tuned_flags,
         "configmap_name": f"{job}-config",
         "secret_name": f"{job}-token",
         "shared_pvc_name": f"{job}-shared",

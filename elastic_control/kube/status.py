@@ -19,10 +19,15 @@ class ComponentRow:
 
 def component_rows(namespace: str, job: str) -> list[ComponentRow]:
     rows: list[ComponentRow] = []
-    from elastic_control.kube.objects import read_volcano_job
+    from elastic_control.kube.objects import read_training_record, read_volcano_job
 
     vcjob = read_volcano_job(job, namespace)
-    if vcjob is None:
+    record = read_training_record(job, namespace) if vcjob is None else None
+    if vcjob is None and record is not None and record.get("ttl-seconds-after-finished"):
+        # -a created it and it is gone: removed by its TTL once it finished (converge.py does not rerun it)
+        created = record.get("created", "?")
+        rows.append(ComponentRow("training", "Job", job, "-", f"Removed (finished, TTL elapsed; created {created})"))
+    elif vcjob is None:
         rows.append(ComponentRow("training", "Job", job, "-", "absent"))
     else:
         status = vcjob.get("status") or {}
