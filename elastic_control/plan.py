@@ -19,6 +19,7 @@ PLAN_FORMAT = 1
 DEFAULT_IMAGE = "elastic-ctr:0.1.0"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_JOB_NAME = "elastic-ctr"
+TRAINING_ARGS_KEY = "training_args"  # plan.extra: the training roles' extra flags (tune --apply)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ class Plan:
 
     def token(self) -> str:
         return (self.state_path / TOKEN_FILE).read_text().strip()
+
+    @property
+    def training_args(self) -> list[str]:
+        """Flags every training role appends to ``elastic-control role`` (``extra["training_args"]``, which
+        ``tune --apply`` writes: the winner's searched settings); empty for a plan that was never tuned."""
+        return [str(a) for a in self.extra.get(TRAINING_ARGS_KEY, [])]
 
     def to_json(self) -> dict:
         d = asdict(self)

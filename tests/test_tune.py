@@ -121,7 +121,6 @@ def test_apply_puts_the_winner_into_the_plan(search):
     from elastic_control.config import Resources
     from elastic_control.config.data_config import load_data_config
     from elastic_control.plan import load_plan
-    from elastic_control.tuning.apply import training_args_of
 
     root = search["root"]
     api.configure_resource(
@@ -135,12 +134,19 @@ def test_apply_puts_the_winner_into_the_plan(search):
     assert res.returncode == 0, res.stderr
     best = search["board"]["best"]["settings"]
     plan = load_plan(root / "state")
-    args = training_args_of(plan)
+    args = plan.training_args
     assert args[args.index("--model") + 1] == best["model"]
     assert args[args.index("--hidden") + 1] == best["hidden"]
     assert args[args.index("--epochs") + 1] == "auto"
     assert plan.extra["tuned"]["pass"] == search["board"]["best"]["pass"]
     assert load_data_config(root / "state" / "data.config").pass_hours == best["pass_hours"]
+    # -a starts every training role with those flags
+    from ctr_foundation.names import StateFolder
+    from elastic_control.local.components import plan_components
+
+    local = plan_components(plan, StateFolder.of(root / "state"), model_path=str(root / "models"))
+    roles = [c for c in local.components if c.kind in ("pserver", "trainer")]
+    assert roles and all(c.argv[-len(args) :] == args for c in roles), [c.argv for c in roles]
 
 
 def test_validation_hours_inside_the_window_are_refused(search):

@@ -351,6 +351,7 @@ def plan_components(
         data_config=str(layout.local_data_config),
         slot_conf=str(layout.slot_conf),
         extra_env={ev.MLFLOW_TRACKING_URI.name: mlflow_url, ev.FILESERVER_URL.name: fileserver_url},
+        argv=elastic_control_argv("role", *plan.training_args),
         after=[FILESERVER],
         credentials=credentials,
     )

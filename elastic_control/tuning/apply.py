@@ -17,9 +17,8 @@ from pathlib import Path
 from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE
+from elastic_control.plan import TRAINING_ARGS_KEY
 from elastic_control.tuning.leaderboard import LEADERBOARD_FILE
-
-TRAINING_ARGS = "training_args"  # the plan.extra key the training roles' command lines append
 
 
 def read_best(output: Path) -> dict:
@@ -54,11 +53,6 @@ def training_args(settings: dict) -> list[str]:
     return args
 
 
-def training_args_of(plan) -> list[str]:
-    """What the plan's training roles append to ``elastic-control role`` (empty unless tune applied a winner)."""
-    return [str(a) for a in plan.extra.get(TRAINING_ARGS, [])]
-
-
 def apply_best(*, output: Path, state_dir: str) -> dict:
     """Write the winner into the plan of ``state_dir``; returns what changed."""
     from elastic_control.config.data_config import load_data_config
@@ -71,7 +65,7 @@ def apply_best(*, output: Path, state_dir: str) -> dict:
     pass_hours = int(best["settings"].get("pass_hours", 1))
     extra = {
         **plan.extra,
-        TRAINING_ARGS: args,
+        TRAINING_ARGS_KEY: args,
         "tuned": {"leaderboard": str((Path(output) / LEADERBOARD_FILE).resolve()), "pass": best["pass"]},
     }
     state = Path(state_dir)
