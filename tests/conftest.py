@@ -48,6 +48,10 @@ ENVIRONMENT = {
         lambda: not Path(sys.executable).with_name("ruff").exists(),
         "ruff is installed by scripts/setup.sh (requirements-dev.txt)",
     ),
+    "needs_promtool": (
+        lambda: shutil.which("promtool") is None,
+        "promtool is not installed (Debian's prometheus package ships it: apt-get install prometheus)",
+    ),
     "needs_volcano_schemas": (
         lambda: not VOLCANO_SCHEMAS.is_dir(),
         f"the real Volcano CRD schemas are not at {VOLCANO_SCHEMAS} (the shared schemas folder)",

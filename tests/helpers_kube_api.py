@@ -20,6 +20,8 @@ log streams) so the real `kubernetes` client parses them. Scenarios:
 - ``deny``: {"METHOD path-substring": status} answers 401/403 Status objects
   (e.g. {"GET /pods": 403}) as an API server whose RBAC refuses the call.
 - ``task_index_label=False``: Volcano before 1.9 (pods without volcano.sh/task-index).
+- ``prometheus_operator=True``: the cluster serves monitoring.coreos.com/v1 (ServiceMonitor,
+  PrometheusRule: discovery document and objects); otherwise that group version is 404.
 - ``quota_exceeded``: Deployments' ReplicaSets create no pods and record FailedCreate
   "exceeded quota" events; ``podgroup_pending``: the job's PodGroup stays Pending
   with an Unschedulable condition and no pod is created; ``claims_pending``: claims
@@ -50,6 +52,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import yaml
 
 VOLCANO = "batch.volcano.sh/v1alpha1"
+MONITORING = "monitoring.coreos.com/v1"
 KINDS = {  # (group/version, plural) -> kind
     ("v1", "pods"): "Pod",
     ("v1", "services"): "Service",
@@ -67,6 +70,8 @@ KINDS = {  # (group/version, plural) -> kind
     (VOLCANO, "jobs"): "Job",
     ("scheduling.volcano.sh/v1beta1", "queues"): "Queue",
     ("apiextensions.k8s.io/v1", "customresourcedefinitions"): "CustomResourceDefinition",
+    (MONITORING, "servicemonitors"): "ServiceMonitor",
+    (MONITORING, "prometheusrules"): "PrometheusRule",
 }
 # The Service proxy subresource: GET /api/v1/namespaces/NS/services/NAME:PORT/proxy/PATH
 _SERVICE_PROXY = re.compile(
@@ -103,7 +108,9 @@ class FakeKubeAPI:
         trainer_log: list[str] | None = None,
         end_stream_early: bool = False,
         job_pods_forbidden: bool = False,
+        prometheus_operator: bool = False,
     ):
+        self.prometheus_operator = prometheus_operator
         self.crd_installed, self.queue_state = crd_installed, queue_state
         self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
         self.node_ports = dict(node_ports or {})
@@ -561,12 +568,19 @@ class _Handler(BaseHTTPRequestHandler):
         proxied = _SERVICE_PROXY.match(unquote(url.path))  # the client sends NAME%3APORT
         if proxied and method == "GET":
             return self._service_proxy(proxied, url.query)
+        if url.path.rstrip("/") == f"/apis/{MONITORING}" and method == "GET" and fake.prometheus_operator:
+            resources = [
+                {"name": plural, "singularName": "", "namespaced": True, "kind": kind, "verbs": ["get", "list"]}
+                for (gv, plural), kind in KINDS.items()
+                if gv == MONITORING
+            ]
+            return self._send(200, {"kind": "APIResourceList", "groupVersion": MONITORING, "resources": resources})
         m = _PATH.match(url.path)
         if not m:
             return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
         gv = m.group("core") or m.group("gv")
         ns, plural, name, sub = m.group("ns"), m.group("plural"), m.group("name"), m.group("sub")
-        if (gv, plural) not in KINDS:
+        if (gv, plural) not in KINDS or (gv == MONITORING and not fake.prometheus_operator):
             return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")
         if gv == "v1" and plural == "namespaces":
             ns, plural, name = None, "namespaces", name
