@@ -45,6 +45,7 @@ from ctr_foundation.errors import ComponentError, DataError, ElasticControlError
 from ctr_foundation.fileserver_client import FileServerClient, FileServerError, NotFound
 from ctr_foundation.http_json import JsonRoute, make_json_server
 from ctr_foundation.http_server import serve_in_thread
+from ctr_foundation.model_registry import CHAMPION, REGISTERED_MODEL, AliasSetter, is_server_uri
 from ctr_foundation.pass_format import load_pass
 from ctr_foundation.records import CurrentVersion, DonefileEntry, read_donefile, utc_now, write_current
 from cube.builder import build_version, compact_version
@@ -94,6 +95,9 @@ class TransferConfig:
     poll_interval: float = 5.0
     retry_backoff: float = 5.0  # first wait before retrying a failed pass; doubles up to MAX_BACKOFF
     compact_after: int = DEFAULT_COMPACT_AFTER  # deltas since the last full copy that trigger compaction; 0: never
+    # The MLflow tracking server (http[s]://) whose registered version of each activated pass gets the alias
+    # champion (ctr_foundation/model_registry.py); None, or a local store: no alias.
+    mlflow_uri: str | None = None
 
     @property
     def shards(self) -> int:
@@ -116,6 +120,7 @@ class Transfer:
         self.compaction: dict = {}  # the last (or running) compaction
         self.pins_error: str | None = None
         self._published: set[str] = set()  # file-server folders (cube/V/, cube/V/compacted/) known complete
+        self.champion = AliasSetter(config.mlflow_uri, CHAMPION) if is_server_uri(config.mlflow_uri) else None
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -283,6 +288,8 @@ class Transfer:
         self.journal.set_pass(version, status="active", timings=info, activated_at=now)
         self.journal.finish({"version": version, "result": "active", "at": now, **info}, active=active)
         log.info("cube version %s active on %d shards (%s)", version, manifest["shards"], info)
+        if self.champion is not None:  # serving answers with this version now: its registered version is champion
+            self.champion.point_at(version)
         self.gc()
         self._maybe_compact(version)
 
@@ -454,6 +461,13 @@ class Transfer:
             "pins": snap.get("pins") or {},
             "pins_error": self.pins_error,
             "compaction": self.compaction,
+            "champion": {
+                "alias": f"models:/{REGISTERED_MODEL}@{CHAMPION}",
+                "last": self.champion.last,
+                "error": self.champion.last_error,
+            }
+            if self.champion
+            else None,
             "config": {
                 "model_path": str(self.cfg.model_path),
                 "cube_root": str(self.cfg.cube_root),
@@ -565,6 +579,7 @@ def transfer_command(
         retry=RetryPolicy(attempts=retries, timeout=timeout),
         poll_interval=poll_interval,
         compact_after=compact_after,
+        mlflow_uri=env_vars.MLFLOW_TRACKING_URI.get(),
     )
     expected = env_vars.CUBE_SHARDS.get()
     if expected is not None and expected != cfg.shards:
@@ -580,6 +595,8 @@ def transfer_command(
         while transfer.poll_once():
             pass
         transfer.wait_for_compaction()
+        if transfer.champion is not None:
+            transfer.champion.wait(timeout=transfer.champion.patience + 60)
         if transfer.last_error:
             raise ComponentError(transfer.last_error)
         return

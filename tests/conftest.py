@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_common import CRITEO_FILE, REPO
+from helpers_common import CRITEO_FILE, PYTHON, REPO, free_port, process, wait_healthy
 
 VOLCANO_SCHEMAS = REPO.parent / "shared" / "schemas" / "volcano"
 
@@ -100,3 +100,25 @@ def criteo_world(tmp_path_factory):
     import helpers_passes
 
     return helpers_passes.criteo_world(tmp_path_factory.mktemp("criteo-world"))
+
+
+# ---- a real MLflow tracking server ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` (SQLite store, proxied artifacts) on a free loopback port."""
+    port = free_port()
+    root = tmp_path / "mlflow-server"
+    root.mkdir()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    argv = [PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", port, "--workers", 1]
+    argv += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", root / "artifacts"]
+    with process([*argv, "--serve-artifacts"], env=env, log_path=root / "server.log", start_new_session=True) as proc:
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc, timeout=120, path="/health")
+        except (RuntimeError, TimeoutError) as e:
+            pytest.fail(f"mlflow server: {e}: {(root / 'server.log').read_text()[-2000:]}")
+        yield url, root

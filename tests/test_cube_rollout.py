@@ -272,3 +272,41 @@ def test_transfer_status_endpoint_and_cli_errors(cluster, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_pass_cube_transfer_activates_becomes_champion_in_mlflow(cluster, mlflow_server, monkeypatch):
+    """MLflow 3 aliases instead of stages: trainer 0's registration points candidate at each new version,
+    cube-transfer points champion at the version of the pass it activated, even when it activates the pass
+    before trainer 0 registered it."""
+    from mlflow.tracking import MlflowClient
+
+    from ctr_foundation.model_registry import CANDIDATE, CHAMPION, alias_version
+    from elastic_control.training.tracking import Tracker
+
+    url, _ = mlflow_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    tracker = Tracker(cluster.root / "models", run_name="train", retry_for=30)
+
+    def register(name):
+        window = {"start": "20240101/00", "end": "20240101/00"}
+        return tracker.register_pass(cluster.root / "models" / name, pass_name=name, window=window, metrics={})
+
+    first = cluster.add_pass(0, 1.0)
+    assert register(first) == "1"
+    assert alias_version(url, CANDIDATE) == "1" and alias_version(url, CHAMPION) is None
+    t = cluster.transfer(mlflow_uri=url)
+    assert t.poll_once() == first
+    assert t.champion.wait(60) and alias_version(url, CHAMPION) == "1"
+
+    second = cluster.add_pass(1, 2.0)
+    assert t.poll_once() == second  # active on every shard before trainer 0 registered it
+    time.sleep(0.5)
+    assert alias_version(url, CHAMPION) == "1"
+    assert register(second) == "2" and alias_version(url, CANDIDATE) == "2"
+    assert t.champion.wait(60) and alias_version(url, CHAMPION) == "2"
+    assert t.status()[1]["champion"]["last"]["pass"] == second
+    client = MlflowClient(tracking_uri=url, registry_uri=url)
+    assert (
+        client.get_model_version_by_alias("elastic-ctr", "champion").tags["pass"] == second
+    )  # models:/elastic-ctr@champion
+    tracker.finish()

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers_common import PYTHON, free_port, process, wait_healthy
 
 from ctr_foundation import pass_format
 from ctr_foundation.records import GOLDEN_FILE
@@ -77,25 +76,6 @@ def test_register_pass_in_default_sqlite_store(tmp_path, monkeypatch):
     _check_versions(models, tmp_path / "download", run_id, versions)
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """A real `mlflow server` (SQLite store, proxied artifacts) on a free loopback port."""
-    port = free_port()
-    root = tmp_path / "mlflow-server"
-    root.mkdir()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    argv = [PYTHON, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", port, "--workers", 1]
-    argv += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", root / "artifacts"]
-    with process([*argv, "--serve-artifacts"], env=env, log_path=root / "server.log", start_new_session=True) as proc:
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(url, proc, timeout=120, path="/health")
-        except (RuntimeError, TimeoutError) as e:
-            pytest.fail(f"mlflow server: {e}: {(root / 'server.log').read_text()[-2000:]}")
-        yield url, root
-
-
 @pytest.mark.e2e
 def test_register_pass_against_a_real_mlflow_server(tmp_path, monkeypatch, mlflow_server):
     url, root = mlflow_server
@@ -104,5 +84,11 @@ def test_register_pass_against_a_real_mlflow_server(tmp_path, monkeypatch, mlflo
     models.mkdir()
     run_id, versions = _register_two_passes(models)
     _check_versions(models, tmp_path / "download", run_id, versions)
+    # MLflow 3 aliases, no stages: candidate is the newest registered pass.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=url, registry_uri=url)
+    assert client.get_model_version_by_alias("elastic-ctr", "candidate").tags["pass"] == "pass-20191221-01"
+    assert all(v.current_stage == "None" for v in versions)
     # The artifacts went through the server into its own artifact store.
     assert list((root / "artifacts").rglob("inference.pdiparams"))

@@ -16,10 +16,10 @@ import mlflow  # noqa: F401  (before paddle: see the module docstring)
 from mlflow.tracking import MlflowClient
 
 from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
+from ctr_foundation.model_registry import CANDIDATE, PASS_TAG, REGISTERED_MODEL
 from ctr_foundation.records import GOLDEN_FILE
 
 EXPERIMENT = "elastic-ctr"
-REGISTERED_MODEL = "elastic-ctr"
 LOCAL_STORE = "mlflow.db"
 LOCAL_ARTIFACTS = "mlartifacts"
 # Run artifact folder of the registered passes: passes/PASS/{dense/, meta.json, golden.jsonl}.
@@ -139,7 +139,8 @@ class Tracker:
     def register_pass(
         self, pass_dir: str | os.PathLike, *, pass_name: str, window: dict, metrics: dict, family: str | None = None
     ) -> str | None:
-        """Log the pass's small files as run artifacts and register them as a new model version.
+        """Log the pass's small files as run artifacts and register them as a new model version, with the
+        alias ``candidate`` (ctr_foundation/model_registry.py).
 
         An MLflow *server* only accepts a version source inside the run's
         artifact directory (a bare local path is refused with "local path has
@@ -156,7 +157,7 @@ class Tracker:
             return None
         folder = Path(pass_dir).resolve()
         tags = {
-            "pass": pass_name,
+            PASS_TAG: pass_name,
             "window_start": window["start"],
             "window_end": window["end"],
             "pass_dir": str(folder),
@@ -178,6 +179,9 @@ class Tracker:
                 self.client.create_registered_model(REGISTERED_MODEL)
             source = f"{self.client.get_run(self.run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
             version = self.client.create_model_version(REGISTERED_MODEL, source=source, run_id=self.run_id, tags=tags)
+            # MLflow 3 aliases instead of the deprecated stages: candidate is the newest registered pass
+            # (cube-transfer moves champion to the pass it activates: ctr_foundation/model_registry.py).
+            self.client.set_registered_model_alias(REGISTERED_MODEL, CANDIDATE, version.version)
             return str(version.version)
         except _tracking_errors() as e:
             # Registration is bookkeeping: a registry that refuses it must not stop training.
