@@ -11,20 +11,18 @@ from elastic_control.config.data_config import DataConfig, load_data_config
 from elastic_control.config.slot_conf import SlotConf, load_slot_conf
 from elastic_control.training.model import DEFAULT_EMBEDDING_DIM, DEFAULT_HIDDEN, ModelSpec
 
-# The defaults of issue 12 (figures in docs/benchmarks.md "Model families and defaults"): wide & deep
-# with an MLP 128-64, the decay rule on the embeddings and Adam 0.01 on the wide weights, count-scaled L2
-# 2.0 on the cube rows, lines shuffled, epochs
-# enough for 100 steps per trainer per pass (an hour of Criteo lines: 1; a pass of a few thousand
-# lines: several), stopped early when the held-out log loss rises. Chosen for being good on both a
-# 6,000-line pass and the 133k-line Criteo split (an MLP 400-400-400 without L2 is 0.0025 better on
-# the latter and overfits the former: AUC 0.64, calibration 1.68).
+# The defaults: wide & deep with an MLP 128-64, the decay rule on the embeddings and Adam 0.01 on the wide
+# weights, count-scaled L2 2.0 on the cube rows and 5.0 on the wide weights, lines shuffled, epochs enough
+# for 100 steps per trainer per pass (an hour of Criteo lines: 1; a pass of a few thousand lines: several),
+# stopped early when the held-out log loss rises. Measured on the Criteo split, small Criteo slices,
+# synthetic data with and without planted interactions and a public app-usage log (docs/benchmarks.md
+# "Model quality"; the write-ups in CHANGELOG.md "Model quality and training defaults").
 DEFAULT_MODEL = "wide_deep"
 DEFAULT_EPOCHS: int | str = "auto"
 DEFAULT_EARLY_STOP = True
-# The wide prior's strength per earlier occurrence, p (1 - p) / 2 at a CTR of 0.25 (training/wide_prior.py).
-# A default since 2026-12-04 (session 31): later passes +0.001-0.003 (Criteo split 0.7623 against 0.7605,
-# the two-pass small logs +0.002 on two of three, none on one-pass logs), throughput within the noise
-# (docs/benchmarks.md "The wide prior as a default").
+# The wide prior's strength per earlier occurrence, p (1 - p) / 2 at a CTR of 0.25 (training/wide_prior.py):
+# later passes +0.001-0.003 on the Criteo split and the two-pass small logs, throughput within the noise
+# (CHANGELOG.md "The wide prior as a default").
 DEFAULT_WIDE_PRIOR = 0.095
 
 
@@ -32,7 +30,11 @@ DEFAULT_WIDE_PRIOR = 0.095
 class Hyperparameters:
     model: str | None = None  # None: MODEL of data.config, else DEFAULT_MODEL
     epochs: int | str | None = None  # None: EPOCHS of data.config, else DEFAULT_EPOCHS; "auto": see min_steps
-    # EPOCHS=auto: the whole number of epochs nearest this many steps per trainer (pass_stream.planned_epochs)
+    # EPOCHS=auto: the whole number of epochs nearest this many steps per trainer (pass_stream.planned_epochs).
+    # Not "as many as the held-out lines ask for": the early stop judges a pass on lines of its own hour, and
+    # on the Criteo split those asked for 7, 3 and 2 epochs of the later hours, which cost the next hour
+    # 0.011 AUC (0.7524 against 0.7625), while on synthetic interaction data (independent hours) the same
+    # rule gained 0.04 (docs/benchmarks.md "Model quality"). Searching it per data set is `tune`'s job.
     min_steps_per_pass: int = 100
     # EPOCHS=auto: the first pass of a fresh (not resumed) model, at least this many steps: a model starting
     # from its initialisation needs more steps than one following a new hour (synthetic gap 0.0115 -> 0.0094-
@@ -67,10 +69,10 @@ class Hyperparameters:
     # Dense tower (Adam on the pservers). 5e-4, not 1e-3: at 1e-3 the held-out loss of a small pass
     # (23 steps an epoch) blew up from its third or fourth epoch on (0.47 -> 0.65 -> 0.87, train AUC 0.95),
     # which only the copy of the best epoch kept out of the export; at 5e-4 it does not, and the four
-    # judged data sets are as good (docs/benchmarks.md "A calmer dense tower").
+    # judged data sets are as good (CHANGELOG.md "A calmer dense tower").
     learning_rate: float = 5e-4
     # embeddings: plain SGD on the pservers with per-key rates 0.008 / sqrt(1 + sightings / 30), the decay
-    # rule (training/rate_decay.py). Against the sparse Adam rule at 0.01 (docs/benchmarks.md "The decay
+    # rule (training/rate_decay.py). Against the sparse Adam rule at 0.01 (CHANGELOG.md "The decay
     # rule"): Criteo split 0.7600 vs 0.7577-0.7587 with calibration 1.00 vs 1.09, synthetic gap 0.0115 vs
     # 0.0146, the small real logs as good and better calibrated.
     sparse_learning_rate: float = 0.008
@@ -84,7 +86,7 @@ class Hyperparameters:
     # count-scaled L2 on embed_w (wide families). 5.0 (C = 0.1, logistic regression's best C on the Criteo
     # split), not 2.0: with the calmer dense tower and the noise-weighted early stop it puts both small real
     # logs at or above logistic regression (0.7325-0.7331 vs 0.7323, 0.7487-0.7496 vs 0.7484; at 2.0 the
-    # first was 0.7302-0.7306) at no cost on the Criteo split (docs/benchmarks.md, 2026-12-02).
+    # first was 0.7302-0.7306) at no cost on the Criteo split (CHANGELOG.md).
     l2_wide: float = 5.0
     # The wide prior (training/wide_prior.py): in later passes a key's wide weight is pulled toward its
     # weight at the pass start with l2_wide + this much per earlier occurrence; 0: toward 0. None:
