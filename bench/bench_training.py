@@ -8,12 +8,12 @@ Prints, in one run:
 - examples/s of the defaults with 1 trainer and with 2 trainers (1 pserver) on synthetic data (8 slots,
   4 hours x 25k lines: the data of the throughput figures in docs/benchmarks.md), beside the defaults
   with the embeddings on Paddle's sparse Adam rule (before the decay rule), the defaults without the wide prior
-  (--wide-prior 0), without copies of the best epoch, and the defaults before issue 12
+  (--wide-prior 0), without copies of the best epoch, and the original defaults
   (dnn, 1 epoch), in the same run, with the ratios: medians of --rounds rounds in which the
   configurations take turns;
 - synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7): held-out AUC
   of the default family vs the Bayes-optimal AUC;
-- the real Criteo split of issue 12 (`data criteo --hours 5`: train on hours 1-4, score hour 5 from the
+- the real Criteo split (`data criteo --hours 5`: train on hours 1-4, score hour 5 from the
   saved pass) for every family with the defaults and the slot.conf the converter writes (its dense slots
   included): AUC, log loss, calibration (mean predicted CTR / observed), examples/s with 1 and with 2
   trainers; beside a scikit-learn logistic regression on the same one-hot feasigns and split, best C over
@@ -60,7 +60,7 @@ def criteo_slots() -> list[str]:
     return [ln for ln in slot_conf_text().splitlines() if ln and not ln.startswith("#")]
 
 
-# The defaults before issue 12 (f60be70^): the original DNN with its MLP 400-400-400, one epoch per pass
+# The original defaults: the DNN with its MLP 400-400-400, one epoch per pass
 # in file order, the embeddings on Paddle's sparse Adam rule at 0.02 without L2, dense rate 0.001.
 PREVIOUS_DEFAULT = [
     "--model",
@@ -88,14 +88,14 @@ PREVIOUS_DEFAULT = [
 ADAM_DEFAULT = ["--sparse-optimizer", "adam", "--sparse-learning-rate", "0.01"]
 # The defaults without the copies of each pass's best epoch (the early stop as before).
 NO_COPIES = ["--no-restore-best-epoch"]
-# The defaults without the wide prior (a default since 2026-12-04: training/wide_prior.py).
+# The defaults without the wide prior (training/wide_prior.py).
 NO_WIDE_PRIOR = ["--wide-prior", "0"]
-# The defaults with every pass at the full batch size (before 2026-12-04).
+# The defaults with every pass at the full batch size.
 FULL_BATCHES = ["--min-batches-first-pass", "0"]
-# The defaults with the early stop judging every pass, however few its held-out lines (before 2026-12-04,
-# session 32: pass_stream.unjudged_pass).
+# The defaults with the early stop judging every pass, however few its held-out lines (pass_stream.unjudged_pass
+# keeps the few-epoch rule for passes with too few of them).
 ALL_JUDGED = ["--min-holdout-to-stop", "0"]
-# "no dense slots": the converter's lines trained on the sparse slots alone (slot.conf 1-39, before 2026-12-05).
+# "no dense slots": the converter's lines trained on the sparse slots alone (slot.conf 1-39).
 SMALL_LOG_CONFIGS = (
     ("defaults", []),
     ("no dense slots", []),
@@ -283,7 +283,7 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
             f"examples/s 1 trainer {runs[1][3]:,.0f}, 2 trainers {rate2:,.0f}  (AUC with 1 trainer {runs[1][0]:.4f})",
             flush=True,
         )
-    # The default family on the sparse slots alone (no dense slots: slot.conf 1-39, as before 2026-12-05).
+    # The default family on the sparse slots alone (no dense slots: slot.conf 1-39).
     job = hourly_job(root / "criteo-sparse-only", root / "criteo", CRITEO_SPARSE_SLOTS, hours - 1)
     last, rate = train(job, 2)
     probs = B.score_pass(last, test_lines)
@@ -375,7 +375,7 @@ def main() -> None:
                     f"{hours} x {lines} lines): defaults ({DEFAULT_MODEL}) {now:,.0f} examples/s; without copies of "
                     f"the best epoch {plain:,.0f} ({now / plain:.2f}x); embeddings on the "
                     f"sparse Adam rule {adam:,.0f} ({now / adam:.2f}x); without the wide prior {prior:,.0f} "
-                    f"(defaults {now / prior:.2f}x); defaults before issue 12 (dnn 400-400-400, 1 epoch, "
+                    f"(defaults {now / prior:.2f}x); the original defaults (dnn 400-400-400, 1 epoch, "
                     f"sparse Adam, no L2) {before:,.0f} ({now / before:.2f}x)",
                     flush=True,
                 )
