@@ -24,14 +24,27 @@ from pathlib import Path
 from ctr_foundation.atomic import replace_path
 from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE
-from elastic_control.backends import get_backend
-from elastic_control.backends.base import Deployment
+from elastic_control.backends.base import Backend, Deployment
 from elastic_control.backends.status import PipelineStatus
 from elastic_control.config import Resources, load_data_config, load_slot_conf
 from elastic_control.console import done
 from elastic_control.plan import Plan, load_plan, new_token
 
 BACKENDS = ("auto", "local", "k8s")
+
+
+def get_backend(name: str) -> Backend:
+    """The backend implementation for a plan's backend name."""
+    # Imported here: each backend pulls in what only it needs (the Kubernetes client, the supervisor).
+    if name == "k8s":
+        from elastic_control.kube.backend import KubeBackend
+
+        return KubeBackend()
+    if name == "local":
+        from elastic_control.local.backend import LocalBackend
+
+        return LocalBackend()
+    raise ValueError(f"unknown backend {name!r}")
 
 
 def choose_backend(requested: str) -> tuple[str, str]:

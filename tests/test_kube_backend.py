@@ -14,9 +14,9 @@ from helpers_kube import render_plan
 from helpers_kube_api import VOLCANO, FakeKubeAPI
 
 from ctr_foundation.errors import ApplyError, ClusterUnavailableError, UsageError
-from elastic_control.backends.kube_backend import KubeBackend, expected_pods
 from elastic_control.cli.status_view import print_status
 from elastic_control.kube import adaptor
+from elastic_control.kube.backend import KubeBackend, expected_pods
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,9 @@ from helpers_kube_schema import validate_manifest, validate_monitoring
 
 from ctr_foundation.errors import UsageError
 from elastic_control.backends import status as st
-from elastic_control.backends.kube_backend import KubeBackend
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
+from elastic_control.kube.backend import KubeBackend
 from elastic_control.kube.render import load_manifests
 
 

@@ -26,9 +26,9 @@ from helpers_serving import (  # noqa: F401  (served_fixture: the session's pass
     serving_in_thread,
 )
 
-from elastic_control.backends.kube_backend import KubeBackend
 from elastic_control.cli.status_view import print_status, print_status_json
 from elastic_control.kube import adaptor
+from elastic_control.kube.backend import KubeBackend
 from elastic_control.serving.versions import FileServerSource
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_criteo]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_control.backends.log_filter import is_paddle_noise
+from elastic_control.training.log_filter import is_paddle_noise
 
 NOISE = [
     "I1201 07:47:57.558550  2788 brpc_ps_server.cc:78] running server with rank id: 0, endpoint: 127.0.0.1:24526",

@@ -87,7 +87,7 @@ def stream_logs(
     """-l on a cluster: the last ``tail`` lines (default 200; every line with ``since``) of the last ``since``
     seconds of each component's pod; with ``follow`` each is streamed in its own thread until Ctrl-C."""
     from ctr_foundation.errors import UsageError
-    from elastic_control.backends.log_filter import is_paddle_noise
+    from elastic_control.training.log_filter import is_paddle_noise
 
     sources = plan_log_sources(plan)
     wanted = list(components or DEFAULT_COMPONENTS)

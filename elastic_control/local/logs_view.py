@@ -22,10 +22,10 @@ from pathlib import Path
 
 from ctr_foundation.errors import UsageError
 from ctr_foundation.names import StateFolder
-from elastic_control.backends.log_filter import is_paddle_noise
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import FILESERVER, TRANSFER, trainer_name
 from elastic_control.local.spec import load_local_plan
+from elastic_control.training.log_filter import is_paddle_noise
 
 DEFAULT_COMPONENTS = (trainer_name(0), FILESERVER, TRANSFER)
 TAIL = 40

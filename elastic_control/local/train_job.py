@@ -22,13 +22,13 @@ from pathlib import Path
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.names import StateFolder
 from ctr_foundation.records import read_donefile
-from elastic_control.backends.log_filter import is_paddle_noise
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import draw_ports, elastic_control_argv, training_job_components
 from elastic_control.local.daemon import tail_lines
 from elastic_control.local.logs_view import LogFollower
 from elastic_control.local.spec import LocalPlan
 from elastic_control.local.supervisor import Supervisor
+from elastic_control.training.log_filter import is_paddle_noise
 
 # Once the trainers are done, how long pservers get to exit by themselves (trainer 0 stops them).
 PSERVER_EXIT_TIMEOUT = 60.0

@@ -15,10 +15,10 @@ from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, MANIFEST_DIR, TOKEN_FILE
 from elastic_control.backends import status as st
 from elastic_control.backends.base import Backend, Deployment
-from elastic_control.backends.log_filter import is_paddle_noise
 from elastic_control.config import load_data_config
 from elastic_control.console import console, done
 from elastic_control.plan import Plan
+from elastic_control.training.log_filter import is_paddle_noise
 
 LOG_COMPONENTS = ("trainer-0", "fileserver", "cube-transfer")
 
