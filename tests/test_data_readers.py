@@ -251,6 +251,84 @@ def test_line_at_rebuilds_value_tokens_that_parse_back_to_the_same_floats():
     assert again.values.tolist() == values  # bit for bit: repr round-trips a float64
 
 
+# Tokens for the whole-chunk parse's differential test: the plain layout, and every way out of it.
+_FUZZ_FEATURES = (
+    "7:1", "007:2", f"{BIG}:3", f"{(1 << 64) - 1}:4", "0:0", "18446744073709551616:5", "0018446744073709551615:6",
+    "000000000000000000001:1", "2.5:40", "-3:41", "+.5e+2:42", "1e5:40", "-0:41", "1e999:40", "1.2.3:40",
+    "e5:40", ".:40", "5:", ":5", "5::6", "5:6:7", "5:-6", "5:+6", "x:3", "\u00e95:1",
+)  # fmt: skip
+
+
+def _fuzz_line(rng) -> str:
+    show = str(rng.choice(["1", "0", "3", "007"] * 10 + ["-1", "x"]))
+    click = str(rng.choice(["0", "1"] * 10 + ["00", "2", "1.0"]))
+    # Mostly tokens the fast path takes (integers and good values), so that many chunks stay in the plain layout.
+    good = _FUZZ_FEATURES[:5] + _FUZZ_FEATURES[8:13]
+    toks = [str(rng.choice(good if rng.random() < 0.97 else _FUZZ_FEATURES)) for _ in range(int(rng.integers(0, 7)))]
+    line = " ".join([show, click, *toks][: int(rng.integers(0, 3)) if rng.random() < 0.05 else None])
+    if rng.random() < 0.05:
+        line = str(rng.choice(["", "   ", "\t", " " + line, line + " ", line.replace(" ", "  ", 1)]))
+    return line
+
+
+def test_whole_chunk_parse_matches_the_older_paths_on_random_chunks(monkeypatch):
+    # The reference is parse_lines without the whole-chunk parse: what the reader counted and kept before it.
+    plain = line_batch._parse_plain_bytes
+    rng = np.random.default_rng(5)
+    cases = []
+    for _ in range(600):
+        lines = [_fuzz_line(rng) for _ in range(int(rng.integers(1, 12)))]
+        text = "\n".join(lines) + str(rng.choice(["\n", ""]))
+        cases.append((lines, text, line_batch.parse_text(text.encode())))
+    monkeypatch.setattr(line_batch, "_parse_plain_bytes", lambda data, lines=None: None)
+    fast = 0
+    for lines, text, (batch, bad) in cases:
+        ref, ref_bad = parse_lines(lines)
+        assert _rows(batch) == _rows(ref), lines
+        assert batch.lines == ref.lines
+        assert [(b.index, b.reason) for b in bad] == [(b.index, b.reason) for b in ref_bad]
+        accepted = plain(text.encode() + b"\n")
+        if accepted is not None:  # and what the fast path accepts, the per-line parser reads the same
+            fast += 1
+            assert _rows(accepted) == [_reference_row(ln) for ln in lines if ln.strip()]
+    assert fast > 100  # the comparison covers the fast path, not only the fallbacks
+
+
+def test_plain_chunks_take_the_whole_chunk_parse(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("a plain chunk took an older path")
+
+    monkeypatch.setattr(line_batch, "_parse_line_by_line", refuse)
+    monkeypatch.setattr(line_batch, "_parse_valid_chunk", refuse)
+    monkeypatch.setattr(line_batch, "_parse_chunk_with_values", refuse)
+    lines = _lines(50) + ["1 0", "2 1 2.5:40 7:1 -1e-3:41", f"0 0 {(1 << 64) - 1}:3"]
+    batch, bad = line_batch.parse_text(("\n".join(lines[:20]) + "\n\n  \n" + "\n".join(lines[20:])).encode())
+    assert not bad and batch.lines == lines
+    assert _rows(batch) == [_reference_row(ln) for ln in lines]
+    assert _rows(parse_lines(lines)[0]) == _rows(batch)
+
+
+@pytest.mark.parametrize("chunk_lines", [1, 3, 7, 4096])
+def test_text_blocks_are_the_files_lines(tmp_path, monkeypatch, chunk_lines):
+    import fsspec
+
+    from elastic_control.data import readers
+
+    monkeypatch.setattr(readers, "READ_BLOCK_BYTES", 16)  # lines cut across reads
+    lines = _lines(23) + ["", "1 0 5:1\r", "bad line", "\u00e9 1 0"]
+    fs = fsspec.filesystem("file")
+    for name, tail in (("plain", "\n"), ("no-newline", ""), ("gz.gz", "\n")):
+        path = tmp_path / name
+        data = ("\n".join(lines) + tail).encode()
+        path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+        chunks = list(readers.iter_text_chunks(fs, str(path), name, chunk_lines))
+        blocks = list(readers.iter_text_blocks(fs, str(path), name, chunk_lines))
+        assert [len(c) for c in chunks] == [b.count(b"\n") + (not b.endswith(b"\n")) for b in blocks]
+        assert b"".join(blocks).decode() == "".join(ln for c in chunks for ln in c)
+        for c, b in zip(chunks, blocks, strict=True):
+            assert _rows(parse_lines(c)[0]) == _rows(line_batch.parse_text(b)[0])
+
+
 def test_plain_and_gz_text_hours_and_trainer_split(tmp_path):
     lines = _lines(40)
     _write_hour(

@@ -2,13 +2,21 @@
 
 ``parse_sample_line`` (sample.py) is the reference for one line; this module
 does the same for thousands of lines at once, because a per-line Python parse
-caps a trainer at a few tens of thousands of lines per second. A chunk is
-validated with one regular-expression pass and converted with one
-``np.fromstring``; only a chunk that fails validation falls back to the
-per-line parser, which then names the bad lines. A chunk with value tokens
-(dense slots' numbers, ``2.5:40``) is validated by a second expression and
-split from its integer tokens by bytes (``_parse_chunk_with_values``): about
-half the speed of integer-only lines (CHANGELOG.md, "Dense slots: the counts as numbers").
+caps a trainer at a few tens of thousands of lines per second.
+
+``parse_text`` takes a chunk of the file as bytes (what the hourly reader
+reads) and finds its tokens with numpy on the whole chunk: the separators'
+positions give every token, the byte after a token says whether it is a
+feasign (``:``), and each line's tokens must then be show, click and
+feasign:slot pairs; pyarrow converts every integer token at once (its
+parser refuses a uint64 overflow) and the value tokens of dense slots
+(``2.5:40``) with ``VALUE_NUMBER`` checked first. Anything outside that
+plain layout (tabs, carriage returns, runs of odd bytes, a malformed
+token) sends the chunk to the older paths of ``parse_lines``: a regular
+expression over the chunk with one ``np.fromstring``, and, when that
+fails, the per-line parser, which names the bad lines. So a chunk the
+fast path accepts parses as the reference would, and one it refuses is
+counted and skipped exactly as before.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from ctr_foundation.dense_features import dense_matrix
 from ctr_foundation.sample import (
     PADDING_FEASIGN,
     UINT64_MAX,
+    VALUE_NUMBER,
     MalformedLine,
     parse_sample_line,
     transform_keys,
@@ -95,6 +104,20 @@ class BadLine:
     reason: str
 
 
+def parse_text(data: bytes) -> tuple[LineBatch, list[BadLine]]:
+    """Parse a chunk of slot-format text, whole lines as read from a file (bytes, UTF-8; the last line's
+    newline optional): ``parse_lines`` of its lines, without a Python object per line on the way."""
+    if not data:
+        return LineBatch.empty(), []
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    batch = _parse_plain_bytes(data)
+    if batch is not None:
+        return batch, []
+    # What a text-mode read of the file gives (undecodable bytes replaced, lines split at "\n" only).
+    return parse_lines(data.decode("utf-8", "replace").split("\n")[:-1])
+
+
 def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
     """Parse ``lines`` (without trailing newlines); return the valid ones as a batch and the bad ones."""
     lines = [ln.rstrip("\r\n") for ln in lines]
@@ -102,6 +125,10 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
     if not lines:
         return LineBatch.empty(), []
     text = "\n".join(lines) + "\n"
+    if text.isascii():
+        batch = _parse_plain_bytes(text.encode("ascii"), lines)
+        if batch is not None:
+            return batch, []
     if _CHUNK_OK.fullmatch(text):
         batch = _parse_valid_chunk(lines, text)
         if batch is not None:
@@ -111,6 +138,206 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
         if batch is not None:
             return batch, []
     return _parse_line_by_line(lines)
+
+
+# The separators of the plain layout: space, ":" and newline (tabs and carriage returns take the older path).
+_SPACE, _COLON, _NEWLINE = np.uint8(32), np.uint8(58), np.uint8(10)
+# Bytes a value token may hold besides digits; anything else in a token sends the chunk to the older path.
+_VALUE_ONLY_BYTES = np.zeros(256, bool)
+_VALUE_ONLY_BYTES[list(b".+-eE")] = True
+# The longest feasign the reference accepts (the digits of 2**64-1); longer ones, even with leading zeros,
+# are its malformed lines.
+_FEASIGN_DIGITS = len(str(UINT64_MAX))
+_INT64_LIMIT = np.uint64(1 << 63)
+
+
+def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch | None:
+    """The fast path over a chunk of ASCII text ending with a newline; None when the chunk is not in the
+    plain layout or holds a malformed line (the caller then takes the older, exact paths).
+
+    ``lines``: the chunk's lines when the caller has them (blank lines already dropped); else they are
+    cut from ``data``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    b = np.frombuffer(data, np.uint8)
+    # Bytes that are not digits: the separators, and in value tokens their signs, points and exponents.
+    other = np.flatnonzero((b - np.uint8(48)) > 9)
+    kinds = b[other]
+    sep = (kinds == _SPACE) | (kinds == _COLON) | (kinds == _NEWLINE)
+    if sep.all():
+        seps, odd = other, other[:0]
+        if seps[0] > 0 and (np.diff(seps) > 1).all():
+            return _parse_plain_integers(data, seps, kinds, lines)
+    else:
+        seps, odd = other[sep], other[~sep]
+        kinds = kinds[sep]
+        if not _VALUE_ONLY_BYTES[b[odd]].all():
+            return None
+    # The token before separator k, if any, is data[prev[k] + 1 : seps[k]].
+    prev = np.empty(len(seps), np.int64)
+    prev[0] = -1
+    prev[1:] = seps[:-1]
+    length = seps - prev - 1
+    colons = np.flatnonzero(kinds == _COLON)
+    # Every ":" sits between two tokens (the chunk ends with a newline, so colons + 1 exists).
+    if len(colons) and not ((length[colons] > 0).all() and (length[colons + 1] > 0).all()):
+        return None
+    if length.min() > 0:  # one separator between tokens, as writers write: every separator ends a token
+        tok, starts, ends = None, prev + 1, seps
+        follow = kinds
+    else:
+        tok = np.flatnonzero(length > 0)  # each token by the separator that ends it
+        if not len(tok):
+            return None
+        starts, ends, follow = prev[tok] + 1, seps[tok], kinds[tok]
+    n_tok = len(starts)
+    is_feature = follow == _COLON  # the left part of a pair: a feasign or a dense slot's value
+    # Each token's line among the chunk's raw lines: the newlines before it.
+    newline = kinds == _NEWLINE
+    raw_line = np.cumsum(newline) - newline
+    if tok is not None:
+        raw_line = raw_line[tok]
+    per_line = np.bincount(raw_line, minlength=int(newline.sum()))
+    nonblank = per_line > 0
+    if not nonblank.all():  # lines of spaces only: not samples, nor errors (as parse_lines)
+        raw_line = (np.cumsum(nonblank) - 1)[raw_line]
+        per_line = per_line[nonblank]
+    if per_line.min() < 2:
+        return None
+    first = np.cumsum(per_line) - per_line
+    j = np.arange(n_tok, dtype=np.int64) - np.repeat(first, per_line)  # a token's place in its line
+    # show, click, then feasign:slot pairs: a token is a pair's left part exactly at the even places from 2.
+    if not np.array_equal(is_feature, (j >= 2) & ((j & 1) == 0)):
+        return None
+    is_value = None
+    if len(odd):
+        is_value = np.zeros(n_tok, bool)
+        is_value[np.searchsorted(ends, odd, side="right")] = True
+        if not is_feature[is_value].all():  # only a pair's left part may be a number that is not an integer
+            return None
+    bounds = np.empty(2 * n_tok, np.int64)
+    bounds[0::2], bounds[1::2] = starts, ends
+    # The tokens at the even places, the separators between them at the odd ones.
+    whole = pa.LargeStringArray.from_buffers(2 * n_tok - 1, pa.py_buffer(bounds), pa.py_buffer(data))
+    ints = np.arange(0, 2 * n_tok, 2) if is_value is None else 2 * np.flatnonzero(~is_value)
+    try:
+        numbers = _numpy_of(pc.cast(whole.take(_arrow_indices(ints)), pa.uint64()), np.uint64)
+    except (pa.ArrowInvalid, ValueError):  # above 2**64-1: the reference names the line
+        return None
+    if is_value is None:
+        at = None  # every token has its number, at its own place
+        feature_tok = np.flatnonzero(is_feature)
+        shows, clicks, slot_numbers = numbers[first], numbers[first + 1], numbers[feature_tok + 1]
+        feasigns = numbers[feature_tok]
+    else:
+        at = np.cumsum(~is_value) - 1  # where each token's number is in ``numbers`` (value tokens have none)
+        feature_tok = np.flatnonzero(is_feature & ~is_value)
+        shows, clicks, slot_numbers = numbers[at[first]], numbers[at[first + 1]], numbers[at[feature_tok + 1]]
+        feasigns = numbers[at[feature_tok]]
+    if (
+        (clicks > 1).any()
+        or (shows >= _INT64_LIMIT).any()
+        or (slot_numbers >= _INT64_LIMIT).any()
+        or (ends[feature_tok] - starts[feature_tok] > _FEASIGN_DIGITS).any()
+    ):
+        return None
+    if lines is None:
+        lines = data.decode("ascii").split("\n")[:-1]
+        if not nonblank.all():
+            lines = [ln for ln, keep in zip(lines, nonblank.tolist(), strict=True) if keep]
+    batch = LineBatch(
+        shows.astype(np.int64),
+        clicks.astype(np.int64),
+        raw_line[feature_tok],
+        feasigns,
+        slot_numbers.astype(np.int64),
+        lines,
+    )
+    if is_value is not None:
+        value_tok = np.flatnonzero(is_value)
+        texts = whole.take(_arrow_indices(2 * value_tok))
+        if not pc.all(pc.match_substring_regex(texts, _VALUE_TOKEN_RE2)).as_py():
+            return None
+        values = _numpy_of(pc.cast(texts, pa.float64()), np.float64).copy()
+        if not np.isfinite(values).all():
+            return None
+        value_slots = numbers[at[value_tok + 1]]
+        if (value_slots >= _INT64_LIMIT).any():
+            return None
+        batch.value_line = raw_line[value_tok]
+        batch.value_slots = value_slots.astype(np.int64)
+        batch.values = values
+    return batch
+
+
+def _parse_plain_integers(data: bytes, seps: np.ndarray, kinds: np.ndarray, lines: list[str] | None):
+    """``_parse_plain_bytes`` of a chunk of integer tokens with one separator after each (the layout every
+    writer of the format produces): token i is ``data[seps[i - 1] + 1 : seps[i]]``, and the checks only
+    look at the colons and the line ends, not at every token."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ends_line = np.flatnonzero(kinds == _NEWLINE)  # each line's last token
+    line_first = np.empty(len(ends_line), np.int64)
+    line_first[0] = 0
+    line_first[1:] = ends_line[:-1] + 1
+    colons = np.flatnonzero(kinds == _COLON)  # each pair's feasign
+    feature_line = np.searchsorted(ends_line, colons)
+    place = colons - line_first[feature_line]
+    # A line of k pairs is show, click, then the pairs: 2 + 2k tokens, its colons after tokens 2, 4, ..., 2k.
+    if (
+        (place < 2).any()
+        or (place & 1).any()
+        or not np.array_equal(ends_line - line_first, 1 + 2 * np.bincount(feature_line, minlength=len(ends_line)))
+    ):
+        return None
+    bounds = np.empty(2 * len(seps), np.int64)
+    bounds[0] = 0
+    bounds[2::2] = seps[:-1] + 1
+    bounds[1::2] = seps
+    whole = pa.LargeStringArray.from_buffers(2 * len(seps) - 1, pa.py_buffer(bounds), pa.py_buffer(data))
+    try:
+        numbers = _numpy_of(pc.cast(whole.take(_arrow_indices(np.arange(0, 2 * len(seps), 2))), pa.uint64()), np.uint64)
+    except (pa.ArrowInvalid, ValueError):  # above 2**64-1: the reference names the line
+        return None
+    shows, clicks = numbers[line_first], numbers[line_first + 1]
+    slots = numbers[colons + 1]
+    if (
+        (clicks > 1).any()
+        or (shows >= _INT64_LIMIT).any()
+        or (slots >= _INT64_LIMIT).any()
+        or (seps[colons] - seps[colons - 1] - 1 > _FEASIGN_DIGITS).any()
+    ):
+        return None
+    return LineBatch(
+        shows.astype(np.int64),
+        clicks.astype(np.int64),
+        feature_line,
+        numbers[colons],
+        slots.astype(np.int64),
+        data.decode("ascii").split("\n")[:-1] if lines is None else lines,
+    )
+
+
+# pa.array and Array.to_numpy import pandas when it is installed (a third of a second, paid by the first
+# chunk of every process, evaluation workers included): these two move numbers by their buffers instead.
+def _arrow_indices(idx: np.ndarray):
+    """An int64 numpy array as a pyarrow array."""
+    import pyarrow as pa
+
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(idx), [None, pa.py_buffer(idx)])
+
+
+def _numpy_of(arr, dtype) -> np.ndarray:
+    """The values of a pyarrow array without nulls of a fixed-width type, as numpy (read-only, sharing its buffer)."""
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr) + arr.offset)[arr.offset :]
+
+
+# sample.VALUE_NUMBER as a whole token, for pyarrow's regular expressions (RE2 reads the same syntax).
+_VALUE_TOKEN_RE2 = f"^{VALUE_NUMBER}$"
 
 
 def _parse_chunk_with_values(lines: list[str], text: str) -> LineBatch | None:

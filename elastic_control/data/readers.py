@@ -37,7 +37,7 @@ import numpy as np
 from ctr_foundation.errors import DataError
 from elastic_control.config.data_config import DataConfig, format_slot, slot_path
 from elastic_control.data.filesystems import DataLocation, open_location
-from elastic_control.data.line_batch import BadLine, LineBatch, parse_lines
+from elastic_control.data.line_batch import BadLine, LineBatch, parse_lines, parse_text
 
 HOUR_DONEFILE = "donefile"
 DEFAULT_CHUNK_LINES = 4096
@@ -235,11 +235,13 @@ class HourlyData:
             if self.config.data_format == "parquet":
                 chunks = iter_parquet_batches(part.location.fs, path, where, chunk_lines)
             else:
-                chunks = iter_text_chunks(part.location.fs, path, where, chunk_lines)
+                chunks = iter_text_blocks(part.location.fs, path, where, chunk_lines)
             for chunk in chunks:
                 if stride > 1:
                     chunk, seen = _take_stride(chunk, seen, trainer_id, stride)
-                if isinstance(chunk, list):
+                if isinstance(chunk, bytes):
+                    batch, bad = parse_text(chunk)
+                elif isinstance(chunk, list):
                     batch, bad = parse_lines(chunk)
                 else:
                     batch, bad = chunk
@@ -251,6 +253,13 @@ class HourlyData:
 
 def _take_stride(chunk, seen: int, trainer_id: int, stride: int):
     """Keep the lines whose hour-wide index is trainer_id modulo stride."""
+    if isinstance(chunk, bytes):
+        lines = chunk.split(b"\n")
+        if chunk.endswith(b"\n"):
+            lines.pop()
+        first = (trainer_id - seen) % stride
+        kept = lines[first::stride]
+        return (b"\n".join(kept) + b"\n" if kept else b""), seen + len(lines)
     if isinstance(chunk, list):
         n = len(chunk)
         first = (trainer_id - seen) % stride
@@ -286,6 +295,37 @@ def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[li
                 if not chunk:
                     return
                 yield chunk
+    except (OSError, EOFError) as e:
+        raise DataError(f"{where}: cannot read: {e}") from e
+
+
+# Bytes read from a text file at a time; chunks are cut from them at line ends.
+READ_BLOCK_BYTES = 1 << 20
+
+
+def iter_text_blocks(fs, path: str, where: str, chunk_lines: int) -> Iterator[bytes]:
+    """The lines of a text file (plain or .gz) as bytes, up to ``chunk_lines`` lines per chunk, each chunk
+    whole lines (the file's last line may lack its newline): the lines ``iter_text_chunks`` gives,
+    without a Python string per line, for ``line_batch.parse_text``."""
+    try:
+        with fs.open(path, "rb") as raw, gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw as f:
+            pieces: list[bytes] = []  # read since the last chunk, joined once they hold a chunk's lines
+            newlines = 0
+            while block := f.read(READ_BLOCK_BYTES):
+                pieces.append(block)
+                newlines += block.count(b"\n")
+                if newlines < chunk_lines:
+                    continue
+                text = b"".join(pieces)
+                ends = np.flatnonzero(np.frombuffer(text, np.uint8) == 10)[chunk_lines - 1 :: chunk_lines] + 1
+                start = 0
+                for end in ends.tolist():
+                    yield text[start:end]
+                    start = end
+                pieces = [text[start:]]
+                newlines -= len(ends) * chunk_lines
+            if any(pieces):
+                yield b"".join(pieces)
     except (OSError, EOFError) as e:
         raise DataError(f"{where}: cannot read: {e}") from e
 
