@@ -1,10 +1,6 @@
-"""JSON over the one HTTP layer: the shared body parser, and small JSON services (cube-agent, cube-transfer).
+"""Small JSON services over the one HTTP layer (cube-agent, cube-transfer).
 
-``parse_json(body)`` is what every JSON endpoint uses: the body must be UTF-8,
-nested at most ``max_depth`` levels, with no integer literal longer than
-``MAX_INT_DIGITS`` digits and no NaN/Infinity; anything else is an HttpError
-400 naming the problem (never a hang, a 500 or a dropped connection).
-
+Bodies are read with the shared parser, ``http_messages.parse_json``.
 ``make_json_server(routes=...)``: routes map ``(METHOD, PATH)`` to
 ``JsonRoute(fn)`` with ``fn(body: dict) -> (status, obj)``, run in the
 server's thread pool (these services take a few calls a minute and may block
@@ -17,89 +13,18 @@ ours was refused), which like every other downstream failure become 502.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ctr_foundation.errors import ElasticControlError, UsageError
-from ctr_foundation.http_messages import HttpError, Request, Response
+from ctr_foundation.http_messages import HttpError, Request, Response, parse_json_object
 from ctr_foundation.http_protocol import THREAD, Route
 from ctr_foundation.http_server import HttpLimits, HttpServer
 
 log = logging.getLogger("ctr_foundation.http")
 
-DEFAULT_MAX_DEPTH = 64
-MAX_INT_DIGITS = 40  # a uint64 has 20; longer literals are refused before Python converts them
 DEFAULT_MAX_BODY = 1 << 20
-# One translation of the body serves both pre-checks: digits become "0", "[" and "{" become "[", all else
-# ".". Long digit runs are then a search for MAX_INT_DIGITS + 1 zeros (a regex like [0-9]{41} retries at
-# every digit: ~1 ms for a 30 KB predict body, 40x json.loads itself), and the opening brackets a count.
-_SHAPE = bytes(48 if 48 <= c <= 57 else 91 if c in (91, 123) else 46 for c in range(256))
-_LONG_DIGITS = b"0" * (MAX_INT_DIGITS + 1)
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# json.loads(text, **kwargs) builds a new decoder (and its C scanner) per call: these are built once.
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"integer literal of {len(text)} digits (at most {MAX_INT_DIGITS})")
-    return int(text)
-
-
-def nesting_depth(data: bytes) -> int:
-    """Deepest nesting of arrays/objects in JSON text ``data`` (brackets inside strings not counted)."""
-    import numpy as np
-
-    b = np.frombuffer(data, dtype=np.uint8)
-    if not len(b):
-        return 0
-    backslash = b == 92
-    # length of the run of backslashes ending at each byte, to find the quotes that are not escaped
-    count = np.cumsum(backslash, dtype=np.int64)
-    run = count - np.maximum.accumulate(np.where(backslash, 0, count))
-    before = np.concatenate(([0], run[:-1]))
-    quote = (b == 34) & (before % 2 == 0)
-    outside = (np.cumsum(quote) % 2 == 0) & ~quote
-    delta = ((b == 91) | (b == 123)).astype(np.int64) - ((b == 93) | (b == 125))
-    return int(np.max(np.cumsum(delta * outside), initial=0))
-
-
-def parse_json(body: bytes, *, max_depth: int = DEFAULT_MAX_DEPTH, max_bytes: int | None = None):
-    """``body`` as JSON; HttpError 400 (413 over ``max_bytes``) naming what is wrong with it."""
-    if max_bytes is not None and len(body) > max_bytes:
-        raise HttpError(413, f"JSON body of {len(body)} bytes exceeds the limit of {max_bytes}")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise HttpError(400, f"malformed JSON: the body is not valid UTF-8 (byte {e.start})") from None
-    shape = body.translate(_SHAPE)
-    if shape.count(b"[") > max_depth and nesting_depth(body) > max_depth:
-        raise HttpError(400, f"JSON nested deeper than {max_depth} levels")
-    try:
-        if _LONG_DIGITS in shape:  # rare: check every integer literal (slower)
-            return json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int)
-        return _DECODER.decode(text)
-    except RecursionError:
-        raise HttpError(400, "JSON nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, and int conversion limits
-        raise HttpError(400, f"malformed JSON: {e}") from None
-
-
-def parse_json_object(body: bytes, **kwargs) -> dict:
-    """``parse_json`` for endpoints that take a JSON object; an empty body is ``{}``."""
-    if not body.strip():
-        return {}
-    obj = parse_json(body, **kwargs)
-    if not isinstance(obj, dict):
-        raise HttpError(400, f"the body must be a JSON object, not {type(obj).__name__}")
-    return obj
 
 
 def require_str(body: dict, key: str) -> str:

@@ -23,8 +23,7 @@ from time import perf_counter
 import numpy as np
 
 from ctr_foundation.errors import ElasticControlError, UsageError
-from ctr_foundation.http_json import parse_json, parse_json_object
-from ctr_foundation.http_messages import HttpError, Request, Response, Slot, media_type
+from ctr_foundation.http_messages import HttpError, Request, Response, Slot, media_type, parse_json, parse_json_object
 from ctr_foundation.http_protocol import Route
 from ctr_foundation.http_server import HttpLimits, HttpServer
 from cube.lookup_protocol import LookupProtocol

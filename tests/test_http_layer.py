@@ -15,8 +15,17 @@ from helpers_http import exchange, parse_answers, request
 
 from ctr_foundation.errors import ComponentError
 from ctr_foundation.http_auth import check_bearer, token_matches
-from ctr_foundation.http_json import JsonRoute, downstream_status, make_json_server, nesting_depth, parse_json
-from ctr_foundation.http_messages import ChunkedDecoder, HttpError, Response, Slot, media_type, parse_head
+from ctr_foundation.http_json import JsonRoute, downstream_status, make_json_server
+from ctr_foundation.http_messages import (
+    ChunkedDecoder,
+    HttpError,
+    Response,
+    Slot,
+    media_type,
+    nesting_depth,
+    parse_head,
+    parse_json,
+)
 from ctr_foundation.http_protocol import LOOP, STREAM, THREAD, HttpProtocol, Route
 from ctr_foundation.http_server import HttpLimits, HttpServer
 

@@ -42,8 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ctr_foundation.http_json import parse_json
-from ctr_foundation.http_messages import HttpError
+from ctr_foundation.http_messages import HttpError, parse_json
 from ctr_foundation.sample import UINT64_MAX, VALUE_NUMBER, feasign_above_uint64
 from elastic_control.data.line_batch import parse_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
