@@ -33,4 +33,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
       || echo "setup: warning: could not install redis-server; the cube benchmark will skip Redis" >&2
   fi
 fi
+# podman, runc and mmdebstrap build and run the container image (tests/test_image.py; scripts/build-image.sh).
+if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing podman, runc and mmdebstrap (the image tests)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc mmdebstrap >/dev/null) \
+      || echo "setup: warning: could not install podman; the image tests will skip" >&2
+  fi
+fi
 echo "setup: ready (.venv)" >&2

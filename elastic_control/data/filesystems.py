@@ -3,7 +3,8 @@
 Everything goes through fsspec, so readers list, test and open files the same
 way whatever the storage. HDFS uses pyarrow's HadoopFileSystem (it needs
 libhdfs and a Java runtime on the machine: the image's HDFS build, see the
-Dockerfile). S3 uses ``s3fs`` when it is installed, else pyarrow's own
+Dockerfile; the default image reads s3:// and local paths only, and says
+so). S3 uses ``s3fs`` when it is installed, else pyarrow's own
 S3FileSystem behind fsspec's ArrowFSWrapper (no extra dependency: botocore,
 which s3fs needs, pins python-dateutil<3 while the kubernetes client needs
 >=3); credentials and region come from the usual AWS_* variables, and
@@ -19,6 +20,9 @@ from typing import Any
 import fsspec
 
 from ctr_foundation.errors import DataError
+
+# The Hadoop release the Dockerfile's HDFS build is documented with.
+HADOOP_VERSION = "3.3.6"
 
 
 @dataclass(frozen=True)
@@ -85,5 +89,11 @@ def open_location(url: str, *, hdfs_ugi: str = "") -> DataLocation:
     except (OSError, ValueError) as e:
         # libhdfs lists every JVM path it tried: the first line says what is missing.
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if url.startswith(("hdfs://", "viewfs://")) and ("libjvm" in first or "libhdfs" in first):
+            first += (
+                f" (no HDFS client here: hdfs:// needs a Java runtime and Hadoop's libhdfs; the default image has"
+                f" neither, its HDFS build has both: docker build --build-arg HADOOP_VERSION={HADOOP_VERSION}, or"
+                f" scripts/build-image.sh --hadoop {HADOOP_VERSION})"
+            )
         raise DataError(f"cannot open {url}: {first}") from e
     return DataLocation(fs, path, url)

@@ -1,0 +1,330 @@
+"""The container image, built from the Dockerfile and run as a cluster runs it.
+
+A session fixture builds ``elastic-ctr:VERSION`` once per test run with scripts/build-image.sh (podman;
+the bootstrapped base and the layers stay in podman's store, so a run whose Dockerfile and
+requirements are unchanged rebuilds only ElasticCTR's own files, in seconds). Every check starts the
+real container with the restricted security context the pods get: uid/gid 10001, a read-only root
+with a tmpfs /tmp, all capabilities dropped, no-new-privileges, no network, the runc runtime.
+
+Without podman every test here is skipped with the reason "podman not available".
+"""
+
+from __future__ import annotations
+
+import configparser
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = REPO / "scripts" / "build-image.sh"
+UID = 10001
+# Product packages, as setup.cfg's find: includes them.
+PACKAGES = ("ctr_foundation", "elastic_control", "cube", "client")
+
+
+def _version() -> str:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    return cfg["metadata"]["version"]
+
+
+class Image:
+    """The built image and a `podman run` with the pods' restricted security context."""
+
+    def __init__(self, tag: str, env: dict):
+        self.tag = tag
+        self.env = env
+
+    def podman(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+        res = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args[:3])} ... exited {res.returncode}: {res.stderr[-3000:]}")
+        return res
+
+    def run_args(self, *, volumes=(), memory: str | None = None, workdir: str | None = None, env=None) -> list[str]:
+        args = [
+            "run", "--rm",
+            "--user", f"{UID}:{UID}",
+            "--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp:rw,nosuid,nodev,size=256m,mode=1777",
+            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--network", "none",
+        ]  # fmt: skip
+        if shutil.which("runc"):
+            args += ["--runtime", "runc"]
+        for host, target in volumes:
+            args += ["--volume", f"{host}:{target}:rw"]
+        if memory:
+            args += ["--memory", memory, "--memory-swap", memory]
+        if workdir:
+            args += ["--workdir", workdir]
+        for k, v in (env or {}).items():
+            args += ["--env", f"{k}={v}"]
+        return args
+
+    def run(self, *command: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+        return self.podman(*self.run_args(**kw), self.tag, *command, timeout=timeout)
+
+    def python(self, code: str, *, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+        return self.run("python", "-c", textwrap.dedent(code), timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="session")
+def image() -> Image:
+    if shutil.which("podman") is None:
+        pytest.skip("podman not available")
+    env = dict(os.environ)
+    conf = subprocess.run(["bash", str(BUILD), "--containers-conf"], capture_output=True, text=True, check=True)
+    env["CONTAINERS_CONF"] = conf.stdout.strip()
+    tag = f"elastic-ctr:{_version()}"
+    # One build at a time on this machine (two test runs in one checkout would both build).
+    lock_path = Path(env["CONTAINERS_CONF"]).with_name("build.lock")
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        res = subprocess.run(["bash", str(BUILD), "--tag", tag], env=env, capture_output=True, text=True, timeout=2400)
+    assert res.returncode == 0, f"scripts/build-image.sh failed:\n{res.stdout[-2000:]}\n{res.stderr[-6000:]}"
+    return Image(tag, env)
+
+
+def _console_scripts() -> set[str]:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
+    return {ln.split("=", 1)[0].strip() for ln in lines if ln.strip()}
+
+
+def _manifest_commands() -> set[str]:
+    """Every program a manifest starts: the first word of each template's `command:` and of every
+    `exec PROGRAM` in the shell entries the renderer builds (wherever the templates live)."""
+    sources = [p for p in REPO.rglob("*.j2") if not {".venv", "tests", "build"} & set(p.relative_to(REPO).parts)]
+    sources += list((REPO / "elastic_control").rglob("*.py"))
+    found: set[str] = set()
+    for path in sources:
+        text = path.read_text()
+        found.update(re.findall(r'command:\s*\[\s*"([^"]+)"', text))
+        found.update(re.findall(r'command:\s*\n\s*-\s*"([^"]+)"', text))
+        if path.suffix == ".j2" or "kube" in path.parts:
+            found.update(re.findall(r"\bexec ([a-z][\w.-]*)", text))
+    return found
+
+
+def test_every_program_the_manifests_start_exists_and_starts(image):
+    programs = _manifest_commands() | _console_scripts() | {"mlflow"}
+    assert {"elastic-control", "cube-server", "cube-agent", "cube-transfer", "mlflow", "/bin/sh"} <= programs
+    res = image.python(
+        f"""
+        import json, shutil, subprocess
+        out = {{}}
+        for name in {sorted(programs)!r}:
+            path = shutil.which(name)
+            if path is None:
+                out[name] = "missing"
+            elif name.startswith("/") or name in ("sh", "sleep", "mkdir", "cp"):
+                out[name] = "ok"
+            else:
+                p = subprocess.run([name, "--help"], capture_output=True, text=True, timeout=120)
+                out[name] = "ok" if p.returncode == 0 else f"exit {{p.returncode}}: {{p.stderr[-800:]}}"
+        print(json.dumps(out))
+        """
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads(res.stdout.strip().splitlines()[-1])
+    assert {k: v for k, v in results.items() if v != "ok"} == {}
+
+
+def test_runtime_stack_imports_and_runs_as_the_non_root_user(image):
+    res = image.python(
+        """
+        import os, pyarrow, mlflow, paddle, pyarrow.fs
+        print(os.getuid(), os.getgid(), paddle.__version__, pyarrow.__version__, mlflow.__version__)
+        """
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    uid, gid, paddle_version, *_ = res.stdout.split()
+    assert (uid, gid, paddle_version) == (str(UID), str(UID), "2.6.2")
+
+
+def _dev_only_distributions() -> list[str]:
+    def names(path: Path) -> set[str]:
+        out = set()
+        for ln in path.read_text().splitlines():
+            ln = ln.split("#", 1)[0].strip()
+            if ln and not ln.startswith("-"):
+                out.add(re.split(r"[<>=!~;\[ ]", ln, maxsplit=1)[0].lower())
+        return out
+
+    return sorted(names(REPO / "requirements-dev.txt") - names(REPO / "requirements.txt"))
+
+
+def test_no_test_only_package_is_in_the_image(image):
+    dev_only = _dev_only_distributions()
+    assert {"pytest", "scikit-learn", "redis"} <= set(dev_only)
+    res = image.python(
+        f"""
+        import importlib.util, json
+        from importlib.metadata import distributions
+        installed = {{(d.metadata["Name"] or "").lower().replace("_", "-") for d in distributions()}}
+        present = [n for n in {dev_only!r} if n.replace("_", "-") in installed]
+        modules = [m for m in ("pytest", "sklearn", "redis", "scipy") if importlib.util.find_spec(m)]
+        print(json.dumps([present, modules]))
+        """
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    present, modules = json.loads(res.stdout.strip().splitlines()[-1])
+    assert present == [] and modules == []
+
+
+def _product_modules() -> list[str]:
+    modules = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if "__pycache__" in parts or parts[-1] == "__main__":
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules.append(".".join(parts))
+    return modules
+
+
+def test_every_product_module_imports_in_the_image(image):
+    """A module importing a package only the test environment has (or a file the build left out)
+    fails here, as it would in a pod."""
+    modules = _product_modules()
+    assert len(modules) > 50
+    res = image.python(
+        f"""
+        import importlib, json, traceback
+        import pyarrow  # before paddle in every process (zlib clash otherwise)
+        failed = {{}}
+        for name in {modules!r}:
+            try:
+                importlib.import_module(name)
+            except BaseException as e:
+                failed[name] = traceback.format_exception_only(type(e), e)[-1].strip()
+        print(json.dumps(failed))
+        """,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_every_installed_file_is_readable_by_the_pods_user(image):
+    res = image.python(
+        """
+        import json, os, sys
+        bad = []
+        roots = [sys.prefix, "/opt/hadoop", "/etc/ssl/certs", "/usr/lib/python3.11", "/usr/local/lib"]
+        for root in roots:
+            for d, dirs, files in os.walk(root):
+                if not os.access(d, os.R_OK | os.X_OK):
+                    bad.append(d)
+                for f in files:
+                    p = os.path.join(d, f)
+                    if os.path.exists(p) and not os.access(p, os.R_OK):
+                        bad.append(p)
+        scripts = [os.path.join(sys.prefix, "bin", s) for s in os.listdir(os.path.join(sys.prefix, "bin"))]
+        bad += [s for s in scripts if not os.access(s, os.X_OK)]
+        print(json.dumps(bad[:50]))
+        """
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+
+
+def test_data_clients_the_docs_promise(image):
+    """s3:// opens through pyarrow's S3 client; hdfs:// without the image's HDFS build is refused with a
+    message saying how to build it (with Hadoop, the client must be there)."""
+    res = image.python(
+        """
+        import json, os
+        from ctr_foundation.errors import DataError
+        from elastic_control.data.filesystems import open_location
+        os.environ.update(AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y",
+                          AWS_ENDPOINT_URL="http://127.0.0.1:9")
+        s3 = open_location("s3://bucket/data")
+        try:
+            open_location("hdfs://namenode:8020/data")
+            hdfs = "opened"
+        except DataError as e:
+            hdfs = str(e)
+        print(json.dumps([type(s3.fs).__name__, s3.path, hdfs, os.path.exists("/opt/hadoop/pathing.jar")]))
+        """
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    s3_fs, s3_path, hdfs, with_hadoop = json.loads(res.stdout.strip().splitlines()[-1])
+    assert s3_path == "bucket/data" and s3_fs in ("S3FileSystem", "ArrowFSWrapper")
+    if with_hadoop:
+        assert "libhdfs" not in hdfs, hdfs  # the client loads; only the unreachable name node fails
+    else:
+        assert "HADOOP_VERSION" in hdfs, hdfs
+
+
+def _work_volume(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)  # the pods' user writes here, as on an fsGroup volume
+    (work / "slot.conf").write_text("".join(f"{s}\n" for s in range(1, 7)))
+    (work / "data.config").write_text(
+        "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/00\n"
+        'export DATASET_PATH="/var/lib/elastic-ctr/data"\nexport MODEL_PATH="/var/lib/elastic-ctr/models"\n'
+    )
+    return work
+
+
+TRAIN = (
+    "elastic-control data synth --output data --hours 1 --lines-per-hour 1500 -s slot.conf"
+    " && exec elastic-control train -f data.config -s slot.conf -t 1 -p 1 --timeout 600"
+)
+
+
+@pytest.mark.e2e
+def test_training_runs_in_the_container_under_a_read_only_root(image, tmp_path):
+    """Synthetic data and a whole training job (1 pserver, 1 trainer, as processes of the container)
+    with only the volume and /tmp writable: anything written elsewhere fails the job."""
+    work = _work_volume(tmp_path)
+    res = image.run("/bin/sh", "-c", TRAIN, volumes=[(work, "/var/lib/elastic-ctr")], workdir="/var/lib/elastic-ctr")
+    logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((work / "models" / "logs").glob("*.log")))
+    assert res.returncode == 0, f"{res.stderr[-3000:]}\n{logs}"
+    assert res.stdout.strip().splitlines()[-1] == "pass-20191221-00"
+    assert (work / "models" / "pass-20191221-00").is_dir()
+    assert all(p.stat().st_uid == UID for p in (work / "models").rglob("*"))
+
+
+def _memory_limits_apply(image: Image) -> str | None:
+    """Why --memory cannot be enforced here, or None."""
+    info = image.podman("info", "--format", "json", check=True)
+    host = json.loads(info.stdout)["host"]
+    if "memory" not in (host.get("cgroupControllers") or []):
+        return f"the host's cgroups ({host.get('cgroupVersion')}) offer podman no memory controller"
+    res = image.run("/bin/true", memory="64m")
+    if res.returncode != 0:
+        return f"podman run --memory fails here: {res.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.mark.e2e
+def test_a_trainer_over_its_memory_limit_is_oom_killed_with_137(image, tmp_path):
+    why = _memory_limits_apply(image)
+    if why:
+        pytest.skip(why)
+    work = _work_volume(tmp_path)
+    prepare = image.run(
+        "elastic-control", "data", "synth", "--output", "data", "--hours", "1", "--lines-per-hour", "1500",
+        "-s", "slot.conf", volumes=[(work, "/var/lib/elastic-ctr")], workdir="/var/lib/elastic-ctr",
+    )  # fmt: skip
+    assert prepare.returncode == 0, prepare.stderr[-2000:]
+    # The trainer is the container's main process, as in a trainer pod; its pserver runs beside it.
+    res = image.run(
+        "/bin/sh", "-c", "exec elastic-control train -f data.config -s slot.conf -t 1 -p 1 --timeout 300",
+        volumes=[(work, "/var/lib/elastic-ctr")], workdir="/var/lib/elastic-ctr", memory="200m",
+    )  # fmt: skip
+    assert res.returncode == 137, f"exit {res.returncode}: {res.stderr[-3000:]}"
