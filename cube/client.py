@@ -59,9 +59,9 @@ class _ShardConnections:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def request(self, method: str, path: str, body: bytes = b"", headers: dict | None = None):
+    def request(self, method: str, path: str, body: bytes = b"", headers: dict | None = None, timeout=None):
         """(status, headers with lower-case names, body); one retry on a fresh connection if a kept-alive one
-        went stale."""
+        went stale. ``timeout`` (seconds, default the pool's) bounds each socket wait of this request."""
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         message = (
             f"{method} {path} HTTP/1.1\r\n".encode()
@@ -78,6 +78,7 @@ class _ShardConnections:
             try:
                 if sock is None:
                     sock = self._connect()
+                sock.settimeout(self.timeout if timeout is None else timeout)
                 sock.sendall(message)
                 status, head, data, keep = _read_answer(sock, method)
             except (OSError, _BadAnswer) as e:
@@ -185,13 +186,18 @@ class CubeClient:
     def __exit__(self, *exc):
         self.close()
 
-    def _lookup_shard(self, i: int, keys: np.ndarray, version: str | None):
+    def lookup_shard(self, i: int, keys: np.ndarray, version: str | None, *, timeout: float | None = None):
+        """(values float32[n, dim], found bool[n], version) from shard ``i`` alone, for keys it holds (key % N == i)."""
+        return self._lookup_shard(i, keys, version, timeout)
+
+    def _lookup_shard(self, i: int, keys: np.ndarray, version: str | None, timeout: float | None = None):
         path = "/v1/lookup" + (f"?version={quote(version)}" if version else "")
         status, headers, body = self.shards[i].request(
             "POST",
             path,
             np.ascontiguousarray(keys, dtype="<u8").tobytes(),
             {"Content-Type": "application/octet-stream"},
+            timeout,
         )
         if status == 404 and version:
             raise CubeVersionError(f"cube shard {self.shards[i].url}: {_error_text(body)}")

@@ -284,6 +284,15 @@ def import_paddle(*, keep_signals: bool = True) -> None:
         paddle.disable_signal_handler()
 
 
+# Rows per dense-program run in serving (DenseModel ``block_rows``). MKL's GEMM picks its kernels by the
+# number of rows, and rows in a kernel's remainder are computed in another order: run alone or among
+# others, one instance came out one float32 ULP apart. Every run of exactly this many rows (padded with
+# zero rows) computes each row the same way wherever it sits in the block; 64 was checked row by row on
+# AVX2 (smaller blocks such as 8 and 32 were not: their last rows differ), and costs little over a run
+# of a few rows, which the predictor's fixed overhead dominates.
+DENSE_BLOCK_ROWS = 64
+
+
 class DenseModel:
     """The pass's dense inference program, run with paddle.inference (CPU).
 
@@ -291,9 +300,21 @@ class DenseModel:
     predictors used from other threads crash under load). ``predict`` serialises its
     callers; serving goes further and creates one DenseModel per batch worker, in that worker's
     thread, with ``bind_thread=True`` so that any other thread's call is refused.
+
+    ``block_rows``: run the program on blocks of exactly that many rows (the last one padded with zero
+    rows), so that a row's probability does not depend on how many rows share the run
+    (``DENSE_BLOCK_ROWS``); None runs every call's rows at once.
     """
 
-    def __init__(self, model_prefix: str | Path, threads: int = 1, *, onednn: bool = True, bind_thread: bool = False):
+    def __init__(
+        self,
+        model_prefix: str | Path,
+        threads: int = 1,
+        *,
+        onednn: bool = True,
+        bind_thread: bool = False,
+        block_rows: int | None = None,
+    ):
         import pyarrow  # noqa: F401  (must be imported before paddle)
 
         from paddle import inference
@@ -311,6 +332,8 @@ class DenseModel:
         self._output = self._predictor.get_output_handle(self._predictor.get_output_names()[0])
         self._thread = threading.get_ident() if bind_thread else None
         self._lock = threading.Lock()
+        self.block_rows = block_rows
+        self._block: np.ndarray | None = None  # the padded block, reused
 
     @classmethod
     def from_pass(cls, info: PassInfo, threads: int = 1) -> DenseModel:
@@ -320,13 +343,32 @@ class DenseModel:
         """Click probabilities float32 [n] for pooled embeddings [n, slots*width]."""
         if self._thread is not None and threading.get_ident() != self._thread:
             raise RuntimeError("this DenseModel is bound to the thread that created it (one predictor per thread)")
-        if len(emb_concat) == 0:
+        n = len(emb_concat)
+        if n == 0:
             return np.zeros(0, np.float32)
         with self._lock:
-            self._input.reshape(list(emb_concat.shape))
-            self._input.copy_from_cpu(np.ascontiguousarray(emb_concat, dtype=np.float32))
-            self._predictor.run()
-            return self._output.copy_to_cpu().reshape(-1).copy()
+            if self.block_rows is None:
+                return self._run(np.ascontiguousarray(emb_concat, dtype=np.float32))
+            b = self.block_rows
+            out = np.empty(n, np.float32)
+            for start in range(0, n, b):
+                rows = emb_concat[start : start + b]
+                if len(rows) == b:
+                    out[start : start + b] = self._run(np.ascontiguousarray(rows, dtype=np.float32))
+                    continue
+                block = self._block
+                if block is None or block.shape[1] != emb_concat.shape[1]:
+                    block = self._block = np.zeros((b, emb_concat.shape[1]), np.float32)
+                block[: len(rows)] = rows
+                block[len(rows) :] = 0.0
+                out[start:] = self._run(block)[: len(rows)]
+            return out
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        self._input.reshape(list(x.shape))
+        self._input.copy_from_cpu(x)
+        self._predictor.run()
+        return self._output.copy_to_cpu().reshape(-1).copy()
 
 
 Lookup = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]

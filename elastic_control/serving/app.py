@@ -29,7 +29,7 @@ from elastic_control.serving.batcher import Batcher, Refusal
 from elastic_control.serving.cache import EmbeddingCaches
 from elastic_control.serving.feedback import PredictionLog
 from elastic_control.serving.instances import PredictRequest
-from elastic_control.serving.lookup import CubeUnavailable
+from elastic_control.serving.lookup import CubeUnavailable, Looked, failed_piece
 from elastic_control.serving.metrics import ServingMetrics
 from elastic_control.serving.monitor import Monitor
 from elastic_control.serving.versions import LoadedVersion
@@ -272,33 +272,57 @@ class ServingApp:
         return Refusal(503, f"no model version is active yet: {why}")
 
     # ---- embeddings ---------------------------------------------------------------------------------
-    def embeddings(self, version: LoadedVersion, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(rows float32 [m, width], found bool [m]) for every key of a batch: the cache, then cube for misses."""
-        if self.cache is None:
-            unique, inverse = np.unique(keys, return_inverse=True)
-            values, found = self._cube_rows(version, unique)
-            return values[inverse], found[inverse]
-        cache = self.cache.for_version(version.version, version.load_id, version.width)
-        hit, values, found = cache.get(keys)
-        miss = np.flatnonzero(~hit)
-        self.cache.count(len(keys), len(keys) - len(miss))
-        if len(miss):
-            unique, inverse = np.unique(keys[miss], return_inverse=True)
-            v, f = self._cube_rows(version, unique)
-            values[miss] = v[inverse]
-            found[miss] = f[inverse]
-            cache.put(unique, v, f)
-        return values, found
+    def cached_rows(
+        self, version: LoadedVersion, keys: np.ndarray, known: list, sizes: list[int], kb
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows float32 [m, width], found bool [m], have bool [m]) for a batch's keys: from the version's cache,
+        then from ``known`` (per part of the batch: (load_id, [(keys sorted, rows, found), ...]) looked up for
+        it while it waited, or None); ``have``
+        is False where neither holds the key (the batcher looks those up without waiting: ``fetch``)."""
+        m = len(keys)
+        if self.cache is not None:
+            cache = self.cache.for_version(version.version, version.load_id, version.width)
+            hit, values, found = cache.get(keys)
+        else:
+            hit, values, found = np.zeros(m, bool), np.zeros((m, version.width), np.float32), np.zeros(m, bool)
+        mine = [r for r in known if r is not None and r[0] == version.load_id]
+        if self.cache is not None:
+            if mine:  # count each key once: the keys of parts back from a lookup were counted before it
+                fresh = np.repeat(np.array([r is None for r in known]), sizes)[kb.rows]
+                self.cache.count(int(fresh.sum()), int((hit & fresh).sum()))
+            else:
+                self.cache.count(m, int(hit.sum()))
+        for _, pieces in mine:
+            for k, v, f in pieces:
+                miss = np.flatnonzero(~hit)
+                if not len(miss) or not len(k):
+                    continue
+                at = np.minimum(np.searchsorted(k, keys[miss]), len(k) - 1)
+                ok = k[at] == keys[miss]
+                sel, at = miss[ok], at[ok]
+                values[sel], found[sel], hit[sel] = v[at], f[at], True
+        return values, found, hit
 
-    @staticmethod
-    def _cube_rows(version: LoadedVersion, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        values, found = version.lookup.lookup(keys, version.version)
-        if values.shape[1] != version.width:
-            raise CubeUnavailable(
-                f"cube answered rows of {values.shape[1]} floats for version {version.version}, "
-                f"expected {version.width}"
-            )
-        return values, found
+    def fetch(self, version: LoadedVersion, keys: np.ndarray, done) -> None:
+        """Look ``keys`` (unique, sorted) up in cube for ``version`` without waiting: ``done(Looked)`` per piece
+        (a shard's keys, lookup.py) on whichever thread has it, as soon as it is in; what was found is
+        remembered in the cache first."""
+
+        def piece(looked: Looked):
+            if looked.error is None and looked.values.shape[1] != version.width:
+                looked = failed_piece(
+                    looked.idx,
+                    CubeUnavailable(
+                        f"cube answered rows of {looked.values.shape[1]} floats for version {version.version}, "
+                        f"expected {version.width}"
+                    ),
+                )
+            if looked.error is None and self.cache is not None and len(looked.idx):
+                cache = self.cache.for_version(version.version, version.load_id, version.width)
+                cache.put(keys[looked.idx], looked.values, looked.found)
+            done(looked)
+
+        version.lookup.start(keys, version.version, piece)
 
     # ---- A/B split ------------------------------------------------------------------------------------
     def set_split(self, split: Split) -> Split:

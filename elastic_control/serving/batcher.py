@@ -1,11 +1,14 @@
 """Merged batches: a queue of parsed requests, batch workers each with their own paddle predictors.
 
 Frontends (HTTP, gRPC) parse and validate each request on their own thread, then ``submit`` it. A
-worker takes everything queued (up to ``max_batch_instances``), routes every request to its A/B arm
-with the split in force, and per arm builds one KeyBatch, looks its keys up (the hot-key cache, then
-cube pinned to the arm's version for the misses), pools, appends the version's standardised dense slots
-(``scoring.model_input``) and runs the dense model once. So concurrent requests share one cube round
-trip per shard and one dense-model run, and every answer's model and cube versions are the same version.
+worker takes what is queued (up to ``max_batch_instances``; a large request one part at a time, see
+``Batcher``), routes every request to its A/B arm with the split in force, and per arm builds one
+KeyBatch, takes its keys from the hot-key cache, pools, appends the version's standardised dense slots
+(``scoring.model_input``) and runs the dense model once. Requests with keys the cache lacks are set
+aside while those keys are looked up in cube, pinned to the arm's version, one lookup for all of them
+(one request per shard that holds one of the keys), and come back to the front of the queue. So
+concurrent requests share one cube round trip per shard and one dense-model run, every answer's model
+and cube versions are the same version, and no request waits on a shard it does not need.
 
 Predictors: each worker creates the DenseModel of every version it scores in its own thread
 (issue 15: predictors created in one thread and run in others crashed inside oneDNN under load), and
@@ -27,12 +30,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elastic_control.inference.scoring import DenseModel, KeyBatch, model_input
+from elastic_control.inference.scoring import DENSE_BLOCK_ROWS, DenseModel, KeyBatch, model_input
 from elastic_control.serving.instances import (
     ParsedInstances,
     PredictRequest,
     concat_parsed,
     parsed_key_batch,
+    slice_parsed,
     strict_problems,
 )
 from elastic_control.serving.lookup import CubeUnavailable
@@ -90,16 +94,46 @@ class Refusal:
 Outcome = Answer | Refusal
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     request: PredictRequest
     frontend: Frontend
     context: object  # the frontend's handle on where the answer goes (an HTTP slot, an asyncio future)
     started: float = field(default_factory=time.perf_counter)
+    # the batcher's bookkeeping (under Batcher._jobs_lock once the job is queued)
+    pin: tuple[str, LoadedVersion] | None = None  # the arm and version that score every part of it
+    retried: bool = False
+    queued_rows: int = 0  # instances handed out as parts so far
+    scored_rows: int = 0
+    probabilities: np.ndarray | None = None  # a request split into parts: the parts' answers gather here
+    answered: bool = False
 
     @property
     def n(self) -> int:
         return self.request.parsed.n
+
+
+@dataclass(eq=False)
+class _Part:
+    """Instances ``lo`` .. ``hi - 1`` of a job: the unit the workers merge into batches. A small request is
+    one part; a large one is cut into parts of at most ``Batcher.part_instances`` that take turns with other
+    requests in the queue."""
+
+    job: Job
+    lo: int
+    hi: int
+    parsed: ParsedInstances
+    # looked up for it while it waited: (load_id, [(keys sorted unique, values, found), ...])
+    rows: tuple[int, list] | None = None
+    error: CubeUnavailable | None = None  # its lookup failed
+
+    @property
+    def n(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def whole(self) -> bool:
+        return self.lo == 0 and self.hi == self.job.n
 
 
 class Frontend:
@@ -139,7 +173,9 @@ class _Worker:
         return model
 
     def _create(self, version: LoadedVersion) -> DenseModel:
-        model = DenseModel(version.dense_prefix, onednn=self.batcher.onednn, bind_thread=True)
+        model = DenseModel(
+            version.dense_prefix, onednn=self.batcher.onednn, bind_thread=True, block_rows=self.batcher.block_rows
+        )
         width = version.input_width
         out = model.predict(np.zeros((1, width), np.float32))
         if out.shape != (1,) or not np.isfinite(out).all():
@@ -164,27 +200,48 @@ class _Worker:
         b = self.batcher
         while not b.stopping.is_set():
             self.run_control()
-            jobs = b.take_jobs(self)
-            if jobs:
+            parts = b.take_parts(self)
+            if parts:
                 try:
-                    b.score(jobs, self)
+                    b.score(parts, self)
                 except Exception as e:  # noqa: BLE001 - answer every request, whatever happened
                     log.exception("batch failed")
-                    b.answer_all([(j, Refusal(500, f"internal error: {type(e).__name__}: {e}")) for j in jobs])
+                    b.refuse_jobs(parts, Refusal(500, f"internal error: {type(e).__name__}: {e}"))
         self.models.clear()
 
 
 class Batcher:
-    """The queue and the workers; ``app`` resolves arms and versions and does lookups (app.py)."""
+    """The queue and the workers; ``app`` resolves arms and versions and does lookups (app.py).
 
-    def __init__(self, app, *, workers: int = 2, max_batch_instances: int = 2048, onednn: bool = False):
+    The queue is fair between requests: a request of more than ``part_instances`` instances is cut into
+    parts of that size, one part per batch, and after each part the rest of it goes behind the requests
+    that came meanwhile; so a small request waits for at most about one part of each large request ahead
+    of it, not for whole large requests. Batches never wait on cube: the parts whose keys are all in the
+    cache (or were looked up for them) are scored at once, the others are set aside while their missing
+    keys are looked up (lookup.py: per shard, bounded by the lookup timeout) and come back to the front of
+    the queue with their rows, or with the lookup's error (a 503 for their requests alone).
+    """
+
+    def __init__(
+        self,
+        app,
+        *,
+        workers: int = 2,
+        max_batch_instances: int = 2048,
+        onednn: bool = False,
+        part_instances: int = 256,
+        block_rows: int | None = DENSE_BLOCK_ROWS,
+    ):
         self.app = app
         self.max_batch_instances = max_batch_instances
+        self.part_instances = max(1, min(part_instances, max_batch_instances))
+        self.block_rows = block_rows
         self.onednn = onednn
         self.stopping = threading.Event()
         self.hooks: list[Callable[[ScoredBatch], None]] = []
-        self._queue: collections.deque[Job] = collections.deque()
+        self._queue: collections.deque[Job | _Part] = collections.deque()
         self._cond = threading.Condition()
+        self._jobs_lock = threading.Lock()
         self._workers = [_Worker(self, i) for i in range(workers)]
         self.inflight = 0  # submitted and not yet answered (drain waits for 0)
         self._inflight_lock = threading.Lock()
@@ -230,24 +287,53 @@ class Batcher:
         self.submit_many([job])
 
     def submit_many(self, jobs: list[Job]) -> None:
-        """Queue ``jobs`` at once: one lock and at most one wake-up for all of them (issue 13: a wake-up per
-        request cost more GIL time than decoding its JSON, and woke a worker for a batch of one)."""
+        """Queue ``jobs`` at once: one lock and at most one wake-up for all of them (a wake-up per request
+        cost more GIL time than decoding its JSON, and woke a worker for a batch of one)."""
         with self._inflight_lock:
             self.inflight += len(jobs)
         with self._cond:
             self._queue.extend(jobs)
             self._cond.notify()
 
-    def take_jobs(self, worker: _Worker) -> list[Job]:
+    def _come_back(self, parts: list[_Part]) -> None:
+        """Parts whose lookup ended go to the front of the queue: they have waited already."""
+        with self._cond:
+            self._queue.extendleft(reversed(parts))
+            self._cond.notify()
+
+    def take_parts(self, worker: _Worker) -> list[_Part]:
         with self._cond:
             while not self._queue and not self.stopping.is_set() and not worker.control:
                 self._cond.wait(0.5)
-            jobs, n = [], 0
-            while self._queue and (not jobs or n + self._queue[0].n <= self.max_batch_instances):
-                job = self._queue.popleft()
-                jobs.append(job)
-                n += job.n
-            return jobs
+            parts: list[_Part] = []
+            taken: set[int] = set()  # jobs with a part in this batch: at most one new part of each
+            n = 0
+            while self._queue:
+                item = self._queue[0]
+                if isinstance(item, _Part):
+                    if parts and n + item.n > self.max_batch_instances:
+                        break
+                    self._queue.popleft()
+                    parts.append(item)
+                    n += item.n
+                    continue
+                job = item
+                if job.answered:  # refused while parts of it were out
+                    self._queue.popleft()
+                    continue
+                size = min(job.n - job.queued_rows, self.part_instances)
+                if parts and (n + size > self.max_batch_instances or id(job) in taken):
+                    break
+                self._queue.popleft()
+                lo, hi = job.queued_rows, job.queued_rows + size
+                parsed = job.request.parsed if (lo, hi) == (0, job.n) else slice_parsed(job.request.parsed, lo, hi)
+                job.queued_rows = hi
+                parts.append(_Part(job, lo, hi, parsed))
+                taken.add(id(job))
+                n += size
+                if hi < job.n:  # the rest waits behind the requests that came after it
+                    self._queue.append(job)
+            return parts
 
     def queued(self) -> int:
         with self._cond:
@@ -273,53 +359,127 @@ class Batcher:
             except Exception:  # noqa: BLE001 - one frontend's failure must not stop the others
                 log.exception("delivering answers through %s failed", frontend.name)
 
+    def refuse_jobs(self, parts: list[_Part], refusal: Refusal) -> None:
+        """Answer ``refusal`` for the jobs of ``parts`` not answered yet (their other parts are dropped)."""
+        self.answer_all([(job, refusal) for job in self._first_answers([p.job for p in parts])])
+
+    def _first_answers(self, jobs: list[Job]) -> list[Job]:
+        out = []
+        with self._jobs_lock:
+            for job in jobs:
+                if not job.answered:
+                    job.answered = True
+                    out.append(job)
+        return out
+
     # ---- scoring --------------------------------------------------------------------------------
-    def score(self, jobs: list[Job], worker: _Worker) -> None:
+    def score(self, parts: list[_Part], worker: _Worker) -> None:
         app = self.app
-        groups: dict[tuple[str, int], tuple[str, LoadedVersion, list[Job]]] = {}
-        refused: list[tuple[Job, Outcome]] = []
-        for job in jobs:
-            arm, version = app.resolve(job.request)
-            if version is None:
-                refused.append((job, app.not_ready()))
+        groups: dict[tuple[str, int], tuple[str, LoadedVersion, list[_Part]]] = {}
+        refused: list[tuple[_Part, Refusal]] = []
+        for part in parts:
+            job = part.job
+            if job.answered:
                 continue
-            groups.setdefault((arm, version.load_id), (arm, version, []))[2].append(job)
-        self.answer_all(refused)
+            if part.error is not None:
+                error = part.error
+                if self._after_failure(part) is None:
+                    refused.append((part, Refusal(503, f"cube unavailable: {error}")))
+                    continue
+            elif job.pin is None:
+                arm, version = app.resolve(job.request)
+                if version is None:
+                    refused.append((part, app.not_ready()))
+                    continue
+                if not part.whole and (
+                    problems := strict_problems(job.request.parsed, version.slots, version.dense_slots)
+                ):
+                    refused.append((part, Refusal(400, problems[min(problems)])))
+                    continue
+                job.pin = (arm, version)
+            arm, version = job.pin
+            groups.setdefault((arm, version.load_id), (arm, version, []))[2].append(part)
+        for part, refusal in refused:
+            self.refuse_jobs([part], refusal)
         for arm, version, group in groups.values():
             self._score_group(arm, version, group, worker)
 
-    def _score_group(self, arm: str, version: LoadedVersion, jobs: list[Job], worker: _Worker) -> None:
+    def _after_failure(self, part: _Part) -> tuple[str, LoadedVersion] | None:
+        """The (arm, version) a part whose lookup failed is tried again with, once, or None (-> 503).
+
+        Only a whole request is tried again (a part of a larger one would mix versions in one answer), and only
+        where another version can answer: the version moved on in cube, or a challenger falls back to control.
+        A shard that did not answer is not asked again: the next lookup would wait for it too."""
+        job, error = part.job, part.error
+        part.error, part.rows = None, None
+        if job.retried or not part.whole or job.pin is None:
+            return None
+        arm, version = job.pin
+        challenger = version is not self.app.active and arm != self.app.control_arm_name()
+        if not (error.version_missing or challenger):
+            return None
+        retry = self.app.after_cube_failure(arm, version)
+        if retry is None or retry[1] is None:
+            return None
+        job.pin, job.retried = retry, True
+        return retry
+
+    def _score_group(self, arm: str, version: LoadedVersion, parts: list[_Part], worker: _Worker) -> None:
         app = self.app
-        for attempt in range(2):
-            jobs, kb, offsets, refused = _key_batch_of(jobs, version)
-            self.answer_all(refused)
-            if not jobs:
+        while parts:
+            parts, kb, offsets, refused = _key_batch_of(parts, version)
+            for part, refusal in refused:
+                self.refuse_jobs([part], refusal)
+            if not parts:
                 return
-            try:
-                values, found = app.embeddings(version, kb.keys)
-            except CubeUnavailable as e:
-                app.metrics.count("cube_errors")
-                retry = app.after_cube_failure(arm, version) if attempt == 0 else None
-                if retry is not None:  # the active version moved on, or a challenger falls back to control
-                    arm, version = retry
-                    continue
-                self.answer_all([(j, Refusal(503, f"cube unavailable: {e}")) for j in jobs])
+            values, found, hit = app.cached_rows(version, kb.keys, [p.rows for p in parts], [p.n for p in parts], kb)
+            if hit.all():
+                self._scored(arm, version, parts, offsets, kb, values, found, worker)
                 return
-            break
+            # the parts with a key neither cached nor looked up wait for a lookup; the others go on now
+            of_part = np.repeat(np.arange(len(parts)), [p.n for p in parts])
+            missing = np.zeros(len(parts), bool)
+            missing[of_part[kb.rows[~hit]]] = True
+            waiting = [p for p, m in zip(parts, missing, strict=True) if m]
+            keys, key_at = np.unique(kb.keys[~hit], return_inverse=True)
+            number = np.cumsum(missing) - 1  # a waiting part's place in ``waiting``
+            pending = _Pending(self, waiting, version, keys, key_at, number[of_part[kb.rows[~hit]]])
+            app.fetch(version, keys, pending.piece)
+            parts = [p for p, m in zip(parts, missing, strict=True) if not m]
+
+    def _scored(self, arm, version, parts, offsets, kb, values, found, worker) -> None:
+        app = self.app
         probs = worker.model_for(version).predict(model_input(kb, values, version.dense_norm))
         app.metrics.observe_batch(kb.n)
         num_slots = len(version.slots)
         slot_keys = np.bincount(kb.slot_pos, minlength=num_slots)
         slot_unknown = np.bincount(kb.slot_pos[~found], minlength=num_slots)
         app.monitor.observe_predictions(arm, version.version, version.slots, probs, slot_keys, slot_unknown)
-        ids = app.prediction_log.record_batch(arm, version.version, probs, [j.n for j in jobs])
-        items = [
-            (job, Answer(probs[off : off + job.n], rid, arm, version.version, version.version))
-            for job, off, rid in zip(jobs, offsets, ids, strict=True)
-        ]
+        whole = [(p, off) for p, off in zip(parts, offsets, strict=True) if p.whole]
+        items: list[tuple[Job, Outcome]] = []
+        if whole:
+            mine = self._first_answers([p.job for p, _ in whole])
+            if len(mine) < len(whole):  # a job refused meanwhile (it has no other part: cannot happen)
+                whole = [(p, off) for p, off in whole if p.job in mine]
+            if len(whole) == len(parts):
+                probs_whole = probs
+            else:
+                probs_whole = np.concatenate([probs[off : off + p.n] for p, off in whole])
+            ids = app.prediction_log.record_batch(arm, version.version, probs_whole, [p.n for p, _ in whole])
+            items += [
+                (p.job, Answer(probs[off : off + p.n], rid, arm, version.version, version.version))
+                for (p, off), rid in zip(whole, ids, strict=True)
+            ]
+        for p, off in zip(parts, offsets, strict=True):
+            if not p.whole and (done := self._gather(p, probs[off : off + p.n])) is not None:
+                (rid,) = app.prediction_log.record_batch(arm, version.version, done, [len(done)])
+                items.append((p.job, Answer(done, rid, arm, version.version, version.version)))
         self.answer_all(items)
         if self.hooks and arm == app.control_arm_name():
-            instances = [i for j in jobs for i in (j.request.instances or ())]
+            instances = []
+            for p in parts:
+                given = p.job.request.instances
+                instances += given[p.lo : p.hi] if given else []
             scored = ScoredBatch(instances, kb, version.version, probs)
             for hook in self.hooks:
                 try:
@@ -327,26 +487,85 @@ class Batcher:
                 except Exception:  # noqa: BLE001
                     log.exception("after-response hook %r failed", hook)
 
+    def _gather(self, part: _Part, probs: np.ndarray) -> np.ndarray | None:
+        """Put a part's answers in its job's; the job's probabilities once this was its last part."""
+        job = part.job
+        with self._jobs_lock:
+            if job.answered:
+                return None
+            if job.probabilities is None:
+                job.probabilities = np.empty(job.n, np.float32)
+            job.probabilities[part.lo : part.hi] = probs
+            job.scored_rows += part.n
+            if job.scored_rows < job.n:
+                return None
+            job.answered = True
+            return job.probabilities
+
+
+class _Pending:
+    """Parts of a batch waiting for the lookup of their missing keys. The lookup comes in pieces (one per
+    shard); a part goes back to the queue as soon as every key it needs is in, so it never waits for a
+    shard it does not need; a part that needs a key of a shard that failed goes back with that error."""
+
+    def __init__(self, batcher: Batcher, parts: list[_Part], version: LoadedVersion, keys, key_at, part_at):
+        self.batcher, self.parts, self.version, self.keys = batcher, parts, version, keys
+        pairs = np.unique(np.stack([key_at.astype(np.int64), part_at.astype(np.int64)]), axis=1)
+        self.pair_key, self.pair_part = pairs[0], pairs[1]  # each (key, part that needs it) once
+        self.left = np.bincount(self.pair_part, minlength=len(parts))
+        self.pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.error: list[CubeUnavailable | None] = [None] * len(parts)
+        self.failed = False
+        self.lock = threading.Lock()
+
+    def piece(self, looked) -> None:
+        with self.lock:
+            mask = np.zeros(len(self.keys), bool)
+            mask[looked.idx] = True
+            hit_parts = self.pair_part[mask[self.pair_key]]
+            if looked.error is None:
+                if len(looked.idx):
+                    self.pieces.append((self.keys[looked.idx], looked.values, looked.found))
+            else:
+                for j in np.unique(hit_parts).tolist():
+                    self.error[j] = self.error[j] or looked.error
+            before = self.left.copy()
+            self.left -= np.bincount(hit_parts, minlength=len(self.parts))
+            ready = np.flatnonzero((self.left == 0) & (before > 0)).tolist()
+            pieces = list(self.pieces)
+            first_error = looked.error is not None and not self.failed
+            self.failed = self.failed or looked.error is not None
+        if first_error:  # one per failed lookup, however many of its shards failed
+            self.batcher.app.metrics.count("cube_errors")
+        if not ready:
+            return
+        back = []
+        for j in ready:
+            p = self.parts[j]
+            p.rows, p.error = (self.version.load_id, pieces), self.error[j]
+            back.append(p)
+        self.batcher._come_back(back)
+
 
 def _key_batch_of(
-    jobs: list[Job], version: LoadedVersion
-) -> tuple[list[Job], KeyBatch, list[int], list[tuple[Job, Outcome]]]:
-    """One KeyBatch for the jobs of one version; a job the version cannot score (a slot it lacks, a number
+    parts: list[_Part], version: LoadedVersion
+) -> tuple[list[_Part], KeyBatch, list[int], list[tuple[_Part, Outcome]]]:
+    """One KeyBatch for the parts of one version; a request the version cannot score (a slot it lacks, a number
     for one of its sparse slots, ...: ``strict_problems``) is refused alone."""
     slots, dense_slots = version.slots, version.dense_slots
-    merged, offsets = concat_parsed([j.request.parsed for j in jobs])
+    merged, offsets = concat_parsed([p.parsed for p in parts])
     refused = []
     if strict_problems(merged, slots, dense_slots):
         # rare: name each bad request's own first problem, with its own instance numbers
         refused = [
-            (j, Refusal(400, problems[min(problems)]))
-            for j in jobs
-            if (problems := strict_problems(j.request.parsed, slots, dense_slots))
+            (p, Refusal(400, problems[min(problems)]))
+            for p in parts
+            if (problems := strict_problems(p.parsed, slots, dense_slots))
         ]
-        bad = {id(j) for j, _ in refused}
-        jobs = [j for j in jobs if id(j) not in bad]
-        if not jobs:
+        bad = {id(p) for p, _ in refused}
+        parts = [p for p in parts if id(p) not in bad]
+        if not parts:
             nothing = ParsedInstances(0, [], [], [], None)
             return [], parsed_key_batch(nothing, slots, version.sparse_dim, dense_slots), [], refused
-        merged, offsets = concat_parsed([j.request.parsed for j in jobs])
-    return jobs, parsed_key_batch(merged, slots, version.sparse_dim, dense_slots), offsets, refused
+        merged, offsets = concat_parsed([p.parsed for p in parts])
+    return parts, parsed_key_batch(merged, slots, version.sparse_dim, dense_slots), offsets, refused

@@ -533,6 +533,25 @@ def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, li
     return ParsedInstances(n, counts, feasigns, slots, strict, **value_columns), offsets
 
 
+def slice_parsed(parsed: ParsedInstances, lo: int, hi: int) -> ParsedInstances:
+    """Instances ``lo`` .. ``hi - 1`` of a request as a request of their own (rows renumbered from 0)."""
+    counts = np.asarray(parsed.counts, np.int64)
+    ends = np.cumsum(counts)
+    first, last = (int(ends[lo - 1]) if lo else 0), (int(ends[hi - 1]) if hi else 0)
+    rows = _ints(parsed.value_rows)
+    keep = (rows >= lo) & (rows < hi)
+    return ParsedInstances(
+        hi - lo,
+        counts[lo:hi],
+        np.asarray(parsed.feasigns, np.uint64)[first:last],
+        _ints(parsed.feature_slots)[first:last],
+        None if parsed.strict_rows is None else np.asarray(parsed.strict_rows, bool)[lo:hi],
+        rows[keep] - lo,
+        _ints(parsed.value_slots)[keep],
+        np.asarray(parsed.values, np.float64)[keep],
+    )
+
+
 def _concat(columns: list, dtype) -> np.ndarray:
     if all(isinstance(c, list) for c in columns):  # one conversion for the whole batch
         flat: list = []

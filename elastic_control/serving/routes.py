@@ -15,14 +15,16 @@ batch (instances.py); answers come back from the batch workers through ``HttpFro
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ctr_foundation.http_messages import Request, Response, Slot
 from elastic_control.serving.app import ServingApp, SplitConflict
 from elastic_control.serving.arms import SplitError, split_from_json
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
-from elastic_control.serving.instances import InstanceError, decode_json, predict_request
+from elastic_control.serving.instances import InstanceError, PredictRequest, decode_json, predict_request
 
 MAX_FEEDBACK_EVENTS = 100_000
+LARGE_BODY = 64 << 10  # predict bodies above this are decoded off the event loop
 SPLIT_PATHS = ("/v1/split", "/v1/split/end")
 
 
@@ -74,6 +76,7 @@ class HttpRoutes:
     def __init__(self, app: ServingApp, frontend: HttpFrontend):
         self.app = app
         self.frontend = frontend
+        self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serving-parse")
 
     def handle(self, request: Request, slot: Slot, deliver) -> Response | None:
         path, method = request.path, request.method
@@ -124,9 +127,24 @@ class HttpRoutes:
     # ---- predictions -------------------------------------------------------------------------------
     def _predict(self, request: Request, slot: Slot, deliver) -> Response | None:
         started = time.perf_counter()
+        if len(request.body) > LARGE_BODY:
+            # decoding a large body takes the loop's thread for a while (about 0.1 s per MB): on a thread of
+            # its own, the loop goes on reading and answering every other connection meanwhile
+            batcher = self.app.batcher
+            with batcher._inflight_lock:  # accepted: a drain waits for its answer too
+                batcher.inflight += 1
+            self._parser.submit(self._parse_large, request.body, slot, deliver, started)
+            return None
+        outcome = self._parsed(request.body, started)
+        if isinstance(outcome, Response):
+            return outcome
+        self.frontend.submit(Job(outcome, self.frontend, (slot, deliver), started))
+        return None
+
+    def _parsed(self, body: bytes, started: float) -> PredictRequest | Response:
         app = self.app
         try:
-            parsed = predict_request(decode_json(request.body))
+            parsed = predict_request(decode_json(body))
         except InstanceError as e:
             app.metrics.observe_request(e.status, time.perf_counter() - started)
             return Response.error(e.status, str(e))
@@ -134,8 +152,22 @@ class HttpRoutes:
             refusal = app.not_ready()
             app.metrics.observe_request(refusal.status, time.perf_counter() - started)
             return Response.error(refusal.status, refusal.message)
-        self.frontend.submit(Job(parsed, self.frontend, (slot, deliver), started))
-        return None
+        return parsed
+
+    def _parse_large(self, body: bytes, slot: Slot, deliver, started: float) -> None:
+        batcher = self.app.batcher
+        try:
+            outcome = self._parsed(body, started)
+        except Exception as e:  # noqa: BLE001 - answered, whatever happened
+            outcome = Response.error(500, f"internal error: {type(e).__name__}: {e}")
+        try:
+            if isinstance(outcome, Response):
+                self.frontend.loop.call_soon_threadsafe(deliver, slot, outcome)
+            else:
+                batcher.submit_many([Job(outcome, self.frontend, (slot, deliver), started)])
+        finally:
+            with batcher._inflight_lock:
+                batcher.inflight -= 1
 
     def _feedback(self, request: Request) -> Response:
         try:
