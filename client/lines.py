@@ -105,7 +105,9 @@ def line_problem(text: str, slots: KnownSlots | None, unknown_slots: str = "refu
         return str(e), None
     if slots is None:
         return None, None
-    unknown = slots.unknown((*sample.slots, *sample.value_slots))
+    # Feasigns only: a value token of a slot the model does not use is ignored, as training ignores it
+    # (lines converted with dense slots stay valid for a model trained on the sparse slots alone).
+    unknown = slots.unknown(sample.slots)
     if not unknown:
         return None, None
     which = f"slot {unknown[0]} is" if len(unknown) == 1 else f"slots {', '.join(map(str, unknown))} are"
