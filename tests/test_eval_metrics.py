@@ -92,6 +92,29 @@ def test_coarsened_table_states_a_bound_that_holds():
     assert m["logloss"] == pytest.approx(log_loss(y, s.astype(np.float64)), rel=1e-12)
 
 
+def test_coarsened_while_streaming_and_merged_with_an_exact_table_keeps_its_sums():
+    # The running sums start when a table is coarsened: from the exact tables it was made of, then from
+    # each example added; a merge adds an exact table's sums from its keys.
+    y, s = _data(100000, seed=6)
+    builder = CountsBuilder(max_distinct=5000, buffer_size=3000)
+    for i in range(0, 60000, 1234):
+        builder.add(y[i : min(i + 1234, 60000)], s[i : min(i + 1234, 60000)])
+    streamed = builder.result()
+    assert streamed.shift > 0
+    exact = counts_from_arrays(y[60000:], s[60000:])
+    assert exact.exact
+    merged = merge_counts([streamed, exact])
+    m = summarize(merged)
+    assert not m["auc_exact"] and m["examples"] == len(y)
+    assert m["logloss"] == pytest.approx(log_loss(y, s.astype(np.float64)), rel=1e-12)
+    assert m["mean_predicted_ctr"] == pytest.approx(float(s.astype(np.float64).mean()), rel=1e-12)
+    whole = summarize(counts_from_arrays(y, s))
+    assert [b["count"] for b in m["reliability"]] == [b["count"] for b in whole["reliability"]]
+    for got, want in zip(m["reliability"], whole["reliability"], strict=True):
+        assert got["observed_ctr"] == want["observed_ctr"]
+        assert got["mean_predicted"] == pytest.approx(want["mean_predicted"], rel=1e-12)
+
+
 def _sk_group_metrics(g, y, s, k):
     weighted, weight, ndcgs = 0.0, 0, []
     for key in np.unique(g):
