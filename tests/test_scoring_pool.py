@@ -25,3 +25,47 @@ def test_missing_keys_give_zero_vectors_and_sparse_dim_applies():
     vectors, found = table.lookup(batch.keys)
     assert not found.any()
     np.testing.assert_array_equal(pool(batch, vectors), [[0, 0]])
+
+
+class _Model:
+    """A dense model stand-in: each row's sum (so padding rows are visible if they leak)."""
+
+    def predict(self, x):
+        return (x.sum(axis=1) + 1).astype(np.float32)
+
+
+class _Scorer:
+    def __init__(self, scale):
+        self.model, self.scale = _Model(), scale
+
+    def model_input(self, batch):
+        return (np.asarray(batch, np.float32) * self.scale).reshape(-1, 1)
+
+
+def test_chunked_scoring_returns_each_batch_whole_in_order_whatever_the_chunk():
+    from elastic_control.evaluation.pass_scorer import ChunkedScoring
+
+    rng = np.random.default_rng(3)
+    batches = [rng.random(int(n)) for n in (5, 0, 1, 9, 4, 3, 17, 2)]
+    for rows in (1, 4, 8, 64):
+        scoring = ChunkedScoring([_Scorer(1.0), _Scorer(-2.0)], rows=rows)
+        out = []
+        for i, b in enumerate(batches):
+            out += scoring.add(b, i)
+        out += scoring.finish()
+        assert [item for item, _ in out] == list(range(len(batches)))
+        for (_, (model, baseline)), b in zip(out, batches, strict=True):
+            np.testing.assert_array_equal(model, (b.astype(np.float32) + 1).astype(np.float32))
+            np.testing.assert_array_equal(baseline, (b.astype(np.float32) * -2 + 1).astype(np.float32))
+
+
+def test_pass_scorer_lookup_gives_the_tables_vectors():
+    from elastic_control.evaluation.pass_scorer import PassScorer
+
+    table = InMemoryTable(np.array([30, 10, 20], np.uint64), np.arange(6, dtype=np.float32).reshape(3, 2))
+    scorer = PassScorer.__new__(PassScorer)  # the lookup alone: no pass folder, no dense program
+    scorer.table = table
+    keys = np.array([10, 5, 30, 31, 20, 10, (1 << 64) - 1], np.uint64)
+    np.testing.assert_array_equal(scorer.lookup(keys), table.lookup(keys)[0])
+    scorer.table = InMemoryTable(np.zeros(0, np.uint64), np.zeros((0, 2), np.float32))
+    np.testing.assert_array_equal(scorer.lookup(keys), np.zeros((len(keys), 2), np.float32))

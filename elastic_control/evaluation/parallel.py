@@ -15,7 +15,9 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,10 +46,53 @@ class EvalResult:
 
 
 def _share_worker(spec_json: dict, index: int, partials: str) -> dict:
-    # Runs in a fresh (spawned) process: keep pyarrow before paddle.
-    import pyarrow  # noqa: F401
-
     return run_share(EvalSpec.from_json(spec_json), index, partials)
+
+
+def _start_worker() -> None:
+    """A worker's imports, done as it starts: pyarrow before paddle (paddle's import is most of a worker's
+    start, about two seconds), so that a share's time is the share's."""
+    import pyarrow  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    from paddle import inference  # noqa: F401
+
+
+# The worker processes stay up from one evaluation to the next (a search scores candidate after candidate):
+# a fresh pool pays each worker's start (a spawned Python, then pyarrow and paddle's imports) again for
+# every evaluation, more than scoring 100,000 lines costs. Passes are loaded per share, never kept.
+_pool: tuple[cf.ProcessPoolExecutor, int] | None = None
+_pool_lock = threading.Lock()
+
+
+def _worker_pool(workers: int) -> cf.ProcessPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is not None and (_pool[1] != workers or getattr(_pool[0], "_broken", False)):
+            _pool[0].shutdown(wait=False, cancel_futures=True)
+            _pool = None
+        if _pool is None:
+            ctx = multiprocessing.get_context("spawn")  # paddle is not fork-safe
+            _pool = (cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker), workers)
+        return _pool[0]
+
+
+def shutdown_workers() -> None:
+    """Stop the worker processes kept between evaluations (they also stop when this process exits)."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            _pool[0].shutdown(wait=True, cancel_futures=True)
+            _pool = None
+
+
+def _discard_pool(pool: cf.ProcessPoolExecutor) -> None:
+    """Drop a pool one of whose workers died, so that the retries start fresh workers."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None and _pool[0] is pool:
+            _pool = None
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def default_workers() -> int:
@@ -67,11 +112,11 @@ def run_missing_shares(
         return todo
     attempts = {i: 0 for i in todo}
     pending = list(todo)
-    ctx = multiprocessing.get_context("spawn")  # paddle is not fork-safe
     while pending:
         failed: list[tuple[int, BaseException]] = []
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=ctx) as pool:
-            futures = {pool.submit(_share_worker, spec.to_json(), i, str(partials)): i for i in pending}
+        pool = _worker_pool(workers)
+        futures = {pool.submit(_share_worker, spec.to_json(), i, str(partials)): i for i in pending}
+        try:
             for fut in cf.as_completed(futures):
                 i = futures[fut]
                 try:
@@ -82,6 +127,12 @@ def run_missing_shares(
                     raise  # bad input: running it again gives the same answer
                 except BaseException as e:  # noqa: BLE001 - a crashed or killed worker: redo only its share
                     failed.append((i, e))
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+        if any(isinstance(e, BrokenProcessPool) for _, e in failed):
+            _discard_pool(pool)
         pending = []
         for i, e in failed:
             attempts[i] += 1

@@ -163,7 +163,7 @@ def run_share(spec: EvalSpec, index: int, partials: str | os.PathLike) -> dict:
     import pyarrow.parquet as pq
 
     from elastic_control.data.readers import BadLineCounter
-    from elastic_control.evaluation.pass_scorer import PassScorer, group_keys
+    from elastic_control.evaluation.pass_scorer import ChunkedScoring, PassScorer, group_keys
 
     if not 0 <= index < spec.shares:
         raise UsageError(f"share {index} does not exist: the evaluation has {spec.shares} shares")
@@ -185,21 +185,29 @@ def run_share(spec: EvalSpec, index: int, partials: str | os.PathLike) -> dict:
         writers: dict[int, pq.ParquetWriter] = {}
         schema = _row_schema(spec)
         try:
+            scoring = ChunkedScoring([model] + ([baseline] if baseline else []))
+
+            def take(done) -> None:
+                nonlocal grouped_examples
+                for (labels, groups, has), scored in done:
+                    counts["model"].add(labels, scored[0])
+                    base_scores = None
+                    if baseline:
+                        base_scores = scored[1]
+                        counts["baseline"].add(labels, base_scores)
+                    if spec.needs_rows:
+                        grouped_examples += int(has.sum())
+                        _write_rows(writers, tmp, schema, buckets, labels, scored[0], base_scores, groups, has, spec)
+
             for part in parts:
                 for batch in data.iter_batches(
                     part, trainer_id=index, trainers=spec.shares, counter=counter, chunk_lines=CHUNK_LINES
                 ):
-                    labels = batch.clicks.astype(np.int8)
-                    scores = model.score(batch)
-                    counts["model"].add(labels, scores)
-                    base_scores = None
-                    if baseline:
-                        base_scores = baseline.score(batch)
-                        counts["baseline"].add(labels, base_scores)
-                    if spec.needs_rows:
-                        groups, has = group_keys(batch, spec.group_slot)
-                        grouped_examples += int(has.sum())
-                        _write_rows(writers, tmp, schema, buckets, labels, scores, base_scores, groups, has, spec)
+                    # What the rows need of the batch is kept; the batch itself is not, while its scores wait
+                    # for the chunk they run in.
+                    groups, has = group_keys(batch, spec.group_slot) if spec.needs_rows else (None, None)
+                    take(scoring.add(batch, (batch.clicks.astype(np.int8), groups, has)))
+            take(scoring.finish())
         finally:
             for w in writers.values():
                 w.close()
