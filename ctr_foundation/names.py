@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# The loopback address local components bind and containers of one pod reach each other on.
+LOOPBACK = "127.0.0.1"
+
 # ---- ports (the original elastic-control.sh's, so its users' firewalls and Services still fit) ----
 FILESERVER_PORT = 8080
 SERVING_PORT = 8010

@@ -18,9 +18,11 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from ctr_foundation import env_vars as ev
 from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.env_vars import TEMPLATE_DIR
 from ctr_foundation.errors import ConfigError, UsageError
+from elastic_control.catalogue import CREDENTIAL_KEYS, ClusterDns, Component, Paths, build_catalogue
 from elastic_control.config import DataConfig
 from elastic_control.kube import constants as k
 from elastic_control.kube.options import KubeOptions
@@ -64,8 +66,6 @@ SIZES = {
     "init_cpu": "100m",
     "init_memory": "128Mi",
 }
-# Keys of data.config that are credentials: in a Secret, never in the ConfigMap (nor the file server's root).
-CREDENTIAL_KEYS = ("HDFS_UGI",)
 # libyaml's C loader/dumper when present: manifests are parsed and re-emitted on every -r.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -158,6 +158,46 @@ def mlflow_allowed_hosts(job: str, namespace: str) -> str:
     return ",".join(hosts)
 
 
+def cluster_addressing(plan, model_path: str) -> ClusterDns:
+    """The catalogue's addressing in the plan's cluster: Services, fixed ports, the pods' volumes."""
+    paths = Paths(
+        slot_conf=f"{k.CONFIG_MOUNT}/slot.conf",
+        data_config=f"{k.CONFIG_MOUNT}/data.config",
+        model_path=model_path,
+        fileserver_root=k.FILESERVER_ROOT,
+        mlflow_dir=k.MLFLOW_DATA_DIR,
+        transfer_cube_root=k.TRANSFER_CUBE_ROOT,  # on the shared claim: builds and the journal survive a restart
+        shard_dirs=[k.CUBE_DATA_DIR] * plan.resources.cube_shards,  # each cube pod's own emptyDir
+    )
+    return ClusterDns(plan.job_name, paths, mlflow_allowed_hosts=mlflow_allowed_hosts(plan.job_name, plan.namespace))
+
+
+def container_run(component: Component, secret_refs: dict[str, tuple[str, str]]) -> dict:
+    """A catalogue entry as a container's ``command``, ``env`` and ``ports``.
+
+    Secrets become Secret references (``secret_refs``: variable -> (Secret, key)), a pod field a field
+    reference; values only the entry shell can know are exported by ``/bin/sh -c`` before it runs the script.
+    """
+    env = []
+    for e in component.env:
+        if e.shell:
+            continue
+        if e.secret:
+            secret, key = secret_refs[e.name]
+            env.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+        elif e.pod_field:
+            env.append({"name": e.name, "valueFrom": {"fieldRef": {"fieldPath": e.pod_field}}})
+        else:
+            env.append({"name": e.name, "value": e.value})
+    exports = " ".join(f'{e.name}="{e.value}"' for e in component.env if e.shell)
+    command = ["/bin/sh", "-c", f"export {exports}; exec {shlex.join(component.argv)}"] if exports else component.argv
+    return {
+        "command": command,
+        "env": env,
+        "ports": [{"name": name, "containerPort": port} for name, port in component.ports],
+    }
+
+
 def config_checksum(token: str, *parts: dict) -> str:
     """A checksum of what pods read from the ConfigMap and Secrets, keyed with the token.
 
@@ -184,28 +224,23 @@ def annotate_spec_hash(doc: dict) -> dict:
     return doc
 
 
-def build_context(plan, inputs: RenderInputs) -> dict:
-    """The template values for ``plan``; every name a template uses comes from here."""
+def build_context(plan, inputs: RenderInputs, *, model_path: str | None = None) -> dict:
+    """The template values for ``plan``; every name a template uses comes from here.
+
+    ``model_path``: where the pods write passes, if not the plan's (a tuning candidate's own folder)."""
     job, res = plan.job_name, plan.resources
     validate_job_name(job)
     validate_namespace(plan.namespace)
     if inputs.service_type not in k.SERVICE_TYPES:
         raise UsageError(f"service type {inputs.service_type!r} is not one of {', '.join(k.SERVICE_TYPES)}")
-    model_path = pod_model_path(inputs.data_config)
     options = inputs.options
-    data_config_text = pod_data_config(inputs.data_config, plan.hdfs_address, model_path)
+    data_config_text = pod_data_config(inputs.data_config, plan.hdfs_address, pod_model_path(inputs.data_config))
+    model_path = model_path or pod_model_path(inputs.data_config)
     hdfs_ugi = inputs.data_config.hdfs_ugi
-    # tune --apply's flags on every training role (shell-quoted: they land in the pods' sh -c entry).
-    tuned_flags = "".join(" " + shlex.quote(a) for a in plan.training_args)
-
-    def endpoints(task: str, count: int, port: int) -> str:
-        # The svc plugin's headless Service JOB makes each pod JOB-TASK-I.JOB.
-        return ",".join(f"{job}-{task}-{i}.{job}:{port}" for i in range(count))
-
-    def urls(service: str, port: int) -> str:
-        return ",".join(f"http://{job}-{service}-{i}:{port}" for i in range(res.cube_shards))
-
-    pserver_host = f"{job}-pserver-${{VC_TASK_INDEX}}.{job}"
+    catalogue = build_catalogue(
+        plan, cluster_addressing(plan, model_path), credentials=CREDENTIAL_KEYS if hdfs_ugi else ()
+    )
+    secret_refs = {ev.TOKEN.name: (f"{job}-token", "token"), "HDFS_UGI": (f"{job}-credentials", "HDFS_UGI")}
     return {
         "k": k,
         "job": job,
@@ -224,7 +259,6 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "data_secrets": list(options.data_secrets),
         "pservers": res.pservers,
         "trainers": res.trainers,
-        "cube_shards": res.cube_shards,
         "cpu": str(res.cpu),
         "memory": f"{res.mem}Gi",
         "token": inputs.token,
@@ -238,19 +272,7 @@ def build_context(plan, inputs: RenderInputs) -> dict:
             {"slot.conf": plan.slot_conf_text, "data.config": data_config_text},
             {"token": inputs.token, "HDFS_UGI": hdfs_ugi},
         ),
-        "mlflow_allowed_hosts": mlflow_allowed_hosts(job, plan.namespace),
         "model_path": model_path,
-        "transfer_cube_root": k.TRANSFER_CUBE_ROOT,
-        "pserver_endpoints": endpoints("pserver", res.pservers, k.PSERVER_PORT),
-        "trainer_endpoints": endpoints("trainer", res.trainers, k.TRAINER_PORT),
-        # Paddle finds its own place in PADDLE_PSERVERS_IP_PORT_LIST as POD_IP:PADDLE_PORT,
-        # so a pserver's POD_IP must be its host name from that list.
-        "pserver_entry": f'export POD_IP="{pserver_host}" PADDLE_TRAINER_ID="${{VC_TASK_INDEX}}"; '
-        f"exec elastic-control role{tuned_flags}",
-        # --check-window: an offline window with no complete hour aborts the job (exit 2) instead of
-        # completing it with no pass.
-        "trainer_entry": 'export PADDLE_TRAINER_ID="${VC_TASK_INDEX:?the Volcano env plugin did not set '
-        'VC_TASK_INDEX}"; exec elastic-control role --check-window' + tuned_flags,
         "configmap_name": f"{job}-config",
         "secret_name": f"{job}-token",
         "shared_pvc_name": f"{job}-shared",
@@ -260,20 +282,22 @@ def build_context(plan, inputs: RenderInputs) -> dict:
         "serving_name": f"{job}-serving",
         "mlflow_url": f"http://{job}-mlflow:{k.MLFLOW_PORT}",
         "fileserver_url": f"http://{job}-fileserver:{k.FILESERVER_PORT}",
-        "cube_servers": urls("cube", k.CUBE_SERVER_PORT),
-        "cube_agents": urls("cube-agent", k.CUBE_AGENT_PORT),
-        "promotion_gate": plan.extra.get("promotion_gate", ""),
+        "cube_shards": catalogue.shards,
+        "containers": {c.name: container_run(c, secret_refs) for c in catalogue.components},
+        "ports": {c.name: [list(p) for p in c.ports] for c in catalogue.components},
         **SIZES,
     }
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False}  # containers' fields in the order Kubernetes lists them
+    return env
 
 
 def finish_documents(docs: list[dict], options: KubeOptions) -> list[dict]:

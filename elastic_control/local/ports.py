@@ -12,7 +12,8 @@ import random
 import socket
 from pathlib import Path
 
-LOOPBACK = "127.0.0.1"
+from ctr_foundation.names import LOOPBACK
+
 _FALLBACK_RANGE = (20000, 32000)
 
 

@@ -1,7 +1,7 @@
 """``elastic-control train``: the training job alone, run in the foreground by the local supervisor.
 
 The same machine as ``-a``: the job's components come from
-``components.training_job_components`` (P pservers, T trainers, each
+the catalogue's ``training_job`` (P pservers, T trainers, each
 ``elastic-control role`` with the standard Paddle variables, ports drawn
 below the ephemeral range with pserver 0's barrier port kept free), and the
 ``Supervisor`` starts, watches and stops them. The job is not restarted
@@ -19,11 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctr_foundation.env_vars import MLFLOW_TRACKING_URI, MODEL_PATH
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.names import StateFolder
 from ctr_foundation.records import read_donefile
+from elastic_control.catalogue import Env, Loopback, Paths, training_job
 from elastic_control.local import runtime as rt
-from elastic_control.local.components import draw_ports, elastic_control_argv, training_job_components
+from elastic_control.local.components import draw_ports, job_ports, process_spec
 from elastic_control.local.daemon import tail_lines
 from elastic_control.local.logs_view import LogFollower
 from elastic_control.local.spec import LocalPlan
@@ -68,8 +70,6 @@ def run_training_job(
     ``window`` ({"start", "end", "dataset"}) makes an offline job that wrote no
     pass of it a failure, as in the pipeline.
     """
-    from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
-
     model = Path(model_path).resolve()
     # The roles get only what the plan says (the supervisor drops the registry's variables from base_env), so a
     # tracking server named by the caller's environment is passed on explicitly.
@@ -77,17 +77,15 @@ def run_training_job(
     log_dir = model / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     _, pserver_ports, trainer_ports = draw_ports(0, pservers, trainers)
-    components = training_job_components(
-        pservers=pservers,
-        trainers=trainers,
-        pserver_ports=pserver_ports,
-        trainer_ports=trainer_ports,
-        model_path=str(model),
-        data_config=str(Path(data_config).resolve()),
-        slot_conf=str(Path(slot_conf).resolve()),
-        argv=elastic_control_argv("role", *role_args),
-        extra_env={MLFLOW_TRACKING_URI.name: tracking} if tracking else {},
+    paths = Paths(
+        slot_conf=str(Path(slot_conf).resolve()), data_config=str(Path(data_config).resolve()), model_path=str(model)
     )
+    addressing = Loopback(job_ports(pservers, trainers, pserver_ports, trainer_ports), paths)
+    env = [Env(MODEL_PATH.name, str(model))] + ([Env(MLFLOW_TRACKING_URI.name, tracking)] if tracking else [])
+    components = [
+        process_spec(c)
+        for c in training_job(addressing, pservers=pservers, trainers=trainers, env=env, role_args=role_args)
+    ]
     plan = LocalPlan(
         components=components,
         max_job_restarts=0,  # a failing role fails `train` (the pipeline's job restarts instead)

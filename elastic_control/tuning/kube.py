@@ -45,19 +45,18 @@ def pod_candidate_root(search: str, number: int) -> str:
     return f"{k.SHARED_MOUNT}/tune/{search}/{number:03d}"
 
 
-def _entry(base: str, *, root: str, data_config_text: str, role_args: list[str]) -> str:
-    """The template's entry line, first writing the candidate's data.config onto the claim (atomically: the
-    pservers and trainers all write the same text), then running the role with the candidate's flags."""
+def _entry(command: list[str], *, root: str, data_config_text: str) -> list[str]:
+    """A role's command, first writing the candidate's data.config onto the claim (atomically: the pservers
+    and trainers all write the same text)."""
     config = f"{root}/data.config"
     path, staged = shlex.quote(config), shlex.quote(config + ".") + "$$"
     prelude = (
         f"mkdir -p {shlex.quote(root)} && printf '%s' {shlex.quote(data_config_text)} > {staged} "
         f"&& mv {staged} {path} && export ELASTIC_CTR_DATA_CONFIG={path}; "
     )
-    flags = " ".join(shlex.quote(a) for a in role_args)
-    if "exec elastic-control role" not in base:  # the flags would be lost: fail loudly instead
-        raise UsageError(f"the training job's entry line no longer runs `exec elastic-control role`: {base!r}")
-    return prelude + base.replace("exec elastic-control role", f"exec elastic-control role {flags}", 1)
+    if command[:2] != ["/bin/sh", "-c"]:  # the prelude needs the entry shell: fail loudly instead
+        raise UsageError(f"the training job's roles no longer run through an entry shell: {command!r}")
+    return [*command[:2], prelude + command[2]]
 
 
 def candidate_job(plan, *, output: Path, number: int, settings: dict, split, inputs=None) -> dict:
@@ -73,10 +72,10 @@ def candidate_job(plan, *, output: Path, number: int, settings: dict, split, inp
         validate_job_name,
     )
     from elastic_control.kube.volcano_rules import volcano_job_problems
+    from elastic_control.plan import TRAINING_ARGS_KEY
     from elastic_control.tuning.apply import training_args
 
     inputs = inputs or _inputs(plan)
-    context = build_context(plan, inputs)
     job = f"{plan.job_name}-t{number:03d}"
     validate_job_name(job)
     root = pod_candidate_root(search_name(output), number)
@@ -92,26 +91,14 @@ def candidate_job(plan, *, output: Path, number: int, settings: dict, split, inp
         "ONLINE": "0",
     }
     text = pod_data_config(dataclasses.replace(config, values=values), plan.hdfs_address, model_path)
-    args = training_args(settings)
-    res = plan.resources
-
-    def endpoints(task: str, count: int, port: int) -> str:
-        return ",".join(f"{job}-{task}-{i}.{job}:{port}" for i in range(count))
-
-    pserver_entry = (
-        f'export POD_IP="{job}-pserver-${{VC_TASK_INDEX}}.{job}" PADDLE_TRAINER_ID="${{VC_TASK_INDEX}}"; '
-        "exec elastic-control role"
+    # The plan's job under the candidate's name, its roles with the candidate's flags.
+    candidate = dataclasses.replace(
+        plan, job_name=job, extra={**plan.extra, TRAINING_ARGS_KEY: training_args(settings)}
     )
-    context.update(
-        {
-            "job": job,
-            "model_path": model_path,
-            "pserver_endpoints": endpoints("pserver", res.pservers, k.PSERVER_PORT),
-            "trainer_endpoints": endpoints("trainer", res.trainers, k.TRAINER_PORT),
-            "pserver_entry": _entry(pserver_entry, root=root, data_config_text=text, role_args=args),
-            "trainer_entry": _entry(context["trainer_entry"], root=root, data_config_text=text, role_args=args),
-        }
-    )
+    context = build_context(candidate, inputs, model_path=model_path)
+    for role in ("pserver", "trainer"):
+        container = context["containers"][role]
+        container["command"] = _entry(container["command"], root=root, data_config_text=text)
     rendered = _environment().get_template(TRAINING_TEMPLATE).render(**context)
     docs = [d for d in yaml.load_all(rendered, Loader=_Loader) if d and d.get("kind") == k.VOLCANO_JOB_KIND]
     if len(docs) != 1:
