@@ -1,4 +1,4 @@
-"""Packaging and tooling: the wheel carries the templates; the tree is ruff-clean."""
+"""Packaging and tooling: the wheel carries templates/ and renders every manifest from it; the tree is ruff-clean."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,10 @@ def test_wheel_installed_without_the_source_tree_renders_the_same_manifests(tmp_
         capture_output=True,
     )
     (wheel,) = wheels.glob("elastic_ctr-*.whl")
+    # templates/ at the top of the tree ships inside the package.
+    with zipfile.ZipFile(wheel) as z:
+        shipped = {Path(n).name for n in z.namelist() if n.startswith("elastic_control/templates/")}
+    assert shipped == {p.name for p in (REPO / "templates").glob("*.j2")}
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     vpy = venv / "bin" / "python"

@@ -1,6 +1,6 @@
 """Render a cluster evaluation: W worker pods scoring shares of a window, then one merge.
 
-``kube/templates/eval-job.yaml.j2`` holds both Volcano jobs (see its header for why
+``templates/eval-job.yaml.j2`` holds both Volcano jobs (see its header for why
 there are two). This module builds the command lines every pod runs and
 writes the rendered YAML into ``STATE/eval/RUN/`` (never into
 ``STATE/manifests/``, which ``-a`` applies wholesale). The run name is a hash

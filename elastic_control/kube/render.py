@@ -1,4 +1,4 @@
-"""Render the Kubernetes manifests: Jinja2 templates in ``elastic_control/kube/templates/`` -> plain YAML files.
+"""Render the Kubernetes manifests: Jinja2 templates in ``templates/`` -> plain YAML files.
 
 One function does the rendering (``render_manifests``) with ``StrictUndefined``
 so a missing value fails loudly; every rendered document is parsed back and
@@ -30,7 +30,11 @@ from elastic_control.kube.pod_overlay import apply_pod_overlay
 from elastic_control.kube.read_only_root import read_only_root
 from elastic_control.kube.volcano_rules import volcano_job_problems
 
-DEFAULT_TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"  # package data: ships in the wheel
+# templates/ at the top of the repository; the wheel ships it as elastic_control/templates (setup.py).
+_INSTALLED_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+DEFAULT_TEMPLATE_DIR = (
+    _INSTALLED_TEMPLATES if _INSTALLED_TEMPLATES.is_dir() else Path(__file__).resolve().parents[2] / "templates"
+)
 
 
 def template_dir() -> Path:
