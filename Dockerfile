@@ -26,14 +26,14 @@ ENV PIP_NO_CACHE_DIR=1 \
 COPY requirements.txt /tmp/requirements.txt
 # mlflow declares scikit-learn, scipy and skops for its model flavors; the tracking server and the
 # client calls ElasticCTR makes import none of them, and scikit-learn is a test-only package here
-# (tests/test_image.py checks it is absent). pip, setuptools, the C headers and the packages' own
-# test suites (pandas' alone is 40 MB) leave the environment too.
+# (tests/test_image.py checks it is absent). pip, the C headers and the packages' own test suites
+# (pandas' alone is 40 MB) leave the environment too; setuptools stays (`import paddle` imports it).
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
  && python3 -m venv /opt/venv \
  && /opt/venv/bin/python -m pip install -q -r /tmp/requirements.txt \
  && /opt/venv/bin/python -m pip uninstall -q -y scikit-learn scipy skops joblib threadpoolctl \
- && /opt/venv/bin/python -m pip uninstall -q -y pip setuptools \
+ && /opt/venv/bin/python -m pip uninstall -q -y pip \
  && cd /opt/venv/lib/python3*/site-packages \
  && rm -rf pyarrow/include paddle/include \
  && find . -depth -type d -name tests -exec rm -rf {} +
