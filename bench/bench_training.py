@@ -11,8 +11,9 @@ Prints, in one run:
   (--wide-prior 0), without copies of the best epoch, and the original defaults
   (dnn, 1 epoch), in the same run, with the ratios: medians of --rounds rounds in which the
   configurations take turns;
-- synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7): held-out AUC
-  of the default family vs the Bayes-optimal AUC;
+- synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7), without and with
+  planted pairwise interactions: held-out AUC of the defaults, of logistic regression on the same feasigns and
+  (interaction data) of `tune`'s best of --tune-candidates candidates, beside the Bayes-optimal AUC;
 - the real Criteo split (`data criteo --hours 5`: train on hours 1-4, score hour 5 from the
   saved pass) for every family with the defaults and the slot.conf the converter writes (its dense slots
   included): AUC, log loss, calibration (mean predicted CTR / observed), examples/s with 1 and with 2
@@ -180,22 +181,66 @@ def read_hour_lines(folder: Path) -> list[str]:
     return [ln for p in sorted(folder.glob("part-*")) for ln in p.read_text().splitlines() if ln]
 
 
-def synthetic_gap(root: Path, lines: int) -> None:
+def synthetic_data(root: Path, lines: int, tune_candidates: int) -> None:
+    """The demo's synthetic data without and with planted interactions: the defaults, logistic regression on
+    the same feasigns and `tune`'s best of ``tune_candidates`` (interaction data), each scored on the hour
+    after the window beside the Bayes-optimal AUC of the planted model."""
+    import json
+    import subprocess
+
+    from elastic_control.data.synth import DEFAULT_INTERACTIONS
+
     hours = 4
-    data = root / "demo-data"
-    summary = generate(data, slots=DEMO_SLOTS, hours=hours + 1, lines_per_hour=lines, seed=7, start=B.START)
-    job = hourly_job(root / "demo-job", data, DEMO_SLOTS, hours)
-    last, _ = train(job, 2)
-    test_lines, truth = read_truth(hour_dir(data, B.START + dt.timedelta(hours=hours)))
-    labels = labels_of(test_lines)
-    probs = B.score_pass(last, test_lines)
-    ours, bayes = auc(labels, probs), auc(labels, truth)
-    print(
-        f"synthetic (the demo's data: {len(DEMO_SLOTS)} slots, {hours} x {lines} lines, CTR {summary['ctr']:.3f}), "
-        f"{DEFAULT_MODEL}: held-out AUC {ours:.4f} vs Bayes-optimal {bayes:.4f} (gap {bayes - ours:.4f}); "
-        f"calibration {probs.mean() / labels.mean():.3f}",
-        flush=True,
-    )
+    rows = []
+    for strength in (0.0, DEFAULT_INTERACTIONS):
+        data = root / f"synth-{strength}"
+        summary = generate(
+            data, slots=DEMO_SLOTS, hours=hours + 1, lines_per_hour=lines, seed=7, start=B.START, interactions=strength
+        )
+        job = hourly_job(root / f"synth-{strength}-job", data, DEMO_SLOTS, hours)
+        t = time.monotonic()
+        last, rate = train(job, 2)
+        seconds = time.monotonic() - t
+        test_lines, truth = read_truth(hour_dir(data, B.START + dt.timedelta(hours=hours)))
+        labels = labels_of(test_lines)
+        probs = B.score_pass(last, test_lines)
+        ours, bayes = auc(labels, probs), auc(labels, truth)
+        train_lines = [
+            ln for h in range(hours) for ln in read_hour_lines(hour_dir(data, B.START + dt.timedelta(hours=h)))
+        ]
+        peer = best_fit(logistic_regression(train_lines, test_lines))
+        tuned = None
+        if strength and tune_candidates:
+            # The window's last hour judges the candidates (--validation), the hour after it scores the winner.
+            out = root / "tune"
+            t = time.monotonic()
+            r = subprocess.run(
+                [B.PYTHON, "-m", "elastic_control", "tune", "-f", str(job[0]), "-s", str(job[1]),
+                 "--validation", f"{B.START + dt.timedelta(hours=hours - 1):%Y%m%d/%H}",
+                 "--candidates", str(tune_candidates), "--output", str(out), "--json", "--no-references"],
+                cwd=B.REPO, capture_output=True, text=True,
+            )  # fmt: skip
+            if r.returncode:
+                raise SystemExit(f"tune failed:\n{r.stderr[-3000:]}")
+            best = json.loads(r.stdout)["best"]
+            tuned = (auc(labels, B.score_pass(Path(best["pass"]), test_lines)), time.monotonic() - t, best["settings"])
+        calibration = probs.mean() / labels.mean()
+        rows.append((strength, summary["ctr"], bayes, peer.auc, ours, calibration, rate, seconds, tuned))
+        print(
+            f"synthetic, interactions {strength} ({len(DEMO_SLOTS)} slots, {hours} x {lines} lines, CTR "
+            f"{summary['ctr']:.3f}): defaults ({DEFAULT_MODEL}) {ours:.4f} (gap to Bayes-optimal {bayes - ours:.4f}, "
+            f"calibration {calibration:.3f}, {rate:,.0f} examples/s); logistic regression "
+            f"{peer.auc:.4f} (gap {bayes - peer.auc:.4f}); Bayes-optimal {bayes:.4f}"
+            + (f"; tune's best of {tune_candidates} {tuned[0]:.4f} in {tuned[1]:.0f} s" if tuned else ""),
+            flush=True,
+        )
+    print("\n| synthetic data | Bayes-optimal | logistic regression | defaults | gap | tune (candidates, time) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for strength, _, bayes, lr_auc, ours, _, _, _, tuned in rows:
+        tuned_cell = f"{tuned[0]:.4f} ({tune_candidates}, {tuned[1]:.0f} s)" if tuned else "-"
+        print(
+            f"| interactions {strength} | {bayes:.4f} | {lr_auc:.4f} | {ours:.4f} | {bayes - ours:.4f} | {tuned_cell} |"
+        )
 
 
 def small_logs(root: Path, quick: bool) -> None:
@@ -337,12 +382,20 @@ def main() -> None:
     ap.add_argument("--skip-quality", action="store_true", help="only the reader and throughput figures")
     ap.add_argument("--small-logs-only", action="store_true", help="only the small real logs' table")
     ap.add_argument(
+        "--tune-candidates",
+        type=int,
+        default=None,
+        help="tune's budget on the synthetic interaction data (default 8, --quick 3; 0: no tune row)",
+    )
+    ap.add_argument(
         "--rounds", type=int, default=None, help="throughput rounds, configurations alternating (default 3, --quick 1)"
     )
     args = ap.parse_args()
     families = [f for f in args.families.split(",") if f]
     hours, lines = (2, 5000) if args.quick else (4, 25_000)
     args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.tune_candidates is None:
+        args.tune_candidates = 3 if args.quick else 8
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         root = Path(tmp)
         if args.small_logs_only:
@@ -396,7 +449,7 @@ def main() -> None:
             )
         if args.skip_quality:
             return
-        synthetic_gap(root, lines)
+        synthetic_data(root, lines, args.tune_candidates)
         if not B.CRITEO_FILE.exists():
             print(f"Criteo comparison skipped: {B.CRITEO_FILE} not found")
             return

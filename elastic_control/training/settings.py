@@ -81,12 +81,9 @@ class Hyperparameters:
     # embed_w's rule: Adam. The decay rule on the wide weights too measured worse on Criteo (0.7557) and
     # no better on the synthetic gap.
     wide_optimizer: str = "adam"
-    # The decay rule: rate / sqrt(1 + sightings / this) (training/rate_decay.py). 3000, not 30: at 30 a key
-    # seen thousands of times an hour learned at a tenth of the rate and stopped short of its optimum:
-    # synthetic interaction data 0.7728 -> 0.8117 (logistic regression 0.7751, Bayes-optimal 0.8201), its
-    # 8-slot twin 0.8081 -> 0.8138, the Criteo split 0.7636 -> 0.7644, Frappe 0.9198 -> 0.9204; the small
-    # Criteo logs within 0.001 (docs/benchmarks.md "Model quality").
-    decay_sightings: float = 3000.0
+    # The decay rule: rate / sqrt(1 + sightings / this) (training/rate_decay.py). None: per family
+    # (resolve_decay_sightings).
+    decay_sightings: float | None = None
     l2_embedding: float = 2.0  # count-scaled L2 on embedx_w (dnn: on the whole row); scikit-learn C = 1/(2 l2)
     # count-scaled L2 on embed_w (wide families). 5.0 (C = 0.1, logistic regression's best C on the Criteo
     # split), not 2.0: with the calmer dense tower and the noise-weighted early stop it puts both small real
@@ -166,7 +163,7 @@ class RoleSettings:
             wide_learning_rate=h.wide_learning_rate,
             sparse_optimizer=h.sparse_optimizer,
             wide_optimizer=h.wide_optimizer,
-            decay_sightings=h.decay_sightings,
+            decay_sightings=resolve_decay_sightings(h, self.model_family),
             l2_embedding=h.l2_embedding,
             l2_wide=h.l2_wide,
             wide_prior=resolve_wide_prior(h, self.model_family),
@@ -175,6 +172,24 @@ class RoleSettings:
             cross_rank=h.cross_rank,
             dense_slots=tuple(self.slot_conf.dense),
         )
+
+
+# The decay rule's sightings per family (resolve_decay_sightings). 3000: at 30 a key seen thousands of times
+# an hour learned at a tenth of the rate and stopped short of its optimum: synthetic interaction data
+# 0.7728 -> 0.8117 (logistic regression 0.7751, Bayes-optimal 0.8201), its 8-slot twin 0.8081 -> 0.8138,
+# the Criteo split 0.7636 -> 0.7644, Frappe 0.9198 -> 0.9204, the small Criteo logs within 0.001
+# (docs/benchmarks.md "Model quality"). deepfm keeps 30: its factorisation-machine term multiplies two
+# embeddings, and at the faster rates frequent keys' embeddings grew until the logits diverged (AUC 0.50 on
+# the synthetic interaction data at 300 and 3000, on the Criteo split at 3000).
+DEFAULT_DECAY_SIGHTINGS = 3000.0
+FAMILY_DECAY_SIGHTINGS = {"deepfm": 30.0}
+
+
+def resolve_decay_sightings(hyper: Hyperparameters, family: str) -> float:
+    """The decay rule's sightings: the flag, else the family's (FAMILY_DECAY_SIGHTINGS), else the default."""
+    if hyper.decay_sightings is not None:
+        return hyper.decay_sightings
+    return FAMILY_DECAY_SIGHTINGS.get(family, DEFAULT_DECAY_SIGHTINGS)
 
 
 def resolve_model(flag: str | None, data_config: DataConfig) -> str:
