@@ -1,8 +1,10 @@
 """Local backend: the whole pipeline as supervised processes on this machine.
 
 -r plans every component on free loopback ports (local/components.json) after
-checking that the data window has something to train on; -a starts a detached
-supervisor (elastic_control.local.supervisor) and returns a LocalDeployment,
+checking that the data window has something to train on (under a running
+pipeline, planned components keep their ports); -a starts a detached
+supervisor (elastic_control.local.supervisor), or converges the running one on
+the plan (local/converge.py), and returns a LocalDeployment,
 the handle -l, status and delete also use (LocalBackend.attach).
 """
 
@@ -49,13 +51,11 @@ class LocalBackend(Backend):
         from elastic_control.local import runtime as rt
 
         final = StateFolder.of(plan.state_dir)
-        running = rt.supervisor_info(final)
-        if running.alive:
-            # New ports under a running pipeline would point -c, -l and status at the wrong processes.
-            raise UsageError(
-                f"the pipeline in {final.state}/ is running (supervisor pid {running.pid}); stop it with "
-                "`elastic-control delete` before -r, or render into another --state-dir"
-            )
+        # Under a running pipeline every planned component keeps its ports (-c, -l and status stay right,
+        # and -a restarts only what the new plan changes: local/converge.py).
+        keep = None
+        if rt.supervisor_info(final).alive and final.components_file.exists():
+            keep = {c.name: c.all_ports for c in load_local_plan(final.components_file).components}
         cfg = load_data_config(staging / DATA_CONFIG_FILE)
         base = Path.cwd()
         model_path = resolve_model_path(cfg, final, base)
@@ -73,6 +73,7 @@ class LocalBackend(Backend):
             max_job_restarts=int(plan.extra.get("max_job_restarts", 3)),
             window=training_window(resolved),
             credentials=sorted(credentials),
+            keep_ports=keep,
         )
         staged = StateFolder(staging)
         staged.local_dir.mkdir(parents=True, exist_ok=True)
@@ -88,8 +89,12 @@ class LocalBackend(Backend):
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> LocalDeployment | None:
         from elastic_control.local import lifecycle
+        from elastic_control.local import runtime as rt
 
         layout = StateFolder.of(plan.state_dir)
+        if rt.supervisor_info(layout).alive:
+            lifecycle.converge(layout, dry_run=bool(dry_run))
+            return None if dry_run else LocalDeployment(plan, ready=True)
         if dry_run:
             local_plan = load_local_plan(layout.components_file)
             info(f"would start {len(local_plan.components)} local processes (nothing started: --dry-run):")

@@ -87,15 +87,18 @@ def training_window(cfg: DataConfig) -> dict | None:
     return {"start": cfg.format_slot(cfg.start), "end": cfg.format_slot(cfg.end), "dataset": cfg.dataset_root}
 
 
-def draw_ports(services: int, pservers: int, trainers: int) -> tuple[list[int], list[int], list[int]]:
-    """(service ports, pserver ports, trainer ports), all distinct and free now.
+def draw_ports(
+    services: int, pservers: int, trainers: int, exclude: set[int] | None = None
+) -> tuple[list[int], list[int], list[int]]:
+    """(service ports, pserver ports, trainer ports), all distinct, free now and not in ``exclude``.
 
     pserver 0's port P comes with P + COORDINATOR_PORT_OFFSET (its barrier service) free and unused too.
     """
     width = COORDINATOR_PORT_OFFSET + 1
-    (first_pserver,) = free_ports(1, width=width)
+    exclude = set(exclude or ())
+    (first_pserver,) = free_ports(1, width=width, exclude=exclude)
     block = set(range(first_pserver, first_pserver + width))
-    rest = free_ports(services + pservers - 1 + trainers, exclude=block)
+    rest = free_ports(services + pservers - 1 + trainers, exclude=block | exclude)
     services_ports, rest = rest[:services], rest[services:]
     return services_ports, [first_pserver, *rest[: pservers - 1]], rest[pservers - 1 :]
 
@@ -138,12 +141,19 @@ def job_ports(pservers: int, trainers: int, pserver_ports: list[int], trainer_po
     }
 
 
-def local_addressing(plan: Plan, layout: StateFolder, *, model_path: str) -> Loopback:
-    """Every component's ports drawn free now; files in the state folder."""
+def local_addressing(
+    plan: Plan, layout: StateFolder, *, model_path: str, keep_ports: dict[str, list[int]] | None = None
+) -> Loopback:
+    """Every component's ports drawn free now, except those ``keep_ports`` names (component -> its ports, in
+    order: a running pipeline's); files in the state folder."""
     res = plan.resources
     kinds = [MLFLOW, FILESERVER, TRANSFER, SERVING]
+    keep_ports = keep_ports or {}
+    kept = {p for ports in keep_ports.values() for p in ports}
+    if keep_ports.get(pserver_name(0)):
+        kept |= set(range(keep_ports[pserver_name(0)][0], keep_ports[pserver_name(0)][0] + COORDINATOR_PORT_OFFSET + 1))
     service_ports, pserver_ports, trainer_ports = draw_ports(
-        sum(len(PORTS[kind]) for kind in kinds) + 2 * res.cube_shards, res.pservers, res.trainers
+        sum(len(PORTS[kind]) for kind in kinds) + 2 * res.cube_shards, res.pservers, res.trainers, kept
     )
     take = iter(service_ports)
     ports = {kind: {name: next(take) for name, _ in PORTS[kind]} for kind in kinds}
@@ -151,6 +161,9 @@ def local_addressing(plan: Plan, layout: StateFolder, *, model_path: str) -> Loo
         ports[cube_server_name(shard)] = {"cube": next(take)}
         ports[cube_agent_name(shard)] = {"agent": next(take)}
     ports.update(job_ports(res.pservers, res.trainers, pserver_ports, trainer_ports))
+    for name, old in keep_ports.items():
+        if name in ports and len(old) == len(ports[name]):
+            ports[name] = dict(zip(ports[name], old, strict=True))
     paths = Paths(
         slot_conf=str(layout.slot_conf),
         data_config=str(layout.local_data_config),
@@ -172,9 +185,10 @@ def plan_components(
     max_job_restarts: int = DEFAULT_MAX_JOB_RESTARTS,
     window: dict | None = None,
     credentials: list[str] | tuple[str, ...] = (),
+    keep_ports: dict[str, list[int]] | None = None,
 ) -> LocalPlan:
-    """The catalogue's components as local processes, on ports drawn fresh (free now)."""
-    addressing = local_addressing(plan, layout, model_path=model_path)
+    """The catalogue's components as local processes, on ports drawn fresh (free now) but those kept."""
+    addressing = local_addressing(plan, layout, model_path=model_path, keep_ports=keep_ports)
     catalogue = build_catalogue(plan, addressing, credentials=credentials)
     return LocalPlan(
         components=[process_spec(c) for c in catalogue.components],

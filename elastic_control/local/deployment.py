@@ -20,13 +20,16 @@ from elastic_control.plan import Plan
 
 
 class LocalDeployment(Deployment):
-    def __init__(self, plan: Plan, *, supervisor: tuple[int, float | None] | None = None):
+    def __init__(self, plan: Plan, *, supervisor: tuple[int, float | None] | None = None, ready: bool = False):
         super().__init__(plan)
         self.layout = StateFolder.of(plan.state_dir)
         self._supervisor = supervisor  # (pid, start time) of the supervisor apply started, if it did
+        self._ready = ready  # apply converged a running pipeline and waited for it already
 
     def wait(self, timeout: float | None = None, *, show_progress: bool = True) -> None:
         """Until the supervisor reports every component started; ComponentError with the failing log's tail."""
+        if self._ready:
+            return
         if self._supervisor is not None:
             pid, started = self._supervisor
         else:

@@ -1,8 +1,9 @@
 """-a and delete for the local backend: start the supervisor and wait for it, stop everything.
 
-Both leave no orphan: -a refuses to start over a live supervisor and first
-stops anything an earlier, dead supervisor left behind; delete asks the
-supervisor to stop its children, and kills whatever is left if it cannot.
+Both leave no orphan: start refuses to start over a live supervisor and first
+stops anything an earlier, dead supervisor left behind (-a on a running
+pipeline converges it instead: ``converge``, local/converge.py); delete asks
+the supervisor to stop its children, and kills whatever is left if it cannot.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import time
 
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.names import StateFolder
-from elastic_control.console import console, done, warn
+from elastic_control.console import console, done, info, warn
+from elastic_control.local import converge as cv
 from elastic_control.local import runtime as rt
 from elastic_control.local.components import publish_config
 from elastic_control.local.daemon import rotate_logs, spawn_supervisor, tail_lines
@@ -85,6 +87,39 @@ def apply(layout: StateFolder, *, timeout: float = STARTUP_TIMEOUT, show_progres
     """Start the supervisor and wait until every component started (or the start failed)."""
     pid, started = start(layout)
     return wait_started(layout, pid, started, timeout=timeout, show_progress=show_progress)
+
+
+def converge(layout: StateFolder, *, timeout: float = cv.CONVERGE_TIMEOUT, dry_run: bool = False) -> list[cv.Change]:
+    """-a on a running pipeline: apply only what the rendered plan changes (local/converge.py)."""
+    record = rt.supervisor_info(layout).record or {}
+    if "generation" not in record:
+        raise UsageError(
+            f"the pipeline in {layout.state}/ runs under a supervisor of an older elastic-control, which cannot "
+            "load a new plan; stop it with `elastic-control delete`, then -a"
+        )
+    plan = load_local_plan(layout.components_file)
+    comps = record.get("components") or {}
+    changes = cv.plan_changes(plan, layout, {n: c.get("spec_hash") for n, c in comps.items()})
+    changed = [c for c in changes if c.action != "unchanged"]
+    if not changed:
+        done(f"unchanged: the {len(changes)} components in {layout.state}/ already run this plan; nothing to do")
+        return changes
+    restart_job = cv.job_changed(plan, changes, {n: c.get("group") for n, c in comps.items()})
+    prefix = "would be " if dry_run else ""
+    for change in changed:
+        info(f"  {change.name} {prefix}{change.action}")
+    if restart_job:
+        info(f"  the training job {prefix}restarted (its plan changed): the trainers resume after the last pass")
+    if dry_run:
+        info(f"  {len(changes) - len(changed)} unchanged (nothing applied: --dry-run)")
+        return changes
+    publish_config(layout)
+    generation = int(record["generation"]) + 1
+    cv.request_apply(layout, generation)
+    cv.wait_converged(layout, generation, timeout=timeout)
+    counts = {a: sum(c.action.split()[0] == a for c in changes) for a in ("created", "updated", "pruned", "unchanged")}
+    done("applied the plan: " + ", ".join(f"{n} {a}" for a, n in counts.items()))
+    return changes
 
 
 def _progress_text(record: dict | None) -> str:

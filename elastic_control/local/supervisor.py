@@ -40,9 +40,18 @@ from pathlib import Path
 import requests
 
 from ctr_foundation.env_vars import planned_environment
+from ctr_foundation.errors import UsageError
 from ctr_foundation.names import StateFolder
 from ctr_foundation.records import read_donefile
 from elastic_control.local import runtime as rt
+from elastic_control.local.converge import (
+    Change,
+    apply_request_file,
+    job_changed,
+    plan_changes,
+    read_apply_request,
+    spec_hashes,
+)
 from elastic_control.local.ports import LOOPBACK, wait_tcp
 from elastic_control.local.process import (
     describe_exit,
@@ -51,7 +60,7 @@ from elastic_control.local.process import (
     start_process,
     stop_components,
 )
-from elastic_control.local.spec import JOB, ComponentSpec, LocalPlan
+from elastic_control.local.spec import JOB, ComponentSpec, LocalPlan, load_local_plan
 
 log = logging.getLogger("elastic_control.supervisor")
 
@@ -79,6 +88,7 @@ class ComponentRun:
     next_start: float = 0.0
     attempt: int = 0
     stopped: bool = False  # its last exit was the supervisor stopping it
+    spec_hash: str = ""  # of the spec it runs (local/converge.py): -a restarts it only when that changes
 
     def to_json(self) -> dict:
         s = self.spec
@@ -95,6 +105,7 @@ class ComponentRun:
             "last_exit_at": self.last_exit_at,
             "attempt": self.attempt,
             "stopped_by_supervisor": self.stopped,
+            "spec_hash": self.spec_hash,
         }
 
 
@@ -141,7 +152,9 @@ class Supervisor:
         # Registry variables come from the plan only (planned_environment), as a pod's come from its manifest.
         self.base_env = planned_environment(dict(os.environ if base_env is None else base_env))
         self.secret_env = dict(secret_env or {})  # e.g. the token: given to children, never written to disk
-        self.runs = {c.name: ComponentRun(c) for c in plan.components}
+        hashes = spec_hashes(plan, layout)
+        self.runs = {c.name: ComponentRun(c, spec_hash=hashes[c.name]) for c in plan.components}
+        self.generation = 0  # of the plan loaded: each -a that changes something asks for the next one
         self.job = JobState(max_restarts=plan.max_job_restarts)
         self.state = rt.STARTING
         self.reason = ""
@@ -165,6 +178,7 @@ class Supervisor:
         previous_handlers = self._install_signals()
         try:
             self.layout.stop_request_file.unlink(missing_ok=True)
+            apply_request_file(self.layout).unlink(missing_ok=True)
             log.info("supervisor %d starting %d components", os.getpid(), len(self.runs))
             self._write(force=True)
             while not self.stop_requested:
@@ -200,6 +214,14 @@ class Supervisor:
         now = time.monotonic()
         if self.layout.stop_request_file.exists():
             self.stop_requested = True
+        request = read_apply_request(self.layout)
+        if request is not None:
+            try:
+                plan = load_local_plan(self.layout.components_file)
+            except UsageError as e:  # the plan -a asked for is unreadable: keep running the current one
+                log.error("cannot load the plan -a asked for: %s", e)
+            else:
+                self.load_plan(plan, int(request.get("generation", 0)))
         for run in self.runs.values():
             if run.proc is not None:
                 code = run.proc.poll()
@@ -224,6 +246,46 @@ class Supervisor:
                 except Exception as e:  # noqa: BLE001 - a watcher must never take the supervisor down
                     log.warning("%s failed: %s", type(hook).__name__, e)
         self._write()
+
+    def load_plan(self, plan: LocalPlan, generation: int) -> list[Change]:
+        """Converge on ``plan``: stop what is no longer planned, start what is new, restart what changed.
+
+        The training job restarts (every member) only if one of its members was added, changed or
+        removed; an unchanged job is left as it is, running or finished.
+        """
+        changes = plan_changes(plan, self.layout, {n: r.spec_hash for n, r in self.runs.items()})
+        restart_job = job_changed(plan, changes, {n: r.spec.group for n, r in self.runs.items()})
+        hashes = spec_hashes(plan, self.layout)
+        differs = {c.name for c in changes if c.action != "unchanged"}
+        stop = [
+            r
+            for n, r in self.runs.items()
+            if r.proc is not None and (n in differs or (restart_job and r.spec.group == JOB))
+        ]
+        if stop:
+            self._stop(stop, self.plan.stop_grace, final_state=rt.C_STOPPED, why="the plan changed (-a)")
+        runs = {}
+        for spec in plan.components:
+            old = self.runs.get(spec.name)
+            if old is not None and spec.name not in differs and not (restart_job and spec.group == JOB):
+                old.spec = spec
+                runs[spec.name] = old
+            else:
+                runs[spec.name] = ComponentRun(spec, spec_hash=hashes[spec.name])
+        for change in changes:
+            if change.action != "unchanged":
+                self._note(change.name, f"{change.name} {change.action} (-a, plan {generation})")
+        self.runs = runs
+        self.plan = plan
+        self.job.max_restarts = plan.max_job_restarts
+        if restart_job:
+            history = [*self.job.history, {"attempt": self.job.attempt, "at": time.time(), "event": "plan changed"}]
+            self.job = JobState(attempt=self.job.attempt, max_restarts=plan.max_job_restarts, history=history)
+            log.info("the training job's plan changed: it starts again")
+        self.generation = generation
+        self._dirty = True
+        self._write(force=True)
+        return changes
 
     def request_stop(self, *_args) -> None:
         self.stop_requested = True
@@ -488,6 +550,7 @@ class Supervisor:
             "components": {n: r.to_json() for n, r in self.runs.items()},
             "job": self.job.to_json() if self._job_members() else None,
             "state_dir": str(self.layout.state),
+            "generation": self.generation,
         }
 
     def _write(self, force: bool = False) -> None:
@@ -508,8 +571,6 @@ def configure_logging(stream=None) -> None:
 
 def run_supervisor(state_dir: str | Path, *, plan: LocalPlan | None = None, secret_env: dict | None = None) -> int:
     """Entry of the detached supervisor process (``elastic-control supervise``)."""
-    from elastic_control.local.spec import load_local_plan
-
     layout = StateFolder.of(state_dir)
     plan = plan or load_local_plan(layout.components_file)
     sup = Supervisor(layout, plan, secret_env=secret_env)
