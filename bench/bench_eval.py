@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -160,6 +162,35 @@ def sklearn_metrics(paths, n, group_budget_s: float):
     }
 
 
+FLAT_ROUNDS = 3
+
+
+def flat_in_turns(paths) -> dict[str, tuple[float, float]]:
+    """AUC + log loss + calibration, ours (with the reliability table) and scikit-learn's, taking turns:
+    (median seconds, median CPU seconds) of each. On a shared machine a load that comes and goes moves
+    figures measured minutes apart; turns and CPU time keep the comparison to the work itself."""
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    y, s, _ = (np.asarray(a) for a in _load(paths))
+
+    def ours():
+        b = CountsBuilder()
+        for i in range(0, len(y), CHUNK):
+            b.add(y[i : i + CHUNK], s[i : i + CHUNK])
+        return summarize(b.result())
+
+    def sklearn():
+        return roc_auc_score(y, s), log_loss(y, s), float(s.astype(np.float64).mean() / y.mean())
+
+    runs: dict[str, list[tuple[float, float]]] = {"ours": [], "sklearn": []}
+    for _ in range(FLAT_ROUNDS):
+        for name, fn in (("ours", ours), ("sklearn", sklearn)):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            runs[name].append((time.perf_counter() - t0, time.process_time() - c0))
+    return {k: (float(np.median([r[0] for r in v])), float(np.median([r[1] for r in v]))) for k, v in runs.items()}
+
+
 def check_prefix_equal(paths, sk: dict) -> bool:
     """Our grouped AUC on exactly the groups scikit-learn measured equals its value."""
     y, s, g = (np.asarray(a) for a in _load(paths))
@@ -192,6 +223,7 @@ def bench_metrics(n: int, workers: int) -> None:
         assert abs(single["auc"] - sk["auc"]) < 1e-9, (single["auc"], sk["auc"])
         assert abs(single["logloss"] - sk["logloss"]) / sk["logloss"] < 1e-6
         prefix_ok = check_prefix_equal(paths, sk)
+        flat = flat_in_turns(paths)
         t_sk_total = sk["t_flat"] + sk["t_group_extrapolated"]
         print(
             f"AUC {single['auc']:.6f} (sklearn {sk['auc']:.6f}), logloss {single['logloss']:.6f} "
@@ -212,7 +244,10 @@ def bench_metrics(n: int, workers: int) -> None:
         print(f"ratio ours {workers} processes vs sklearn (all metrics): {t_sk_total / t_par:.1f}x")
         print(
             f"ratio ours 1 process vs sklearn (AUC+logloss+calibration only; ours {single['t_flat']:.2f}s "
-            f"incl. reliability table): {sk['t_flat'] / single['t_flat']:.2f}x"
+            f"incl. reliability table): {sk['t_flat'] / single['t_flat']:.2f}x; "
+            f"in turns, medians of {FLAT_ROUNDS}: ours {flat['ours'][0]:.2f}s ({flat['ours'][1]:.2f}s CPU), "
+            f"sklearn {flat['sklearn'][0]:.2f}s ({flat['sklearn'][1]:.2f}s CPU): "
+            f"{flat['sklearn'][0] / flat['ours'][0]:.2f}x ({flat['sklearn'][1] / flat['ours'][1]:.2f}x in CPU time)"
         )
         print(f"parallel speed-up: {t_single / t_par:.2f}x")
 
@@ -253,19 +288,31 @@ def bench_scoring(lines: int, workers: int) -> None:
         from elastic_control.evaluation.pass_scorer import PassScorer
         from elastic_control.inference.scoring import score_lines
 
+        cpu: dict = {}
+
         def run(w: int) -> tuple[float, dict]:
             spec = EvalSpec.create(model=pass_dir, data_config=cfg, shares=w)
+            partials = Path(tempfile.mkdtemp(dir=tmp))
             t0 = time.perf_counter()
-            r = evaluate(spec, workers=w)
-            return time.perf_counter() - t0, r.metrics["model"]
+            r = evaluate(spec, workers=w, partials=partials)
+            took = time.perf_counter() - t0
+            # The shares' CPU seconds (each worker's own): how the work split, whatever the machine's load.
+            cpu.setdefault(w, []).append(
+                [json.loads(p.read_text())["cpu_seconds"] for p in sorted(partials.glob("share-*/share.json"))]
+            )
+            shutil.rmtree(partials)
+            return took, r.metrics["model"]
 
         def peer() -> float:
             # The shared per-line path on the same lines, its pass loaded before the clock starts.
             scorer = PassScorer(pass_dir)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for i in range(0, peer_n, 2048):
                 score_lines(block[i : i + 2048], scorer.info, scorer.table.lookup, scorer.model)
+            peer_cpu.append((time.process_time() - c0) * lines / peer_n)
             return (time.perf_counter() - t0) * lines / peer_n
+
+        peer_cpu: list[float] = []
 
         peer_n = min(100_000, lines, len(block))
         # First runs: what the first evaluation in a process pays on top (paddle's import here, the worker
@@ -293,6 +340,10 @@ def bench_scoring(lines: int, workers: int) -> None:
         ]
         for name, t in rows:
             print(f"{name:48s}{t:10.2f}{n / t:16,.0f}")
+        print(
+            f"CPU seconds of the shares (last run): 1 worker {' + '.join(map(str, cpu[1][-1]))}; {workers} workers "
+            f"{' + '.join(map(str, cpu[workers][-1]))}; the per-line path's, on one core: {peer_cpu[-1]:.2f}"
+        )
         print(
             f"ratio evaluate 1 worker vs per-line path: {t_peer / t1:.2f}x; {workers} workers vs 1: {t1 / tw:.2f}x "
             f"(first runs: 1 worker {t_peer / first[1][0]:.2f}x of the per-line path, paying paddle's import; "

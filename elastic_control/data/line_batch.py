@@ -279,12 +279,13 @@ def _parse_plain_integers(data: bytes, seps: np.ndarray, kinds: np.ndarray, line
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    ends_line = np.flatnonzero(kinds == _NEWLINE)  # each line's last token
+    newline = kinds == _NEWLINE
+    ends_line = np.flatnonzero(newline)  # each line's last token
     line_first = np.empty(len(ends_line), np.int64)
     line_first[0] = 0
     line_first[1:] = ends_line[:-1] + 1
     colons = np.flatnonzero(kinds == _COLON)  # each pair's feasign
-    feature_line = np.searchsorted(ends_line, colons)
+    feature_line = (np.cumsum(newline) - newline)[colons]  # the newlines before it
     place = colons - line_first[feature_line]
     # A line of k pairs is show, click, then the pairs: 2 + 2k tokens, its colons after tokens 2, 4, ..., 2k.
     if (

@@ -167,7 +167,7 @@ def run_share(spec: EvalSpec, index: int, partials: str | os.PathLike) -> dict:
 
     if not 0 <= index < spec.shares:
         raise UsageError(f"share {index} does not exist: the evaluation has {spec.shares} shares")
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     data = _window_data(spec)
     parts = list(data.partitions())
     if not parts:
@@ -228,6 +228,8 @@ def run_share(spec: EvalSpec, index: int, partials: str | os.PathLike) -> dict:
             "bad_examples": counter.examples,
             "hours": [p.name for p in parts],
             "seconds": round(time.time() - started, 3),
+            # This process's CPU time for the share: on a busy machine, what the share cost beside how long it took.
+            "cpu_seconds": round(time.process_time() - cpu_started, 3),
             "finished_at": time.time(),
         }
         atomic_write_json(tmp / SHARE_JSON, info)
