@@ -121,6 +121,7 @@ class Transfer:
         self.pins_error: str | None = None
         self._published: set[str] = set()  # file-server folders (cube/V/, cube/V/compacted/) known complete
         self.champion = AliasSetter(config.mlflow_uri, CHAMPION) if is_server_uri(config.mlflow_uri) else None
+        self._switching = threading.Lock()  # one rollout at a time: the loop's passes and rollbacks
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -132,6 +133,10 @@ class Transfer:
 
     def poll_once(self) -> str | None:
         """Handle at most one pass; return its version (or None when there was nothing to do)."""
+        with self._switching:
+            return self._poll_once()
+
+    def _poll_once(self) -> str | None:
         try:
             if self.journal.data["in_flight"]:
                 return self.recover()
@@ -260,6 +265,54 @@ class Transfer:
         self.last_error = reason
         log.error("rollout of %s failed (attempt %d, retry in %.0fs): %s", version, attempts, wait, reason)
 
+    def previous_version(self) -> str | None:
+        """The version active before the active one (the newest other version history saw activated)."""
+        active = self.journal.active_version
+        for rec in reversed(self.journal.data["history"]):
+            if rec.get("result") == "active" and rec.get("version") != active:
+                return rec["version"]
+        return None
+
+    def rollback(self, version: str | None = None) -> dict:
+        """Make ``version`` (default: the previous active one) active again, through the same two-phase switch.
+
+        The pass stays where training wrote it; its built version is reused when it still verifies, else
+        rebuilt. Newer passes stay handled (retired): the loop does not roll them out again, only passes
+        training writes from now on. Recorded in the history with ``"by": "rollback"``.
+        """
+        with self._switching:
+            active = self.journal.active_version
+            target = version or self.previous_version()
+            if target is None:
+                raise UsageError("nothing to roll back to: no version was active before " + str(active))
+            if not valid_version_name(target):
+                raise UsageError(f"{target!r} is not a version name (e.g. pass-20200101-05)")
+            if target == active:
+                return {"version": target, "result": "active", "unchanged": True, "by": "rollback"}
+            known = {e.pass_name: e for e in read_donefile(self.cfg.model_path)}
+            if target not in known:
+                raise UsageError(f"version {target} is not a pass in {self.cfg.model_path}/donefile")
+            entry, pass_dir = known[target], self._pass_dir(target)
+            t0 = time.time()
+            try:
+                manifest, rebuilt = self._build(target, pass_dir, check_sha=False)
+                doc = self._publish_chain(target, pass_dir)
+            except (ElasticControlError, OSError) as e:
+                raise ComponentError(f"rollback to {target}: {e}") from e
+            ok, info = roll_out(doc=doc, journal=self.journal, fleet=self.fleet)
+            info.update(by="rollback", rolled_back_from=active, built=rebuilt)
+            if not ok:
+                if not info.get("rollback_errors"):
+                    self.journal.finish({"version": target, "result": "failed", "at": time.time(), **info})
+                raise ComponentError(f"rollback to {target} failed: {info.get('error')}")
+            self._conclude(target, entry, pass_dir, manifest, ok, info, t0)
+            names = list(known)
+            for newer in names[names.index(target) + 1 :]:  # passes waiting or retrying are not rolled out again
+                if self.journal.pass_status(newer) not in FINAL:
+                    self.journal.set_pass(newer, status="superseded", reason=f"rolled back to {target}")
+            self.last_error = None
+            return {"version": target, "result": "active", "from": active, "by": "rollback", **info}
+
     def _conclude(self, version, entry, pass_dir, manifest, ok, info, t0) -> None:
         if not ok:
             if info.get("rollback_errors"):
@@ -269,6 +322,7 @@ class Transfer:
             self._failed(version, info["error"], info)
             return
         now = time.time()
+        info.setdefault("by", "cube-transfer")
         info["total_s"] = round(now - t0, 3)
         if entry.epoch is not None:
             info["freshness_s"] = round(now - entry.epoch, 3)
@@ -485,8 +539,20 @@ class Transfer:
             self.wake.set()
             return 202, {"status": "poll requested"}
 
+        def rollback(body):
+            version = body.get("version") if isinstance(body, dict) else None
+            if version is not None and not isinstance(version, str):
+                return 400, {"error": '"version" must be a version name (or absent: the previous version)'}
+            try:
+                return 200, self.rollback(version)
+            except UsageError as e:
+                return 400, {"error": str(e)}
+            except ElasticControlError as e:
+                return 409, {"error": str(e)}
+
         return {
             ("GET", "/v1/status"): JsonRoute(self.status),
+            ("POST", "/v1/rollback"): JsonRoute(rollback, write=True),
             ("GET", "/healthz"): JsonRoute(lambda _b: (200, {"status": "ok", "active": self.journal.active_version})),
             ("POST", "/v1/poll"): JsonRoute(poll, write=True),
             ("GET", "/v1/shards"): JsonRoute(lambda _b: (200, {"shards": self.fleet.statuses()})),

@@ -35,6 +35,9 @@ LAZY_COMMANDS = {
     "predict": ("client.cli", "predict_command"),
     "supervise": ("elastic_control.local.cli", "supervise_command"),
     "tune": ("elastic_control.tuning.cli", "tune_command"),
+    "history": ("elastic_control.cli.rollouts", "history_command"),
+    "rollback": ("elastic_control.cli.rollouts", "rollback_command"),
+    "canary": ("elastic_control.cli.rollouts", "canary_command"),
 }
 HIDDEN = {"role", "supervise"}
 
