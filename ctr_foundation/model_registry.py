@@ -22,7 +22,9 @@ REGISTERED_MODEL = "elastic-ctr"
 PASS_TAG = "pass"  # the version's pass name (training/tracking.py sets it)
 CANDIDATE = "candidate"  # the newest registered version
 CHAMPION = "champion"  # the version of the active cube version: what serving answers with
-ALIASES = (CANDIDATE, CHAMPION)
+CHALLENGER = "challenger"  # the version an A/B split (a canary) serves beside the champion
+ALIASES = (CANDIDATE, CHAMPION, CHALLENGER)
+MODELS_SCHEME = "models:/"
 log = logging.getLogger("ctr_foundation.model_registry")
 
 
@@ -72,6 +74,37 @@ def alias_version(tracking_uri: str, alias: str, *, model: str = REGISTERED_MODE
             return None
         raise
     return str(answer["model_version"]["version"])
+
+
+def is_model_uri(text: str | None) -> bool:
+    return bool(text) and text.startswith(MODELS_SCHEME)
+
+
+def pass_of_model_uri(tracking_uri: str | None, uri: str, *, timeout: float = 10.0) -> str:
+    """The pass name (the ``pass`` tag) of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``."""
+    rest = uri[len(MODELS_SCHEME) :]
+    name, at, alias = rest.partition("@")
+    if not at:
+        name, slash, alias = rest.rpartition("/")
+        if not slash or not alias.isdigit():
+            raise RegistryError(f"{uri!r}: expected models:/NAME@ALIAS or models:/NAME/VERSION")
+    if not name or not alias:
+        raise RegistryError(f"{uri!r}: expected models:/NAME@ALIAS or models:/NAME/VERSION")
+    if not is_server_uri(tracking_uri):
+        raise RegistryError(f"{uri} needs an MLflow tracking server (set MLFLOW_TRACKING_URI to http[s]://...)")
+    if at:
+        answer = _call(
+            "GET", tracking_uri, "registered-models/alias", params={"name": name, "alias": alias}, timeout=timeout
+        )
+    else:
+        answer = _call(
+            "GET", tracking_uri, "model-versions/get", params={"name": name, "version": alias}, timeout=timeout
+        )
+    mv = answer.get("model_version") or {}
+    tags = {t.get("key"): t.get("value") for t in mv.get("tags") or []}
+    if not tags.get(PASS_TAG):
+        raise RegistryError(f"{uri} is version {mv.get('version')} of {name}, which has no {PASS_TAG} tag")
+    return tags[PASS_TAG]
 
 
 def _call(method: str, tracking_uri: str, path: str, *, timeout: float, **kwargs) -> dict:

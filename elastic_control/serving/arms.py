@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 CONTROL = "control"
@@ -139,16 +139,29 @@ def split_from_json(obj: object, generation: int) -> Split:
     return make_split(arms, generation)
 
 
-def split_from_flag(text: str | None, generation: int = 0) -> Split:
+MODELS_SCHEME = "models:/"
+DEFAULT_MODEL_ARM_PERCENT = 10.0
+
+
+def split_from_flag(text: str | None, generation: int = 0, resolve: Callable[[str], str] | None = None) -> Split:
     """``--split 'challenger=pass-20200101-05:10[,other=VERSION:W]'``: challengers' weights in percent.
 
-    The control arm gets the rest (100 - their sum); ``control:W`` sets it explicitly instead.
+    The control arm gets the rest (100 - their sum); ``control:W`` sets it explicitly instead. A VERSION
+    may be an MLflow model URI (``models:/NAME@ALIAS`` or ``models:/NAME/N``), which ``resolve`` turns into
+    the version's pass; an arm may also be just ``models:/NAME@ALIAS[:PERCENT]``: the arm is named after the
+    alias (e.g. ``challenger``) and takes PERCENT (default 10) of the traffic.
     """
     if not text or not text.strip():
         return Split.single(generation)
     arms, control_weight = [], None
     for part in text.split(","):
         part = part.strip()
+        if part.startswith(MODELS_SCHEME):
+            uri, colon, w = part.rpartition(":")
+            if not colon or not uri.startswith(MODELS_SCHEME) or uri == MODELS_SCHEME.rstrip("/"):
+                uri, w = part, ""
+            alias = uri.rpartition("@")[2] if "@" in uri else "challenger"
+            part = f"{alias}={uri}:{w or format(DEFAULT_MODEL_ARM_PERCENT, 'g')}"
         name, eq, rest = part.partition("=")
         if not eq:
             cname, colon, w = part.partition(":")
@@ -159,7 +172,15 @@ def split_from_flag(text: str | None, generation: int = 0) -> Split:
         version, colon, w = rest.rpartition(":")
         if not colon or not version:
             raise SplitError(f"split arm {part!r}: expected NAME=VERSION:WEIGHT")
-        arms.append(Arm(name.strip(), _weight(w, part), version.strip()))
+        version = version.strip()
+        if version.startswith(MODELS_SCHEME):
+            if resolve is None:
+                raise SplitError(f"split arm {part!r}: a models:/ URI needs an MLflow tracking server to resolve it")
+            try:
+                version = resolve(version)
+            except Exception as e:  # noqa: BLE001 - the registry's reason, as a usage error
+                raise SplitError(f"split arm {part!r}: {e}") from e
+        arms.append(Arm(name.strip(), _weight(w, part), version))
     challengers = sum(a.weight for a in arms)
     if control_weight is None:
         if challengers > 100:

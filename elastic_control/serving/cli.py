@@ -242,7 +242,7 @@ def serve_command(
     logging.getLogger("elastic_control").setLevel(logging.INFO)  # importing paddle sets the root logger to WARNING
     try:
         low, high = AlertRules.parse_band(alert_calibration)
-        split = split_from_flag(split_spec)
+        split = split_from_flag(split_spec, resolve=_model_uri_resolver())
     except (ValueError, SplitError) as e:
         raise UsageError(str(e)) from e
     if cube_root is None and model_dir is None and fileserver is None:
@@ -303,3 +303,10 @@ def serve_command(
         from ctr_foundation.errors import ComponentError
 
         raise ComponentError(f"serving cannot listen on {host}:{port} (gRPC {grpc_port}): {e}") from e
+
+
+def _model_uri_resolver():
+    """``models:/NAME@ALIAS`` -> the registered version's pass, through $MLFLOW_TRACKING_URI."""
+    from ctr_foundation.model_registry import pass_of_model_uri
+
+    return lambda uri: pass_of_model_uri(MLFLOW_TRACKING_URI.get(), uri)
