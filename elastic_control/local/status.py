@@ -276,10 +276,14 @@ def _serving(plan: LocalPlan, rows: list[st.ComponentStatus], probes: dict[str, 
                 missing.append(f"{shard['name']} is {shard['state']}")
             elif shard["probed"] and version not in held:
                 missing.append(f"{shard['name']} does not hold {version}")
-        if not ready:
-            reason = f"has {version} loaded but is not ready: {row.detail}"
-        elif missing:
+        # A shard that cannot answer is the cause to name first: serving's own readiness only reports its
+        # effect (a lookup that timed out).
+        if missing:
             reason = f"has {version} loaded but cannot answer: {'; '.join(missing)}"
+            if not ready and row.detail:
+                reason += f" (serving: {row.detail})"
+        elif not ready:
+            reason = f"has {version} loaded but is not ready: {row.detail}"
         else:
             answers, reason = True, ""
         if not answers:
