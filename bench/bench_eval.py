@@ -24,7 +24,7 @@ the same lines (up to 100,000 of them, extrapolated), its pass loaded
 before timing. The first evaluation of each configuration is shown apart:
 it also pays paddle's import (1 worker, in this process) or the worker
 processes' start (they then stay up for the next evaluation, as in a
-search); the ratios are the medians of two further rounds in turn.
+search); the ratios are the medians of three further rounds in turn.
 """
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ def sklearn_metrics(paths, n, group_budget_s: float):
 
 
 FLAT_ROUNDS = 3
+SCORING_ROUNDS = 3
 
 
 def flat_in_turns(paths) -> dict[str, tuple[float, float]]:
@@ -316,11 +317,12 @@ def bench_scoring(lines: int, workers: int) -> None:
 
         peer_n = min(100_000, lines, len(block))
         # First runs: what the first evaluation in a process pays on top (paddle's import here, the worker
-        # processes' start and imports); then the configurations take turns, twice, each figure the median
-        # of its runs: what each further evaluation costs (a search's candidates), beside the per-line path.
+        # processes' start and imports); then the configurations take turns, SCORING_ROUNDS times, each figure
+        # the median of its runs: what each further evaluation costs (a search's candidates), beside the
+        # per-line path.
         first = {w: run(w) for w in (1, workers)}
         runs: dict = {1: [], workers: [], "peer": []}
-        for _ in range(2):
+        for _ in range(SCORING_ROUNDS):
             for w in (1, workers):
                 runs[w].append(run(w))
             runs["peer"].append(peer())
