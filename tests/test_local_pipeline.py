@@ -320,23 +320,36 @@ def test_serving_killed_during_predictions_loses_nothing(pipeline):
     assert c["restarts"] >= 1 and c["pid"] != old_pid
 
 
-def test_second_apply_is_refused_then_delete_leaves_no_process(pipeline):
-    report, _, workdir = pipeline
+def test_apply_converges_then_delete_leaves_no_process(pipeline):
+    _, _, workdir = pipeline
     state = state_of(pipeline)
+    before = _record(state)
+    # -a on the running pipeline with the same plan: nothing changes, and it says so.
     res = cli("-a", "--state-dir", str(state))
-    assert res.returncode == 2 and "already running" in res.stderr and "Traceback" not in res.stderr
-    res = cli(
-        "-r",
-        "--backend",
-        "local",
-        "-s",
-        str(workdir / "slot.conf"),
-        "-f",
-        str(workdir / "data.config"),
-        "--state-dir",
-        str(state),
-    )
-    assert res.returncode == 2 and "is running" in res.stderr and "delete" in res.stderr
+    assert res.returncode == 0 and "nothing to do" in res.stdout + res.stderr, res.stderr
+    assert _record(state)["components"]["mlflow"]["pid"] == before["components"]["mlflow"]["pid"]
+    # -r with a third cube shard while running, then -a: the shards grow, serving follows, the job is left alone.
+    passes = (workdir / "models" / "donefile").read_text()
+    versions = sorted(p.name for p in (state / "cube").iterdir())
+    render = ["-r", "--backend", "local", "-s", str(workdir / "slot.conf"), "-f", str(workdir / "data.config")]
+    res = cli(*render, "-t", "2", "-p", "1", "-b", "3", "--state-dir", str(state))
+    assert res.returncode == 0, res.stderr
+    res = cli("-a", "--state-dir", str(state), timeout=400)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0 and "cube-server-2 created" in text and "trainer-0" not in text, text
+    after = _record(state)
+    assert after["supervisor"]["pid"] == before["supervisor"]["pid"]
+    assert after["components"]["cube-server-2"]["state"] == "running"
+    for name in ("mlflow", "fileserver", "trainer-0"):
+        assert after["components"][name]["pid"] == before["components"][name]["pid"], name
+    assert after["job"]["state"] == "completed" and after["job"]["attempt"] == before["job"]["attempt"]
+    assert (workdir / "models" / "donefile").read_text() == passes
+    assert sorted(p.name for p in (state / "cube").iterdir()) == versions
+    # Serving restarted on the three shards (a version built for two is loaded once cube-transfer re-shards it).
+    assert after["components"]["serving"]["pid"] != before["components"]["serving"]["pid"]
+    assert sum(n.startswith("cube-server-") for n in after["components"]) == 3
+    res = cli("-a", "--state-dir", str(state))
+    assert res.returncode == 0 and "nothing to do" in res.stdout + res.stderr, res.stderr
     pids = [c["pid"] for c in _record(state)["components"].values() if c["pid"]]
     res = cli("delete", "--state-dir", str(state))
     assert res.returncode == 0, res.stderr

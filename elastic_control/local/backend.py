@@ -75,17 +75,21 @@ class LocalBackend(Backend):
             credentials=sorted(credentials),
             keep_ports=keep,
         )
-        staged = StateFolder(staging)
+        # local/ also holds the running supervisor's lock, runtime.json and rollouts.json: under a running
+        # pipeline the plan's files are replaced one by one in it (each atomically), not the folder.
+        staged = final if keep is not None else StateFolder(staging)
         staged.local_dir.mkdir(parents=True, exist_ok=True)
         components, data_config = staged.components_file, staged.local_data_config
-        save_local_plan(local_plan, components)
         atomic_write_text(data_config, text)
-        written = [components, data_config]
+        written = [data_config]
         if credentials:  # handed to the components by the supervisor, as the token (mode 0600)
             atomic_write_json(staged.credentials_file, credentials)
             os.chmod(staged.credentials_file, 0o600)
             written.append(staged.credentials_file)
-        return written
+        else:
+            staged.credentials_file.unlink(missing_ok=True)
+        save_local_plan(local_plan, components)  # last: a plan implies its files
+        return [components, *written]
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> LocalDeployment | None:
         from elastic_control.local import lifecycle

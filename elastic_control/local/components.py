@@ -162,8 +162,8 @@ def local_addressing(
         ports[cube_agent_name(shard)] = {"agent": next(take)}
     ports.update(job_ports(res.pservers, res.trainers, pserver_ports, trainer_ports))
     for name, old in keep_ports.items():
-        if name in ports and len(old) == len(ports[name]):
-            ports[name] = dict(zip(ports[name], old, strict=True))
+        if name in ports and len(old) >= len(ports[name]):  # pserver 0's list also has its barrier port (+1)
+            ports[name] = dict(zip(ports[name], old, strict=False))
     paths = Paths(
         slot_conf=str(layout.slot_conf),
         data_config=str(layout.local_data_config),
