@@ -61,7 +61,9 @@ class PipelineStatus:
     components: list[ComponentStatus] = field(default_factory=list)
     # state, attempt, restarts, max_restarts, reason, passes_done, passes_expected, last_pass, last_auc,
     # last_kind (base|delta), last_parent, keys ({live, admitted, pending, new, newly_admitted, evicted, rows}
-    # of the last pass, with incremental export), passes
+    # of the last pass, with incremental export), passes, progress (the pass in flight: {pass, epoch, epochs,
+    # steps, steps_planned, examples_per_sec, eta_seconds, updated_at} from trainer 0, ctr_foundation/progress.py;
+    # None before any)
     training: dict = field(default_factory=dict)
     # active, activated_at, shards: [{shard, active, prepared, previous, error}], consistent, rollout (in flight)
     cube: dict = field(default_factory=dict)

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ctr_foundation.progress import describe as describe_progress
 from ctr_foundation.records import parse_time
 from elastic_control.backends import status as st
 
@@ -256,6 +257,9 @@ def _print_training(con: Console, training: dict) -> None:
     else:
         line += f"; job {training.get('state')}"
     con.print(line)
+    progress = training.get("progress")
+    if progress and training.get("state") in ("running", "restarting"):
+        con.print(f"progress: {describe_progress(progress)}")
 
 
 def _print_cube(con: Console, cube: dict) -> None:

@@ -13,9 +13,12 @@ import time
 from dataclasses import dataclass, field
 
 from ctr_foundation.errors import ComponentError
+from ctr_foundation.progress import describe as describe_progress
 from elastic_control.backends.base import Deployment
 from elastic_control.backends.status import PipelineStatus
-from elastic_control.console import console, done
+from elastic_control.console import console, done, info
+
+PROGRESS_EVERY = 5.0  # seconds between the demo's progress lines of a pass in flight
 
 
 @dataclass
@@ -59,10 +62,23 @@ def wait_for_training(
 ) -> list[PassEvent]:
     """Until the training job completed with ``expected_passes`` passes; the passes, in order.
 
-    ``on_pass(event)`` is called once per new pass as it appears.
+    ``on_pass(event)`` is called once per new pass as it appears. With ``show``, the pass in flight's
+    progress (trainer 0's: steps, examples/s, ETA) is printed every ``PROGRESS_EVERY`` seconds while it moves.
     """
     seen: set[str] = set()
     spinner = console.status("training: starting") if show else None
+    shown = {"at": 0.0, "updated_at": None}
+
+    def show_progress(training: dict) -> str | None:
+        progress = training.get("progress")
+        if not progress or training.get("state") not in ("running", "restarting"):
+            return None
+        text = describe_progress(progress)
+        moved = progress.get("updated_at") != shown["updated_at"]
+        if show and moved and time.monotonic() - shown["at"] >= PROGRESS_EVERY:
+            shown.update(at=time.monotonic(), updated_at=progress.get("updated_at"))
+            info(f"  {text}")
+        return text
 
     def follow(status: PipelineStatus) -> None:
         training = status.training
@@ -75,11 +91,12 @@ def wait_for_training(
                 done(f"pass {event.name} complete{auc}: {len(seen)}/{expected_passes}")
             if on_pass:
                 on_pass(event)
+        progress = show_progress(training)
         if spinner:
             restarts = f", restarted {training['restarts']}x" if training.get("restarts") else ""
             spinner.update(
-                f"training: {training['passes_done']}/{expected_passes} passes{restarts} · trainer-0: "
-                f"{_last_line(status, 'trainer-0')}"
+                f"training: {training['passes_done']}/{expected_passes} passes{restarts} · "
+                + (progress or f"trainer-0: {_last_line(status, 'trainer-0')}")
             )
 
     def finished(status: PipelineStatus) -> bool:

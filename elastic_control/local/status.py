@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ctr_foundation.errors import DataError
 from ctr_foundation.names import StateFolder
+from ctr_foundation.progress import FIELDS as PROGRESS_FIELDS
+from ctr_foundation.progress import read_progress
 from ctr_foundation.records import DonefileEntry, read_current, read_donefile
 from elastic_control.backends import status as st
 from elastic_control.local import runtime as rt
@@ -163,6 +165,13 @@ def collect_status(layout: StateFolder, *, probe: bool = True, timeout: float | 
     return status
 
 
+def progress_of(doc: dict | None) -> dict | None:
+    """The status's ``training.progress``: the progress document's fields (and when it was written)."""
+    if not doc:
+        return None
+    return {key: doc.get(key) for key in (*PROGRESS_FIELDS, "updated_at")}
+
+
 def _training(plan: LocalPlan, layout: StateFolder, record: dict, entries: list[DonefileEntry]) -> dict:
     job = record.get("job") or {}
     last = entries[-1] if entries else None
@@ -195,6 +204,8 @@ def _training(plan: LocalPlan, layout: StateFolder, record: dict, entries: list[
             for e in entries[-PASSES_LISTED:]
         ],
         "model_path": plan.model_path,
+        # The pass in flight, as trainer 0 last wrote it (ctr_foundation/progress.py); None before any.
+        "progress": progress_of(read_progress(plan.model_path)),
     }
 
 

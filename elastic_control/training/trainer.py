@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctr_foundation.progress import PassProgress
 from elastic_control.config.data_config import format_hour, parse_slot
 from elastic_control.data.line_batch import LineBatch, concat_batches, slice_batch
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
@@ -343,12 +344,18 @@ class Trainer:
             self.log(f"pass {part.name}: wide prior on {known} keys seen before ({time.monotonic() - t:.1f}s)")
         best = self._best_epoch_for(part)
         epochs, epoch = 1, 0
+        fixed = self.s.epochs if isinstance(self.s.epochs, int) else None
+        self.progress = PassProgress(self.s.model_path, part.name, write=self.s.is_chief, epochs=fixed)
+        self.progress.expect(share_lines=share_lines, batch_size=stats.batch_size)
         while epoch < epochs:
             epoch += 1
             epoch_started = time.monotonic()
+            self.progress.start_epoch(epoch, epochs if epoch > 1 else None)
             if self.rate_decay:
                 self.rate_decay.start_epoch(counts, share_lines)
             steps = self._train_epoch(share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale)
+            if epoch == 1:
+                self.progress.steps_per_epoch = steps
             if self.rate_decay:
                 self.rate_decay.end_epoch()
             if epoch == 1:
@@ -410,6 +417,7 @@ class Trainer:
             stats.prediction_sums = self._prediction_sums(share)
         stats.epochs = epoch
         stats.seconds = time.monotonic() - started
+        self.progress.finish(epoch)
         stats.golden = [holdout.batch()] if holdout.count else []
         rate = stats.examples / max(stats.seconds, 1e-9)
         self.log(
@@ -556,6 +564,7 @@ class Trainer:
             stats.loss_sum += float(np.array(loss)) * len(batch)
             self.global_step += 1
             self.window.add(batch.clicks, np.array(prob))
+            self.progress.step(stats.steps, stats.examples)
             if self.global_step % h.log_every == 0:
                 now = time.monotonic()
                 rate = (stats.examples - last_examples) / max(now - last_log, 1e-9)
@@ -565,7 +574,10 @@ class Trainer:
 
     def _log_step(self, part: HourPartition, loss: float, rate: float) -> None:
         window_auc = self.window.auc()
-        self.log(f"pass {part.name} step {self.global_step} loss {loss:.4f} auc {window_auc:.4f} examples/s {rate:.0f}")
+        self.log(
+            f"pass {part.name} step {self.global_step} loss {loss:.4f} auc {window_auc:.4f} examples/s {rate:.0f}"
+            + self.progress.suffix()
+        )
         if self.tracker:
             import psutil
 
