@@ -99,6 +99,22 @@ def test_a_lines_score_does_not_depend_on_the_batch_it_is_scored_in(world):
     np.testing.assert_array_equal(np.concatenate(parts), whole)  # 3 + 37 rows scored as 40
 
 
+def test_the_chunk_size_keeps_the_bits_of_256_row_chunks(world):
+    """Evaluation's dense chunks grew from 256 rows to DENSE_CHUNK_ROWS for their cost per row: every row's
+    score must keep its bits (scores and metrics unchanged from the smaller chunks)."""
+    from elastic_control.data.line_batch import parse_lines
+    from elastic_control.evaluation.pass_scorer import DENSE_CHUNK_ROWS, PassScorer, predict_in_fixed_chunks
+
+    scorer = PassScorer(world["good"])
+    batch, _ = parse_lines(_golden(world["good"])[0])
+    x = scorer.model_input(batch)
+    x = np.concatenate([x] * (DENSE_CHUNK_ROWS // len(x) + 2))  # more than one full chunk
+    small = predict_in_fixed_chunks(scorer.model, x, 256)
+    np.testing.assert_array_equal(
+        predict_in_fixed_chunks(scorer.model, x, DENSE_CHUNK_ROWS).view(np.uint32), small.view(np.uint32)
+    )
+
+
 def _spec(world, shares, **kw):
     from elastic_control.evaluation.shares import EvalSpec
 
