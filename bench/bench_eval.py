@@ -367,6 +367,15 @@ def main() -> None:
         f"cores available: {len(os.sched_getaffinity(0))}; load average {os.getloadavg()[0]:.1f} "
         f"(other work on the machine slows every figure alike)"
     )
+    try:
+        autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        autogroup = False
+    if autogroup:
+        print(
+            "the kernel shares the CPU between sessions (sched_autogroup): while other sessions are busy, this "
+            "run's workers split one session's share, and N workers vs 1 measures their load, not evaluation"
+        )
     bench_metrics(n, args.workers)
     if not args.skip_scoring:
         bench_scoring(lines, args.workers)
