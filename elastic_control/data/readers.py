@@ -299,8 +299,10 @@ def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[li
         raise DataError(f"{where}: cannot read: {e}") from e
 
 
-# Bytes read from a text file at a time; chunks are cut from them at line ends.
-READ_BLOCK_BYTES = 1 << 20
+# Bytes read from a text file at a time; chunks are cut from them at line ends. A block holds several
+# chunks (4,096 lines of 8 slots are about 750 KB), so few chunks straddle two reads: 4 MB read 19% more
+# lines per CPU second than 1 MB, 16 MB no more than 4.
+READ_BLOCK_BYTES = 4 << 20
 
 
 def iter_text_blocks(fs, path: str, where: str, chunk_lines: int) -> Iterator[bytes]:
