@@ -206,6 +206,68 @@ def compact_version(*, cube_root: str | os.PathLike, version: str) -> dict:
     return compacted
 
 
+def reshard_version(*, cube_root: str | os.PathLike, source: str, shards: int, version: str) -> dict:
+    """Build ``CUBE_ROOT/VERSION/``, a base version of ``shards`` shards holding exactly the rows ``source``
+    serves (its whole chain folded), from the built ``source`` in the same cube root; return its manifest.
+
+    Streaming like a pass build: each old shard alone is read and split by new shard into spill files,
+    then each new shard alone is sorted and written. The manifest keeps ``source``'s pass, slots and
+    layout and says ``resharded_from``.
+    """
+    if not 1 <= shards <= MAX_SHARDS:
+        raise UsageError(f"--shards {shards} is out of range (1-{MAX_SHARDS})")
+    if not valid_version_name(version):
+        raise UsageError(f"version {version!r} is not a valid folder name")
+    root = Path(cube_root)
+    old = read_manifest(root / source)
+    dim = int(old["dim"])
+    with staged_directory(root / version) as stage:
+        spill = stage / ".spill"
+        spill.mkdir()
+        key_files = [open(spill / f"{i}.keys", "wb") for i in range(shards)]
+        val_files = [open(spill / f"{i}.values", "wb") for i in range(shards)]
+        try:
+            for j in range(old["shards"]):
+                data = ChainLoader(root, j).content(source, f"{source}/{shard_file_name(j)}")
+                shard_of = data.keys % np.uint64(shards)
+                for i in range(shards):
+                    sel = shard_of == i
+                    if sel.any():
+                        key_files[i].write(data.keys[sel].tobytes())
+                        val_files[i].write(np.ascontiguousarray(data.values[sel], dtype=np.float32).tobytes())
+                del data
+        finally:
+            for f in key_files + val_files:
+                f.close()
+        files, total = {}, 0
+        for i in range(shards):
+            keys = np.fromfile(spill / f"{i}.keys", dtype=np.uint64)
+            values = np.fromfile(spill / f"{i}.values", dtype=np.float32).reshape(len(keys), dim)
+            keys, values = _dedupe_sorted_last(keys, values)
+            name = shard_file_name(i)
+            write_shard(stage / name, keys, values, version=version, shard=i, shards=shards)
+            files[name] = _file_entry(stage / name, i, len(keys))
+            total += len(keys)
+        shutil.rmtree(spill)
+        keep = ("source_pass", "slots", "sparse_dim", "sparse_layout", "format")
+        manifest = {
+            "version": version,
+            "kind": "base",
+            "parent": None,
+            "base": version,
+            "depth": 0,
+            "shards": shards,
+            "dim": dim,
+            "rows": int(total),
+            "input_rows": int(total),
+            "files": files,
+            **{k: old[k] for k in keep if k in old},
+            "resharded_from": {"version": source, "shards": old["shards"]},
+        }
+        atomic_write_json(stage / MANIFEST, manifest)
+    return manifest
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--model",

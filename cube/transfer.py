@@ -48,7 +48,7 @@ from ctr_foundation.http_server import serve_in_thread
 from ctr_foundation.model_registry import CHAMPION, REGISTERED_MODEL, AliasSetter, is_server_uri
 from ctr_foundation.pass_format import load_pass
 from ctr_foundation.records import CurrentVersion, DonefileEntry, read_donefile, utc_now, write_current
-from cube.builder import build_version, compact_version
+from cube.builder import build_version, compact_version, reshard_version
 from cube.promotion_gate import DEFAULT_GATE_COMMAND, CommandGate, Gate
 from cube.rollout import (
     FILESERVER_PREFIX,
@@ -119,6 +119,7 @@ class Transfer:
         self._compactor: threading.Thread | None = None
         self.compaction: dict = {}  # the last (or running) compaction
         self.pins_error: str | None = None
+        self.problems: list[dict] = []  # published versions the file server no longer holds whole
         self._published: set[str] = set()  # file-server folders (cube/V/, cube/V/compacted/) known complete
         self.champion = AliasSetter(config.mlflow_uri, CHAMPION) if is_server_uri(config.mlflow_uri) else None
         self._switching = threading.Lock()  # one rollout at a time: the loop's passes and rollbacks
@@ -140,9 +141,13 @@ class Transfer:
         try:
             if self.journal.data["in_flight"]:
                 return self.recover()
+            resharded = self.reshard_if_needed()
+            if resharded is not None:
+                return resharded
             entry = self._next_pass()
             if entry is None:
                 self.sync_pins()
+                self.check_published()
                 return None
             self.process(entry)
             self.last_error = None
@@ -160,7 +165,7 @@ class Transfer:
     def _next_pass(self) -> DonefileEntry | None:
         entries = read_donefile(self.cfg.model_path)
         passes = self.journal.data["passes"]
-        active = self.journal.active_version
+        active = self.active_pass()
         names = [e.pass_name for e in entries]
         # Never go back to a pass older than the active one.
         start = names.index(active) + 1 if active in names else 0
@@ -313,7 +318,8 @@ class Transfer:
             self.last_error = None
             return {"version": target, "result": "active", "from": active, "by": "rollback", **info}
 
-    def _conclude(self, version, entry, pass_dir, manifest, ok, info, t0) -> None:
+    def _conclude(self, version, entry, pass_dir, manifest, ok, info, t0, pass_name: str | None = None) -> None:
+        pass_name = pass_name or version
         if not ok:
             if info.get("rollback_errors"):
                 # Shards may disagree: keep the rollout in flight, so the next poll repairs it.
@@ -328,7 +334,7 @@ class Transfer:
             info["freshness_s"] = round(now - entry.epoch, 3)
         active = {
             "version": version,
-            "pass": version,
+            "pass": pass_name,
             "pass_path": str(pass_dir),
             "activated_at": now,
             "donefile_time": entry.epoch,
@@ -338,19 +344,19 @@ class Transfer:
             "timings": info,
         }
         active["kind"] = manifest_kind(manifest)
-        self._publish_current(version, manifest, entry)
+        self._publish_current(version, manifest, entry, pass_name)
         self.journal.set_pass(version, status="active", timings=info, activated_at=now)
         self.journal.finish({"version": version, "result": "active", "at": now, **info}, active=active)
         log.info("cube version %s active on %d shards (%s)", version, manifest["shards"], info)
         if self.champion is not None:  # serving answers with this version now: its registered version is champion
-            self.champion.point_at(version)
+            self.champion.point_at(pass_name)
         self.gc()
         self._maybe_compact(version)
 
-    def _publish_current(self, version: str, manifest: dict, entry: DonefileEntry) -> None:
+    def _publish_current(self, version: str, manifest: dict, entry: DonefileEntry, pass_name: str) -> None:
         current = CurrentVersion(
             version=version,
-            pass_name=version,
+            pass_name=pass_name,
             shards=manifest["shards"],
             dim=manifest["dim"],
             slots=tuple(manifest.get("slots") or ()),
@@ -373,23 +379,141 @@ class Transfer:
         flight = self.journal.data["in_flight"]
         version = flight["version"]
         if flight["phase"] == "preparing":
-            # No shard switched yet: the old version is active everywhere; retry the pass normally.
+            # No shard switched yet: the old version is active everywhere; retry the pass normally (a reshard
+            # is retried by the next poll: the active version still has the old shard count).
             self.journal.finish({"version": version, "result": "interrupted", "phase": "preparing", "at": time.time()})
             self.journal.set_pass(version, status="failed", reason="interrupted during prepare", next_retry_at=0)
             return version
-        entry = next(
-            (e for e in read_donefile(self.cfg.model_path) if e.pass_name == version),
-            DonefileEntry(version, version, {}, None),
-        )
-        pass_dir = self._pass_dir(version)
-        t0 = time.time()
         manifest = read_manifest(self.cfg.cube_root / version)
+        pass_name = _source_pass(manifest, version)
+        entry = self._entry(pass_name)
+        pass_dir = self._pass_dir(pass_name)
+        t0 = time.time()
         ok, info = roll_out(
             doc=chain_doc(self.cfg.cube_root, version), journal=self.journal, fleet=self.fleet, resume=True
         )
         info["recovered"] = True
-        self._conclude(version, entry, pass_dir, manifest, ok, info, t0)
+        if manifest.get("resharded_from"):
+            info.update(by="reshard", resharded_from=manifest["resharded_from"])
+        self._conclude(version, entry, pass_dir, manifest, ok, info, t0, pass_name)
         return version
+
+    def _entry(self, pass_name: str) -> DonefileEntry:
+        return next(
+            (e for e in read_donefile(self.cfg.model_path) if e.pass_name == pass_name),
+            DonefileEntry(pass_name, pass_name, {}, None),
+        )
+
+    def active_pass(self) -> str | None:
+        """The pass the active version was built from (its name, unless it was resharded)."""
+        active = self.journal.data["active"]
+        return (active.get("pass") or active["version"]) if active else None
+
+    # ---- re-sharding ----------------------------------------------------------------------
+
+    def reshard_if_needed(self) -> str | None:
+        """When the active version has another shard count than the configured agents (the fleet was
+        resized), roll out the same rows re-split into ``cfg.shards`` shards as version ``PASS.sN``,
+        through the same two-phase switch; recorded with ``"by": "reshard"``. None: nothing to do."""
+        active = self.journal.data["active"]
+        if not active or int(active.get("shards") or self.cfg.shards) == self.cfg.shards:
+            return None
+        source, pass_name = active["version"], self.active_pass()
+        target = reshard_name(pass_name, self.cfg.shards)
+        entry, pass_dir = self._entry(pass_name), self._pass_dir(pass_name)
+        t0 = time.time()
+        log.info(
+            "active %s has %s shards, %d configured: resharding it as %s",
+            source,
+            active["shards"],
+            self.cfg.shards,
+            target,
+        )
+        try:
+            manifest, built = self._reshard_build(source, target, pass_dir)
+            doc = self._publish_chain(target, pass_dir)
+        except (ElasticControlError, OSError) as e:
+            raise ComponentError(f"reshard of {source} to {self.cfg.shards} shards: {e}") from e
+        ok, info = roll_out(doc=doc, journal=self.journal, fleet=self.fleet)
+        info.update(by="reshard", resharded_from={"version": source, "shards": active["shards"]}, built=built)
+        self._conclude(target, entry, pass_dir, manifest, ok, info, t0, pass_name)
+        if not ok:
+            raise ComponentError(f"reshard of {source} to {self.cfg.shards} shards failed: {info.get('error')}")
+        self.last_error = None
+        return target
+
+    def _reshard_build(self, source: str, target: str, pass_dir: Path) -> tuple[dict, bool]:
+        """The resharded version: reused when built and sound; else from ``source``'s built chain (the rows
+        the shards serve), or from the pass itself when that chain is gone and the pass is a full one."""
+        tdir = self.cfg.cube_root / target
+        if (tdir / MANIFEST).exists():
+            try:
+                manifest = verify_version_dir(tdir)
+                if manifest["shards"] == self.cfg.shards:
+                    return manifest, False
+            except (CorruptShardError, DataError) as e:
+                log.warning("rebuilding %s: %s", target, e)
+        shutil.rmtree(tdir, ignore_errors=True)
+        try:
+            for v in chain_versions(chain_doc(self.cfg.cube_root, source)):
+                verify_version_dir(self.cfg.cube_root / v, check_sha=False)
+        except (ElasticControlError, KeyError) as e:
+            if load_pass(pass_dir).kind == "delta":
+                raise DataError(f"the built chain of {source} is unusable ({e}) and its pass is a delta") from e
+            log.warning("building %s from %s: the built %s is unusable (%s)", target, pass_dir, source, e)
+            return build_version(
+                pass_dir=pass_dir, shards=self.cfg.shards, output=self.cfg.cube_root, version=target
+            ), True
+        return reshard_version(
+            cube_root=self.cfg.cube_root, source=source, shards=self.cfg.shards, version=target
+        ), True
+
+    # ---- the published versions ------------------------------------------------------------
+
+    def check_published(self) -> list[dict]:
+        """Check that the file server still holds every file of the active and pinned versions' chains
+        (shards, manifests, chain.json), e.g. after a folder was deleted on disk behind its back; the
+        findings go to ``problems`` in the status (empty when all is there)."""
+        roots = [v for v in [self.journal.active_version, *sorted(self.journal.data.get("pins") or {})] if v]
+        problems = []
+        for root in dict.fromkeys(roots):
+            try:
+                doc = chain_doc(self.cfg.cube_root, root)
+            except (ElasticControlError, KeyError):
+                continue  # not built here (any more): nothing to compare with
+            wanted = {f"{FILESERVER_PREFIX}/{root}/": {"chain.json": None}}
+            for item in doc["chain"]:
+                files = wanted.setdefault(item["path"], {})
+                files[MANIFEST] = None
+                files.update({n: f.get("size") for n, f in item["files"].items()})
+            for folder, files in wanted.items():
+                try:
+                    have = {e["name"]: e.get("size") for e in self.fs.list(folder) if not e.get("is_dir")}
+                except NotFound:
+                    have = {}
+                except (FileServerError, ValueError, KeyError) as e:
+                    problems.append({"version": root, "folder": folder, "error": f"cannot list: {e}"})
+                    continue
+                missing = sorted(n for n in files if n not in have)
+                wrong = sorted(n for n, size in files.items() if n in have and size is not None and have[n] != size)
+                if missing or wrong:
+                    self._published.discard(folder)
+                    what = "folder is gone" if not have else f"missing {', '.join(missing) or 'nothing'}"
+                    if wrong:
+                        what += f", wrong size: {', '.join(wrong)}"
+                    problems.append(
+                        {
+                            "version": root,
+                            "folder": folder,
+                            "missing": missing,
+                            "wrong_size": wrong,
+                            "error": f"published version {root}: {folder} on the file server: {what}",
+                        }
+                    )
+        self.problems = problems
+        for p in problems:
+            log.error("%s", p["error"])
+        return problems
 
     # ---- compaction ---------------------------------------------------------------------
 
@@ -514,6 +638,7 @@ class Transfer:
             "last_error": self.last_error,
             "pins": snap.get("pins") or {},
             "pins_error": self.pins_error,
+            "problems": self.problems,
             "compaction": self.compaction,
             "champion": {
                 "alias": f"models:/{REGISTERED_MODEL}@{CHAMPION}",
@@ -557,6 +682,18 @@ class Transfer:
             ("POST", "/v1/poll"): JsonRoute(poll, write=True),
             ("GET", "/v1/shards"): JsonRoute(lambda _b: (200, {"shards": self.fleet.statuses()})),
         }
+
+
+def reshard_name(pass_name: str, shards: int) -> str:
+    """The version of pass ``pass_name`` re-split into ``shards`` shards (a pass's own version keeps the
+    count it was first built with)."""
+    return f"{pass_name}.s{shards}"
+
+
+def _source_pass(manifest: dict, version: str) -> str:
+    source = manifest.get("source_pass")
+    name = source.get("name") if isinstance(source, dict) else source
+    return name if valid_version_name(name) else version
 
 
 def _gate(rule: str | None, command: str | None) -> Gate | None:

@@ -257,7 +257,11 @@ def _cube(plan: LocalPlan, layout: StateFolder, rows: list[st.ComponentStatus], 
         "shards": shards,
         "consistent": len(actives) <= 1 and len(probed) == len(shards),
         "rollout": rollout,
-        "transfer_error": transfer_status.get("last_error"),
+        # what cube-transfer failed at last, else what it found missing on the file server (its problems)
+        "transfer_error": transfer_status.get("last_error")
+        or "; ".join(str(p.get("error")) for p in transfer_status.get("problems") or [])
+        or None,
+        "transfer_problems": transfer_status.get("problems") or [],
     }
 
 
