@@ -321,7 +321,7 @@ def test_serving_killed_during_predictions_loses_nothing(pipeline):
 
 
 def test_apply_converges_then_delete_leaves_no_process(pipeline):
-    _, _, workdir = pipeline
+    report, _, workdir = pipeline
     state = state_of(pipeline)
     before = _record(state)
     # -a on the running pipeline with the same plan: nothing changes, and it says so.
@@ -330,7 +330,6 @@ def test_apply_converges_then_delete_leaves_no_process(pipeline):
     assert _record(state)["components"]["mlflow"]["pid"] == before["components"]["mlflow"]["pid"]
     # -r with a third cube shard while running, then -a: the shards grow, serving follows, the job is left alone.
     passes = (workdir / "models" / "donefile").read_text()
-    versions = sorted(p.name for p in (state / "cube").iterdir())
     render = ["-r", "--backend", "local", "-s", str(workdir / "slot.conf"), "-f", str(workdir / "data.config")]
     res = cli(*render, "-t", "2", "-p", "1", "-b", "3", "--state-dir", str(state))
     assert res.returncode == 0, res.stderr
@@ -344,10 +343,27 @@ def test_apply_converges_then_delete_leaves_no_process(pipeline):
         assert after["components"][name]["pid"] == before["components"][name]["pid"], name
     assert after["job"]["state"] == "completed" and after["job"]["attempt"] == before["job"]["attempt"]
     assert (workdir / "models" / "donefile").read_text() == passes
-    assert sorted(p.name for p in (state / "cube").iterdir()) == versions
-    # Serving restarted on the three shards (a version built for two is loaded once cube-transfer re-shards it).
+    # Serving restarted on the three shards; cube-transfer re-splits the active version for them
+    # (PASS.s3) and serving answers with it, the same probabilities as before. No version is lost.
     assert after["components"]["serving"]["pid"] != before["components"]["serving"]["pid"]
     assert sum(n.startswith("cube-server-") for n in after["components"]) == 3
+    from ctr_foundation.records import GOLDEN_FILE, read_golden
+    from elastic_control.demo.run import predict_through_client
+
+    served_pass = report.served_version
+    resharded = f"{served_pass}.s3"
+    lines, probs = read_golden(Path(report.workdir) / "models" / served_pass / GOLDEN_FILE)
+
+    def answers_resharded() -> bool:
+        doc = json.loads(cli("status", "--json", "--state-dir", str(state)).stdout)
+        return bool(doc["serving"].get("answers")) and doc["serving"].get("version") == resharded
+
+    wait_until(answers_resharded, timeout=240, what=f"serving answering with {resharded}")
+    served, got_versions, _ = predict_through_client(state, lines[:50])
+    assert {v[0] for v in got_versions} == {resharded}
+    assert max(abs(s - p) for s, p in zip(served, probs[:50], strict=True)) < 1e-5
+    now = {p.name for p in (state / "cube").iterdir()}
+    assert resharded in now and served_pass in now, sorted(now)
     res = cli("-a", "--state-dir", str(state))
     assert res.returncode == 0 and "nothing to do" in res.stdout + res.stderr, res.stderr
     pids = [c["pid"] for c in _record(state)["components"].values() if c["pid"]]
