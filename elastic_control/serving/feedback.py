@@ -8,6 +8,12 @@ request is still in the rings and younger than the join window, the index is one
 instances and that instance has no click yet; it then hands (arm, version, probability, click) to
 the monitor. Everything else is counted by reason (unknown: never made, or overwritten/expired;
 duplicate; invalid).
+
+Memory: the rings are ``REQUEST_BYTES`` per request slot (sequence, time, start: 8 bytes each; size, arm:
+4 each) plus ``INSTANCE_BYTES`` per instance slot (a float32 probability and a click flag), allocated
+once; ``ring_bytes`` states the total (``DEFAULT_RING_BYTES`` at the defaults, 42,000,000 bytes), and
+the only other growth is one small (arm, version) entry per distinct version served. The kernel commits
+the pages as they are first written, so RSS reaches the bound only once the rings have wrapped.
 """
 
 from __future__ import annotations
@@ -22,6 +28,18 @@ from dataclasses import dataclass
 import numpy as np
 
 ID_DIGITS = 12  # hex digits of the sequence number: fixed width, so answers of one request have one length
+DEFAULT_CAPACITY = 2_000_000  # instances
+DEFAULT_MAX_REQUESTS = 1_000_000
+REQUEST_BYTES = 8 + 8 + 8 + 4 + 4  # _req_seq, _req_time, _req_start, _req_n, _req_arm
+INSTANCE_BYTES = 4 + 1  # _probs, _clicked
+
+
+def ring_bytes(capacity: int = DEFAULT_CAPACITY, max_requests: int = DEFAULT_MAX_REQUESTS) -> int:
+    """Bytes of the rings of a log with that capacity (instances) and ``max_requests``: its memory bound."""
+    return capacity * INSTANCE_BYTES + max_requests * REQUEST_BYTES
+
+
+DEFAULT_RING_BYTES = ring_bytes()
 
 
 @dataclass(frozen=True)
@@ -36,7 +54,9 @@ class JoinResult:
 
 
 class PredictionLog:
-    def __init__(self, *, window_s: float = 900.0, capacity: int = 2_000_000, max_requests: int = 1_000_000):
+    def __init__(
+        self, *, window_s: float = 900.0, capacity: int = DEFAULT_CAPACITY, max_requests: int = DEFAULT_MAX_REQUESTS
+    ):
         if capacity < 1 or max_requests < 1:
             raise ValueError("the prediction log needs room for at least one request")
         self.window_s = window_s
@@ -56,6 +76,9 @@ class PredictionLog:
         self._arms: list[tuple[str, str]] = []  # (arm, version) by id
         self._arm_ids: dict[tuple[str, str], int] = {}
         self.counts = {"joined": 0, "unknown": 0, "duplicate": 0, "invalid": 0}
+        self.ring_bytes = sum(
+            a.nbytes for a in (self._req_seq, self._req_time, self._req_start, self._req_n, self._req_arm)
+        ) + sum(a.nbytes for a in (self._probs, self._clicked))
 
     def _arm_id(self, arm: str, version: str) -> int:
         key = (arm, version)
@@ -198,4 +221,5 @@ class PredictionLog:
                 "capacity_instances": self.capacity,
                 "capacity_requests": self.max_requests,
                 "requests_recorded": self._next_seq,
+                "ring_bytes": self.ring_bytes,
             }

@@ -59,7 +59,14 @@ class ServingMetrics:
                 "reload_failures": self.reload_failures,
             }
 
-    def render(self, model_version: str | None, *, cache: dict | None = None, feedback: dict | None = None) -> str:
+    def render(
+        self,
+        model_version: str | None,
+        *,
+        cache: dict | None = None,
+        feedback: dict | None = None,
+        feedback_ring_bytes: int | None = None,
+    ) -> str:
         with self._lock:
             lines = [
                 "# HELP serving_requests_total Prediction requests by HTTP status.",
@@ -109,4 +116,10 @@ class ServingMetrics:
                 "# TYPE serving_feedback_events_total counter",
             ]
             lines += [f'serving_feedback_events_total{{result="{k}"}} {v}' for k, v in sorted(feedback.items())]
+        if feedback_ring_bytes is not None:
+            lines += [
+                "# HELP serving_feedback_ring_bytes Bytes of the feedback rings (fixed: their memory bound).",
+                "# TYPE serving_feedback_ring_bytes gauge",
+                f"serving_feedback_ring_bytes {feedback_ring_bytes}",
+            ]
         return "\n".join(lines) + "\n"

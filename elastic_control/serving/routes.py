@@ -119,6 +119,7 @@ class HttpRoutes:
                 app.active_version,
                 cache=app.cache.snapshot() if app.cache else None,
                 feedback=app.prediction_log.counts,
+                feedback_ring_bytes=app.prediction_log.ring_bytes,
             )
             + "\n".join(lines)
             + "\n"
