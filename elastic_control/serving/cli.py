@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -22,6 +23,7 @@ from ctr_foundation.env_vars import (
 from ctr_foundation.errors import UsageError
 from elastic_control.console import done
 from elastic_control.serving.app import DEFAULT_CACHE_ENTRIES, DEFAULT_GRPC_PORT, DEFAULT_MAX_BODY, DEFAULT_PORT
+from elastic_control.serving.http_server import LIMITS
 
 
 def make_source(
@@ -105,6 +107,13 @@ def make_source(
     show_default=True,
     type=click.IntRange(1024),
     help="Largest request body (413 above).",
+)
+@click.option(
+    "--max-connections",
+    default=LIMITS.max_connections,
+    show_default=True,
+    type=click.IntRange(8),
+    help="HTTP connection cap (over it, the oldest connection between requests is closed, else 503).",
 )
 @click.option(
     "--max-batch", default=2048, show_default=True, type=click.IntRange(1), help="Most instances merged into one batch."
@@ -213,6 +222,7 @@ def serve_command(
     poll_interval,
     lookup_timeout,
     max_body,
+    max_connections,
     max_batch,
     cache_entries,
     split_spec,
@@ -297,6 +307,12 @@ def serve_command(
             grpc_port=None if no_grpc else grpc_port,
             drain_delay=drain_delay,
             drain_timeout=drain_timeout,
+            # bodies still arriving hold at most half the cap: a flood of slow bodies leaves room for others
+            limits=dataclasses.replace(
+                LIMITS,
+                max_connections=max_connections,
+                max_unfinished_bodies=min(LIMITS.max_unfinished_bodies, max_connections // 2),
+            ),
         )
         server.run_forever(on_listening=listening)
     except OSError as e:
