@@ -75,6 +75,7 @@ class HttpServer:
         self.backlog = backlog
         self.connections: dict[HttpProtocol, None] = {}  # an ordered set: oldest first
         self.unfinished_bodies = 0  # connections whose request body is still arriving
+        self.arriving: dict = {}  # those connections, oldest first (HttpProtocol._displace_slowest_body)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
