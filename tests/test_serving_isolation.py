@@ -104,7 +104,9 @@ def test_a_stalled_shard_delays_only_the_requests_that_need_it(synth_world, tmp_
         urls = [u for u, _ in started]
         stalled = started[1][1]
         source = CubeRootSource(cube_root, urls, lookup_timeout=timeout)
-        with serving_in_thread(source, probe_interval=0.5, cache_entries=1 << 16) as srv:
+        # A cache large enough that no three of the test's keys share one of its two-way sets (at 1 << 16 the
+        # other requests' keys evicted a 'cached' key now and then, which then needed the stalled shard).
+        with serving_in_thread(source, probe_interval=0.5, cache_entries=1 << 21) as srv:
             s = requests.Session()
             predict = srv.url + "/v1/predict"
             r = s.post(predict, json={"instances": [{"line": ln} for ln in cached]})  # the cache holds them now

@@ -542,7 +542,11 @@ class _Pending:
         back = []
         for j in ready:
             p = self.parts[j]
-            p.rows, p.error = (self.version.load_id, pieces), self.error[j]
+            # Keep what earlier lookups brought this part: the cache is set-associative, so keys it held when
+            # the part left can be evicted by the time it is back; with only the newest pieces a part whose
+            # keys share a set went back and forth for ever.
+            earlier = p.rows[1] if p.rows is not None and p.rows[0] == self.version.load_id else []
+            p.rows, p.error = (self.version.load_id, [*earlier, *pieces]), self.error[j]
             back.append(p)
         self.batcher._come_back(back)
 
