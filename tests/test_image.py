@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -44,7 +45,11 @@ class Image:
         self.env = env
 
     def podman(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
-        res = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        # Not in the checkout: conmon writes a file named ``oom`` into its working folder when the kernel
+        # OOM-kills a container on a cgroup v1 host.
+        res = subprocess.run(
+            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir()
+        )
         if check and res.returncode != 0:
             raise AssertionError(f"podman {' '.join(args[:3])} ... exited {res.returncode}: {res.stderr[-3000:]}")
         return res
