@@ -164,7 +164,7 @@ def measure_admission(batches, counts: KeyCounts, state: KeyState, min_count: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lines", type=int, default=33_000, help="real Criteo lines: one hour of the issue-12 split")
+    ap.add_argument("--lines", type=int, default=33_000, help="real Criteo lines: one hour of the Criteo split")
     ap.add_argument("--history", type=int, default=10_000_000, help="keys seen in earlier passes (a long job)")
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=Hyperparameters().batch_size)

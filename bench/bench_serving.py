@@ -311,7 +311,7 @@ def main():
         "--train-args",
         default="",
         help="options for `elastic-control train` when no --pass is given (default: the product's model, wide_deep "
-        "128-64); issue 13's figures are for --train-args='--model dnn --hidden 400,400,400'",
+        "128-64); the original model's figures are for --train-args='--model dnn --hidden 400,400,400'",
     )
     ap.add_argument("--grpc-load", help=argparse.SUPPRESS)
     ap.add_argument("--dense-only", help=argparse.SUPPRESS)

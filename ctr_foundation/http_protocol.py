@@ -1,6 +1,6 @@
 """One HTTP/1.1 connection on raw asyncio: strict framing, limits, backpressure, three kinds of handlers.
 
-Measured for the cube (DESIGN.md): a raw ``asyncio.Protocol`` handler is
+Measured for the cube: a raw ``asyncio.Protocol`` handler is
 ~1.5x faster than aiohttp for small binary requests, and the per-request cost
 is what matters at 26 keys per request. Every ElasticCTR server runs on this
 protocol (``ctr_foundation.http_server.HttpServer``), so framing, limits,

@@ -11,7 +11,7 @@ concurrent requests share one cube round trip per shard and one dense-model run,
 and cube versions are the same version, and no request waits on a shard it does not need.
 
 Predictors: each worker creates the DenseModel of every version it scores in its own thread
-(issue 15: predictors created in one thread and run in others crashed inside oneDNN under load), and
+(predictors created in one thread and run in others crashed inside oneDNN under load), and
 runs them only there. Loading a version asks every worker to create and probe its predictor first
 (``prepare``); only then does the version take traffic. A worker drops a version's predictor when
 told (``forget``), between batches, so a batch in flight always finishes on the predictor it began

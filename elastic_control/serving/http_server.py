@@ -26,7 +26,7 @@ from elastic_control.serving.routes import SPLIT_PATHS, HttpFrontend, HttpRoutes
 
 log = logging.getLogger("elastic_control.serving")
 
-# 1,000 idle clients beside the busy ones must not lock anyone out (issue 15's soak).
+# 1,000 idle clients beside the busy ones must not lock anyone out (the soak holds it).
 LIMITS = HttpLimits(max_connections=4096)
 SPLIT_MAX_BODY = 1 << 20
 

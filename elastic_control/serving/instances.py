@@ -1,7 +1,7 @@
 """Request bodies and instances -> feature columns, validated per request before any merging.
 
 An instance is ``{"line": "<slot-format line>"}`` or ``{"slots": {"<slot>": [feasign, ...], ...}}``.
-Every request is parsed and checked on its own (issue 15: one client's bad feasign must never fail
+Every request is parsed and checked on its own (one client's bad feasign must never fail
 another client's request of the same merged batch): feasigns are ASCII digits only (``str.isdigit``
 is true for "²"), at most 20 of them, value below 2**64; JSON too deep or with integers too long for
 Python to convert is a 400; too many instances a 413. What leaves here is a ``ParsedInstances``
