@@ -7,6 +7,7 @@ supervisor's policies can be exercised in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -195,3 +196,22 @@ def example_data_config_with_data(root: Path) -> Path:
     path = root / "data.config"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@contextlib.contextmanager
+def supervised_layout(tmp_path: Path):
+    """A state folder for a supervised local pipeline; afterwards its pipeline is deleted and anything still
+    running under it killed."""
+    from elastic_control.local import lifecycle
+    from elastic_control.local import runtime as rt
+
+    lay = StateFolder.of(tmp_path / "state")
+    lay.local_dir.mkdir(parents=True)
+    try:
+        yield lay
+    finally:
+        try:
+            if rt.read_runtime(lay):
+                lifecycle.delete(lay)
+        finally:
+            kill_everything_under(lay.state)

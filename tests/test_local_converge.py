@@ -9,9 +9,8 @@ import dataclasses
 import sys
 
 import pytest
-from helpers_local import kill_everything_under, simple_plan, wait_until
+from helpers_local import simple_plan, supervised_layout, wait_until
 
-from ctr_foundation.names import StateFolder
 from elastic_control.local import lifecycle
 from elastic_control.local import runtime as rt
 from elastic_control.local.ports import free_ports
@@ -22,14 +21,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def layout(tmp_path):
-    lay = StateFolder.of(tmp_path / "state")
-    lay.local_dir.mkdir(parents=True)
-    yield lay
-    try:
-        if rt.read_runtime(lay):
-            lifecycle.delete(lay)
-    finally:
-        kill_everything_under(lay.state)
+    with supervised_layout(tmp_path) as lay:
+        yield lay
 
 
 def pids(layout) -> dict:

@@ -12,10 +12,9 @@ import time
 import pytest
 import requests
 from helpers_common import wait_until
-from helpers_local import alive, component, kill_everything_under, processes_under, simple_plan
+from helpers_local import alive, component, processes_under, simple_plan, supervised_layout
 
 from ctr_foundation.errors import ComponentError, UsageError
-from ctr_foundation.names import StateFolder
 from elastic_control.local import lifecycle
 from elastic_control.local import runtime as rt
 from elastic_control.local.logs_view import show_logs
@@ -27,14 +26,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def layout(tmp_path):
-    lay = StateFolder.of(tmp_path / "state")
-    lay.local_dir.mkdir(parents=True)
-    yield lay
-    try:
-        if rt.read_runtime(lay):
-            lifecycle.delete(lay)
-    finally:
-        kill_everything_under(lay.state)
+    with supervised_layout(tmp_path) as lay:
+        yield lay
 
 
 def record_of(layout):
