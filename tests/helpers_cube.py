@@ -151,6 +151,21 @@ def cube_server(
     )
 
 
+def shard_specs(root: Path, shards: int, fileserver_url: str, *, workers=(1,)) -> list[tuple[str, list[str], str]]:
+    """``cube_processes`` specs of ``shards`` server + agent pairs, data in ``root/shard-I``, in the order server-0,
+    agent-0, server-1, ...: the servers' ports are probed here, since all start at once and each agent must know
+    its server's address up front. ``workers[I]`` (default 1) sets server I's workers."""
+    ports = [free_port() for _ in range(shards)]
+    specs = []
+    for i in range(shards):
+        data = root / f"shard-{i}"
+        data.mkdir()
+        n = workers[i] if i < len(workers) else 1
+        specs.append(("server", server_args(data, i, port=ports[i], workers=n), f"server-{i}"))
+        specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}", fileserver_url), f"agent-{i}"))
+    return specs
+
+
 def cube_agent(
     data: Path, shard: int, server_url: str, log_dir: Path, name: str | None = None, fileserver: str | None = None
 ):

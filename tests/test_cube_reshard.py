@@ -11,8 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from helpers_common import free_port
-from helpers_cube import TOKEN, add_done, agent_args, cube_processes, fileserver, server_args, write_synthetic_pass
+from helpers_cube import (
+    TOKEN,
+    add_done,
+    cube_processes,
+    fileserver,
+    shard_specs,
+    write_synthetic_pass,
+)
 
 from cube.client import CubeClient
 from cube.rollout import RetryPolicy
@@ -62,14 +68,7 @@ def fleet(tmp_path):
     (tmp_path / "models").mkdir()
     with contextlib.ExitStack() as stack:
         fs_url = stack.enter_context(fileserver(tmp_path / "fileserver"))
-        ports = [free_port() for _ in range(3)]
-        specs = []
-        for i in range(3):
-            data = tmp_path / f"shard-{i}"
-            data.mkdir()
-            specs.append(("server", server_args(data, i, port=ports[i]), f"server-{i}"))
-            specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}", fs_url), f"agent-{i}"))
-        started = stack.enter_context(cube_processes(specs, tmp_path))
+        started = stack.enter_context(cube_processes(shard_specs(tmp_path, 3, fs_url), tmp_path))
         yield Fleet(tmp_path, fs_url, [u for u, _ in started[0::2]], [u for u, _ in started[1::2]])
 
 

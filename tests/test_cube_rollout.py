@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 import requests
 from helpers_common import PYTHON, REPO, free_port
-from helpers_cube import TOKEN, add_done, agent_args, cube_processes, fileserver, server_args, write_synthetic_pass
+from helpers_cube import (
+    TOKEN,
+    add_done,
+    cube_processes,
+    fileserver,
+    shard_specs,
+    write_synthetic_pass,
+)
 
 from cube.client import CubeClient
 from cube.promotion_gate import GateDecision
@@ -60,15 +67,7 @@ def cluster(tmp_path):
     (tmp_path / "models").mkdir()
     with contextlib.ExitStack() as stack:
         fs_url = stack.enter_context(fileserver(tmp_path / "fileserver"))
-        # All four processes start at once (probed server ports: the agents must know them up front).
-        ports = [free_port() for _ in range(2)]
-        specs = []
-        for i in range(2):
-            data = tmp_path / f"shard-{i}"
-            data.mkdir()
-            specs.append(("server", server_args(data, i, port=ports[i], workers=2 if i == 0 else 1), f"server-{i}"))
-            specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}", fs_url), f"agent-{i}"))
-        started = stack.enter_context(cube_processes(specs, tmp_path))
+        started = stack.enter_context(cube_processes(shard_specs(tmp_path, 2, fs_url, workers=(2, 1)), tmp_path))
         yield Cluster(tmp_path, fs_url, [started[0][0], started[2][0]], [started[1][0], started[3][0]])
 
 

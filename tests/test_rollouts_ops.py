@@ -13,7 +13,7 @@ import pyarrow  # noqa: F401  (before paddle)
 
 import pytest
 import requests
-from helpers_cube import TOKEN, agent_args, cube_processes, fileserver, server_args
+from helpers_cube import TOKEN, cube_processes, fileserver, shard_specs
 from helpers_serving import (  # noqa: F401  (served_fixture: the session's passes, fixture "served")
     copy_pass,
     free_port,
@@ -48,14 +48,7 @@ def stack(served, tmp_path_factory):
     shift_output_logit(bad, 1.0)
     with contextlib.ExitStack() as stack:
         fs_url = stack.enter_context(fileserver(root / "fs"))
-        ports = [free_port() for _ in range(2)]
-        specs = []
-        for i in range(2):
-            data = root / f"shard-{i}"
-            data.mkdir()
-            specs.append(("server", server_args(data, i, port=ports[i]), f"server-{i}"))
-            specs.append(("agent", agent_args(data, i, f"http://127.0.0.1:{ports[i]}", fs_url), f"agent-{i}"))
-        started = stack.enter_context(cube_processes(specs, root))
+        started = stack.enter_context(cube_processes(shard_specs(root, 2, fs_url), root))
         servers, agents = [started[0][0], started[2][0]], [started[1][0], started[3][0]]
         cfg = TransferConfig(
             model_path=models,
