@@ -141,12 +141,20 @@ def test_missing_volcano_through_the_cli(kube_env):
     assert not [c for c in api.requests if c[0] == "POST"]
 
 
+def _cli(*args) -> int:
+    """``elastic-control ARGS`` in this process; its exit code."""
+    from elastic_control.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
 def test_status_and_delete_subcommands_honour_the_group_state_dir(tmp_path, monkeypatch, capfd):
     """In-process through cli.main (subprocesses are covered above).
 
     `--state-dir X status` and `delete --state-dir X`.
     """
-    from elastic_control.cli import main
     from elastic_control.kube import adaptor
 
     state = str(tmp_path / "elsewhere")
@@ -154,20 +162,15 @@ def test_status_and_delete_subcommands_honour_the_group_state_dir(tmp_path, monk
     monkeypatch.delenv("ELASTIC_CTR_STATE_DIR", raising=False)
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "60")
 
-    def cli(*args):
-        with pytest.raises(SystemExit) as exit_info:
-            main(list(args))
-        return exit_info.value.code
-
     with FakeKubeAPI() as api:
         monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
         adaptor.reset()
-        assert cli("--state-dir", state, *DOCUMENTED_R.split(), "--backend", "k8s") == 0
-        assert cli("--state-dir", state, "-a") == 0
+        assert _cli("--state-dir", state, *DOCUMENTED_R.split(), "--backend", "k8s") == 0
+        assert _cli("--state-dir", state, "-a") == 0
         capfd.readouterr()
-        assert cli("--state-dir", state, "status") == 0
+        assert _cli("--state-dir", state, "status") == 0
         assert "Running (running 4)" in capfd.readouterr().out
-        assert cli("delete", "--state-dir", state) == 0
+        assert _cli("delete", "--state-dir", state) == 0
         assert "Volcano job default/elastic-ctr deleted" in capfd.readouterr().err
         assert api.items(VOLCANO, "jobs") == []
     adaptor.reset()
@@ -189,7 +192,6 @@ def test_operator_commands_on_kubernetes(tmp_path, monkeypatch, capfd):
     """In-process: `status -o json|yaml` and its exit codes, `-l COMPONENT --tail/--since`, unknown names."""
     import yaml
 
-    from elastic_control.cli import main
     from elastic_control.cli.exit_codes import EXIT_HEALTHY, EXIT_NOT_RUNNING, EXIT_USAGE_ERROR
     from elastic_control.kube import adaptor
 
@@ -197,41 +199,36 @@ def test_operator_commands_on_kubernetes(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("ELASTIC_CTR_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "60")
 
-    def cli(*args):
-        with pytest.raises(SystemExit) as exit_info:
-            main(list(args))
-        return exit_info.value.code
-
     with FakeKubeAPI() as api:
         monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
         adaptor.reset()
-        assert cli(*DOCUMENTED_R.split(), "--backend", "k8s") == 0
-        assert cli("-a") == 0
+        assert _cli(*DOCUMENTED_R.split(), "--backend", "k8s") == 0
+        assert _cli("-a") == 0
         capfd.readouterr()
-        assert cli("status", "-o", "json") == EXIT_HEALTHY
+        assert _cli("status", "-o", "json") == EXIT_HEALTHY
         doc = json.loads(capfd.readouterr().out)
         assert doc["backend"] == "k8s" and doc["health"] == "healthy", doc["health_reason"]
-        assert cli("status", "-o", "yaml") == EXIT_HEALTHY
+        assert _cli("status", "-o", "yaml") == EXIT_HEALTHY
         assert yaml.safe_load(capfd.readouterr().out)["health"] == "healthy"
 
-        assert cli("-l", "trainer-1", "--tail", "1") == 0
+        assert _cli("-l", "trainer-1", "--tail", "1") == 0
         assert capfd.readouterr().out == "[elastic-ctr-trainer-1] elastic-ctr-trainer-1 working\n"
-        assert cli("-l", "cube-server-4", "serving", "pserver-1", "--tail", "1") == 0
+        assert _cli("-l", "cube-server-4", "serving", "pserver-1", "--tail", "1") == 0
         out = capfd.readouterr().out.splitlines()
         assert out[0] == "[elastic-ctr-cube-4-" + out[0].split("-", 4)[-1] and out[0].endswith(" working")
         assert out[1].startswith("[elastic-ctr-serving-") and out[2].startswith("[elastic-ctr-pserver-1]")
-        assert cli("-l", "trainer-0", "--since", "1h") == 0
+        assert _cli("-l", "trainer-0", "--since", "1h") == 0
         assert "step 20 loss 0.49" in capfd.readouterr().out
         log_queries = [q for m, p, q in api.requests if p.endswith("/log")]
         assert log_queries[-1].get("sinceSeconds") == "3600" and "tailLines" not in log_queries[-1]
         assert log_queries[0].get("tailLines") == "1"
 
-        assert cli("-l", "trainer-2") == EXIT_USAGE_ERROR
+        assert _cli("-l", "trainer-2") == EXIT_USAGE_ERROR
         err = capfd.readouterr().err
         assert "no component 'trainer-2' in this plan; did you mean 'trainer-1'?" in err
         assert "known: mlflow, fileserver, cube-server-0, cube-agent-0," in err and "trainer-1)" in err
 
-        assert cli("delete") == 0
-        assert cli("status", "--json") == EXIT_NOT_RUNNING
+        assert _cli("delete") == 0
+        assert _cli("status", "--json") == EXIT_NOT_RUNNING
         assert json.loads(capfd.readouterr().out)["health"] == "not running"
     adaptor.reset()
