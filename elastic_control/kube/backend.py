@@ -6,8 +6,6 @@ the handle that waits for the pods, reports status, streams logs and deletes.
 
 from __future__ import annotations
 
-import sys
-import threading
 from pathlib import Path
 from typing import TextIO
 
@@ -18,9 +16,6 @@ from elastic_control.backends.base import Backend, Deployment
 from elastic_control.config import load_data_config
 from elastic_control.console import console, done
 from elastic_control.plan import Plan
-from elastic_control.training.log_filter import is_paddle_noise
-
-LOG_COMPONENTS = ("trainer-0", "fileserver", "cube-transfer")
 
 # The status words of `kube.status.component_rows` in the status document's terms.
 _JOB_PHASES = {
@@ -115,15 +110,22 @@ class KubeDeployment(Deployment):
         tail: int | None = None,
         raw: bool = False,
     ) -> None:
-        from elastic_control.kube.logs import LogPrinter, follow_logs, log_sources, print_logs
+        from elastic_control.kube.logs import (
+            DEFAULT_COMPONENTS,
+            LogPrinter,
+            follow_all,
+            log_sources,
+            log_writer,
+            print_logs,
+        )
 
         plan = self.plan
         sources = log_sources(plan.job_name)
-        wanted = components or list(LOG_COMPONENTS)
+        wanted = components or list(DEFAULT_COMPONENTS)
         unknown = [c for c in wanted if c not in sources]
         if unknown:
             raise UsageError(f"unknown log component(s) {', '.join(unknown)} (known: {', '.join(sources)})")
-        printer = LogPrinter(_log_writer(out, raw))
+        printer = LogPrinter(log_writer(out, raw))
         if not follow:
             for name in wanted:
                 if tail is None:
@@ -131,45 +133,12 @@ class KubeDeployment(Deployment):
                 else:
                     print_logs(plan.namespace, sources[name], printer, tail_lines=tail)
             return
-        stop = threading.Event()
-        errors: list[BaseException] = []
-
-        def run(source):
-            try:
-                follow_logs(plan.namespace, source, printer, stop=stop)
-            except BaseException as e:  # noqa: BLE001 - surfaced in the main thread below
-                errors.append(e)
-
-        threads = [threading.Thread(target=run, args=(sources[n],), daemon=True, name=f"log-{n}") for n in wanted]
-        for thread in threads:
-            thread.start()
-        try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.2)
-        except KeyboardInterrupt:
-            stop.set()
-            raise
-        if errors:
-            raise errors[0]
+        follow_all(plan.namespace, [sources[n] for n in wanted], printer)
 
     def delete(self) -> list[str]:
         from elastic_control.kube.deploy import delete_plan
 
         return delete_plan(self.plan)
-
-
-def _log_writer(out: TextIO | None, raw: bool):
-    """LogPrinter's writer: to ``out`` (default stdout), without Paddle's glog lines unless ``raw``."""
-
-    def write(text: str) -> None:
-        if not raw and is_paddle_noise(text.split("] ", 1)[-1]):
-            return
-        stream = out or sys.stdout
-        stream.write(text)
-        stream.flush()
-
-    return write
 
 
 class KubeBackend(Backend):

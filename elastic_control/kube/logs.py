@@ -87,13 +87,33 @@ def stream_logs(
     """-l on a cluster: the last ``tail`` lines (default 200; every line with ``since``) of the last ``since``
     seconds of each component's pod; with ``follow`` each is streamed in its own thread until Ctrl-C."""
     from ctr_foundation.errors import UsageError
-    from elastic_control.training.log_filter import is_paddle_noise
 
     sources = plan_log_sources(plan)
     wanted = list(components or DEFAULT_COMPONENTS)
     unknown = [c for c in wanted if c not in sources]
     if unknown:
         raise UsageError(f"unknown log component(s) {', '.join(unknown)} (known: {', '.join(sources)})")
+
+    printer = LogPrinter(log_writer(out, raw))
+    since_seconds = None if since is None else max(1, math.ceil(since))
+    if tail is None and since is None:
+        tail = DEFAULT_TAIL
+    if not follow:
+        for name in wanted:
+            print_logs(plan.namespace, sources[name], printer, tail_lines=tail, since_seconds=since_seconds)
+        return
+    follow_all(
+        plan.namespace,
+        [sources[n] for n in wanted],
+        printer,
+        first_tail_lines=tail,
+        first_since_seconds=since_seconds,
+    )
+
+
+def log_writer(out, raw: bool) -> Callable[[str], None]:
+    """LogPrinter's writer: to ``out`` (default stdout), without Paddle's glog lines unless ``raw``."""
+    from elastic_control.training.log_filter import is_paddle_noise
 
     def write(text: str) -> None:
         if not raw and is_paddle_noise(text.split("] ", 1)[-1]):
@@ -102,26 +122,22 @@ def stream_logs(
         stream.write(text)
         stream.flush()
 
-    printer = LogPrinter(write)
-    since_seconds = None if since is None else max(1, math.ceil(since))
-    if tail is None and since is None:
-        tail = DEFAULT_TAIL
-    if not follow:
-        for name in wanted:
-            print_logs(plan.namespace, sources[name], printer, tail_lines=tail, since_seconds=since_seconds)
-        return
+    return write
+
+
+def follow_all(namespace: str, sources: list, printer: LogPrinter, **first) -> None:
+    """Stream every source in its own thread (``follow_logs``, ``first`` its first_* arguments) until Ctrl-C;
+    the first error of any of them is raised here."""
     stop = threading.Event()
     errors: list[BaseException] = []
 
     def run(source):
         try:
-            follow_logs(
-                plan.namespace, source, printer, stop=stop, first_tail_lines=tail, first_since_seconds=since_seconds
-            )
+            follow_logs(namespace, source, printer, stop=stop, **first)
         except BaseException as e:  # noqa: BLE001 - surfaced in the main thread below
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(sources[n],), daemon=True, name=f"log-{n}") for n in wanted]
+    threads = [threading.Thread(target=run, args=(src,), daemon=True, name=f"log-{src.component}") for src in sources]
     for thread in threads:
         thread.start()
     try:
