@@ -4,6 +4,7 @@ job the TTL removed."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -92,21 +93,30 @@ def test_operator_objects_replace_the_configmap_and_validate(tmp_path):
     assert not _kind(no_policy, "NetworkPolicy") and len(_kind(no_policy, "ServiceMonitor")) == 2
 
 
-def test_the_minimal_schemas_refuse_misspelt_fields(tmp_path):
-    docs = _docs(tmp_path, kube={"prometheus_operator": True})
-    monitor, rule = _kind(docs, "ServiceMonitor")[0], _kind(docs, "PrometheusRule")[0]
+def test_the_operator_crd_schemas_refuse_what_the_operator_would(tmp_path):
+    """The real CRDs, made strict, catch a misspelt field, a bad duration, a wrong type and a missing field."""
     import copy
 
     import jsonschema
 
-    bad = copy.deepcopy(monitor)
-    bad["spec"]["endpoints"][0]["intervall"] = "30s"
-    with pytest.raises(jsonschema.ValidationError, match="'intervall' was unexpected"):
-        validate_monitoring(bad)
-    bad = copy.deepcopy(rule)
-    bad["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
-    with pytest.raises(jsonschema.ValidationError, match="ten minutes"):
-        validate_monitoring(bad)
+    docs = _docs(tmp_path, kube={"prometheus_operator": True})
+    monitor, rule = _kind(docs, "ServiceMonitor")[0], _kind(docs, "PrometheusRule")[0]
+    cases = [
+        (monitor, lambda d: d["spec"]["endpoints"][0].update(intervall="30s"), "'intervall' was unexpected"),
+        (monitor, lambda d: d["spec"]["endpoints"][0].update(scheme="ftp"), "'ftp' is not one of"),
+        (monitor, lambda d: d["spec"].pop("selector"), "'selector' is a required property"),
+        (rule, lambda d: d["spec"]["groups"][0]["rules"][0].update({"for": "ten minutes"}), "ten minutes"),
+        (rule, lambda d: d["spec"]["groups"][0].update(limit="3"), "'3' is not of type 'integer'"),
+        (rule, lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr"), "'expr' is a required property"),
+    ]
+    for doc, spoil, message in cases:
+        validate_monitoring(doc)
+        bad = copy.deepcopy(doc)
+        spoil(bad)
+        with pytest.raises(jsonschema.ValidationError, match=re.escape(message)):
+            validate_monitoring(bad)
+    with pytest.raises(LookupError, match="serves no version v2"):  # refused, not validated loosely
+        validate_monitoring({**rule, "apiVersion": "monitoring.coreos.com/v2"})
 
 
 # ---- promtool --------------------------------------------------------------------------------------------
