@@ -294,3 +294,13 @@ def test_a_killed_trainer_costs_its_candidate_one_attempt(tmp_path):
         assert result["attempts"] == 2 and result["passes"] == 3
     finally:
         kill_everything_under(tmp_path)
+
+
+def test_a_time_budget_starts_no_candidate_after_it(search):
+    # The budget runs out while the first candidate trains: it finishes and is judged, no other starts.
+    res = _run(search["root"], *_tune_args("out-budget"), "--candidates", "3", "--timeout", "1", "--json")
+    assert res.returncode == 0, res.stderr
+    board = json.loads(res.stdout)
+    assert board["budget"] == {"candidates": 3, "finished": 1}
+    assert [c["state"] for c in board["candidates"]] == ["done"] and board["best"]["candidate"] == "000"
+    assert "time budget spent: 1 of 3" in res.stderr

@@ -40,6 +40,12 @@ EPILOG = (
 @click.option(
     "--max-epochs-cap", type=click.IntRange(1, 1000), help="Bound every candidate's epochs per pass (quick searches)."
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Time budget: no candidate starts after it (those running finish); the leaderboard holds what finished.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler.")
 @click.option("--mlflow", "mlflow_uri", metavar="URI", help="Record the search here (default: $MLFLOW_TRACKING_URI).")
 @click.option(
@@ -66,6 +72,7 @@ def tune_command(
     trainers,
     pservers,
     max_epochs_cap,
+    timeout,
     seed,
     mlflow_uri,
     references,
@@ -115,6 +122,7 @@ def tune_command(
         trainers=trainers,
         pservers=pservers,
         max_epochs_cap=max_epochs_cap,
+        timeout=timeout,
         seed=seed,
         state_dir=state_dir,
         mlflow_uri=mlflow_uri,

@@ -25,6 +25,7 @@ def tune(
     trainers: int = 2,
     pservers: int = 1,
     max_epochs_cap: int | None = None,
+    timeout: float | None = None,
     seed: int = 0,
     state_dir: str | None = None,
     mlflow_uri: str | None = None,
@@ -62,6 +63,7 @@ def tune(
         trainers=trainers,
         pservers=pservers,
         max_epochs_cap=max_epochs_cap,
+        timeout=timeout,
         show=show_progress,
     )
     reference_rows = {"logistic_regression": None, "production": None}

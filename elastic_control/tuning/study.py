@@ -143,12 +143,18 @@ def run_search(
     trainers: int,
     pservers: int,
     max_epochs_cap: int | None = None,
+    timeout: float | None = None,
     on_change: Callable[[int, list[str]], None] | None = None,
     log: Callable[[str], None] = print,
-) -> None:
-    """Run candidates until ``candidates`` of them completed or were pruned, ``parallel`` at a time."""
+) -> bool:
+    """Run candidates until ``candidates`` of them completed or were pruned, ``parallel`` at a time.
+
+    ``timeout`` (seconds, as Optuna's ``optimize(timeout=)``): no candidate starts after it; those
+    running finish. Returns False when the time ran out before ``candidates`` finished.
+    """
     import optuna
 
+    deadline = None if timeout is None else time.monotonic() + timeout
     running: dict[int, Running] = {}
     failures = 0
     window = (split.train_start.strftime("%Y%m%d/%H"), split.train_end.strftime("%Y%m%d/%H"))
@@ -157,9 +163,12 @@ def run_search(
             done = finished_count(study)
             if on_change:
                 on_change(done, [r.folder.name for r in running.values()])
-            if done >= candidates and not running:
-                return
-            while len(running) < parallel and done + len(running) < candidates:
+            out_of_time = deadline is not None and time.monotonic() >= deadline
+            if (done >= candidates or out_of_time) and not running:
+                if out_of_time and done < candidates:
+                    log(f"time budget spent: {done} of {candidates} candidate(s) finished, none started after it")
+                return done >= candidates
+            while not out_of_time and len(running) < parallel and done + len(running) < candidates:
                 trial = study.ask()
                 settings = suggest(trial, train_hours=split.train_hours)
                 folder = CandidateFolder.of(output, trial.number)
