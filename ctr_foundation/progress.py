@@ -11,7 +11,8 @@ epochs after the first one; the steps of an epoch are known once the first epoch
 or from the share's line count when the trainer counted it first); ``eta_seconds``
 is null while ``steps_planned`` is. A MODEL_PATH that is a URL (hdfs://, s3://) gets
 no document. Status (``training.progress``), ``-l`` (the trainers' step lines) and
-the demo read it.
+the demo read it. ``sink`` (trainer 0 in a Kubernetes pod: the Volcano job's annotation,
+elastic_control/training/job_progress.py) gets the same document whenever it is written.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ctr_foundation.atomic import atomic_write_json
@@ -60,8 +62,17 @@ def describe(doc: dict) -> str:
 class PassProgress:
     """What a trainer knows of its pass's progress; trainer 0 (``write``) publishes it under MODEL_PATH."""
 
-    def __init__(self, model_path: str | None, name: str, *, write: bool, epochs: int | None = None):
+    def __init__(
+        self,
+        model_path: str | None,
+        name: str,
+        *,
+        write: bool,
+        epochs: int | None = None,
+        sink: Callable[..., None] | None = None,
+    ):
         self.path = progress_path(model_path) if write else None
+        self.sink = sink if write else None  # called as sink(document, force=...)
         self.name = name
         self.epoch = 1
         self.epochs = epochs
@@ -137,13 +148,17 @@ class PassProgress:
         return f" ({text}" + (f", ETA {eta:.0f}s)" if eta is not None else ")")
 
     def publish(self, *, force: bool = False) -> None:
-        if self.path is None:
+        if self.path is None and self.sink is None:
             return
         now = time.monotonic()
         if not force and now - self._written < WRITE_EVERY:
             return
         self._written = now
-        try:
-            atomic_write_json(self.path, self.document())
-        except OSError:
-            pass  # progress is for people: never fail a pass over it
+        doc = self.document()
+        if self.path is not None:
+            try:
+                atomic_write_json(self.path, doc)
+            except OSError:
+                pass  # progress is for people: never fail a pass over it
+        if self.sink is not None:
+            self.sink(doc, force=force)

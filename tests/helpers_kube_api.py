@@ -28,7 +28,8 @@ log streams) so the real `kubernetes` client parses them. Scenarios:
   stay Pending with a ProvisioningFailed event; ``job_pods_forbidden``: admission refuses the
   job's pods and Volcano records FailedCreatePod on the Job.
 
-Server-side apply (PATCH application/apply-patch+yaml) creates or updates; an
+A JSON merge patch (PATCH application/merge-patch+json) changes an existing object (trainer 0's progress
+annotation on the Volcano Job). Server-side apply (PATCH application/apply-patch+yaml) creates or updates; an
 apply that changes nothing keeps the resourceVersion (as the API server does),
 and a Deployment whose pod template changed replaces its pods (a rollout).
 ``restarts`` counts pods replaced that way.
@@ -66,6 +67,9 @@ KINDS = {  # (group/version, plural) -> kind
     ("apps/v1", "replicasets"): "ReplicaSet",
     ("policy/v1", "poddisruptionbudgets"): "PodDisruptionBudget",
     ("networking.k8s.io/v1", "networkpolicies"): "NetworkPolicy",
+    ("v1", "serviceaccounts"): "ServiceAccount",
+    ("rbac.authorization.k8s.io/v1", "roles"): "Role",
+    ("rbac.authorization.k8s.io/v1", "rolebindings"): "RoleBinding",
     ("scheduling.volcano.sh/v1beta1", "podgroups"): "PodGroup",
     (VOLCANO, "jobs"): "Job",
     ("scheduling.volcano.sh/v1beta1", "queues"): "Queue",
@@ -625,9 +629,18 @@ class _Handler(BaseHTTPRequestHandler):
                 body["metadata"]["uid"] = obj["metadata"]["uid"]
                 body.setdefault("status", obj.get("status", {}))
                 return self._send(200, fake._put(gv, plural, ns, body))
+            content_type = self.headers.get("Content-Type", "").split(";")[0]
+            if method == "PATCH" and content_type == "application/merge-patch+json":
+                if obj is None:
+                    return self._status(404, "NotFound", f'{plural} "{name}" not found')
+                merged = _merge_patch(obj, self._body())
+                if merged == obj:
+                    return self._send(200, obj)
+                fake._put(gv, plural, ns, merged)
+                return self._send(200, merged)
             if method == "PATCH":
-                if self.headers.get("Content-Type", "").split(";")[0] != "application/apply-patch+yaml":
-                    return self._status(415, "UnsupportedMediaType", "only server-side apply is answered here")
+                if content_type != "application/apply-patch+yaml":
+                    return self._status(415, "UnsupportedMediaType", "only apply and merge patches are answered here")
                 if not query.get("fieldManager"):
                     return self._status(400, "BadRequest", "fieldManager is required for apply patches")
                 body = self._body()
@@ -774,6 +787,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self):
         self._route("PATCH")
+
+
+def _merge_patch(target, patch):
+    """RFC 7386: objects merge key by key, null removes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge_patch(out.get(key), value)
+    return out
 
 
 def _matches(obj, label_selector, field_selector) -> bool:

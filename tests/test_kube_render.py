@@ -83,10 +83,10 @@ def test_every_manifest_validates_strictly(tmp_path, flags):
     shards = flags["cube_shards"]
     # shared (ConfigMap, token and credentials Secrets, claim) + (claim, deploy, svc) mlflow + (claim, deploy, svc)
     # file server + (deploy, lookup svc, agent svc) per shard + the shards' PDB + transfer 2 + serving 3
-    # + serving's alerting rules (ConfigMap) + job + NetworkPolicies (instance only, serving's clients, and the
-    # file server's when its Service is exposed)
+    # + serving's alerting rules (ConfigMap) + job and its progress account (ServiceAccount, Role, RoleBinding)
+    # + NetworkPolicies (instance only, serving's clients, and the file server's when its Service is exposed)
     policies = 2 + (flags.get("service_type", "ClusterIP") != "ClusterIP")
-    assert len(docs) == 4 + 3 + 3 + 3 * shards + 1 + 2 + 3 + 1 + 1 + policies
+    assert len(docs) == 4 + 3 + 3 + 3 * shards + 1 + 2 + 3 + 1 + (1 + 3) + policies
     for doc in docs:
         validate_manifest(doc)
         labels = doc["metadata"]["labels"]
@@ -313,4 +313,4 @@ def test_rendered_yaml_is_plain_block_yaml(tmp_path):
     text = (manifests / "60-training-job.yaml").read_text()
     assert text.startswith("# Rendered by `elastic-control -r`")
     assert "{{" not in text and "{%" not in text
-    assert yaml.safe_load(text)["kind"] == "Job"
+    assert [d["kind"] for d in yaml.safe_load_all(text)] == ["ServiceAccount", "Role", "RoleBinding", "Job"]

@@ -230,8 +230,9 @@ def _components_table(status: st.PipelineStatus, *, width: int | None) -> Table:
 def _print_training(con: Console, training: dict) -> None:
     if not training:
         return
-    if "passes_done" not in training:  # a cluster: the job's phase only (passes are in the pods' MODEL_PATH)
+    if "passes_done" not in training:  # a cluster: the job's phase (passes are in the pods' MODEL_PATH)
         con.print(f"training: job {training.get('detail') or training.get('state')}")
+        _print_progress(con, training)  # trainer 0's, from the job's annotation
         return
     line = f"training: {training['passes_done']}"
     line += f"/{training['passes_expected']}" if training.get("passes_expected") else ""
@@ -257,6 +258,10 @@ def _print_training(con: Console, training: dict) -> None:
     else:
         line += f"; job {training.get('state')}"
     con.print(line)
+    _print_progress(con, training)
+
+
+def _print_progress(con: Console, training: dict) -> None:
     progress = training.get("progress")
     if progress and training.get("state") in ("running", "restarting"):
         con.print(f"progress: {describe_progress(progress)}")

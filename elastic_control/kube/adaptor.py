@@ -28,6 +28,7 @@ __all__ = [
     "core",
     "apps",
     "policy",
+    "rbac",
     "custom",
     "apiextensions",
     "detect_cluster",
@@ -106,6 +107,11 @@ def networking() -> client.NetworkingV1Api:
 
 
 @functools.lru_cache(maxsize=1)
+def rbac() -> client.RbacAuthorizationV1Api:
+    return client.RbacAuthorizationV1Api(api_client())
+
+
+@functools.lru_cache(maxsize=1)
 def custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())
 
@@ -117,7 +123,7 @@ def apiextensions() -> client.ApiextensionsV1Api:
 
 def reset() -> None:
     """Forget the loaded configuration and API objects (after KUBECONFIG changes)."""
-    for cached in (api_client, core, apps, policy, networking, custom, apiextensions):
+    for cached in (api_client, core, apps, policy, networking, rbac, custom, apiextensions):
         cached.cache_clear()
 
 

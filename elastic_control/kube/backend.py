@@ -66,6 +66,8 @@ class KubeDeployment(Deployment):
                 phase = row.state.split(" ", 1)[0]
                 state = _JOB_PHASES.get(phase, st.STARTING)
                 training = {"state": state, "phase": phase, "detail": row.state, "ready": row.ready}
+                if row.progress:
+                    training["progress"] = row.progress
             else:
                 state = _DEPLOYMENT_STATES.get(row.state, st.STARTING)
             components.append(

@@ -62,6 +62,10 @@ CONFIG_CHECKSUM_ANNOTATION = "elastic-ctr/config-checksum"
 # and status shows it as done. Not rendered, never pruned; `delete` removes it with the rest.
 TRAINING_RECORD_COMPONENT = "training-record"
 TRAINING_RECORD_SUFFIX = "-training-record"
+# On the Volcano job: trainer 0's pass progress (ctr_foundation/progress.py's document, as JSON), patched by
+# the trainer through the service account JOB-training-progress (templates/training_job.yaml.j2); status shows it.
+PROGRESS_ANNOTATION = "elastic-ctr/progress"
+PROGRESS_ACCOUNT_SUFFIX = "-training-progress"
 # On Deployments: replicas as rendered, so -a tells a changed plan from an HPA's or `kubectl scale`'s replicas.
 REPLICAS_ANNOTATION = "elastic-ctr/replicas"
 

@@ -45,6 +45,10 @@ TYPED_KINDS = {
     "Deployment": TypedKind("Deployment", "deployment", adaptor.apps),
     "PodDisruptionBudget": TypedKind("PodDisruptionBudget", "pod_disruption_budget", adaptor.policy),
     "NetworkPolicy": TypedKind("NetworkPolicy", "network_policy", adaptor.networking),
+    # The trainers' account, which may patch their job's progress annotation (templates/training_job.yaml.j2).
+    "ServiceAccount": TypedKind("ServiceAccount", "service_account", adaptor.core),
+    "Role": TypedKind("Role", "role", adaptor.rbac),
+    "RoleBinding": TypedKind("RoleBinding", "role_binding", adaptor.rbac),
 }
 
 

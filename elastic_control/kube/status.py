@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from elastic_control.kube import adaptor
@@ -15,6 +16,17 @@ class ComponentRow:
     name: str
     ready: str  # "ready/desired"
     state: str
+    progress: dict | None = None  # the job's: trainer 0's pass progress (kube.constants.PROGRESS_ANNOTATION)
+
+
+def job_progress(vcjob: dict) -> dict | None:
+    """The progress document trainer 0 patched onto the job (training/job_progress.py); None if none or bad."""
+    text = ((vcjob.get("metadata") or {}).get("annotations") or {}).get(k.PROGRESS_ANNOTATION)
+    try:
+        doc = json.loads(text) if text else None
+    except ValueError:
+        return None  # someone else's edit: status shows no progress rather than failing
+    return doc if isinstance(doc, dict) else None
 
 
 def component_rows(namespace: str, job: str) -> list[ComponentRow]:
@@ -50,6 +62,7 @@ def component_rows(namespace: str, job: str) -> list[ComponentRow]:
                 job,
                 f"{status.get('running', 0)}/{desired}",
                 phase + (f" ({detail})" if detail else ""),
+                progress=job_progress(vcjob),
             )
         )
     with adaptor.reachable("listing deployments"):

@@ -51,12 +51,15 @@ class Trainer:
         self.s = settings
         self.rank = settings.trainer_id
         self.tracker = None
+        self._job_progress = None
         if settings.is_chief:
+            from elastic_control.training.job_progress import JobProgressAnnotator
             from elastic_control.training.tracking import Tracker  # mlflow before paddle
 
             self.tracker = Tracker(
                 settings.model_path, run_name=f"train-{format_hour(settings.data_config.start)}", warn=self.log
             )
+            self._job_progress = JobProgressAnnotator.in_pod()  # None outside the Volcano job's pods
         import pyarrow  # noqa: F401  (before paddle)
 
         import paddle
@@ -345,7 +348,9 @@ class Trainer:
         best = self._best_epoch_for(part)
         epochs, epoch = 1, 0
         fixed = self.s.epochs if isinstance(self.s.epochs, int) else None
-        self.progress = PassProgress(self.s.model_path, part.name, write=self.s.is_chief, epochs=fixed)
+        self.progress = PassProgress(
+            self.s.model_path, part.name, write=self.s.is_chief, epochs=fixed, sink=self._job_progress
+        )
         self.progress.expect(share_lines=share_lines, batch_size=stats.batch_size)
         while epoch < epochs:
             epoch += 1

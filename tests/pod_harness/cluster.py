@@ -24,9 +24,16 @@ kube-proxy and cluster DNS of one node:
 - ``enableServiceLinks`` (the default) injects ``NAME_SERVICE_HOST``,
   ``NAME_PORT=tcp://...`` variables as the kubelet does.
 
-What it does not emulate: resource limits (no cgroups), seccomp profiles,
-image pulls, multiple nodes (ReadWriteOnce is always satisfiable), and probe
-types other than httpGet/tcpSocket.
+Containers run one of two ways (runtime.py): by default as process trees over
+this checkout's .venv (image.py emulates the Dockerfile); with
+``Cluster(..., image=TAG, podman_env=ENV)`` as ``podman run`` of the built image
+with runc (podman.py): the image's own files, user and ENV, the
+securityContext, memory and CPU limits and podman's default seccomp profile
+enforced, every container (init containers, eval jobs, client pods) from TAG.
+
+What it does not emulate: image pulls, multiple nodes (ReadWriteOnce is always
+satisfiable), probe types other than httpGet/tcpSocket, and, in the default
+runtime, resource limits (no cgroups) and seccomp profiles.
 
 ``POD_HARNESS_PYTHONPATH`` (a test hook) is put first on every container's
 PYTHONPATH: the pods then run another checkout's modules (a branch under review)
@@ -58,6 +65,7 @@ from pod_harness.admission import restricted_violations
 from pod_harness.image import SYSTEM_PATH, image_paths, interpreter_exposure, load_image, venv_bin
 from pod_harness.network import NODE_IP, Network
 from pod_harness.node_agent import admitted_ports, pod_ready
+from pod_harness.podman import PodmanRuntime, bytes_of, cores_of, image_config
 from pod_harness.runtime import Container, Kubelet, Pod, die_with_parent
 
 AGENT = str(Path(__file__).resolve().parent / "node_agent.py")
@@ -65,6 +73,7 @@ VOLCANO_API = "batch.volcano.sh/"
 CLUSTER_DOMAIN = "cluster.local"
 HANDLED_KINDS = {
     "ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
+    "ServiceAccount", "Role", "RoleBinding",
 }  # fmt: skip
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 TERMINAL_JOB_PHASES = {"Completed", "Failed", "Aborted", "Terminated"}
@@ -291,12 +300,24 @@ class VolcanoJob:
 
 
 class Cluster:
-    def __init__(self, docs: list[dict], workdir: Path, *, task_index_label: bool = True):
+    def __init__(
+        self,
+        docs: list[dict],
+        workdir: Path,
+        *,
+        task_index_label: bool = True,
+        image: str | None = None,
+        podman_env: dict | None = None,
+    ):
+        """``image``: run every container from this image (in podman's store) with podman and runc;
+        ``podman_env`` is the environment of every podman call (CONTAINERS_CONF...)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.docs = docs
         self.task_index_label = task_index_label
-        self.image = load_image()
+        self.image_tag = image
+        self.podman_env = dict(podman_env if podman_env is not None else os.environ)
+        self.image = image_config(image, self.podman_env) if image else load_image()
         self.network = Network()
         self.lock = threading.RLock()
         self.config_maps: dict[str, dict] = {}
@@ -306,13 +327,18 @@ class Cluster:
         self.service_ips: dict[str, str] = {}
         self.pdbs: list[dict] = []
         self.network_policies: list[dict] = []  # specs, enforced by the node agent and per-pod routes
+        self.service_accounts: set[str] = set()  # a pod naming another account is refused, as the API does
         self.clients: dict[str, dict] = {}  # "outsider" / "member": ip, netns, labels (made in start())
         self.deployments: dict[str, DeploymentController] = {}
         self.jobs: dict[str, VolcanoJob] = {}
         self.pods: dict[str, Pod] = {}
         self.refused: list[str] = []  # admission refusals
         self.probe_status: dict = {}
-        self.kubelet = Kubelet(self.container_spec, {"PATH": SYSTEM_PATH})
+        self.kubelet = (
+            PodmanRuntime(self.run_spec, tag=image, env=self.podman_env, prefix=self.network.prefix)
+            if image
+            else Kubelet(self.container_spec, {"PATH": SYSTEM_PATH})
+        )
         self.namespace = self._namespace(docs)
         self.instance = self._instance(docs)
         self._agent: subprocess.Popen | None = None
@@ -363,6 +389,8 @@ class Cluster:
 
     def start(self) -> None:
         self.network.create()
+        if isinstance(self.kubelet, PodmanRuntime):
+            self.kubelet.begin()
         self._resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         self._agent_state = self.workdir / "agent-state.json"
         self._agent_status = self.workdir / "agent-status.json"
@@ -404,6 +432,7 @@ class Cluster:
             threads = [self.kubelet.terminate(p, grace=grace) for p in self.pods.values() if not p.terminating]
         for t in threads:
             t.join(grace + 15)
+        self.kubelet.cleanup()
         if self._agent is not None and self._agent.poll() is None:
             self._agent.kill()
             self._agent.wait(10)
@@ -429,6 +458,10 @@ class Cluster:
             self.pdbs.append(doc)
         elif kind == "NetworkPolicy":
             self.network_policies.append(doc["spec"])
+        elif kind == "ServiceAccount":
+            self.service_accounts.add(name)
+        elif kind in ("Role", "RoleBinding"):
+            pass  # no API server answers the harness's pods: a token (and what it may do) means nothing here
         elif kind == "Deployment":
             self.deployments[name] = DeploymentController(self, doc)
         elif kind == "Job" and doc["apiVersion"].startswith(VOLCANO_API):
@@ -443,6 +476,10 @@ class Cluster:
     def create_pod(self, name: str, template: dict, labels: dict, *, owner, ip: str | None = None) -> Pod | None:
         """Admit (Pod Security "restricted") and start a pod; None when admission refuses it."""
         spec = template["spec"]
+        account = spec.get("serviceAccountName")
+        if account and account not in self.service_accounts:  # the API server refuses such a pod
+            self.refused.append(f"pod {name}: error looking up service account {self.namespace}/{account}")
+            return None
         problems = restricted_violations(spec)
         if problems:
             self.refused.append(f"pod {name}: violates PodSecurity restricted: {'; '.join(problems)}")
@@ -600,6 +637,19 @@ class Cluster:
 
     def container_env(self, pod: Pod, cspec: dict) -> dict[str, str]:
         """The container's environment as the kubelet builds it (image ENV underneath)."""
+        env = dict(self.image.env)
+        env.update(
+            PATH=f"{venv_bin()}:{SYSTEM_PATH}",
+            HOSTNAME=pod.hostname,
+            HOME=self.image.home or "/",
+        )
+        if os.environ.get("POD_HARNESS_PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["POD_HARNESS_PYTHONPATH"]
+        env.update(self.kubelet_env(pod, cspec))
+        return env
+
+    def kubelet_env(self, pod: Pod, cspec: dict) -> dict[str, str]:
+        """What the kubelet hands the runtime: envFrom, the service links, env (the image's ENV not in it)."""
         own: dict[str, str] = {}
         for source in cspec.get("envFrom") or []:
             ref = source.get("configMapRef") or source.get("secretRef")
@@ -623,22 +673,16 @@ class Cluster:
                     own[e["name"]] = value
             else:
                 raise HarnessError(f"the harness does not resolve env source {sorted(source)}")
-        env = dict(self.image.env)
-        env.update(
-            PATH=f"{venv_bin()}:{SYSTEM_PATH}",
-            HOSTNAME=pod.hostname,
-            HOME=self.image.home or "/",
-        )
-        if os.environ.get("POD_HARNESS_PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["POD_HARNESS_PYTHONPATH"]
-        env.update({k: v for k, v in services.items() if k not in own})
-        env.update(own)
-        return env
+        return {**{k: v for k, v in services.items() if k not in own}, **own}
 
     def _security(self, pod: Pod, cspec: dict) -> dict:
         pod_sc = pod.spec.get("securityContext") or {}
         sc = cspec.get("securityContext") or {}
-        uid = sc.get("runAsUser", pod_sc.get("runAsUser", self.image.uid or 0))
+        uid = sc.get("runAsUser", pod_sc.get("runAsUser", self.image.uid))
+        if uid is None and self.image_tag and sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
+            # The built image's USER is a name (image_config): the kubelet refuses what it cannot check.
+            raise HarnessError("container has runAsNonRoot and image has non-numeric user, cannot verify")
+        uid = 0 if uid is None else uid
         gid = sc.get("runAsGroup", pod_sc.get("runAsGroup", uid if self.image.uid == uid else 0))
         if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) and uid == 0:
             raise HarnessError("container has runAsNonRoot and image will run as root")
@@ -698,6 +742,51 @@ class Cluster:
             "env": env,
             "argv": command + args,
             "cwd": workdir,
+            **self._security(pod, c.spec),
+        }
+
+    def run_spec(self, pod: Pod, c: Container) -> dict:
+        """The container as the kubelet hands it to the container runtime (PodmanRuntime turns it into
+        ``podman run``): the image's ENV, USER and WORKDIR are the image's own, not in here."""
+        wanted = c.spec.get("image")
+        if wanted and wanted not in (self.image_tag, f"localhost/{self.image_tag}"):
+            raise HarnessError(f"ErrImageNeverPull: image {wanted} is not on this node (only {self.image_tag})")
+        env = self.kubelet_env(pod, c.spec)
+        command = [_expand(a, env) for a in c.spec.get("command") or []]
+        args = [_expand(a, env) for a in c.spec.get("args") or []]
+        kinds = {v["name"]: next(iter(set(v) - {"name"})) for v in pod.spec.get("volumes") or []}
+        mounts = []
+        for vm in c.spec.get("volumeMounts") or []:
+            source = pod.volumes.get(vm["name"])
+            if source is None:
+                raise HarnessError(f"pod {pod.name}: volumeMount {vm['name']!r} has no volume")
+            if vm.get("subPath"):
+                source = source / vm["subPath"]
+                if not source.exists():
+                    source.mkdir(parents=True)  # the kubelet creates a missing subPath as a folder
+            # ConfigMap and Secret volumes are read-only whatever the mount says (as since Kubernetes 1.10).
+            read_only = bool(vm.get("readOnly")) or kinds.get(vm["name"]) in ("configMap", "secret")
+            mounts.append({"source": str(source), "target": vm["mountPath"], "read_only": read_only})
+        limits = (c.spec.get("resources") or {}).get("limits") or {}
+        requests = (c.spec.get("resources") or {}).get("requests") or {}
+        pod_sc = pod.spec.get("securityContext") or {}
+        sc = c.spec.get("securityContext") or {}
+        seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+        return {
+            "netns": pod.netns,
+            "hostname": pod.hostname,
+            "hosts_file": str(pod.dir / "hosts"),
+            "resolv_file": str(self._resolv),
+            "env": env,
+            "entrypoint": command or None,  # command replaces the ENTRYPOINT and drops the CMD
+            "args": args,  # args replace the CMD
+            "workdir": c.spec.get("workingDir"),
+            "mounts": mounts,
+            "add_caps": list((sc.get("capabilities") or {}).get("add") or []),
+            "seccomp": seccomp,
+            "memory_limit": bytes_of(limits["memory"]) if "memory" in limits else None,
+            "cpu_limit": cores_of(limits["cpu"]) if "cpu" in limits else None,
+            "cpu_request": cores_of(cpu) if (cpu := requests.get("cpu", limits.get("cpu"))) is not None else None,
             **self._security(pod, c.spec),
         }
 
@@ -879,6 +968,14 @@ class Cluster:
     ) -> list[str]:
         pod = self._client_pod(member)
         c = Container(pod.spec["containers"][0])
+        if isinstance(self.kubelet, PodmanRuntime):  # `kubectl run --rm -i --image TAG`
+            spec = self.run_spec(pod, c)
+            spec.update(entrypoint=list(argv), args=[])
+            spec["env"].update(env or {})
+            spec["mounts"] += mounts or []
+            (pod.dir / "spec.json").write_text(json.dumps(spec))
+            run = self.kubelet.run_argv(spec, f"{self.network.prefix}-{pod.name}", pod.dir / "env")
+            return [*run[:2], "--interactive", *run[2:]]  # stdin: what run(input=...) writes
         spec = self.container_spec(pod, c)
         spec["argv"] = list(argv)
         spec["env"].update(env or {})
@@ -900,7 +997,8 @@ class Cluster:
             text=True,
             timeout=timeout,
             input=input,
-            env={"PATH": SYSTEM_PATH},
+            env=self.kubelet.root_env,
+            cwd=str(self.workdir),
         )
 
     def spawn(
@@ -911,7 +1009,8 @@ class Cluster:
             self.client_command(argv, env, mounts, member),
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={"PATH": SYSTEM_PATH},
+            env=self.kubelet.root_env,
+            cwd=str(self.workdir),
         )
 
 
