@@ -138,6 +138,7 @@ class FakeKubeAPI:
         self.store: dict[tuple, dict] = {}  # (gv, plural, namespace, name) -> object
         self.requests: list[tuple[str, str, dict]] = []
         self.logs: dict[str, list[str]] = {}  # pod uid -> lines
+        self.previous_logs: dict[str, list[str]] = {}  # pod uid -> the previous container instance's lines
         self._rv = itertools.count(1000)
         self._node_port = itertools.count(30000)
         self.trainer_generations = 0
@@ -692,6 +693,13 @@ class _Handler(BaseHTTPRequestHandler):
         with fake.lock:
             pod = fake.get("v1", "pods", ns, name)
             lines = list(fake.logs.get(pod["metadata"]["uid"], [])) if pod else None
+            if pod and query.get("previous") == "true":  # the container's instance before its last restart
+                lines = fake.previous_logs.get(pod["metadata"]["uid"])
+                if lines is None:
+                    container = query.get("container", "")
+                    return self._status(
+                        400, "BadRequest", f'previous terminated container "{container}" in pod "{name}" not found'
+                    )
         if pod is None:
             return self._status(404, "NotFound", f'pods "{name}" not found')
         if pod["status"]["phase"] == "Pending":

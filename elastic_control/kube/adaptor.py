@@ -218,6 +218,7 @@ def stream_pod_log(
     tail_lines: int | None = None,
     timestamps: bool = False,
     since_seconds: int | None = None,
+    previous: bool = False,
 ) -> Iterator[str]:
     """Lines of a pod's log as they arrive (``follow``) or as they are; ends when the server closes the stream.
 
@@ -232,6 +233,8 @@ def stream_pod_log(
         kwargs["timestamps"] = True
     if since_seconds is not None:
         kwargs["since_seconds"] = since_seconds
+    if previous:  # the container's previous instance (before its last restart), as the kubelet keeps it
+        kwargs["previous"] = True
     resp = core().read_namespaced_pod_log(name, namespace, **kwargs)
     pending = b""
     try:

@@ -6,7 +6,8 @@ runs: the API server or kubelet closed the stream; its pod was recreated by
 Volcano's RestartJob or a Deployment; its container restarted) or says, in one
 line, why it stopped (the pod finished and nothing will replace it). Lines are
 requested with timestamps, so a stream reopened on the same pod does not print
-a line twice.
+a line twice. Without ``follow``, a pod whose container restarted shows its previous
+instance's log first (prefix ``POD previous``): what made it restart is there.
 """
 
 from __future__ import annotations
@@ -232,21 +233,36 @@ def print_logs(
     if pod is None:
         printer.line(source.component, f"(no pod yet for selector {source.selector})")
         return False
-    with adaptor.reachable(f"reading the log of {pod.metadata.name}"):
+    name = pod.metadata.name
+    restarts = _restarts(pod, source.container)
+    if restarts:
+        # What made the container restart is in its previous instance's log, which the current one lacks.
+        printer.line(f"{name} previous", f"(container {source.container} restarted {restarts}x: its previous log)")
+        _print_one(namespace, name, source, printer, f"{name} previous", tail_lines, since_seconds, previous=True)
+    _print_one(namespace, name, source, printer, name, tail_lines, since_seconds)
+    return True
+
+
+def _restarts(pod, container: str) -> int:
+    return sum(s.restart_count or 0 for s in pod.status.container_statuses or [] if s.name == container)
+
+
+def _print_one(namespace, name, source, printer, prefix, tail_lines, since_seconds, *, previous=False) -> None:
+    with adaptor.reachable(f"reading the log of {name}"):
         try:
             for text in adaptor.stream_pod_log(
-                pod.metadata.name,
+                name,
                 namespace,
                 container=source.container,
                 tail_lines=tail_lines,
                 since_seconds=since_seconds,
+                previous=previous,
             ):
-                printer.line(pod.metadata.name, text)
+                printer.line(prefix, text)
         except adaptor.ApiException as e:
             if e.status in (401, 403):
                 raise
-            printer.line(pod.metadata.name, f"(log unavailable: HTTP {e.status} {adaptor.api_error_message(e)})")
-    return True
+            printer.line(prefix, f"(log unavailable: HTTP {e.status} {adaptor.api_error_message(e)})")
 
 
 def _split_timestamp(line: str) -> tuple[dt.datetime | None, str]:
