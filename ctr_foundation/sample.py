@@ -1,8 +1,8 @@
-"""The slot text format and the key transform, shared by trainer, cube and serving.
+"""One slot-format line as a Sample, and the key transform, shared by trainer, cube and serving.
 
-A line is ``$show $click $feasign:$slot $feasign:$slot ...``; a feasign is an
-unsigned 64-bit integer (values above 2**63 occur). A token whose left part is
-a decimal number that is not a plain unsigned integer (``2.5:40``, ``-3:41``)
+A line is ``$show $click $feasign:$slot $feasign:$slot ...`` (the grammar, its limits and its error
+messages: slot_grammar.py); a feasign is an unsigned 64-bit integer (values above 2**63 occur). A token
+whose left part is a decimal number that is not a plain unsigned integer (``2.5:40``, ``-3:41``)
 is a *value* token: the value of a dense slot (ctr_foundation/dense_features.py). The key stored in the
 sparse table is ``feasign % SPARSE_DIM`` when SPARSE_DIM is set (the original
 behaviour), else the full feasign. Paddle ids are int64, so the uint64 key's
@@ -12,35 +12,22 @@ bits are reinterpreted as int64 on the way in, in every component.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-UINT64_MAX = (1 << 64) - 1
-
-
-# A value token's number, ASCII only: a decimal number that is NOT a plain unsigned integer (a sign, a point
-# or an exponent; what Python's float() reads minus inf/nan, underscores and spaces). No alternative can match
-# the same digits two ways, so a long digit run costs linear time to refuse (no quadratic backtracking on
-# hostile input). Serving's strict line checks build on it.
-VALUE_NUMBER = (
-    r"(?:[-+](?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-    r"|(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-    r"|[0-9]+[eE][-+]?[0-9]+)"
+# The grammar's owner is slot_grammar.py; these names stay importable from here, where they always were.
+from ctr_foundation.slot_grammar import (  # noqa: F401
+    LINE_OK,
+    SHOW_LIMIT,
+    UINT64_MAX,
+    VALUE_NUMBER,
+    MalformedLine,
+    feasign_above_uint64,
+    line_problem,
+    show_above_int64,
+    value_not_finite,
 )
-_VALUE_NUMBER_OK = re.compile(VALUE_NUMBER, re.ASCII)
-
-
-class MalformedLine(ValueError):
-    """A line that is not in the slot format; readers count and skip these."""
-
-
-def feasign_above_uint64(digits: str) -> str:
-    """What is wrong with a feasign written as ``digits`` (ASCII digits) above 2**64-1, in the words every
-    reader of the format uses."""
-    shown = digits if len(digits) <= 40 else f"{digits[:20]}...({len(digits)} digits)"
-    return f"feasign {shown} is above 2**64-1 (the largest unsigned 64-bit integer, {UINT64_MAX})"
 
 
 @dataclass(frozen=True)
@@ -55,43 +42,29 @@ class Sample:
 
 
 def parse_sample_line(line: str) -> Sample:
-    """Parse one slot-format line; raise MalformedLine naming what is wrong."""
+    """Parse one slot-format line (slot_grammar.py: the grammar); raise MalformedLine naming what is wrong."""
+    if not LINE_OK.fullmatch(line):  # every digit bound, ASCII only: int() below never sees a long number
+        raise MalformedLine(line_problem(line))
     parts = line.split()
-    if len(parts) < 2:
-        raise MalformedLine("expected '$show $click $feasign:$slot ...'")
-    try:
-        show, click = int(parts[0]), int(parts[1])
-    except ValueError:
-        raise MalformedLine(f"show/click {parts[0]!r} {parts[1]!r} are not integers") from None
-    if click not in (0, 1) or show < 0:
-        raise MalformedLine(f"click must be 0 or 1 and show >= 0, got show={show} click={click}")
+    show = int(parts[0])
+    if show >= SHOW_LIMIT:
+        raise MalformedLine(show_above_int64(parts[0]))
     feasigns, slots, values, value_slots = [], [], [], []
     for tok in parts[2:]:
-        f, sep, s = tok.partition(":")
-        if not sep:
-            raise MalformedLine(f"feature {tok!r} is not feasign:slot")
-        try:
-            sv = int(s)
-        except ValueError:
-            raise MalformedLine(f"feature {tok!r}: slot {s!r} is not an integer") from None
-        if sv < 0:
-            raise MalformedLine(f"feature {tok!r}: slot must be >= 0")
-        if f.isascii() and f.isdigit():
-            if len(f) > len(str(UINT64_MAX)) or int(f) > UINT64_MAX:  # int() refuses 4300+ digits
-                raise MalformedLine(f"feature {tok[:60]!r}: {feasign_above_uint64(f)}")
+        f, _, s = tok.partition(":")
+        if f.isdigit():
             fv = int(f)
+            if fv > UINT64_MAX:
+                raise MalformedLine(f"feature {tok[:60]!r}: {feasign_above_uint64(f)}")
             feasigns.append(fv)
-            slots.append(sv)
+            slots.append(int(s))
             continue
-        try:
-            value = float(f)
-        except ValueError:
-            raise MalformedLine(f"feature {tok!r} is not feasign:slot (integer) or value:slot (number)") from None
-        if not math.isfinite(value) or not _VALUE_NUMBER_OK.fullmatch(f):
-            raise MalformedLine(f"feature {tok!r}: a dense value must be a finite decimal number")
+        value = float(f)  # VALUE_NUMBER (LINE_OK): float() reads it, maybe as inf (1e999)
+        if not math.isfinite(value):
+            raise MalformedLine(value_not_finite(tok))
         values.append(value)
-        value_slots.append(sv)
-    return Sample(show, click, tuple(feasigns), tuple(slots), tuple(values), tuple(value_slots))
+        value_slots.append(int(s))
+    return Sample(show, int(parts[1]), tuple(feasigns), tuple(slots), tuple(values), tuple(value_slots))
 
 
 def feasign_to_key(feasign: int, sparse_dim: int | None) -> int:

@@ -11,7 +11,8 @@ from helpers_serving import serving_in_thread
 
 from client.api import BatchRefused, ServingClient
 from client.cli import main
-from client.lines import EXIT_REFUSED_LINES, KnownSlots, predict_file_lines
+from client.lines import EXIT_REFUSED_LINES, KnownSlots, line_problem, predict_file_lines
+from ctr_foundation.slot_grammar import bad_token
 from elastic_control.serving.instances import InstanceError, parse_instances
 from elastic_control.serving.versions import ModelDirSource
 
@@ -21,15 +22,20 @@ MALFORMED = "1 0 5:1 oops"
 
 class StrictServing:
     """Serving's own request checks (instances.parse_instances) in front of a fixed answer: a request with
-    one bad instance is refused whole, as serving refuses it; counts the requests."""
+    one bad instance is refused whole, as serving refuses it; counts the requests. ``refused``: lines it
+    refuses besides, as a serving with a rule the client cannot check would."""
 
-    def __init__(self):
+    def __init__(self, refused=()):
         self.requests = 0
+        self.refused = set(refused)
 
     def predict_instances(self, instances, *, routing_key=None):
         self.requests += 1
         try:
             parse_instances(instances)
+            for i, inst in enumerate(instances):
+                if inst["line"] in self.refused:
+                    raise InstanceError(f"instance {i}: refused by this serving")
         except InstanceError as e:
             raise BatchRefused(f"serving refused the batch (HTTP 400): {e}", str(e)) from e
         probs = [0.01 * len(inst["line"]) for inst in instances]
@@ -37,14 +43,14 @@ class StrictServing:
 
 
 def test_one_refused_line_among_batches_fails_alone_and_is_numbered_from_the_input():
-    serving = StrictServing()
-    # An Arabic-Indic slot digit passes the client's own format check (int() takes it) but serving refuses
-    # it: the refused batch is halved until the line stands alone.
-    lines = [GOOD[0], "", GOOD[1], "1 0 7:\u0663", GOOD[2], GOOD[3], "", GOOD[4]]
+    # A line that passes the client's own format check but that serving refuses: the refused batch is
+    # halved until the line stands alone.
+    serving = StrictServing(refused=["1 0 7:7"])
+    lines = [GOOD[0], "", GOOD[1], "1 0 7:7", GOOD[2], GOOD[3], "", GOOD[4]]
     got = list(predict_file_lines(serving, lines, batch_size=4))
     assert [r.line for r in got] == [1, 3, 4, 5, 6, 8]
     bad = [r for r in got if not r.ok]
-    assert [r.line for r in bad] == [4] and "ASCII digits" in bad[0].error
+    assert [r.line for r in bad] == [4] and "refused by this serving" in bad[0].error
     assert not bad[0].error.startswith("instance")
     for r in got:
         if r.ok:
@@ -59,7 +65,7 @@ def test_local_checks_name_the_line_and_the_slot():
     lines = [*GOOD[:2], MALFORMED, "1 0 123:77", "1 0 " + "1" * 23 + ":39", GOOD[2]]
     got = {r.line: r for r in predict_file_lines(serving, lines, slots=slots)}
     assert [n for n, r in got.items() if r.ok] == [1, 2, 6]
-    assert "'oops' is not feasign:slot" in got[3].error
+    assert bad_token("oops") in got[3].error
     assert got[4].error.startswith("slot 77 is not in slot.conf /x/slot.conf: slots 1, 2, 3")
     assert "serving would ignore its features (pass --unknown-slots warn" in got[4].error
     assert got[5].error == (
@@ -126,7 +132,7 @@ def test_predict_prints_every_good_line_and_one_error_per_bad_line(serving, synt
     assert [printed[i] for i in (2, 4, 5)] == ["nan"] * 3
     errors = [ln for ln in err.splitlines() if ln.startswith("ctr-client: line ")]
     assert [e.split(":")[1].strip() for e in errors] == ["line 3", "line 5", "line 6"]
-    assert "'oops' is not feasign:slot" in errors[0]
+    assert bad_token("oops") in errors[0]
     assert "slot 77 is not in the model serving answers with" in errors[1]
     assert f"feasign {'9' * 23} is above 2**64-1" in errors[2]
     assert err.strip().endswith("3 of 7 lines refused (line 3, 5, 6); every other line was predicted")
@@ -153,3 +159,25 @@ def test_predict_prints_every_good_line_and_one_error_per_bad_line(serving, synt
 def test_serving_client_status_lists_the_slots_the_client_checks(serving, synth_world):
     status = ServingClient(serving.url).status()
     assert sorted(status["slots"]) == sorted(synth_world.slots)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "1 0 7:\u0663",  # an Arabic-Indic digit: int() takes it, the grammar does not
+        "1 00 5:1",  # click is 0 or 1
+        f"{1 << 63} 1 5:1",  # show beyond int64
+        "1 1 5:1234567890",  # a 10-digit slot
+        "1 1 5:1\u00a07:2",  # a no-break space between fields
+        "1 1 1e999:40",
+    ],
+)
+def test_the_client_refuses_a_line_in_the_words_serving_would_use(line):
+    # One grammar (ctr_foundation/slot_grammar.py): what serving refuses, the client refuses before sending it.
+    with pytest.raises(InstanceError) as refused:
+        parse_instances([{"line": line}])
+    error, _ = line_problem(line, None)
+    assert f"instance 0: {error}" == str(refused.value)
+    serving = StrictServing()
+    got = list(predict_file_lines(serving, [GOOD[0], line], batch_size=4))
+    assert got[1].error == error and serving.requests == 1  # the bad line is never sent

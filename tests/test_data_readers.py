@@ -563,6 +563,26 @@ def test_malformed_lines_under_and_over_the_threshold(tmp_path):
         _read_all(strict)
 
 
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        (f"{1 << 63} 1 5:1", "show 9223372036854775808 is above 2**63-1"),
+        (f"1 1 5:{1 << 63}", "slot 9223372036854775808 has more than 9 digits"),
+        (f"1 1 2.5:{(1 << 64) + 1}", "slot 18446744073709551617 has more than 9 digits"),
+        ("99999999999999999999 0 5:1", "show 99999999999999999999 is above 2**63-1"),
+    ],
+)
+def test_a_show_or_slot_beyond_int64_is_a_malformed_line_not_an_overflow(tmp_path, line, reason):
+    # These raised OverflowError out of the reader (numpy's int64 columns); now the line is counted and named.
+    _write_hour(tmp_path, START, {"part-00000": ("\n".join(_lines(3) + [line]) + "\n").encode()})
+    counter = BadLineCounter(1.0)
+    assert len(_read_all(HourlyData(_config(tmp_path, hours=1)), counter=counter)) == 3 and counter.bad == 1
+    assert reason in counter.examples[0] and repr(line) in counter.examples[0]
+    strict = HourlyData(_config(tmp_path, hours=1, extra="export MAX_BAD_LINE_FRACTION=0.001\n"))
+    with pytest.raises(DataError, match="1 of 4 lines are malformed"):
+        _read_all(strict)
+
+
 def test_unsupported_filesystem_is_a_clear_error(tmp_path):
     # s3:// works without s3fs (pyarrow's S3 client, tests/test_kube_s3.py); gs:// needs gcsfs, not installed.
     cfg = parse_data_config(

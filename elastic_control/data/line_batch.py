@@ -1,8 +1,9 @@
 """Vectorised parsing of slot-format lines into column arrays, and per-slot key lists.
 
-``parse_sample_line`` (sample.py) is the reference for one line; this module
-does the same for thousands of lines at once, because a per-line Python parse
-caps a trainer at a few tens of thousands of lines per second.
+``parse_sample_line`` (sample.py) is the reference for one line, and
+``ctr_foundation/slot_grammar.py`` owns the grammar (its limits, patterns and
+messages); this module does the same for thousands of lines at once, because
+a per-line Python parse caps a trainer at a few tens of thousands of lines per second.
 
 ``parse_text`` takes a chunk of the file as bytes (what the hourly reader
 reads) and finds its tokens with numpy on the whole chunk: the separators'
@@ -28,25 +29,32 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ctr_foundation.dense_features import dense_matrix
-from ctr_foundation.sample import (
-    PADDING_FEASIGN,
+from ctr_foundation.sample import PADDING_FEASIGN, parse_sample_line, transform_keys
+from ctr_foundation.slot_grammar import (
+    CLICK,
+    FEASIGN_DIGITS,
+    INTEGER_LINES_OK,
+    LEAD,
+    SEP,
+    SHOW,
+    SHOW_DIGITS,
+    SHOW_LIMIT,
+    SLOT,
+    SLOT_DIGITS,
+    TRAIL,
     UINT64_MAX,
     VALUE_NUMBER,
     MalformedLine,
-    parse_sample_line,
-    transform_keys,
 )
 
-# One valid line: show, click (0/1), then feasign:slot pairs. Feasigns have at
-# most 20 digits (uint64); values above 2**64-1 are caught after conversion.
-_CHUNK_OK = re.compile(r"(?:[ \t]*\d+[ \t]+[01](?:[ \t]+\d{1,20}:\d{1,9})*[ \t\r]*\n)*")
 # A chunk with value tokens too (a dense slot's number, ctr_foundation/dense_features.py: a decimal number
 # that is not a plain unsigned integer, so it has a sign, a point or an exponent), in feature positions only:
-# a value token where show or click belongs makes the chunk fall back to the per-line parser. The left part
-# is only checked for its characters here (unbounded repeats: a third faster than _CHUNK_OK's bounded
-# ones); numpy's float conversion refuses a malformed number ("1.2.3") and a feasign's 20-digit bound is the
-# uint64 parse's saturation check.
-_CHUNK_WITH_VALUES_OK = re.compile(r"(?:[ \t]*[0-9]+[ \t]+[01](?:[ \t]+[-+.0-9eE]+:[0-9]{1,9})*[ \t\r]*\n)*")
+# a value token where show or click belongs makes the chunk fall back to the per-line parser. The grammar's
+# fields, except that a token's left part is only checked for its characters here (the exact alternative,
+# FEASIGN or VALUE_NUMBER, costs a third more); the integer tokens left once the value tokens are set aside
+# then pass the grammar's INTEGER_LINES_OK (a feasign's 20-digit bound), and numpy's float conversion refuses
+# a malformed number ("1.2.3").
+_CHUNK_WITH_VALUES_OK = re.compile(rf"(?:{LEAD}{SHOW}{SEP}{CLICK}(?:{SEP}[-+.0-9eE]+:{SLOT})*{TRAIL}\n)*", re.ASCII)
 # Bytes that only a value token holds in a valid chunk (integer tokens, show and click are digits).
 _VALUE_BYTES = np.zeros(256, bool)
 _VALUE_BYTES[list(b".+-eE")] = True
@@ -129,7 +137,7 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
         batch = _parse_plain_bytes(text.encode("ascii"), lines)
         if batch is not None:
             return batch, []
-    if _CHUNK_OK.fullmatch(text):
+    if INTEGER_LINES_OK.fullmatch(text):
         batch = _parse_valid_chunk(lines, text)
         if batch is not None:
             return batch, []
@@ -145,10 +153,8 @@ _SPACE, _COLON, _NEWLINE = np.uint8(32), np.uint8(58), np.uint8(10)
 # Bytes a value token may hold besides digits; anything else in a token sends the chunk to the older path.
 _VALUE_ONLY_BYTES = np.zeros(256, bool)
 _VALUE_ONLY_BYTES[list(b".+-eE")] = True
-# The longest feasign the reference accepts (the digits of 2**64-1); longer ones, even with leading zeros,
-# are its malformed lines.
-_FEASIGN_DIGITS = len(str(UINT64_MAX))
-_INT64_LIMIT = np.uint64(1 << 63)
+# The grammar's bounds (slot_grammar.py) as numpy compares them: digit counts, even with leading zeros.
+_SHOW_LIMIT = np.uint64(SHOW_LIMIT)
 
 
 def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch | None:
@@ -236,11 +242,14 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
         feature_tok = np.flatnonzero(is_feature & ~is_value)
         shows, clicks, slot_numbers = numbers[at[first]], numbers[at[first + 1]], numbers[at[feature_tok + 1]]
         feasigns = numbers[at[feature_tok]]
+    length = ends - starts
     if (
         (clicks > 1).any()
-        or (shows >= _INT64_LIMIT).any()
-        or (slot_numbers >= _INT64_LIMIT).any()
-        or (ends[feature_tok] - starts[feature_tok] > _FEASIGN_DIGITS).any()
+        or (length[first + 1] != 1).any()  # click: "0" or "1", not "00"
+        or (shows >= _SHOW_LIMIT).any()
+        or (length[first] > SHOW_DIGITS).any()
+        or (length[np.flatnonzero(is_feature) + 1] > SLOT_DIGITS).any()  # value tokens' slots too
+        or (length[feature_tok] > FEASIGN_DIGITS).any()
     ):
         return None
     if lines is None:
@@ -264,8 +273,6 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
         if not np.isfinite(values).all():
             return None
         value_slots = numbers[at[value_tok + 1]]
-        if (value_slots >= _INT64_LIMIT).any():
-            return None
         batch.value_line = raw_line[value_tok]
         batch.value_slots = value_slots.astype(np.int64)
         batch.values = values
@@ -305,11 +312,16 @@ def _parse_plain_integers(data: bytes, seps: np.ndarray, kinds: np.ndarray, line
         return None
     shows, clicks = numbers[line_first], numbers[line_first + 1]
     slots = numbers[colons + 1]
+    show_start = np.empty(len(line_first), np.int64)  # the separator before each show (-1: the chunk's start)
+    show_start[0] = -1
+    show_start[1:] = seps[ends_line[:-1]]
     if (
         (clicks > 1).any()
-        or (shows >= _INT64_LIMIT).any()
-        or (slots >= _INT64_LIMIT).any()
-        or (seps[colons] - seps[colons - 1] - 1 > _FEASIGN_DIGITS).any()
+        or (seps[line_first + 1] - seps[line_first] != 2).any()  # click: one digit ("0" or "1", not "00")
+        or (shows >= _SHOW_LIMIT).any()
+        or (seps[line_first] - show_start - 1 > SHOW_DIGITS).any()
+        or (seps[colons + 1] - seps[colons] - 1 > SLOT_DIGITS).any()
+        or (seps[colons] - seps[colons - 1] - 1 > FEASIGN_DIGITS).any()
     ):
         return None
     return LineBatch(
@@ -337,7 +349,7 @@ def _numpy_of(arr, dtype) -> np.ndarray:
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr) + arr.offset)[arr.offset :]
 
 
-# sample.VALUE_NUMBER as a whole token, for pyarrow's regular expressions (RE2 reads the same syntax).
+# slot_grammar.VALUE_NUMBER as a whole token, for pyarrow's regular expressions (RE2 reads the same syntax).
 _VALUE_TOKEN_RE2 = f"^{VALUE_NUMBER}$"
 
 
@@ -369,6 +381,8 @@ def _parse_chunk_with_values(lines: list[str], text: str) -> LineBatch | None:
     slots = np.array(pairs[1::2], dtype=np.int64)
     starts = np.flatnonzero(in_value & np.r_[True, ~in_value[:-1]])
     value_line = np.searchsorted(np.flatnonzero(b == 10), starts)
+    if not INTEGER_LINES_OK.fullmatch(rest):  # the integer tokens' digit bounds (a 21-digit feasign)
+        return None
     batch = _parse_valid_chunk(rest.split("\n")[:-1], rest)
     if batch is None:
         return None
@@ -391,6 +405,8 @@ def _parse_valid_chunk(lines: list[str], text: str) -> LineBatch | None:
         return None
     starts = np.zeros(len(lines), np.int64)
     np.cumsum(2 + 2 * counts[:-1], out=starts[1:])
+    if (numbers[starts] >= _SHOW_LIMIT).any():  # a show beyond int64: the exact parser names the line
+        return None
     shows = numbers[starts].astype(np.int64)
     clicks = numbers[starts + 1].astype(np.int64)
     is_feature = np.ones(len(numbers), bool)

@@ -8,10 +8,11 @@ Python to convert is a 400; too many instances a 413. What leaves here is a ``Pa
 (feature columns, no model needed); ``to_key_batch`` turns it into the shared KeyBatch with a
 version's slots (inference/scoring.py: ``key_batch``, the one builder).
 
-Lines follow training exactly (features of slots outside slot.conf are ignored, the trainer ignores
-them too); the ``slots`` form is explicit, so an unknown slot there is an error. In both forms a slot
-with no feature gets the padding feasign, and the key transform is ``feasign % sparse_dim`` when the
-version has one.
+Lines follow training exactly: the grammar of a line, its bounds and its error messages are
+ctr_foundation/slot_grammar.py's (so are the feasign and slot bounds of the ``slots`` form); features of
+slots outside slot.conf are ignored (the trainer ignores them too); the ``slots`` form is explicit, so an
+unknown slot there is an error. In both forms a slot with no feature gets the padding feasign, and the key
+transform is ``feasign % sparse_dim`` when the version has one.
 
 Dense slots (slot.conf ``SLOT dense``, ctr_foundation/dense_features.py) carry one number each:
 
@@ -43,23 +44,25 @@ from typing import NamedTuple
 import numpy as np
 
 from ctr_foundation.http_messages import HttpError, parse_json
-from ctr_foundation.sample import UINT64_MAX, VALUE_NUMBER, feasign_above_uint64
+from ctr_foundation.slot_grammar import (
+    FEASIGN_DIGITS,
+    LINE_OK,
+    SHOW_LIMIT,
+    SLOT_DIGITS,
+    UINT64_MAX,
+    VALUE_NUMBER,
+    VALUE_NUMBER_OK,
+    feasign_above_uint64,
+    line_problem,
+)
 from elastic_control.data.line_batch import parse_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
 MAX_INSTANCES = 10_000
-MAX_FEASIGN_DIGITS = 20
-MAX_SLOT_DIGITS = 9
 MAX_ROUTING_KEY = 256
+# A show of this many digits or fewer is below 2**63 without converting it (the fast paths' common case).
+_SHOW_SAFE_DIGITS = len(str(SHOW_LIMIT)) - 1
 
-# A value token's number (a dense slot's value): the grammar of sample.py, its one owner.
-_VALUE_NUMBER = VALUE_NUMBER
-_VALUE_NUMBER_OK = re.compile(_VALUE_NUMBER, re.ASCII)
-# One valid line, ASCII only (re.ASCII: \d would accept any Unicode digit): show, click, then feasign:slot
-# and value:slot tokens.
-_LINE_OK = re.compile(
-    rf"[ \t]*[0-9]{{1,20}}[ \t]+[01](?:[ \t]+(?:[0-9]{{1,20}}|{_VALUE_NUMBER}):[0-9]{{1,9}})*[ \t\r]*", re.ASCII
-)
 _ARM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}", re.ASCII)
 
 
@@ -181,7 +184,7 @@ def add_json_slots(columns: InstanceColumns, r: int, given: object) -> None:
     if not isinstance(given, dict) or not given:
         raise InstanceError(f'instance {r}: "slots" must be a non-empty object {{"<slot>": [feasign, ...]}}')
     for key, items in given.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_SLOT_DIGITS):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= SLOT_DIGITS):
             raise InstanceError(f"instance {r}: unknown slot {key!r}; slots are decimal integers")
         where = f"instance {r} slot {key}"
         feasigns: list[int] = []
@@ -267,7 +270,7 @@ def feasign_or_number(value: object, where: str) -> tuple[type, int | float]:
     if isinstance(value, str):
         if value.isascii() and value.isdigit():
             return int, feasign_value(value, where)
-        if not (value.isascii() and _VALUE_NUMBER_OK.fullmatch(value)):
+        if not (value.isascii() and VALUE_NUMBER_OK.fullmatch(value)):
             raise InstanceError(
                 f"{where}: feasign {value[:40]!r} is not an unsigned integer (ASCII digits) nor a decimal number"
             )
@@ -292,7 +295,7 @@ def feasign_value(value: object, where: str) -> int:
     if isinstance(value, str):
         if not (value.isascii() and value.isdigit()):
             raise InstanceError(f"{where}: feasign {value[:40]!r} is not an unsigned integer (ASCII digits)")
-        if len(value) > MAX_FEASIGN_DIGITS:
+        if len(value) > FEASIGN_DIGITS:
             raise InstanceError(f"{where}: {feasign_above_uint64(value)}")
         value = int(value)
     if not 0 <= value <= UINT64_MAX:
@@ -302,8 +305,7 @@ def feasign_value(value: object, where: str) -> int:
 
 _FAST_CHARS_DELETE = b"0123456789 :\n"  # what the fast path allows (no tabs, no \r, single spaces)
 _VALUE_CHARS = b".-+eE"  # and, in value tokens, these
-_VALUE_NUMBERS_OK = re.compile(rf"(?:{_VALUE_NUMBER}\n)*{_VALUE_NUMBER}".encode())  # numbers, one a line
-_SLOT_LIMIT = 10**MAX_SLOT_DIGITS
+_VALUE_NUMBERS_OK = re.compile(rf"(?:{VALUE_NUMBER}\n)*{VALUE_NUMBER}".encode())  # numbers, one a line
 _COLON, _SPACE, _NEWLINE = ord(":"), ord(" "), ord("\n")
 
 
@@ -325,17 +327,17 @@ def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> LineCo
 
     Fast path (lines separated by single spaces, the usual case): a handful of C-speed string checks
     over all lines at once, then one ``np.fromstring`` (and one ``float`` per value token). Anything
-    else, or anything wrong, takes the exact path, which checks line by line (ASCII-only regular
-    expression), names the bad line, and parses with the training reader's parser.
+    else, or anything wrong, takes the exact path, which checks line by line (the grammar's
+    ``LINE_OK``), names the bad line in the grammar's words, and parses with the training reader's parser.
     """
     parsed = _parse_few_lines(lines) if len(lines) <= 4 else _parse_lines_fast(lines)
     if parsed is not None:
         return parsed
     for line, r in zip(lines, line_rows, strict=True):
-        if not _LINE_OK.fullmatch(line):
-            raise InstanceError(f"instance {r}: {_line_problem(line)}")
+        if not LINE_OK.fullmatch(line):
+            raise InstanceError(f"instance {r}: {line_problem(line)}")
     batch, bad = parse_lines(list(lines))
-    if bad:  # e.g. a 20-digit feasign above 2**64-1, a value beyond the float range
+    if bad:  # e.g. a 20-digit feasign above 2**64-1, a show of 2**63, a value beyond the float range
         raise InstanceError(f"instance {line_rows[bad[0].index]}: {bad[0].reason}")
     return LineColumns(
         np.bincount(batch.feature_line, minlength=len(lines)),
@@ -359,22 +361,22 @@ def _parse_few_lines(lines: Sequence[str]) -> LineColumns | None:
         if not line.isascii():
             return None
         tokens = line.split(" ")
-        if len(tokens) < 2 or not (tokens[0].isdigit() and len(tokens[0]) <= MAX_FEASIGN_DIGITS):
+        if len(tokens) < 2 or not (tokens[0].isdigit() and _show_ok(tokens[0])):
             return None
         if tokens[1] != "0" and tokens[1] != "1":
             return None
         count = 0
         for tok in tokens[2:]:
             f, sep, slot = tok.partition(":")
-            if not (sep and slot.isdigit() and len(slot) <= MAX_SLOT_DIGITS):
+            if not (sep and slot.isdigit() and len(slot) <= SLOT_DIGITS):
                 return None  # tabs, \r, double spaces, a bad feature: the exact path decides and explains
             if f.isdigit():
-                if len(f) > MAX_FEASIGN_DIGITS or (v := int(f)) > UINT64_MAX:
+                if len(f) > FEASIGN_DIGITS or (v := int(f)) > UINT64_MAX:
                     return None
                 feasigns.append(v)
                 slots.append(int(slot))
                 count += 1
-            elif _VALUE_NUMBER_OK.fullmatch(f) and math.isfinite(x := float(f)):
+            elif VALUE_NUMBER_OK.fullmatch(f) and math.isfinite(x := float(f)):
                 value_lines.append(i)
                 value_slots.append(int(slot))
                 values.append(x)
@@ -397,7 +399,7 @@ def _parse_lines_fast(lines: Sequence[str]) -> LineColumns | None:
     features: list[str] = []
     for line in lines:
         head = line.split(" ", 2)
-        if len(head) < 2 or not (head[0].isascii() and head[0].isdigit() and len(head[0]) <= MAX_FEASIGN_DIGITS):
+        if len(head) < 2 or not (head[0].isascii() and head[0].isdigit() and _show_ok(head[0])):
             return None
         if head[1] != "0" and head[1] != "1":
             return None
@@ -422,7 +424,8 @@ def _parse_lines_fast(lines: Sequence[str]) -> LineColumns | None:
     other = (a - 48) > 9  # not a digit (uint8 arithmetic wraps below '0')
     if other[0] or other[-1] or (other[1:] & other[:-1]).any():
         return None
-    seps = a[other]
+    at = np.flatnonzero(other)
+    seps = a[at]
     colons = seps[0::2]
     between = seps[1::2]
     if len(seps) % 2 == 0 or (colons != _COLON).any() or (between == _COLON).any():
@@ -435,7 +438,15 @@ def _parse_lines_fast(lines: Sequence[str]) -> LineColumns | None:
     if len(numbers) != 2 * len(colons):
         return None
     feasigns, slots = numbers[0::2], numbers[1::2]
-    if (feasigns == np.uint64(UINT64_MAX)).any() or (slots >= np.uint64(_SLOT_LIMIT)).any():
+    # The grammar bounds digit counts, not values (a slot 0000000001 is refused, as the exact path does): the
+    # digit runs end at the separators, feasigns at the even ones, slots at the odd ones.
+    runs = np.diff(at, prepend=-1, append=len(a)) - 1
+    feasign_runs = runs[0::2] if value_tokens is None else runs[0::2][~value_tokens]  # a value's zeros aside
+    if (
+        (feasigns == np.uint64(UINT64_MAX)).any()
+        or (runs[1::2] > SLOT_DIGITS).any()
+        or (feasign_runs > FEASIGN_DIGITS).any()
+    ):
         return None
     if value_tokens is None:
         return LineColumns(np.asarray(counts, np.int64), feasigns.copy(), slots.astype(np.int64))
@@ -488,31 +499,9 @@ def _set_values_aside(raw: bytes) -> tuple[bytes, np.ndarray, np.ndarray] | None
     return zeroed.tobytes(), value_tokens, values
 
 
-def _line_problem(line: str) -> str:
-    parts = line.split()
-    if len(parts) < 2:
-        return "expected '$show $click $feasign:$slot ...'"
-    if not (parts[0].isascii() and parts[0].isdigit()) or parts[1] not in ("0", "1"):
-        return f"show/click {parts[0][:20]!r} {parts[1][:20]!r}: show is an unsigned integer, click 0 or 1"
-    for tok in parts[2:]:
-        f, sep, s = tok.partition(":")
-        if sep and s.isascii() and s.isdigit() and f.isascii():
-            if f.isdigit() and len(f) > MAX_FEASIGN_DIGITS:
-                return f"feature {tok[:60]!r}: {feasign_above_uint64(f)}"
-            if f.isdigit() or _VALUE_NUMBER_OK.fullmatch(f):
-                if len(s) > MAX_SLOT_DIGITS:
-                    return f"feature {tok[:60]!r}: {slot_too_long(s)}"
-                continue
-        return (
-            f"feature {tok[:60]!r} is not integer:integer (feasign:slot) nor number:integer (a dense slot's "
-            "value:slot), in ASCII digits"
-        )
-    return "characters outside the slot format (spaces or tabs between fields, ASCII digits)"
-
-
-def slot_too_long(slot: str) -> str:
-    shown = slot if len(slot) <= 20 else f"{slot[:20]}..."
-    return f"slot {shown} has more than {MAX_SLOT_DIGITS} digits (slot ids are integers below {_SLOT_LIMIT})"
+def _show_ok(digits: str) -> bool:
+    """A show of ASCII ``digits`` within the grammar's bound (below 2**63), converting only the long ones."""
+    return len(digits) <= _SHOW_SAFE_DIGITS or (len(digits) <= FEASIGN_DIGITS and int(digits) < SHOW_LIMIT)
 
 
 def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, list[int]]:
