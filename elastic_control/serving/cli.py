@@ -2,56 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import os
-import tempfile
-
 import click
 
 from ctr_foundation.env_vars import (
-    CUBE_ROOT,
     CUBE_SERVERS,
-    FILESERVER_URL,
-    MLFLOW_TRACKING_URI,
-    MODEL_PATH,
     SERVING_GRPC_PORT,
     SERVING_PORT,
     SERVING_SPLIT,
-    TOKEN,
 )
-from ctr_foundation.errors import UsageError
 from elastic_control.console import done
 from elastic_control.serving.app import DEFAULT_CACHE_ENTRIES, DEFAULT_GRPC_PORT, DEFAULT_MAX_BODY, DEFAULT_PORT
 from elastic_control.serving.http_server import LIMITS
-
-
-def make_source(
-    *,
-    fileserver: str | None,
-    cube_root: str | None,
-    model_dir: str | None,
-    cube_servers: list[str],
-    cache_dir: str | None,
-    lookup_timeout: float,
-):
-    """The version source the flags name: exactly one of file server, cube root, model dir."""
-    from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
-
-    given = [n for n, v in (("--fileserver", fileserver), ("--cube-root", cube_root), ("--model-dir", model_dir)) if v]
-    if len(given) != 1:
-        raise UsageError(
-            "give exactly one of --fileserver URL (or ELASTIC_CTR_FILESERVER_URL), --cube-root DIR, "
-            f"--model-dir DIR; got {', '.join(given) or 'none'}"
-        )
-    if model_dir:
-        return ModelDirSource(model_dir)
-    if not cube_servers:
-        raise UsageError("cube-server URLs are needed: --cube-servers URL,URL,... or ELASTIC_CTR_CUBE_SERVERS")
-    if cube_root:
-        return CubeRootSource(cube_root, cube_servers, lookup_timeout)
-    cache = cache_dir or tempfile.mkdtemp(prefix="elastic-ctr-serving-")
-    return FileServerSource(fileserver, cache, cube_servers, lookup_timeout)
 
 
 @click.command("serve")
@@ -240,89 +201,44 @@ def serve_command(
 ):
     """Serve predictions: HTTP POST /v1/predict and /v1/feedback, gRPC Predict and Feedback; /v1/monitor,
     /v1/split, /healthz, /readyz, /metrics, /v1/status."""
-    from elastic_control.inference.scoring import import_paddle
-    from elastic_control.serving.app import ServingApp
-    from elastic_control.serving.arms import SplitError, split_from_flag
-    from elastic_control.serving.feedback import PredictionLog
-    from elastic_control.serving.http_server import ServingServer
-    from elastic_control.serving.monitor import AlertRules, Monitor
+    from elastic_control.serving.service import ServingConfig, listening_message, serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s serving %(message)s")
-    import_paddle()  # before our SIGTERM handler: Paddle's own would abort instead of draining
-    logging.getLogger("elastic_control").setLevel(logging.INFO)  # importing paddle sets the root logger to WARNING
-    try:
-        low, high = AlertRules.parse_band(alert_calibration)
-        split = split_from_flag(split_spec, resolve=_model_uri_resolver())
-    except (ValueError, SplitError) as e:
-        raise UsageError(str(e)) from e
-    if cube_root is None and model_dir is None and fileserver is None:
-        # Nothing on the command line: the environment, in the same order of preference.
-        fileserver = FILESERVER_URL.get()
-        cube_root = None if fileserver else CUBE_ROOT.get()
-        model_dir = None if fileserver or cube_root else MODEL_PATH.get()
-    urls = [u.strip().rstrip("/") for u in (cube_servers or "").split(",") if u.strip()]
-    source = make_source(
+    config = ServingConfig(
+        host=host,
+        port=port,
+        grpc_port=None if no_grpc else grpc_port,
         fileserver=fileserver,
         cube_root=cube_root,
         model_dir=model_dir,
-        cube_servers=urls,
+        cube_servers=tuple(u.strip().rstrip("/") for u in (cube_servers or "").split(",") if u.strip()),
         cache_dir=cache_dir,
-        lookup_timeout=lookup_timeout,
-    )
-    rules = AlertRules(
-        calibration_low=low, calibration_high=high, coverage_floor=alert_coverage, min_feedback=alert_min_feedback
-    )
-    app = ServingApp(
-        source,
         workers=workers,
         poll_interval=poll_interval,
-        max_batch_instances=max_batch,
+        lookup_timeout=lookup_timeout,
+        max_body=max_body,
+        max_connections=max_connections,
+        max_batch=max_batch,
         cache_entries=cache_entries,
-        monitor=Monitor(window_s=monitor_window, rules=rules),
-        prediction_log=PredictionLog(window_s=feedback_window, capacity=feedback_capacity),
-        token=TOKEN.get(),
+        split=split_spec,
+        feedback_window=feedback_window,
+        feedback_capacity=feedback_capacity,
+        monitor_window=monitor_window,
+        alert_calibration=alert_calibration,
+        alert_coverage=alert_coverage,
+        alert_min_feedback=alert_min_feedback,
+        mlflow_every=mlflow_every,
+        drain_delay=drain_delay,
+        drain_timeout=drain_timeout,
     )
-    tracking = MLFLOW_TRACKING_URI.get()
-    if tracking and mlflow_every > 0:
-        from elastic_control.serving.recording import MlflowRecorder
-
-        app.monitor_hooks.append(MlflowRecorder(tracking, every=mlflow_every, source=source.describe))
+    hooks = []
     if shadow_pass:
         from elastic_control.evaluation.shadow import ShadowScorer
+        from elastic_control.inference.scoring import import_paddle
 
-        app.add_after_response_hook(ShadowScorer(shadow_pass, shadow_log))
-    if split.challengers:
-        app.start_split = split  # applied once the first version is active (app.py)
-
-    def listening(s):
-        grpc_text = f", gRPC {s.grpc_target}" if s.grpc is not None else ""
-        done(f"serving on http://{host}:{s.port}{grpc_text} from {source.describe} (pid {os.getpid()})")
-
-    try:
-        server = ServingServer(  # binds here
-            app,
-            host=host,
-            port=port,
-            max_body=max_body,
-            grpc_port=None if no_grpc else grpc_port,
-            drain_delay=drain_delay,
-            drain_timeout=drain_timeout,
-            # bodies still arriving hold at most half the cap: a flood of slow bodies leaves room for others
-            limits=dataclasses.replace(
-                LIMITS,
-                max_connections=max_connections,
-                max_unfinished_bodies=min(LIMITS.max_unfinished_bodies, max_connections // 2),
-            ),
-        )
-        server.run_forever(on_listening=listening)
-    except OSError as e:
-        from ctr_foundation.errors import ComponentError
-
-        raise ComponentError(f"serving cannot listen on {host}:{port} (gRPC {grpc_port}): {e}") from e
-
-
-def _model_uri_resolver():
-    """``models:/NAME@ALIAS`` -> the registered version's pass, through $MLFLOW_TRACKING_URI."""
-    from ctr_foundation.model_registry import pass_of_model_uri
-
-    return lambda uri: pass_of_model_uri(MLFLOW_TRACKING_URI.get(), uri)
+        import_paddle()  # the scorer loads the pass: pyarrow before paddle, as serve() does
+        hooks.append(ShadowScorer(shadow_pass, shadow_log))
+    serve(
+        config,
+        on_listening=lambda server, app: done(listening_message(config, server, app)),
+        after_response_hooks=hooks,
+    )
