@@ -121,6 +121,70 @@ def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
     return float(np.max(np.abs(served - np.array(probs)))), len(lines)
 
 
+def _prepare_data(root: Path, criteo, hours: int, lines_per_hour: int, seed: int, extra: dict, interactions):
+    """The demo's data: real Criteo lines converted, or synthetic planted-model lines."""
+    from elastic_control.demo.data import prepare_criteo, prepare_synthetic
+
+    if criteo:
+        info(f"converting real Criteo lines from {criteo} into {hours} training hours + 1 held-out hour")
+        return prepare_criteo(root, criteo, train_hours=hours, lines_per_hour=lines_per_hour, extra=extra)
+    info(
+        f"generating {hours} training hours + 1 held-out hour of synthetic planted-model data "
+        f"({lines_per_hour} lines per hour)"
+    )
+    return prepare_synthetic(
+        root, train_hours=hours, lines_per_hour=lines_per_hour, seed=seed, extra=extra, interactions=interactions
+    )
+
+
+def _record_training(report: DemoReport, pipeline, passes) -> None:
+    """The job's state and restarts, and each pass's AUC, kind and time since the one before."""
+    training = pipeline.status(probe=False).training
+    report.job = {k: training.get(k) for k in ("state", "attempt", "restarts", "max_restarts", "reason")}
+    if report.job.get("restarts"):
+        warn(
+            f"the training job was restarted {report.job['restarts']} time(s) from its last complete pass "
+            f"(last failure: {report.job.get('reason')})"
+        )
+    previous = None
+    for p in passes:
+        seconds = None if p.done_at is None or previous is None else round(p.done_at - previous, 2)
+        report.passes.append(
+            {
+                "pass": p.name,
+                "auc": p.auc,
+                "seconds_since_previous": seconds,
+                "kind": p.kind,
+                "rows": p.metrics.get("rows"),
+                "keys_live": p.metrics.get("keys_live"),
+            }
+        )
+        previous = p.done_at
+
+
+def _score_held_out_hour(report: DemoReport, state_dir: Path, data, last: str) -> None:
+    """The held-out hour through the client (every answer from ``last``), its AUC, the golden-line skew."""
+    from elastic_control.metrics import auc_from_counts, counts_from_arrays
+
+    with _timed(report, "predict"):
+        probs, versions, seconds = predict_through_client(state_dir, data.heldout_lines)
+    report.predictions = len(probs)
+    report.predictions_per_s = round(len(probs) / seconds, 1) if seconds > 0 else None
+    if {v[0] for v in versions} != {last}:
+        raise ComponentError(f"serving answered with versions {sorted(versions)} while {last} was active")
+    report.auc, _ = auc_from_counts(counts_from_arrays(data.heldout_labels, probs))
+    report.golden_max_diff, report.golden_lines = golden_check(state_dir, data.model_path / last)
+    for i in range(min(5, len(probs))):
+        report.examples.append(
+            {
+                "label": int(data.heldout_labels[i]),
+                "prediction": float(probs[i]),
+                "truth": None if data.heldout_truth is None else float(data.heldout_truth[i]),
+                "line": data.heldout_lines[i][:60],
+            }
+        )
+
+
 def run_demo(
     *,
     workdir: str = DEFAULT_WORKDIR,
@@ -151,9 +215,8 @@ def run_demo(
     """
     from elastic_control import api
     from elastic_control.config import Resources
-    from elastic_control.demo.data import logistic_auc, prepare_criteo, prepare_synthetic
+    from elastic_control.demo.data import logistic_auc
     from elastic_control.demo.pipeline_watch import wait_for_training, wait_until_served
-    from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
     if hours < 2:
         raise UsageError(f"--hours {hours}: the demo trains at least 2 hourly passes")
@@ -170,22 +233,7 @@ def run_demo(
     t_start = time.monotonic()
 
     with _timed(report, "data"):
-        if criteo:
-            info(f"converting real Criteo lines from {criteo} into {hours} training hours + 1 held-out hour")
-            data = prepare_criteo(root, criteo, train_hours=hours, lines_per_hour=lines_per_hour, extra=extra)
-        else:
-            info(
-                f"generating {hours} training hours + 1 held-out hour of synthetic planted-model data "
-                f"({lines_per_hour} lines per hour)"
-            )
-            data = prepare_synthetic(
-                root,
-                train_hours=hours,
-                lines_per_hour=lines_per_hour,
-                seed=seed,
-                extra=extra,
-                interactions=interactions,
-            )
+        data = _prepare_data(root, criteo, hours, lines_per_hour, seed, extra, interactions)
     done(f"data: {data.lines_total} lines ({data.source}) in {report.timings['data']:.1f}s under {data.dataset}")
     # Fitted in a thread while the pipeline starts and trains (the main thread mostly waits there), so
     # the peer's figure costs the demo little wall time.
@@ -223,27 +271,7 @@ def run_demo(
             on_pass=(lambda event: on_pass(event, pipeline)) if on_pass else None,
         )
         report.timings["training"] = round(time.monotonic() - t_train, 2)
-        training = pipeline.status(probe=False).training
-        report.job = {k: training.get(k) for k in ("state", "attempt", "restarts", "max_restarts", "reason")}
-        if report.job.get("restarts"):
-            warn(
-                f"the training job was restarted {report.job['restarts']} time(s) from its last complete pass "
-                f"(last failure: {report.job.get('reason')})"
-            )
-        previous = None
-        for p in passes:
-            seconds = None if p.done_at is None or previous is None else round(p.done_at - previous, 2)
-            report.passes.append(
-                {
-                    "pass": p.name,
-                    "auc": p.auc,
-                    "seconds_since_previous": seconds,
-                    "kind": p.kind,
-                    "rows": p.metrics.get("rows"),
-                    "keys_live": p.metrics.get("keys_live"),
-                }
-            )
-            previous = p.done_at
+        _record_training(report, pipeline, passes)
         last = passes[-1].name
 
         with _timed(report, "rollout_wait"):
@@ -253,39 +281,28 @@ def run_demo(
         done(f"serving answers with {last}" + (f" {fresh:.1f}s after its donefile line" if fresh is not None else ""))
 
         api.configure_client(state_dir=str(state_dir))
-        with _timed(report, "predict"):
-            probs, versions, seconds = predict_through_client(state_dir, data.heldout_lines)
-        report.predictions = len(probs)
-        report.predictions_per_s = round(len(probs) / seconds, 1) if seconds > 0 else None
-        if {v[0] for v in versions} != {last}:
-            raise ComponentError(f"serving answered with versions {sorted(versions)} while {last} was active")
-        report.auc, _ = auc_from_counts(counts_from_arrays(data.heldout_labels, probs))
-        report.golden_max_diff, report.golden_lines = golden_check(state_dir, data.model_path / last)
-        for i in range(min(5, len(probs))):
-            report.examples.append(
-                {
-                    "label": int(data.heldout_labels[i]),
-                    "prediction": float(probs[i]),
-                    "truth": None if data.heldout_truth is None else float(data.heldout_truth[i]),
-                    "line": data.heldout_lines[i][:60],
-                }
-            )
+        _score_held_out_hour(report, state_dir, data, last)
         report.lr_auc = lr_future.result()
         report.rollouts = pipeline.status(probe=False).rollouts
         report.timings["total"] = round(time.monotonic() - t_start, 2)
         print_report(report, data)
         return report
     finally:
-        if pipeline is not None and not keep:
-            try:
-                pipeline.delete()
-            except Exception as e:  # noqa: BLE001 - never hide the demo's own error behind a cleanup error
-                warn(f"cleanup failed: {e}; run `elastic-control delete --state-dir {state_dir}`")
-        elif pipeline is not None:
-            info(
-                f"the pipeline keeps running (--keep): `elastic-control status --state-dir {state_dir}`, "
-                f"`elastic-control delete --state-dir {state_dir}` to stop it"
-            )
+        if pipeline is not None:
+            _stop_or_keep(pipeline, keep, state_dir)
+
+
+def _stop_or_keep(pipeline, keep: bool, state_dir: Path) -> None:
+    if keep:
+        info(
+            f"the pipeline keeps running (--keep): `elastic-control status --state-dir {state_dir}`, "
+            f"`elastic-control delete --state-dir {state_dir}` to stop it"
+        )
+        return
+    try:
+        pipeline.delete()
+    except Exception as e:  # noqa: BLE001 - never hide the demo's own error behind a cleanup error
+        warn(f"cleanup failed: {e}; run `elastic-control delete --state-dir {state_dir}`")
 
 
 def demo_config_keys(deltas: bool, pass_minutes, admit_min_count, evict_after) -> dict:
