@@ -97,10 +97,32 @@ def run_pserver(settings: RoleSettings) -> None:
     else:
         fleet.init_server()
     _log(settings, f"serving on {settings.pod_ip}:{settings.port}")
+    if exit_on_sigterm():
+        _log(settings, "PID 1 of its container: SIGTERM ends it at once (exit code 15)")
     fleet.run_server()
     _log(settings, "stopped by trainer 0 after all trainers finished")
     guard.terminate()
     guard.join(5)
+
+
+def exit_on_sigterm() -> bool:
+    """As PID 1 (a container's process: the pod runs ``exec elastic-control role``), make SIGTERM end the
+    process at once; returns whether it did. The kernel does not deliver a signal whose action is the
+    default to PID 1 of a PID namespace, so without a handler the kubelet's SIGTERM is ignored and the pod
+    waits out its grace period before SIGKILL. A Python handler would never run either: run_server() serves
+    in C++ holding the GIL and does not return to the interpreter. libc's ``_exit`` is itself a valid,
+    async-signal-safe handler (``void (int)``): the process exits at once with the signal's number, 15.
+    Elsewhere (the local backend's process groups) SIGTERM keeps its default action."""
+    import ctypes
+    import signal
+
+    if os.getpid() != 1:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal(signal.SIGTERM, ctypes.cast(libc._exit, ctypes.c_void_p))
+    return True
 
 
 def guard_main(pserver_endpoints: str, trainers: int, index: int, hello: dict, parent_pid: int) -> None:
