@@ -1,11 +1,24 @@
 """Pods and containers as the kubelet runs them: init containers first, restarts with back-off,
 probes (from the node agent), preStop hooks, SIGTERM, the grace period, SIGKILL.
 
-Each container is a process tree: ``ip netns exec POD unshare -m -u -p -f --mount-proc
---kill-child python container_entry.py SPEC``. The container's command is PID 1 of its own
-PID namespace (so, as in a real container, SIGTERM reaches it only if it handles SIGTERM,
-and SIGKILL ends everything in it), in its own mount namespace (hosts file, volumes), in the
-pod's network namespace (shared by the pod's containers, like localhost in a pod).
+Two container runtimes, one pod model (this file's Pod, Container and Kubelet.sync):
+
+- ``Kubelet`` (the default: fast, no image): each container is a process tree
+  ``ip netns exec POD unshare -m -u -p -f --mount-proc --kill-child python container_entry.py SPEC``
+  running this checkout's .venv on the host's root file system (image.py emulates the Dockerfile).
+  The container's command is PID 1 of its own PID namespace (so, as in a real container, SIGTERM
+  reaches it only if it handles SIGTERM, and SIGKILL ends everything in it), in its own mount
+  namespace (hosts file, volumes), in the pod's network namespace (shared by the pod's containers,
+  like localhost in a pod).
+- ``PodmanRuntime`` (podman.py, ``Cluster(..., image=TAG)``): each container is ``podman run`` of the
+  built image with runc, in the pod's network namespace, with the securityContext, memory and CPU
+  limits, env, command and volumes as rendered; signals by ``podman kill``, preStop by ``podman exec``.
+
+What neither emulates: exec probes (no template has one; the node agent runs httpGet/tcpSocket
+only), startup probes' effect on liveness, image pulls and pull policies (the image is in the local
+store or the container cannot be created), ephemeral-storage limits and requests (no scheduler),
+terminationMessagePolicy (the log file stays instead), service-account tokens (no API server
+answers the pods), and the host-venv runtime enforces no memory/CPU limits and no seccomp.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +66,8 @@ class Container:
     killed_for: str | None = None  # "liveness" when the kubelet killed it
     sigterm_at: float | None = None
     exit_after_sigterm: float | None = None  # seconds from SIGTERM to exit, when it exited by itself
+    runtime_name: str | None = None  # the container's name in podman (PodmanRuntime)
+    pid_of: Callable[[Container], int | None] | None = None  # how a runtime other than unshare finds PID 1
 
     @property
     def name(self) -> str:
@@ -61,6 +77,8 @@ class Container:
         """Host PID of the container's PID 1 (the child unshare forked)."""
         if self.proc is None or self.proc.poll() is not None:
             return None
+        if self.pid_of is not None:
+            return self.pid_of(self)
         try:
             with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
                 children = f.read().split()
@@ -179,26 +197,54 @@ class Kubelet:
 
     # ---- starting --------------------------------------------------------------------------------------
     def start(self, pod: Pod, c: Container) -> None:
-        spec = self.make_spec(pod, c)
         c.generation += 1
-        spec_path = pod.dir / f"{c.name}.spec-{c.generation}.json"
-        spec_path.write_text(json.dumps(spec))
         c.log = pod.dir / f"{c.name}.log"
         with open(c.log, "ab") as log:
             if c.generation > 1:
                 log.write(f"\n--- harness: container {c.name} restarted (restart {c.restarts}) ---\n".encode())
             log.flush()
-            argv = ["ip", "netns", "exec", pod.netns, "unshare", "-m", "-u", "-p", "-f", "--mount-proc",
-                    "--kill-child", "--propagation", "private", sys.executable, ENTRY, str(spec_path)]  # fmt: skip
-            c.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.root_env,
-                preexec_fn=die_with_parent,
-            )
+            c.proc = self.launch(pod, c, log)
         c.state, c.reason, c.exit_code, c.started_at, c.killed_for = "running", "", None, time.monotonic(), None
+
+    def launch(self, pod: Pod, c: Container, log) -> subprocess.Popen:
+        """Start generation ``c.generation`` of the container, its output (both streams) to ``log``."""
+        spec = self.make_spec(pod, c)
+        spec_path = pod.dir / f"{c.name}.spec-{c.generation}.json"
+        spec_path.write_text(json.dumps(spec))
+        argv = ["ip", "netns", "exec", pod.netns, "unshare", "-m", "-u", "-p", "-f", "--mount-proc",
+                "--kill-child", "--propagation", "private", sys.executable, ENTRY, str(spec_path)]  # fmt: skip
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.root_env,
+            preexec_fn=die_with_parent,
+        )
+
+    def signal(self, pod: Pod, c: Container, sig: int) -> None:
+        """Send ``sig`` to the container's PID 1 (SIGKILL: to everything in it)."""
+        c.signal(sig)
+
+    def exec_in(self, pod: Pod, c: Container, argv: list[str], timeout: float) -> subprocess.CompletedProcess | None:
+        """Run ``argv`` inside the running container as its user (None when it is not running)."""
+        pid = c.init_pid()
+        if pid is None:
+            return None
+        spec = dict(self.make_spec(pod, c), argv=argv)
+        path = pod.dir / f"{c.name}.prestop.json"
+        path.write_text(json.dumps(spec))
+        enter = ["nsenter", "-t", str(pid), "-m", "-u", "-p", "-n", "-i", "--", sys.executable, ENTRY, "--exec",
+                 str(path)]  # fmt: skip
+        return subprocess.run(
+            enter,
+            capture_output=True,
+            timeout=timeout,
+            env=self.root_env,
+        )
+
+    def cleanup(self) -> None:
+        """After every pod is gone: remove what the runtime left (nothing, for process trees)."""
 
     # ---- one step of the pod's life --------------------------------------------------------------------
     def sync(self, pod: Pod, probe_status: dict) -> None:
@@ -262,34 +308,9 @@ class Kubelet:
             return
         if "exec" not in hook:
             return
-        pid = c.init_pid()
-        if pid is None:
-            return
-        spec = dict(self.make_spec(pod, c), argv=hook["exec"]["command"])
-        path = pod.dir / f"{c.name}.prestop.json"
-        path.write_text(json.dumps(spec))
         try:
-            proc = subprocess.run(
-                [
-                    "nsenter",
-                    "-t",
-                    str(pid),
-                    "-m",
-                    "-u",
-                    "-p",
-                    "-n",
-                    "-i",
-                    "--",
-                    sys.executable,
-                    ENTRY,
-                    "--exec",
-                    str(path),
-                ],  # fmt: skip
-                capture_output=True,
-                timeout=timeout,
-                env=self.root_env,
-            )
-            if proc.returncode != 0:
+            proc = self.exec_in(pod, c, hook["exec"]["command"], timeout)
+            if proc is not None and proc.returncode != 0:
                 pod.event(f"preStop of {c.name} exited with {proc.returncode}: {proc.stderr[-300:]!r}")
         except subprocess.TimeoutExpired:
             pod.event(f"preStop of {c.name} did not finish within {timeout:g}s")
@@ -300,14 +321,14 @@ class Kubelet:
         if c.state != "running" or c.poll() is not None:
             return
         self._run_prestop(pod, c, max(0.0, deadline - time.monotonic()))
-        c.signal(signal.SIGTERM)
+        self.signal(pod, c, signal.SIGTERM)
         c.sigterm_at = time.monotonic()
         while c.proc is not None and c.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         if c.proc is not None and c.proc.poll() is None:
             pod.event(f"container {c.name} still running {grace:g}s after SIGTERM; killed")
-            c.signal(signal.SIGKILL)
-            c.proc.wait(10)
+            self.signal(pod, c, signal.SIGKILL)
+            c.proc.wait(30)
         else:
             c.exit_after_sigterm = time.monotonic() - c.sigterm_at
             pod.event(f"container {c.name} exited ({c.poll()}) {c.exit_after_sigterm:.2f}s after SIGTERM")
