@@ -102,6 +102,24 @@ def criteo_world(tmp_path_factory):
     return helpers_passes.criteo_world(tmp_path_factory.mktemp("criteo-world"))
 
 
+# ---- the container image ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def image():
+    """``elastic-ctr:VERSION`` built from the Dockerfile once per test run (tests/test_image.py, the pod
+    harness's image runtime); skipped with "podman not available" without podman. Its finalizer removes
+    the pod harness's containers this test process (or a dead one) left."""
+    if shutil.which("podman") is None:
+        pytest.skip("podman not available")
+    from helpers_image import build_image
+    from pod_harness.podman import remove_leftovers
+
+    built = build_image()
+    yield built
+    remove_leftovers(built.env, owner=os.getpid())
+
+
 # ---- a real MLflow tracking server ------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """The container image, built from the Dockerfile and run as a cluster runs it.
 
-A session fixture builds ``elastic-ctr:VERSION`` once per test run with scripts/build-image.sh (podman;
+The session fixture ``image`` (conftest.py, helpers_image.py) builds ``elastic-ctr:VERSION`` once per
+test run with scripts/build-image.sh (podman;
 the bootstrapped base and the layers stay in podman's store, so a run whose Dockerfile and
 requirements are unchanged rebuilds only ElasticCTR's own files, in seconds). Every check starts the
 real container with the restricted security context the pods get: uid/gid 10001, a read-only root
@@ -12,90 +13,18 @@ Without podman every test here is skipped with the reason "podman not available"
 from __future__ import annotations
 
 import configparser
-import fcntl
 import json
 import os
 import re
-import shutil
 import subprocess
-import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
+from helpers_image import UID, Image
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD = REPO / "scripts" / "build-image.sh"
-UID = 10001
 # Product packages, as setup.cfg's find: includes them.
 PACKAGES = ("ctr_foundation", "elastic_control", "cube", "client")
-
-
-def _version() -> str:
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    return cfg["metadata"]["version"]
-
-
-class Image:
-    """The built image and a `podman run` with the pods' restricted security context."""
-
-    def __init__(self, tag: str, env: dict):
-        self.tag = tag
-        self.env = env
-
-    def podman(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
-        # Not in the checkout: conmon writes a file named ``oom`` into its working folder when the kernel
-        # OOM-kills a container on a cgroup v1 host.
-        res = subprocess.run(
-            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir()
-        )
-        if check and res.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args[:3])} ... exited {res.returncode}: {res.stderr[-3000:]}")
-        return res
-
-    def run_args(self, *, volumes=(), memory: str | None = None, workdir: str | None = None, env=None) -> list[str]:
-        args = [
-            "run", "--rm",
-            "--user", f"{UID}:{UID}",
-            "--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp:rw,nosuid,nodev,size=256m,mode=1777",
-            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--network", "none",
-        ]  # fmt: skip
-        if shutil.which("runc"):
-            args += ["--runtime", "runc"]
-        for host, target in volumes:
-            args += ["--volume", f"{host}:{target}:rw"]
-        if memory:
-            args += ["--memory", memory, "--memory-swap", memory]
-        if workdir:
-            args += ["--workdir", workdir]
-        for k, v in (env or {}).items():
-            args += ["--env", f"{k}={v}"]
-        return args
-
-    def run(self, *command: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-        return self.podman(*self.run_args(**kw), self.tag, *command, timeout=timeout)
-
-    def python(self, code: str, *, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-        return self.run("python", "-c", textwrap.dedent(code), timeout=timeout, **kw)
-
-
-@pytest.fixture(scope="session")
-def image() -> Image:
-    if shutil.which("podman") is None:
-        pytest.skip("podman not available")
-    env = dict(os.environ)
-    conf = subprocess.run(["bash", str(BUILD), "--containers-conf"], capture_output=True, text=True, check=True)
-    env["CONTAINERS_CONF"] = conf.stdout.strip()
-    tag = f"elastic-ctr:{_version()}"
-    # One build at a time on this machine (two test runs in one checkout would both build).
-    lock_path = Path(env["CONTAINERS_CONF"]).with_name("build.lock")
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        res = subprocess.run(["bash", str(BUILD), "--tag", tag], env=env, capture_output=True, text=True, timeout=2400)
-    assert res.returncode == 0, f"scripts/build-image.sh failed:\n{res.stdout[-2000:]}\n{res.stderr[-6000:]}"
-    return Image(tag, env)
 
 
 def _console_scripts() -> set[str]:
@@ -366,7 +295,8 @@ def test_a_trainer_over_its_memory_limit_is_oom_killed_with_137(image, tmp_path)
         container_id = image.podman("inspect", "--format", "{{.Id}}", trainer).stdout.strip()
         state = json.loads(image.podman("inspect", "--format", "{{json .State}}", trainer).stdout or "{}")
     finally:
-        image.podman("rm", "--force", "--time", "2", trainer, name, timeout=60)
+        # --ignore: without it podman 4.3 removes neither when one is missing (and exits 0).
+        image.podman("rm", "--force", "--ignore", "--time", "2", trainer, name, timeout=60)
     assert res.returncode == 137, f"exit {res.returncode}: {res.stderr[-3000:]}"
     # The kernel's word that it was the memory cgroup's OOM killer, not another SIGKILL (conmon's OOMKilled
     # flag stays false on cgroup v1 hosts); without access to the kernel log, the exit code has to do.

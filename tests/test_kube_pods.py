@@ -17,6 +17,7 @@ builds and serves it over the base, and the replaced shard re-seeds itself with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -38,6 +39,8 @@ JOB = "elastic-ctr"
 SLOTS = list(range(1, 9))
 HOURS, LINES_PER_HOUR = 2, 1500
 UGI = "trainer,not-in-any-configmap-7f3a"
+# The training job alone: its data, its claim and the account trainer 0 reports progress through.
+JOB_KINDS = ("ConfigMap", "Secret", "ServiceAccount", "Role", "RoleBinding")
 LOAD_CLIENT = str(Path(__file__).resolve().parent / "pod_harness" / "load_client.py")
 
 
@@ -54,9 +57,9 @@ def cli(*args: str, env=None, timeout: float = 180) -> subprocess.CompletedProce
     return proc
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    work = tmp_path_factory.mktemp("pods")
+@contextlib.contextmanager
+def pipeline_cluster(work: Path, **runtime):
+    """The small plan rendered and run (``runtime``: Cluster's image=TAG, podman_env=ENV), data on the claim."""
     (work / "slot.conf").write_text("".join(f"{s}\n" for s in SLOTS))
     cli("data", "synth", "--output", str(work / "data"), "--hours", str(HOURS), "--lines-per-hour",
         str(LINES_PER_HOUR), "--seed", "3", "-s", str(work / "slot.conf"))  # fmt: skip
@@ -73,11 +76,17 @@ def cluster(tmp_path_factory):
                  "--serving-replicas", "2", "-s", str(work / "slot.conf"), "-f", str(work / "data.config"),
                  "--state-dir", str(state))  # fmt: skip
     assert "DATASET_PATH" not in render.stderr  # on the claim: no reachability warning
-    harness = Cluster.from_manifests(state / "manifests", work / "cluster")
+    harness = Cluster.from_manifests(state / "manifests", work / "cluster", **runtime)
     copy_into_claim(harness, f"{JOB}-shared", work / "data", "data")
     with harness:
         harness.work = work
         harness.state = state
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with pipeline_cluster(tmp_path_factory.mktemp("pods")) as harness:
         yield harness
 
 
@@ -99,7 +108,7 @@ def test_a_configuration_error_aborts_the_training_job_at_once(tmp_path):
     import yaml
 
     docs = [d for p in sorted(manifests.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
-    keep = [d for d in docs if d["kind"] in ("ConfigMap", "Secret") or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
+    keep = [d for d in docs if d["kind"] in JOB_KINDS or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
     configmap = next(d for d in keep if d["kind"] == "ConfigMap")
     # The ConfigMap edited behind the plan's back (kubectl edit): every training pod's data.config is now bad.
     configmap["data"]["data.config"] = configmap["data"]["data.config"].replace("20191221/01", "2019-12-21 01h")
@@ -125,7 +134,7 @@ def test_an_offline_window_with_no_data_aborts_the_job_naming_the_fix(tmp_path):
     import yaml
 
     docs = [d for p in sorted(manifests.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
-    keep = [d for d in docs if d["kind"] in ("ConfigMap", "Secret") or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
+    keep = [d for d in docs if d["kind"] in JOB_KINDS or d["metadata"]["name"] in (f"{JOB}-shared", JOB)]
     with Cluster(keep, tmp_path / "cluster") as harness:
         job = harness.jobs[JOB]
         harness.wait(lambda: job.phase in ("Aborted", "Failed", "Completed"), timeout=180, what="the job ended")
@@ -146,6 +155,12 @@ def active_version(cluster) -> str | None:
 
 
 def test_pipeline_runs_from_the_rendered_manifests_alone(cluster):
+    check_pipeline(cluster)
+
+
+def check_pipeline(cluster) -> None:
+    """Training job Completed (a base and a delta pass), cube rolled the delta out, both serving replicas
+    predict the pass's golden lines through the Service, MLflow tracked the run and a version per pass."""
     job = cluster.jobs[JOB]
     cluster.wait(lambda: job.phase in ("Completed", "Failed", "Aborted"), timeout=480, what="training job finished")
     assert job.phase == "Completed", cluster.describe()
@@ -208,6 +223,57 @@ def test_pipeline_runs_from_the_rendered_manifests_alone(cluster):
     tracked = json.loads(mlflow.stdout.strip().splitlines()[-1])
     assert any(name.startswith("train-") for name in tracked["runs"])
     assert "pass_auc" in tracked["metrics"] and tracked["versions"] == passes
+
+
+def test_pipeline_runs_from_the_image(image, tmp_path_factory):
+    """The same pipeline with every container (init containers, the training job's, the client pods') run
+    from the built image with podman and runc (pod_harness/podman.py): the image's own files and user, the
+    securityContext, the memory and CPU limits and the default seccomp profile enforced by the runtime."""
+    from pod_harness.podman import bytes_of
+
+    started = time.monotonic()
+    with pipeline_cluster(tmp_path_factory.mktemp("image-pods"), image=image.tag, podman_env=image.env) as cluster:
+        check_pipeline(cluster)
+        seen = 0
+        for pod in cluster.component("serving") + cluster.component("cube"):
+            for c in pod.containers:
+                pid = c.init_pid()
+                assert pid is not None, (pod.name, c.name, cluster.describe())
+                status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+                assert status["Uid"].split()[:2] == ["10001", "10001"], (pod.name, c.name)
+                assert "10001" in status["Groups"].split()  # fsGroup
+                assert status["NoNewPrivs"].strip() == "1" and int(status["CapBnd"].strip(), 16) == 0
+                assert status["Seccomp"].strip() == "2", (pod.name, c.name)  # RuntimeDefault: a filter
+                # The image's root file system (its venv, not the host's), read-only; /tmp an emptyDir.
+                assert Path(f"/proc/{pid}/root/opt/venv/bin/{c.spec['command'][0]}").exists(), c.spec["command"]
+                mounts = {f[4]: f[5].split(",") for f in (ln.split() for ln in Path(f"/proc/{pid}/mountinfo").open())}
+                assert "ro" in mounts["/"] and "rw" in mounts["/tmp"], (pod.name, c.name)
+                # resources.limits.memory is the container's memory cgroup.
+                argv = json.loads((pod.dir / f"{c.name}.podman-{c.generation}.json").read_text())
+                limit = str(bytes_of(c.spec["resources"]["limits"]["memory"]))
+                assert argv[argv.index("--memory") + 1] == limit and image.tag in argv, argv
+                cgroup = dict(ln.split(":", 2)[1:] for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+                memory = Path("/sys/fs/cgroup/memory") / cgroup["memory"].lstrip("/") / "memory.limit_in_bytes"
+                if memory.exists():
+                    assert memory.read_text().strip() == limit, memory
+                seen += 1
+        assert seen >= 6  # 2 serving + 2 shards x (server, agent)
+        # The init container and the training job's containers ran from the image too, and ended.
+        job_pods = list(cluster.jobs[JOB].pods.values())
+        assert {p.task for p in job_pods} == {"pserver", "trainer"}
+        for pod in job_pods:
+            for c in pod.all_containers():
+                assert (pod.dir / f"{c.name}.podman-{c.generation}.json").exists(), c.name
+                assert c.exit_code == 0 or pod.task == "pserver", (pod.name, c.name, c.exit_code)
+        fileserver = cluster.component("fileserver")[0]
+        assert [c.exit_code for c in fileserver.init] == [0], cluster.describe()
+        assert list(fileserver.dir.glob("publish-config.podman-*.json"))
+    left = subprocess.run(
+        ["podman", "ps", "--all", "--filter", f"label=io.elastic-ctr.pod-harness={cluster.network.prefix}", "-q"],
+        env=image.env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert left.stdout.strip() == "", "containers left after the cluster stopped"
+    print(f"image pipeline: {time.monotonic() - started:.0f}s")
 
 
 # Whether a port answers: a connection the harness's Service proxy refuses is accepted and then reset,
