@@ -174,8 +174,9 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
     sep = (kinds == _SPACE) | (kinds == _COLON) | (kinds == _NEWLINE)
     if sep.all():
         seps, odd = other, other[:0]
-        if seps[0] > 0 and (np.diff(seps) > 1).all():
-            return _parse_plain_integers(data, seps, kinds, lines)
+        gaps = np.diff(seps)
+        if seps[0] > 0 and (gaps > 1).all():
+            return _parse_plain_integers(data, seps, gaps, kinds, lines)
     else:
         seps, odd = other[sep], other[~sep]
         kinds = kinds[sep]
@@ -279,10 +280,13 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
     return batch
 
 
-def _parse_plain_integers(data: bytes, seps: np.ndarray, kinds: np.ndarray, lines: list[str] | None):
+def _parse_plain_integers(
+    data: bytes, seps: np.ndarray, gaps: np.ndarray, kinds: np.ndarray, lines: list[str] | None
+) -> LineBatch | None:
     """``_parse_plain_bytes`` of a chunk of integer tokens with one separator after each (the layout every
-    writer of the format produces): token i is ``data[seps[i - 1] + 1 : seps[i]]``, and the checks only
-    look at the colons and the line ends, not at every token."""
+    writer of the format produces): token i is ``data[seps[i - 1] + 1 : seps[i]]``, so token i + 1 has
+    ``gaps[i] - 1`` digits (``gaps = np.diff(seps)``); the checks only look at the colons and the line
+    ends, and at the longest token, not at every token."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -312,16 +316,14 @@ def _parse_plain_integers(data: bytes, seps: np.ndarray, kinds: np.ndarray, line
         return None
     shows, clicks = numbers[line_first], numbers[line_first + 1]
     slots = numbers[colons + 1]
-    show_start = np.empty(len(line_first), np.int64)  # the separator before each show (-1: the chunk's start)
-    show_start[0] = -1
-    show_start[1:] = seps[ends_line[:-1]]
+    # Digit counts, not values, are the grammar's bounds (leading zeros count): every token within the
+    # feasign's and the show's 20 digits (one maximum), slots within 9, a click of one digit ("0", not "00").
     if (
         (clicks > 1).any()
-        or (seps[line_first + 1] - seps[line_first] != 2).any()  # click: one digit ("0" or "1", not "00")
+        or (gaps[line_first] != 2).any()
         or (shows >= _SHOW_LIMIT).any()
-        or (seps[line_first] - show_start - 1 > SHOW_DIGITS).any()
-        or (seps[colons + 1] - seps[colons] - 1 > SLOT_DIGITS).any()
-        or (seps[colons] - seps[colons - 1] - 1 > FEASIGN_DIGITS).any()
+        or max(int(seps[0]), int(gaps.max()) - 1) > min(FEASIGN_DIGITS, SHOW_DIGITS)
+        or (gaps[colons] - 1 > SLOT_DIGITS).any()
     ):
         return None
     return LineBatch(
