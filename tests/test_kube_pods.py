@@ -268,6 +268,15 @@ def test_pipeline_runs_from_the_image(image, tmp_path_factory):
         fileserver = cluster.component("fileserver")[0]
         assert [c.exit_code for c in fileserver.init] == [0], cluster.describe()
         assert list(fileserver.dir.glob("publish-config.podman-*.json"))
+        # A serving pod deleted: its preStop hook (`podman exec`: sleep 5) runs first, then `podman kill --signal
+        # TERM`; serving drains and exits by itself, long before its 30 s grace period ends.
+        victim = cluster.component("serving")[0]
+        deleted = time.monotonic()
+        cluster.delete_pod(victim).join(60)
+        server = victim.containers[0]
+        assert victim.gone and server.exit_after_sigterm is not None, victim.events
+        assert server.exit_code == 0 and server.sigterm_at - deleted >= 4.5, (server.exit_code, victim.events)
+        assert not [e for e in victim.events if "preStop" in e], victim.events
     left = subprocess.run(
         ["podman", "ps", "--all", "--filter", f"label=io.elastic-ctr.pod-harness={cluster.network.prefix}", "-q"],
         env=image.env, capture_output=True, text=True, check=True,

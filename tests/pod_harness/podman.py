@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 from pod_harness.image import Image
-from pod_harness.runtime import Container, Kubelet, Pod, die_with_parent
+from pod_harness.runtime import Container, Kubelet, Pod
 
 LABEL = "io.elastic-ctr.pod-harness"  # the run's prefix (ectr-PID-HEX, as the network namespaces)
 OWNER = "io.elastic-ctr.pod-harness.owner"  # the pid of the test process that started it
@@ -267,7 +267,9 @@ class PodmanRuntime(Kubelet):
             stderr=subprocess.STDOUT,
             env=self.env,
             cwd=str(pod.dir),  # conmon writes a file `oom` into its working folder on an OOM kill
-            preexec_fn=die_with_parent,
+            # No die_with_parent: its signal comes when the *thread* that started the client ends (the
+            # controllers' thread, before stop() stops the pods), and killing the client would not stop
+            # the container anyway (conmon keeps it). A dead test process is the reaper's.
         )
 
     # ---- the running container -------------------------------------------------------------------------
