@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ctr_foundation import names
+from ctr_foundation.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -56,15 +57,11 @@ class EnvVar(Generic[T]):
         try:
             return self.parse(raw)
         except ValueError as e:
-            from ctr_foundation.errors import ConfigError
-
             raise ConfigError(f"environment variable {self.name}={raw!r} is invalid: {e}") from e
 
     def require(self, environ: dict | None = None) -> T:
         value = self.get(environ)
         if value is None:
-            from ctr_foundation.errors import ConfigError
-
             raise ConfigError(f"environment variable {self.name} must be set ({self.doc})")
         return value
 

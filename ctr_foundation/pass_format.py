@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctr_foundation.dense_features import DenseNorm
 from ctr_foundation.errors import DataError
 from ctr_foundation.records import read_donefile
 
@@ -131,8 +132,6 @@ class PassInfo:
     @property
     def dense_norm(self):
         """The dense slots' ``dense_features.DenseNorm`` (None without dense slots)."""
-        from ctr_foundation.dense_features import DenseNorm
-
         norm = DenseNorm.from_json(self.meta.get("dense_norm"), f"{self.path / META_FILE}: dense_norm")
         if self.dense_slots and (norm is None or list(norm.slots) != self.dense_slots):
             raise DataError(f"{self.path / META_FILE}: dense_slots {self.dense_slots} without their dense_norm")
