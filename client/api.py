@@ -22,8 +22,11 @@ import requests
 
 from ctr_foundation.env_vars import FILESERVER_URL, SERVING_GRPC, SERVING_URL, TOKEN
 from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.fileserver_client import FileServerClient
+from ctr_foundation.grpc_api import SERVICE
 from ctr_foundation.names import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, StateFolder
 from ctr_foundation.records import ClientConfig
+from elastic_control.config import load_data_config, load_slot_conf
 
 RETRYABLE_STATUS = {502, 503, 504}
 
@@ -98,6 +101,7 @@ class _LinePredictor:
         """One probability per non-blank line, in order; blank lines are skipped. A line serving refuses
         raises PredictionError naming its input line number (``client.lines.predict_file_lines`` goes on
         past bad lines instead)."""
+        # function-level: cycle (client.lines imports this module)
         from client.lines import predict_file_lines
 
         for result in predict_file_lines(
@@ -196,6 +200,7 @@ class GrpcServingClient(_LinePredictor):
     def __init__(self, target: str, *, timeout: float = 30.0, retry_for: float = 60.0):
         import grpc
 
+        # function-level: serving_pb2_grpc imports grpc (hundreds of ms)
         from ctr_foundation.grpc_api import serving_pb2, serving_pb2_grpc
 
         self.target = _check_target(target)
@@ -280,8 +285,6 @@ class GrpcServingClient(_LinePredictor):
         """The standard health service's answer for the prediction service: SERVING or NOT_SERVING."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        from ctr_foundation.grpc_api import SERVICE
-
         try:
             r = health_pb2_grpc.HealthStub(self._channel).Check(
                 health_pb2.HealthCheckRequest(service=SERVICE), timeout=self.timeout
@@ -347,9 +350,6 @@ def _get_json(url: str, what: str) -> dict:
 
 def upload_configs(config: ClientConfig, *, slot_conf: str | None = None, data_config: str | None = None) -> list[dict]:
     """Validate then upload slot.conf and/or data.config to the file server (``config/...``)."""
-    from ctr_foundation.fileserver_client import FileServerClient
-    from elastic_control.config import load_data_config, load_slot_conf
-
     if not slot_conf and not data_config:
         raise UsageError("nothing to upload: give --slot-conf and/or --data-config")
     fs = FileServerClient(_check_url(config.fileserver_url, "file server"), token=config.token or "")
@@ -365,8 +365,6 @@ def upload_configs(config: ClientConfig, *, slot_conf: str | None = None, data_c
 
 def check_health(config: ClientConfig) -> dict[str, dict | str]:
     """Health of serving and the file server: {"serving": {...} or "error ...", ...}."""
-    from ctr_foundation.fileserver_client import FileServerClient
-
     out: dict[str, dict | str] = {}
     for name, url, probe in (
         ("serving", config.serving_url, lambda u: ServingClient(u).status()),

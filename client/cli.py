@@ -11,7 +11,7 @@ from client.api import check_health, resolve_client_settings, serving_client, up
 from client.lines import UNKNOWN_SLOT_CHOICES, RefusedLines, known_slots, predict_file_lines
 from ctr_foundation.cli_runner import run_cli
 from ctr_foundation.env_vars import STATE_DIR
-from ctr_foundation.errors import ElasticControlError
+from ctr_foundation.errors import ElasticControlError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -161,8 +161,6 @@ def predict_command(
 def feedback_command(ctx, events_file, transport, serving_url, serving_grpc, state_dir):
     """Send click outcomes: EVENTS_FILE ('-' = stdin) has one JSON object per line,
     {"request_id": ID, "index": I, "click": 0|1}; prints the join counts as JSON."""
-    from ctr_foundation.errors import UsageError
-
     events = []
     for number, line in enumerate(events_file, start=1):
         if not line.strip():

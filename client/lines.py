@@ -21,6 +21,7 @@ from pathlib import Path
 from client.api import BatchRefused, ClientSettings, PredictionError, ServingClient
 from ctr_foundation.errors import ComponentError, ElasticControlError, UsageError
 from ctr_foundation.sample import MalformedLine, parse_sample_line
+from elastic_control.config import load_slot_conf
 
 UNKNOWN_SLOT_CHOICES = ("refuse", "warn")
 EXIT_REFUSED_LINES = 3  # some lines were refused; every other line got its probability
@@ -70,8 +71,6 @@ class LineResult:
 
 
 def slots_from_slot_conf(path: str | Path) -> KnownSlots:
-    from elastic_control.config import load_slot_conf
-
     conf = load_slot_conf(path)
     return KnownSlots(frozenset(conf.slots) | frozenset(conf.dense), f"slot.conf {path}")
 
