@@ -2,6 +2,9 @@
 
 ``KubeBackend.apply`` creates the objects and returns a ``KubeDeployment``,
 the handle that waits for the pods, reports status, streams logs and deletes.
+
+Importing this module does not load the kubernetes client (``kube.adaptor``, ~0.7 s): ``api`` imports it
+for every deployment, local ones too, so the modules that talk to a cluster are imported in the methods.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from elastic_control.backends import status as st
 from elastic_control.backends.base import Backend, Deployment
 from elastic_control.config import load_data_config
 from elastic_control.console import console, done
+from elastic_control.kube import constants as k
+from elastic_control.kube.eval_job import render_eval_job
+from elastic_control.kube.options import KubeOptions
+from elastic_control.kube.render import RenderInputs, render_manifests
 from elastic_control.plan import Plan
 
 # The status words of `kube.status.component_rows` in the status document's terms.
@@ -37,6 +44,7 @@ _DEPLOYMENT_STATES = {"Ready": st.RUNNING, "Starting": st.STARTING}
 
 def expected_pods(plan: Plan) -> int:
     """Pods -a waits for: the job's pservers and trainers, MLflow, file server, cube shards, transfer, serving."""
+    # function-level: loads the kubernetes client (~0.7 s)
     from elastic_control.kube.deploy import expected_pods as expected
 
     return expected(plan)
@@ -47,6 +55,7 @@ class KubeDeployment(Deployment):
 
     def wait(self, timeout: float | None = None) -> None:
         """Until every pod of the plan runs; explains what keeps pods from existing or starting (kube/deploy.py)."""
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.deploy import wait_for_plan
 
         wait_for_plan(self.plan, timeout=timeout)
@@ -55,6 +64,7 @@ class KubeDeployment(Deployment):
         """The Volcano job and every Deployment of the instance, as the status document."""
         import time
 
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.status import component_rows
 
         plan = self.plan
@@ -92,6 +102,7 @@ class KubeDeployment(Deployment):
             probed_at=time.time(),
         )
         if probe and overall != "not deployed":
+            # function-level: loads the kubernetes client (~0.7 s)
             from elastic_control.kube.service_probe import probe_pipeline
 
             status.cube, status.serving = probe_pipeline(plan.namespace, plan.job_name, plan.resources.cube_shards)
@@ -112,6 +123,7 @@ class KubeDeployment(Deployment):
         tail: int | None = None,
         raw: bool = False,
     ) -> None:
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.logs import (
             DEFAULT_COMPONENTS,
             LogPrinter,
@@ -138,6 +150,7 @@ class KubeDeployment(Deployment):
         follow_all(plan.namespace, [sources[n] for n in wanted], printer)
 
     def delete(self) -> list[str]:
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.deploy import delete_plan
 
         return delete_plan(self.plan)
@@ -147,9 +160,6 @@ class KubeBackend(Backend):
     name = "k8s"
 
     def render(self, plan: Plan, staging: Path) -> list[Path]:
-        from elastic_control.kube.options import KubeOptions
-        from elastic_control.kube.render import RenderInputs, render_manifests
-
         inputs = RenderInputs(
             token=(staging / TOKEN_FILE).read_text().strip(),
             data_config=load_data_config(staging / DATA_CONFIG_FILE),
@@ -160,12 +170,14 @@ class KubeBackend(Backend):
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> KubeDeployment | None:
         """Converge the cluster on the rendered manifests (kube/converge.py); the handle, None for a dry run."""
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.deploy import apply_plan
 
         return KubeDeployment(plan) if apply_plan(plan, dry_run=dry_run) else None
 
     def attach(self, plan: Plan) -> KubeDeployment:
         """The handle on the plan's objects, after checking its context still points at its cluster."""
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.deploy import connect
 
         connect(plan)
@@ -175,11 +187,9 @@ class KubeBackend(Backend):
         """`eval submit`: render the evaluation's Volcano jobs into STATE/eval/RUN/, run them, return the metrics."""
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.deploy import connect
-        from elastic_control.kube.eval_job import render_eval_job
         from elastic_control.kube.eval_run import submit_eval_job
-        from elastic_control.kube.options import KubeOptions
-        from elastic_control.kube.render import RenderInputs
 
         connect(plan)
         inputs = RenderInputs(
@@ -220,7 +230,7 @@ class KubeBackend(Backend):
         return metrics
 
     def configure_client(self, plan: Plan) -> Path:
-        from elastic_control.kube import constants as k
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.deploy import connect
         from elastic_control.kube.discover import configure_client
 

@@ -16,7 +16,14 @@ from ctr_foundation.names import MANIFEST_DIR
 from elastic_control.console import console, done, failed, info, warn
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
+from elastic_control.kube.converge import converge_object, prune
+from elastic_control.kube.diagnose import missing_pod_findings
+from elastic_control.kube.objects import delete_labelled, delete_volcano_job, describe, read_volcano_job
 from elastic_control.kube.options import KubeOptions
+from elastic_control.kube.pods import count_started, explain_pod, fatal_reason, pod_events
+from elastic_control.kube.preflight import preflight
+from elastic_control.kube.render import load_manifests
+from elastic_control.kube.target import check_target
 
 
 def plan_options(plan) -> KubeOptions:
@@ -25,8 +32,6 @@ def plan_options(plan) -> KubeOptions:
 
 def connect(plan) -> KubeOptions:
     """Load the plan's kubeconfig context and refuse if it now points at another cluster than at -r."""
-    from elastic_control.kube.target import check_target
-
     options = plan_options(plan)
     adaptor.use_context(options.context)
     check_target(options.context, options.cluster_server)
@@ -41,11 +46,6 @@ def expected_pods(plan) -> int:
 
 def apply_plan(plan, *, dry_run: str | None = None) -> bool:
     """Converge the cluster on the plan; True when something was really applied (not a dry run)."""
-    from elastic_control.kube.converge import converge_object, prune
-    from elastic_control.kube.objects import describe
-    from elastic_control.kube.preflight import preflight
-    from elastic_control.kube.render import load_manifests
-
     if dry_run not in (None, "client", "server"):
         raise UsageError(f"--dry-run {dry_run!r} must be client or server")
     docs = load_manifests(plan.state_path / MANIFEST_DIR)
@@ -74,8 +74,6 @@ def apply_plan(plan, *, dry_run: str | None = None) -> bool:
 
 
 def _job_finished(plan) -> str | None:
-    from elastic_control.kube.objects import read_volcano_job
-
     job = read_volcano_job(plan.job_name, plan.namespace)
     phase = (((job or {}).get("status") or {}).get("state") or {}).get("phase")
     return phase if phase in ("Completed", "Failed", "Aborted", "Terminated") else None
@@ -83,9 +81,6 @@ def _job_finished(plan) -> str | None:
 
 def wait_for_plan(plan, *, timeout: float | None = None) -> None:
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from elastic_control.kube.diagnose import missing_pod_findings
-    from elastic_control.kube.pods import count_started, explain_pod, fatal_reason, pod_events
 
     expected = expected_pods(plan)
     timeout = APPLY_TIMEOUT.get() if timeout is None else timeout
@@ -152,8 +147,6 @@ def wait_for_plan(plan, *, timeout: float | None = None) -> None:
 
 def delete_plan(plan) -> list[str]:
     """Delete the job and every object of the instance but the claims; returns what was deleted."""
-    from elastic_control.kube.objects import delete_labelled, delete_volcano_job
-
     connect(plan)
     deleted = []
     if delete_volcano_job(plan.job_name, plan.namespace, wait=120.0):

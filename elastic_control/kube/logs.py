@@ -20,8 +20,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ctr_foundation.errors import UsageError
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
+from elastic_control.kube.objects import read_volcano_job
+from elastic_control.training.log_filter import is_paddle_noise
 
 TERMINAL_JOB_PHASES = {"Completed", "Failed", "Aborted", "Terminated"}
 
@@ -87,8 +90,6 @@ def stream_logs(
 ) -> None:
     """-l on a cluster: the last ``tail`` lines (default 200; every line with ``since``) of the last ``since``
     seconds of each component's pod; with ``follow`` each is streamed in its own thread until Ctrl-C."""
-    from ctr_foundation.errors import UsageError
-
     sources = plan_log_sources(plan)
     wanted = list(components or DEFAULT_COMPONENTS)
     unknown = [c for c in wanted if c not in sources]
@@ -114,7 +115,6 @@ def stream_logs(
 
 def log_writer(out, raw: bool) -> Callable[[str], None]:
     """LogPrinter's writer: to ``out`` (default stdout), without Paddle's glog lines unless ``raw``."""
-    from elastic_control.training.log_filter import is_paddle_noise
 
     def write(text: str) -> None:
         if not raw and is_paddle_noise(text.split("] ", 1)[-1]):
@@ -171,7 +171,6 @@ def _identity(pod) -> tuple:
 def _job_phase(namespace: str, job: str | None) -> str | None:
     if job is None:
         return None
-    from elastic_control.kube.objects import read_volcano_job
 
     obj = read_volcano_job(job, namespace)
     return ((obj or {}).get("status") or {}).get("state", {}).get("phase") if obj else "Deleted"

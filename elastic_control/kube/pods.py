@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from elastic_control.kube import adaptor
+from elastic_control.kube import constants as k
 
 # Waiting reasons that will not resolve by themselves.
 FATAL_WAITING = {
@@ -98,8 +99,6 @@ NOT_COUNTED_COMPONENTS = {"eval", "eval-merge"}  # `eval submit` jobs are not pa
 
 def count_started(namespace: str, selector: str, expected: int, *, skip_job: str | None = None) -> PodCount:
     """Started and stuck pods of the plan (``skip_job``: a finished Volcano job whose pods are not waited for)."""
-    from elastic_control.kube import constants as k
-
     pods = [
         p
         for p in list_pods(namespace, selector)

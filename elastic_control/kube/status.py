@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
+from elastic_control.kube.objects import read_training_record, read_volcano_job
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,6 @@ def job_progress(vcjob: dict) -> dict | None:
 
 def component_rows(namespace: str, job: str) -> list[ComponentRow]:
     rows: list[ComponentRow] = []
-    from elastic_control.kube.objects import read_training_record, read_volcano_job
 
     vcjob = read_volcano_job(job, namespace)
     record = read_training_record(job, namespace) if vcjob is None else None
