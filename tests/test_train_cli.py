@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers_local import alive, processes_under, wait_until
 
+from ctr_foundation.records import read_donefile
+
 PYTHON = sys.executable
 
 
@@ -127,3 +129,34 @@ def test_interrupted_train_stops_every_role_and_exits_130(tmp_path):
     pids = [c["pid"] for c in record["components"].values() if c["pid"]]
     assert pids and not any(alive(p) for p in pids)
     wait_until(lambda: processes_under(tmp_path) == [], timeout=20, what="no process left")
+
+
+def test_a_window_over_grouped_hours_is_a_usage_error(tmp_path):
+    args = _job(tmp_path, hours=2)
+    with open(tmp_path / "data.config", "a") as f:
+        f.write("export PASS_HOURS=2\n")
+    _synth(tmp_path, 2, 200)
+    res = _run(tmp_path, *args, "--window-hours", "3")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "--window-hours 3 with PASS_HOURS=2" in res.stderr and "--window-hours 1" in res.stderr
+    assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.e2e
+def test_each_pass_also_trains_one_epoch_over_the_hour_before_it(tmp_path):
+    args = _job(tmp_path, hours=3)
+    _synth(tmp_path, 3, 1200)
+    res = _run(tmp_path, *args, "--epochs", "2", "--no-early-stop")
+    assert res.returncode == 0, res.stderr[-3000:]
+    training = [
+        json.loads((tmp_path / "models" / f"pass-20191221-0{h}" / "meta.json").read_text())["training"]
+        for h in range(3)
+    ]
+    assert [t["window_hours"] for t in training] == [2, 2, 2]
+    # The first hour has none before it in the window; the others get the whole hour before (one trainer).
+    assert [t["window_lines"] for t in training] == [0, 1200, 1200]
+    assert "also 1200 lines of 20191221/00 in its first epoch" in res.stderr
+    # Its own epochs stay its hour's: two epochs of 1,200 lines plus one of the hour before, less held-out lines.
+    metrics = read_donefile(tmp_path / "models")[1].metrics
+    held = metrics["holdout_lines"]
+    assert held > 0 and metrics["examples"] == 2 * (1200 - held) + 1200

@@ -159,6 +159,18 @@ class HourlyData:
             if self._ready(hour, missing="skipped"):
                 yield HourPartition(hour, self.hour_location(hour), self.list_files(hour), self.config.pass_minutes)
 
+    def hours_before(self, part: HourPartition, hours: int) -> list[HourPartition]:
+        """The ``hours`` hourly partitions just before ``part`` that are in the window and ready, oldest
+        first (a training window's earlier hours; a missing one is left out, never waited for)."""
+        out = []
+        for back in range(hours, 0, -1):
+            hour = part.hour - dt.timedelta(hours=back)
+            if hour >= self.config.start and self.is_ready(hour):
+                out.append(
+                    HourPartition(hour, self.hour_location(hour), self.list_files(hour), self.config.pass_minutes)
+                )
+        return out
+
     def _ready(self, hour: dt.datetime, *, missing: str) -> bool:
         """Whether the hour (or slot) is there to read: online it waits for it; offline a missing one is
         warned about (``missing`` says what happens instead) and False."""

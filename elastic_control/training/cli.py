@@ -123,6 +123,13 @@ _OPTIONS = [
         click.IntRange(1, 1000),
         "EPOCHS=auto: the most epochs of a pass with too few held-out lines to stop early.",
     ),
+    (
+        "--window-hours",
+        "window_hours",
+        click.IntRange(1, 168),
+        "Each hourly pass also trains one epoch over the lines of the N-1 hours before it (default: 2; 1 with "
+        "PASS_HOURS, PASS_MINUTES or ADMIT_MIN_COUNT).",
+    ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),
     (
@@ -235,11 +242,12 @@ def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, 
     from elastic_control.data.window import check_data_window
     from elastic_control.local.components import training_window
     from elastic_control.local.train_job import run_training_job
-    from elastic_control.training.settings import check_wide_prior, resolve_epochs
+    from elastic_control.training.settings import check_wide_prior, resolve_epochs, resolve_window_hours
 
     config = load_data_config(datafile)
     resolve_epochs(hyper.epochs, config)  # EPOCHS > 1 with ADMIT_MIN_COUNT: a usage error, before any process
     check_wide_prior(hyper, config)
+    resolve_window_hours(hyper, config)
     slots = load_slot_conf(slot_conf)
     model_path = model_path or MODEL_PATH.get() or config.model_path
     if not model_path:

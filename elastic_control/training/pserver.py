@@ -101,6 +101,10 @@ def run_pserver(settings: RoleSettings) -> None:
         _log(settings, "PID 1 of its container: SIGTERM ends it at once (exit code 15)")
     fleet.run_server()
     _log(settings, "stopped by trainer 0 after all trainers finished")
+    # Trainer 0 stops the servers as soon as its reply to the last barrier arrives; the other trainers'
+    # replies to the same barrier may still be in the coordinator's threads (pserver 0's guard), and ending
+    # it at once lost one ("closed the connection during barrier"). A moment lets them go out.
+    guard.join(1.0)
     guard.terminate()
     guard.join(5)
 

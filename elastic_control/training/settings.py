@@ -56,6 +56,10 @@ class Hyperparameters:
     # 0.6986 on the 2,000-line log); the Criteo split (832 lines) and the synthetic demo (625) keep it.
     min_holdout_to_stop: int = 500
     unjudged_pass_epochs: int = 3
+    # Each hourly pass also trains one epoch over the lines of the window_hours - 1 hours before it (its
+    # held-out lines and its own epochs stay its hour's). None: DEFAULT_WINDOW_HOURS where passes are single
+    # hours without admission, else 1 (resolve_window_hours).
+    window_hours: int | None = None
     embedding_dim: int = DEFAULT_EMBEDDING_DIM
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     # 128, not 512: one hour of data is one pass, and the MLP needs optimizer steps more than big
@@ -142,6 +146,10 @@ class RoleSettings:
         return resolve_epochs(self.hyper.epochs, self.data_config)
 
     @property
+    def window_hours(self) -> int:
+        return resolve_window_hours(self.hyper, self.data_config)
+
+    @property
     def early_stop(self) -> bool:
         if self.hyper.early_stop is not None:
             return self.hyper.early_stop
@@ -190,6 +198,36 @@ def resolve_decay_sightings(hyper: Hyperparameters, family: str) -> float:
     if hyper.decay_sightings is not None:
         return hyper.decay_sightings
     return FAMILY_DECAY_SIGHTINGS.get(family, DEFAULT_DECAY_SIGHTINGS)
+
+
+# A pass over its hour and, once, the hour before: every line is trained in two consecutive passes, so the
+# model forgets less of the last hour while it follows the new one. Measured against one hour a pass
+# (docs/benchmarks.md "Model quality"): the Criteo split, a public app-usage log and synthetic interaction
+# data all gain (CHANGELOG.md "A two-hour training window").
+DEFAULT_WINDOW_HOURS = 2
+
+
+def resolve_window_hours(hyper: Hyperparameters, data_config: DataConfig) -> int:
+    """Hours each pass trains on: the flag, else DEFAULT_WINDOW_HOURS; 1 where a pass is not one hour
+    (PASS_HOURS, PASS_MINUTES) or admission counts sightings (ADMIT_MIN_COUNT: a replayed line would count
+    twice). An explicit window above 1 there is refused."""
+    why = (
+        f"PASS_HOURS={data_config.pass_hours}"
+        if data_config.pass_hours > 1
+        else f"PASS_MINUTES={data_config.pass_minutes}"
+        if data_config.pass_minutes
+        else f"ADMIT_MIN_COUNT={data_config.admit_min_count}"
+        if data_config.admit_min_count
+        else None
+    )
+    if why is None:
+        return hyper.window_hours or DEFAULT_WINDOW_HOURS
+    if hyper.window_hours and hyper.window_hours > 1:
+        raise ConfigError(
+            f"--window-hours {hyper.window_hours} with {why}: the window replays whole earlier hours, which "
+            "only hourly passes without admission have (use --window-hours 1)"
+        )
+    return 1
 
 
 def resolve_model(flag: str | None, data_config: DataConfig) -> str:
@@ -260,6 +298,7 @@ def role_settings_from_env(hyper: Hyperparameters, environ=None) -> RoleSettings
         raise ConfigError(f"PADDLE_TRAINER_ID={trainer_id} must be in 0..PADDLE_TRAINERS_NUM-1 ({trainers - 1})")
     resolve_epochs(hyper.epochs, data_config)  # refuses EPOCHS > 1 with admission before Paddle starts
     check_wide_prior(hyper, data_config)
+    resolve_window_hours(hyper, data_config)
     return RoleSettings(
         role=role,
         pserver_endpoints=env_vars.PADDLE_PSERVERS_IP_PORT_LIST.require(env),

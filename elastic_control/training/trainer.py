@@ -8,6 +8,7 @@ parameters between the export and the golden scoring.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class PassStats:
     epochs: int = 0  # epochs run
     planned_epochs: int = 1
     batch_size: int = 0  # this pass's batch (pass_stream.pass_batch_size)
+    context_lines: int = 0  # this trainer's lines of the window's earlier hours, trained in the first epoch
     holdout_losses: list[float] = field(default_factory=list)  # after each epoch, with the early stop
     judged: bool = True  # False: too few held-out lines for the early stop (pass_stream.unjudged_pass)
     best_epoch: int | None = None  # the early stop's lowest held-out loss (of the epochs scored)
@@ -174,6 +176,7 @@ class Trainer:
                     "learning_rate": self.spec.learning_rate,
                     "batch_size": self.s.hyper.batch_size,
                     "min_batches_first_pass": self.s.hyper.min_batches_first_pass,
+                    "window_hours": self.s.window_hours,
                     "sparse_dim": self.spec.sparse_dim,
                     "window_start": format_hour(self.s.data_config.start),
                     "window_end": format_hour(self.s.data_config.end),
@@ -251,8 +254,6 @@ class Trainer:
 
     # -- training ----------------------------------------------------------------------------
     def run(self) -> None:
-        import itertools
-
         from elastic_control.training.feeding import prefetch, rebatch
 
         data = HourlyData(
@@ -324,11 +325,39 @@ class Trainer:
         need = max(h.holdout_lines, h.golden_lines) if self.s.is_chief else 0
         holdout = Holdout(need, h.golden_stride)
         started = time.monotonic()
+        # The training window: the hours before this one, trained once more in this pass's first epoch.
+        earlier = data.hours_before(part, self.s.window_hours - 1)
+        context = (
+            ParsedShare(
+                lambda first: (
+                    chunk
+                    for p in earlier
+                    for chunk in data.iter_batches(
+                        p, trainer_id=self.rank, trainers=self.s.trainers, counter=BadLineCounter(1.0)
+                    )
+                )
+            )
+            if earlier
+            else None
+        )
         counts = share_lines = l2_scale = None
+        context_lines = 0
         admits = bool(self.incremental and self.incremental.needs_pass_keys)
         if self.net.uses_l2 or self.rate_decay or admits:
-            counts, share_lines = self._count_keys(share, part)
+            # Over every line the pass trains: the window's earlier hours too.
+            counts, lines = self._count_keys(itertools.chain(context or (), share), part)
+            context_lines = sum(len(chunk) for chunk in context) if context else 0  # replayed, not read again
+            share_lines = lines - context_lines
             l2_scale = counts.inverse if self.net.uses_l2 else None
+        elif context:
+            context_lines = sum(len(chunk) for chunk in context)
+            share_lines = sum(len(chunk) for chunk in share)
+        if context:
+            stats.context_lines = context_lines
+            self.log(
+                f"pass {part.name}: also {context_lines} lines of {', '.join(p.name for p in earlier)} "
+                "in its first epoch (training window)"
+            )
         if self.incremental:
             # Admission's own counts restart at each pass (they are the occurrences fed since the last
             # export), aligned with the pass's key counts.
@@ -357,8 +386,10 @@ class Trainer:
             epoch_started = time.monotonic()
             self.progress.start_epoch(epoch, epochs if epoch > 1 else None)
             if self.rate_decay:
-                self.rate_decay.start_epoch(counts, share_lines)
-            steps = self._train_epoch(share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale)
+                self.rate_decay.start_epoch(counts, share_lines + (context_lines if epoch == 1 else 0))
+            steps = self._train_epoch(
+                share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale, context if epoch == 1 else None
+            )
             if epoch == 1:
                 self.progress.steps_per_epoch = steps
             if self.rate_decay:
@@ -368,9 +399,12 @@ class Trainer:
                 # The plan counts steps of the full batch size, so a small pass cut into smaller batches
                 # plans the same epochs as before (pass_stream.pass_batch_size): only each epoch's steps
                 # are smaller.
+                # The pass's own lines plan its epochs: the window's earlier hours are one epoch more, not
+                # more epochs of every hour.
+                own = share_lines / (share_lines + context_lines) if context_lines else 1.0
                 epochs = planned_epochs(
                     self.s.epochs,
-                    math.ceil(steps * stats.batch_size / h.batch_size),
+                    math.ceil(steps * own * stats.batch_size / h.batch_size),
                     min_steps=h.min_steps_per_pass,
                     first_pass_steps=h.min_steps_first_pass if cold else None,
                     max_epochs=h.max_epochs,
@@ -525,8 +559,9 @@ class Trainer:
         rt, dense_map = self._dense_ctx
         rt._init_all_params(rt.scopes, rt._send_ctx, dense_map)
 
-    def _train_epoch(self, share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale=None) -> int:
-        """One epoch over this trainer's share of the pass; the number of steps."""
+    def _train_epoch(self, share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale=None, context=None) -> int:
+        """One epoch over this trainer's share of the pass (and ``context``, the window's earlier hours, shuffled
+        in with it); the number of steps."""
         from elastic_control.training.feeding import make_feed
         from elastic_control.training.pass_stream import shuffled, without_holdout
 
@@ -535,7 +570,8 @@ class Trainer:
         if part.minutes:  # sub-hour passes: each slot of the hour its own order
             seed.append(part.hour.minute)
         rng = np.random.default_rng(seed)
-        lines = shuffled(without_holdout(share, holdout, first_epoch=epoch == 1), h.shuffle_lines, rng)
+        own = without_holdout(share, holdout, first_epoch=epoch == 1)
+        lines = shuffled(itertools.chain(context, own) if context else own, h.shuffle_lines, rng)
 
         def feeds():
             mask = self.incremental.train_mask if self.incremental else None
@@ -749,6 +785,8 @@ class Trainer:
                 "early_stop": self.s.early_stop,
                 "judged_by_holdout": bool(self.s.early_stop) and stats.judged,
                 "batch_size": stats.batch_size,
+                "window_hours": self.s.window_hours,
+                "window_lines": stats.context_lines,
                 "bias_shift": None if stats.bias_shift is None else round(stats.bias_shift, 6),
             },
             "trainers": self.s.trainers,
