@@ -62,7 +62,9 @@ def test_imports_only_point_down(package):
 LAYERS = (
     ("ctr_foundation",),
     ("cube",),
-    ("elastic_control.config", "elastic_control.metrics", "elastic_control.console"),
+    # kube/constants.py: the Kubernetes names (API groups, labels, annotations) with no imports above
+    # ctr_foundation; the trainer patches its progress annotation with them.
+    ("elastic_control.config", "elastic_control.metrics", "elastic_control.console", "elastic_control.kube.constants"),
     ("client",),
     ("elastic_control.plan", "elastic_control.data"),
     ("elastic_control.inference",),

@@ -20,7 +20,12 @@ import time
 from pathlib import Path
 
 from ctr_foundation import env_vars as ev
-from elastic_control.kube import constants as k
+from elastic_control.kube.constants import (
+    PROGRESS_ANNOTATION,
+    VOLCANO_JOB_GROUP,
+    VOLCANO_JOB_PLURAL,
+    VOLCANO_JOB_VERSION,
+)
 
 ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Often enough for people watching `status`, rare enough that a hundred jobs do not load the API server.
@@ -60,13 +65,13 @@ class JobProgressAnnotator:
         if now < self._quiet_until or (not force and now - self._sent < self.every):
             return
         self._sent = now
-        body = {"metadata": {"annotations": {k.PROGRESS_ANNOTATION: json.dumps(doc, sort_keys=True)}}}
+        body = {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(doc, sort_keys=True)}}}
         try:
             self.api.patch_namespaced_custom_object(
-                k.VOLCANO_JOB_GROUP,
-                k.VOLCANO_JOB_VERSION,
+                VOLCANO_JOB_GROUP,
+                VOLCANO_JOB_VERSION,
                 self.namespace,
-                k.VOLCANO_JOB_PLURAL,
+                VOLCANO_JOB_PLURAL,
                 self.job,
                 body,
                 _content_type=MERGE_PATCH,
