@@ -146,7 +146,7 @@ def test_a_window_over_grouped_hours_is_a_usage_error(tmp_path):
 def test_each_pass_also_trains_one_epoch_over_the_hour_before_it(tmp_path):
     args = _job(tmp_path, hours=3)
     _synth(tmp_path, 3, 1200)
-    res = _run(tmp_path, *args, "--epochs", "2", "--no-early-stop")
+    res = _run(tmp_path, *args, "--epochs", "2", "--no-early-stop", "--window-hours", "2")
     assert res.returncode == 0, res.stderr[-3000:]
     training = [
         json.loads((tmp_path / "models" / f"pass-20191221-0{h}" / "meta.json").read_text())["training"]

@@ -304,3 +304,20 @@ def test_a_time_budget_starts_no_candidate_after_it(search):
     assert board["budget"] == {"candidates": 3, "finished": 1}
     assert [c["state"] for c in board["candidates"]] == ["done"] and board["best"]["candidate"] == "000"
     assert "time budget spent: 1 of 3" in res.stderr
+
+
+def test_the_training_window_is_searched_for_hourly_passes_only():
+    import optuna
+
+    from elastic_control.tuning.space import hyperparameters, suggest
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(60):
+        trial = study.ask()
+        settings = suggest(trial, train_hours=4)
+        study.tell(trial, 0.5)
+        seen.add((settings["pass_hours"] == 1, settings["window_hours"]))
+        assert hyperparameters(settings).window_hours == settings["window_hours"]
+    assert {w for hourly, w in seen if not hourly} == {1}  # a pass over several hours has no window
+    assert {w for hourly, w in seen if hourly} == {1, 2, 4}

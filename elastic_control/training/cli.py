@@ -127,8 +127,8 @@ _OPTIONS = [
         "--window-hours",
         "window_hours",
         click.IntRange(1, 168),
-        "Each hourly pass also trains one epoch over the lines of the N-1 hours before it (default: 2; 1 with "
-        "PASS_HOURS, PASS_MINUTES or ADMIT_MIN_COUNT).",
+        "Each hourly pass also trains one epoch over the lines of the N-1 hours before it (default: 1, one "
+        "hour a pass; more only without PASS_HOURS, PASS_MINUTES and ADMIT_MIN_COUNT).",
     ),
     ("--embedding-dim", "embedding_dim", click.IntRange(2, 512), "Cube row width per key: embed_w + embedx_w."),
     ("--hidden", "hidden", _Hidden(), "MLP layer widths, e.g. 400,400,400 ('none': no MLP)."),

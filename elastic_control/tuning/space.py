@@ -11,13 +11,15 @@ import dataclasses
 
 from elastic_control.training.families import FAMILIES
 from elastic_control.training.model import SPARSE_RULES
-from elastic_control.training.settings import DEFAULT_MODEL, Hyperparameters
+from elastic_control.training.settings import DEFAULT_MODEL, DEFAULT_WINDOW_HOURS, Hyperparameters
 
 HIDDEN_CHOICES = ("64,32", "128,64", "256,256", "400,400,400")
 EMBEDDING_CHOICES = (5, 9, 11, 17)
 L2_EMBEDDING_CHOICES = (0.0, 0.5, 2.0, 5.0)
 L2_WIDE_CHOICES = (0.0, 1.0, 5.0)
 MAX_EPOCHS_CHOICES = (3, 8, 15)
+# --window-hours of an hourly pass (a pass over several hours has none: resolve_window_hours).
+WINDOW_CHOICES = (1, 2, 4)
 # EPOCHS=auto plans the epochs nearest --min-steps-per-pass steps (the default rule: an hour of Criteo
 # lines trains one epoch), or with HELD_OUT_DECIDES every pass plans max_epochs and the early stop ends it
 # (what data with learnable interactions and independent hours wants: docs/benchmarks.md "Model quality").
@@ -79,13 +81,14 @@ def product_defaults(train_hours: int) -> dict:
         "max_epochs": d.max_epochs,
         "min_steps_per_pass": d.min_steps_per_pass,
         "pass_hours": 1,
+        "window_hours": DEFAULT_WINDOW_HOURS,
     }
 
 
 def seed_points(train_hours: int) -> list[dict]:
     """Tried first, in order: the product defaults and the strong deepfm point over the whole window."""
     defaults = product_defaults(train_hours)
-    strong = {**defaults, **STRONG_DEEPFM, "pass_hours": train_hours}
+    strong = {**defaults, **STRONG_DEEPFM, "pass_hours": train_hours, "window_hours": 1}
     return [defaults] if strong == defaults else [defaults, strong]
 
 
@@ -112,7 +115,12 @@ def suggest(trial, *, train_hours: int) -> dict:
         "min_steps_per_pass": trial.suggest_categorical(
             "min_steps_per_pass", _with((HELD_OUT_DECIDES,), base["min_steps_per_pass"])
         ),
-        "pass_hours": trial.suggest_categorical("pass_hours", pass_hours_choices(train_hours)),
+        "pass_hours": (pass_hours := trial.suggest_categorical("pass_hours", pass_hours_choices(train_hours))),
+        "window_hours": (
+            trial.suggest_categorical("window_hours", _with(WINDOW_CHOICES, base["window_hours"]))
+            if pass_hours == 1
+            else 1
+        ),
     }
 
 
@@ -139,4 +147,5 @@ def describe(settings: dict) -> str:
         f"l2 {s.get('l2_embedding')}/{s.get('l2_wide')} ep<={s.get('max_epochs')}"
         + (" held-out" if s.get("min_steps_per_pass") == HELD_OUT_DECIDES else "")
         + f" ph {s.get('pass_hours')}"
+        + (f" w {s['window_hours']}" if s.get("window_hours", 1) > 1 else "")
     )
