@@ -18,12 +18,15 @@ import numpy as np
 
 from ctr_foundation.progress import PassProgress
 from elastic_control.config.data_config import format_hour, parse_slot
-from elastic_control.data.line_batch import LineBatch, concat_batches, slice_batch
+from elastic_control.data.line_batch import LineBatch, slice_batch
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
-from elastic_control.metrics import RecentWindow, auc, line_log_losses, log_loss
+from elastic_control.metrics import RecentWindow, line_log_losses
 from elastic_control.training.bias_refit import BIAS_REFIT_LINES
 from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
+from elastic_control.training.ps_params import PsParameters
+from elastic_control.training.run_params import run_params
 from elastic_control.training.settings import RoleSettings
+from elastic_control.training.trainer_export import export_pass
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Trainer:
         self.lookup = self.main._prune([self.net.rows]) if self.wide_prior else None
         self.place = paddle.CPUPlace()
         self.exe = paddle.static.Executor(self.place)
+        self.ps = PsParameters(paddle, fleet, self.exe, self.place, self.net.dense_param_names)
         self.coord = CoordinatorClient(*coordinator_endpoint(settings.pserver_endpoints))
         self.global_step = 0
         self._best = None  # training/best_epoch.py, trainer 0 with the early stop
@@ -123,7 +127,8 @@ class Trainer:
         norm = self._chief_dense_norm(hello, first, data) if self.s.is_chief and self.spec.dense_slots else None
         if hello.get("last_pass") and self.s.is_chief:
             # init_worker pushes trainer 0's dense parameters to the servers: make them the last pass's.
-            self._load_dense_from_pass(hello["last_pass_dir"])
+            prefix = self.ps.load_dense_from_pass(hello["last_pass_dir"])
+            self.log(f"loaded dense parameters from {prefix}")
         elif self.s.is_chief and first is not None:
             self._init_bias_at_base_rate(data, first)
         # init_worker: trainer 0 pushes its dense parameters, then every trainer pulls them. Paddle's
@@ -142,50 +147,13 @@ class Trainer:
             self.dense_norm = DenseNorm.from_json(norm, "trainer 0's dense_norm")
             if self.dense_norm is None or self.dense_norm.slots != self.spec.dense_slots:
                 raise RuntimeError(f"no standardisation for the dense slots {list(self.spec.dense_slots)}")
-        self._dense_ctx = self._dense_pull_context()
+        self.ps.connect()
         if hello.get("last_pass"):
             self.log(f"resuming after {hello['last_pass']} (hours up to {hello['resume_after']} are done)")
             if self.incremental:
                 self.incremental.resume(hello["last_pass_dir"])
         if self.tracker:
-            self.tracker.log_params(
-                {
-                    "model_family": self.spec.family,
-                    "epochs": self.s.epochs,
-                    "early_stop": self.s.early_stop,
-                    "restore_best_epoch": self.s.hyper.restore_best_epoch is not False,
-                    "refit_bias": self.s.hyper.refit_bias is not False,
-                    "early_stop_patience": self.s.hyper.early_stop_patience,
-                    "min_holdout_to_stop": self.s.hyper.min_holdout_to_stop,
-                    "unjudged_pass_epochs": self.s.hyper.unjudged_pass_epochs,
-                    "sparse_learning_rate": self.spec.sparse_learning_rate,
-                    "wide_learning_rate": self.spec.wide_learning_rate,
-                    "sparse_optimizer": self.spec.sparse_optimizer,
-                    "wide_optimizer": self.spec.wide_optimizer,
-                    "decay_sightings": self.spec.decay_sightings if self.spec.uses_decay else "",
-                    "l2_embedding": self.spec.l2_embedding,
-                    "l2_wide": self.spec.l2_wide,
-                    "wide_prior": self.spec.wide_prior if self.spec.uses_wide_prior else "",
-                    "slots": ",".join(map(str, self.spec.slots)),
-                    "num_slots": len(self.spec.slots),
-                    "dense_slots": ",".join(map(str, self.spec.dense_slots)),
-                    "embedding_dim": self.spec.embedding_dim,
-                    "hidden": "-".join(map(str, self.spec.hidden)),
-                    "trainers": self.s.trainers,
-                    "pservers": self.s.pservers,
-                    "learning_rate": self.spec.learning_rate,
-                    "batch_size": self.s.hyper.batch_size,
-                    "min_batches_first_pass": self.s.hyper.min_batches_first_pass,
-                    "window_hours": self.s.window_hours,
-                    "sparse_dim": self.spec.sparse_dim,
-                    "window_start": format_hour(self.s.data_config.start),
-                    "window_end": format_hour(self.s.data_config.end),
-                    "dataset": self.s.data_config.dataset_root,
-                    "online": self.s.data_config.online,
-                    "resumed_after": hello.get("last_pass") or "",
-                    **self._incremental_params(),
-                }
-            )
+            self.tracker.log_params(run_params(self.s, self.spec, hello))
 
     def _init_bias_at_base_rate(self, data: HourlyData, part: HourPartition, lines: int = 20_000) -> None:
         """A fresh model starts at the first pass's base rate: logit bias = its log-odds.
@@ -241,17 +209,6 @@ class Trainer:
         )
         return norm.to_json()
 
-    def _load_dense_from_pass(self, pass_dir: str) -> None:
-        paddle = self.paddle
-        prefix = str(pass_format_prefix(pass_dir))
-        scope = paddle.static.Scope()
-        with paddle.static.scope_guard(scope):
-            paddle.static.load_inference_model(prefix, self.exe)
-        glob = paddle.static.global_scope()
-        for name in self.net.dense_param_names:
-            glob.find_var(name).get_tensor().set(np.array(scope.find_var(name).get_tensor()), self.place)
-        self.log(f"loaded dense parameters from {prefix}")
-
     # -- training ----------------------------------------------------------------------------
     def run(self) -> None:
         from elastic_control.training.feeding import prefetch, rebatch
@@ -273,7 +230,7 @@ class Trainer:
             cold = passes == 0 and not hello.get("last_pass")
             stats = self.train_hour(data, part, prefetch, rebatch, cold=cold)
             if not self._epochs_end_at_a_barrier:
-                self._flush_pushes()  # else the last epoch's end flushed them
+                self.ps.flush_pushes()  # else the last epoch's end flushed them
             everyone = self.coord.barrier(
                 f"{part.name}/trained",
                 self.rank,
@@ -288,7 +245,7 @@ class Trainer:
             )
             if self.s.is_chief and self.s.hyper.refit_bias is not False:
                 stats.bias_shift = self._refit_bias(part, [d["prediction_sums"] for d in everyone.values()])
-            published = self.export(part, stats, everyone) if self.s.is_chief else None
+            published = export_pass(self, part, stats, everyone) if self.s.is_chief else None
             done = self.coord.barrier(f"{part.name}/exported", self.rank, self.s.trainers, {"pass_dir": published})
             if self.incremental and not self.s.is_chief:
                 self.incremental.follow(done["0"]["pass_dir"])
@@ -423,7 +380,7 @@ class Trainer:
                 continue  # a fixed number of epochs: nothing to decide
             # Every trainer ends the epoch the same way: trainer 0 decides, from its own steps
             # (EPOCHS=auto) and its held-out lines (early stop), whether another epoch follows.
-            self._flush_pushes()
+            self.ps.flush_pushes()
             plan = {"epochs": epochs, "judged": stats.judged} if self.s.is_chief and epoch == 1 else {}
             got = self.coord.barrier(f"{part.name}/epoch-{epoch}", self.rank, self.s.trainers, plan)["0"] or {}
             epochs = int(got.get("epochs", epochs))
@@ -433,7 +390,7 @@ class Trainer:
             # Every trainer's pushes of the epoch are in: trainer 0 scores it (and copies or restores).
             decision = {}
             if best is not None and epochs > 1 and holdout.count and (epoch < epochs or best.enabled):
-                self._pull_dense()
+                self.ps.pull_dense()
                 held_out = holdout.batch()  # concatenates the held-out chunks: once per scoring
                 lines = line_log_losses(held_out.clicks, self.score(held_out))
                 loss = float(lines.mean())
@@ -498,12 +455,12 @@ class Trainer:
         if self._best is None:
             from elastic_control.training.delta_export import SAVE_ALL
 
-            worker, table_id = self._sparse_table()
+            worker, table_id = self.ps.sparse_table()
             self._best = BestEpoch(
                 save_table=lambda path: worker.save_one_model(table_id, str(path), SAVE_ALL),
                 load_table=lambda path: worker.load_one_table(table_id, str(path), SAVE_ALL),
-                get_dense=self._dense_snapshot,
-                set_dense=self._push_dense,
+                get_dense=self.ps.dense_snapshot,
+                set_dense=self.ps.push_dense,
                 log=self.log,
                 enabled=self.s.hyper.restore_best_epoch is not False,
                 patience=self.s.hyper.early_stop_patience,
@@ -518,7 +475,7 @@ class Trainer:
         ones: the share is in file order, and any part of the hour will do), for ``bias_refit.shift``."""
         from elastic_control.training.bias_refit import PredictionSums
 
-        self._pull_dense()
+        self.ps.pull_dense()
         sums = PredictionSums()
         for chunk in share:
             chunk = slice_batch(chunk, 0, min(len(chunk), lines - sums.n))
@@ -536,28 +493,14 @@ class Trainer:
         total = PredictionSums.merged(sums)
         shift = total.shift()
         if shift:
-            self._pull_dense()  # every trainer's pushes of the pass are in (the barrier): start from them
-            snapshot = self._dense_snapshot()
-            self._push_dense({"logit.b": snapshot["logit.b"] + np.float32(shift)})
+            self.ps.pull_dense()  # every trainer's pushes of the pass are in (the barrier): start from them
+            snapshot = self.ps.dense_snapshot()
+            self.ps.push_dense({"logit.b": snapshot["logit.b"] + np.float32(shift)})
         self.log(
             f"pass {part.name}: mean prediction {total.mean_prediction:.4f} against click rate {total.click_rate:.4f} "
             f"on {total.n} lines: logit bias {shift:+.4f}"
         )
         return shift
-
-    def _sparse_table(self):
-        """(the PS client, the id of the one sparse table): what saves and loads of the table address."""
-        rt = self.fleet.fleet._runtime_handle
-        (table_id,) = {ctx.table_id() for ctx in rt._send_ctx.values() if ctx.is_sparse()}
-        return rt._worker, table_id
-
-    def _push_dense(self, values: dict) -> None:
-        """Make ``values`` the dense parameters, here and on the servers (trainer 0, the others waiting)."""
-        scope = self.paddle.static.global_scope()
-        for name, value in values.items():
-            scope.find_var(name).get_tensor().set(value, self.place)
-        rt, dense_map = self._dense_ctx
-        rt._init_all_params(rt.scopes, rt._send_ctx, dense_map)
 
     def _train_epoch(self, share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale=None, context=None) -> int:
         """One epoch over this trainer's share of the pass (and ``context``, the window's earlier hours, shuffled
@@ -600,7 +543,7 @@ class Trainer:
             steps += 1
             stats.steps += 1
             if stats.steps % h.dense_pull_every == 0:
-                self._pull_dense()
+                self.ps.pull_dense()
             stats.examples += len(batch)
             stats.loss_sum += float(np.array(loss)) * len(batch)
             self.global_step += 1
@@ -633,32 +576,6 @@ class Trainer:
                 },
                 self.global_step,
             )
-
-    def _flush_pushes(self) -> None:
-        """Make sure this trainer's asynchronous sparse pushes reached the servers."""
-        self.fleet.fleet._runtime_handle._worker.client_flush()
-
-    # -- export (trainer 0) ------------------------------------------------------------------
-    def _dense_pull_context(self):
-        from paddle.distributed.ps.utils.public import get_the_one_recv_context
-
-        rt = self.fleet.fleet._runtime_handle
-        return rt, get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
-
-    def _pull_dense(self) -> None:
-        """Refresh the local dense parameters from the servers.
-
-        In 2.6.2's a_sync mode with ``exe.run`` the trainers push dense gradients
-        (send ops) but nothing pulls the updated parameters back (the
-        communicator that would is only created in GEO mode): without this,
-        every trainer would keep its initial MLP for ever.
-        """
-        rt, dense_map = self._dense_ctx
-        rt._pull_all_dense(rt.scopes, rt._send_ctx, dense_map)
-
-    def _dense_snapshot(self) -> dict:
-        scope = self.paddle.static.global_scope()
-        return {n: np.array(scope.find_var(n).get_tensor()).copy() for n in self.net.dense_param_names}
 
     def _wide_weights(self, keys: np.ndarray, chunk: int = 8192) -> np.ndarray:
         """embed_w of each key as the servers hold it now (forward lookups only: nothing is pushed)."""
@@ -697,157 +614,6 @@ class Trainer:
         (prob,) = self.exe.run(self.forward, feed=feed, fetch_list=[self.net.prob.name])
         return np.array(prob).ravel()
 
-    def export(self, part: HourPartition, stats: PassStats, everyone: dict) -> str:
-        """Write the pass (trainer 0, every trainer waiting); returns its folder."""
-        from elastic_control.training import pass_export
-        from elastic_control.training.families import row_layout
-        from elastic_control.training.model import saved_rule
-
-        self._pull_dense()
-        held_out = concat_batches(stats.golden)
-        golden_count = min(len(held_out), self.s.hyper.golden_lines)
-        examples = sum(int(d["examples"]) for d in everyone.values())
-        bad = sum(int(d["bad_lines"]) for d in everyone.values())
-        train_loss = stats.loss_sum / max(stats.examples, 1)
-        metrics = {
-            "examples": examples,
-            "bad_lines": bad,
-            "train_loss": train_loss,
-            "train_auc": self.window.auc(),
-            "golden_lines": golden_count,
-            "holdout_lines": len(held_out),
-            "epochs": stats.epochs,
-            "examples_per_sec": examples / max(max(float(d["seconds"]) for d in everyone.values()), 1e-9),
-        }
-        snapshot = {}
-        scored: dict = {}
-
-        timings = {}
-        plan = self.incremental.plan() if self.incremental else None
-
-        def save_sparse(path):
-            t = time.monotonic()
-            # Only the sparse table: fleet.save_persistables would also write the
-            # dense table as text (seconds, and nobody reads it: dense/ has it).
-            worker, table_id = self._sparse_table()
-            if plan is None:
-                worker.save_one_model(table_id, str(path), 0)
-            else:  # base or delta, admission, eviction: training/delta_export.py
-                metrics.update(self.incremental.export(worker, table_id, self.sparse_shards, path.parent, plan))
-            timings["sparse"] = time.monotonic() - t
-
-        def save_dense(prefix):
-            timings["dense"] = time.monotonic()
-            snapshot.update(self._dense_snapshot())
-            self.paddle.static.save_inference_model(
-                str(prefix), [self.net.infer_input], [self.net.infer_prob], self.exe, program=self.net.infer_program
-            )
-            pass_export.clear_op_callstacks(f"{prefix}.pdmodel")
-
-        def score_golden():
-            timings["dense"] = time.monotonic() - timings["dense"]
-            t = time.monotonic()
-            probs = self.score(held_out) if len(held_out) else np.zeros(0)
-            timings["golden"] = time.monotonic() - t
-            after = self._dense_snapshot()
-            if any(not np.array_equal(after[k], v) for k, v in snapshot.items()):
-                raise RuntimeError("dense parameters changed during the export; refusing an inconsistent pass")
-            scored["probs"] = probs
-            if len(held_out):
-                metrics["auc"] = auc(held_out.clicks, probs)
-                metrics["logloss"] = log_loss(held_out.clicks, probs)
-                metrics["calibration"] = float(probs.mean() / max(held_out.clicks.mean(), 1e-12))
-            lines = [held_out.line_at(i) for i in range(golden_count)]
-            return pass_export.golden_rows(lines, probs[:golden_count])
-
-        meta = {
-            "slots": list(self.spec.slots),
-            "embedding_dim": self.spec.embedding_dim,
-            "sparse_dim": self.spec.sparse_dim,
-            "sparse_layout": pass_export.sparse_layout_json(
-                self.spec.embedding_dim,
-                optimizer=saved_rule(self.spec.sparse_optimizer),
-                embed_optimizer=saved_rule(self.spec.wide_optimizer),
-            ),
-            "model_family": self.spec.family,
-            "row_layout": row_layout(self.spec.family, self.spec.embedding_dim),
-            **(
-                {"dense_slots": list(self.spec.dense_slots), "dense_norm": self.dense_norm.to_json()}
-                if self.dense_norm
-                else {}
-            ),
-            "training": {
-                "epochs": self.s.epochs,
-                "epochs_run": stats.epochs,
-                "holdout_losses": [round(v, 6) for v in stats.holdout_losses],
-                "best_epoch": stats.best_epoch,
-                "restored_epoch": stats.restored_epoch,
-                "early_stop": self.s.early_stop,
-                "judged_by_holdout": bool(self.s.early_stop) and stats.judged,
-                "batch_size": stats.batch_size,
-                "window_hours": self.s.window_hours,
-                "window_lines": stats.context_lines,
-                "bias_shift": None if stats.bias_shift is None else round(stats.bias_shift, 6),
-            },
-            "trainers": self.s.trainers,
-            "pservers": self.s.pservers,
-            "metrics": metrics,
-            "model": self.spec.to_json(),
-            **(plan.meta() if plan else {}),
-        }
-        entry = pass_export.write_pass(
-            self.s.model_path,
-            hour_start=part.hour,
-            hour_end=part.last,
-            save_sparse=save_sparse,
-            save_dense=save_dense,
-            score_golden=score_golden,
-            meta=meta,
-            minutes=self.s.data_config.pass_minutes,
-        )
-        if self.incremental:
-            self.incremental.exported(entry.path)
-            self.log(self._incremental_summary(entry.pass_name, plan, metrics))
-        self.log("export timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
-        self.log(
-            f"exported {entry.pass_name}: held-out AUC {metrics.get('auc', float('nan')):.4f} on "
-            f"{len(held_out)} held-out lines, train AUC {metrics['train_auc']:.4f}"
-        )
-        if self.tracker:
-            t = time.monotonic()
-            pass_metrics = {f"pass_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self.tracker.log_metrics(pass_metrics, self.global_step)
-            self.tracker.register_pass(
-                entry.path,
-                pass_name=entry.pass_name,
-                window=entry.window,
-                metrics={k: metrics[k] for k in ("auc", "train_auc", "examples") if k in metrics},
-                family=self.spec.family,
-            )
-            self.log(f"MLflow: logged and registered {entry.pass_name} in {time.monotonic() - t:.1f}s")
-        return entry.path
-
-    def _incremental_params(self) -> dict:
-        c = self.s.data_config
-        if not self.incremental:
-            return {}
-        return {
-            "delta_passes": c.delta_passes,
-            "base_every": c.base_every,
-            "admit_min_count": c.admit_min_count or 0,
-            "evict_after_passes": c.evict_after_passes or 0,
-            "pass_minutes": c.pass_minutes or 60,
-        }
-
-    @staticmethod
-    def _incremental_summary(name: str, plan, m: dict) -> str:
-        kind = f"delta on {plan.parent}" if plan.kind == "delta" else "base"
-        return (
-            f"{name} ({kind}): {m['rows']} rows, {m['keys_deleted']} deleted; keys live {m['keys_live']}, "
-            f"admitted {m['keys_admitted']}, new {m['keys_new']}, newly admitted {m['keys_newly_admitted']}, "
-            f"evicted {m['keys_evicted']}"
-        )
-
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Stop together: the others release their clients first, then trainer 0 stops the servers."""
@@ -863,12 +629,6 @@ class Trainer:
         self.fleet.stop_worker()
         if self.tracker:
             self.tracker.finish()
-
-
-def pass_format_prefix(pass_dir: str):
-    from ctr_foundation.pass_format import load_pass
-
-    return load_pass(pass_dir).dense_model_prefix
 
 
 def run_trainer(settings: RoleSettings) -> None:
