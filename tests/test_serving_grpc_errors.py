@@ -46,3 +46,21 @@ def test_a_valid_message_still_reaches_the_service(grpc_target):
             call(b"", timeout=10)
     assert e.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE), e.value.details()
     assert "malformed" not in e.value.details()
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_slot_beyond_the_grammar_is_refused_as_in_json(dense):
+    from ctr_foundation.grpc_api import serving_pb2
+    from elastic_control.serving.grpc_frontend import parse_proto_instances
+    from elastic_control.serving.instances import InstanceError
+
+    inst = serving_pb2.Instance()
+    if dense:
+        inst.slots.dense[10**9] = 1.5
+    else:
+        inst.slots.slots[10**9].feasigns.append(7)
+    with pytest.raises(InstanceError, match=r"instance 0: unknown slot '1000000000'; slot 1000000000 has more than 9"):
+        parse_proto_instances([inst])
+    ok = serving_pb2.Instance()
+    ok.slots.slots[10**9 - 1].feasigns.append(7)
+    parse_proto_instances([ok])  # the largest slot id the grammar has

@@ -27,6 +27,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from ctr_foundation.grpc_api import SERVICE, serving_pb2, serving_pb2_grpc
+from ctr_foundation.slot_grammar import SLOT_LIMIT, slot_too_long
 from elastic_control.serving.app import ServingApp
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
 from elastic_control.serving.instances import (
@@ -107,6 +108,10 @@ def parse_proto_instances(instances) -> ParsedInstances:
         elif kind == "slots":
             if not inst.slots.slots and not inst.slots.dense:
                 raise InstanceError(f'instance {r}: "slots" must name at least one slot')
+            # Map keys are uint32 here, any decimal string in JSON: both end at the grammar's slot bound.
+            for slot in (*inst.slots.slots, *inst.slots.dense):
+                if slot >= SLOT_LIMIT:
+                    raise InstanceError(f"instance {r}: unknown slot {str(slot)!r}; {slot_too_long(str(slot))}")
             for slot, values in sorted(inst.slots.slots.items()):
                 columns.add_slot(r, slot, list(values.feasigns))  # uint64 already: nothing else to check
             for slot, value in sorted(inst.slots.dense.items()):
