@@ -7,6 +7,7 @@ import logging
 import click
 
 from ctr_foundation.env_vars import FILESERVER_PORT, FILESERVER_ROOT, TOKEN
+from ctr_foundation.errors import ComponentError
 from elastic_control.console import done, warn
 from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, DEFAULT_PORT, make_fileserver
 
@@ -43,8 +44,6 @@ def fileserver_command(root, host, port, max_bytes):
     try:
         server = make_fileserver(root=root, host=host, port=port, token=token, max_bytes=max_bytes)
     except OSError as e:
-        from ctr_foundation.errors import ComponentError
-
         raise ComponentError(f"file server cannot listen on {host}:{port}: {e}") from e
     bound_host, bound_port = server.server_address[:2]
     done(f"file server serving {root} on http://{bound_host}:{bound_port}")

@@ -31,6 +31,7 @@ from ctr_foundation.dense_features import DenseNorm, dense_matrix
 from ctr_foundation.env_vars import MKL_DEBUG_CPU_TYPE
 from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo
 from ctr_foundation.sample import PADDING_FEASIGN, MalformedLine, transform_keys
+from elastic_control.data.line_batch import parse_lines
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,6 @@ def batch_from_lines(
     lines: Iterable[str], slots: Sequence[int], sparse_dim: int | None, dense_slots: Sequence[int] = ()
 ) -> KeyBatch:
     """The KeyBatch of slot-format lines (the training reader's parse); raise MalformedLine naming a bad line."""
-    from elastic_control.data.line_batch import parse_lines
-
     lines = list(lines)
     batch, bad = parse_lines(lines)
     if bad:
@@ -227,6 +226,7 @@ class InMemoryTable:
     @classmethod
     def from_pass(cls, info: PassInfo) -> InMemoryTable:
         """The pass's whole table: a delta pass is assembled with its chain down to its base."""
+        # function-level: imports pyarrow
         from elastic_control.inference.whole_table import read_whole_table
 
         return cls(*read_whole_table(info))
