@@ -18,11 +18,16 @@ from pathlib import Path
 from ctr_foundation.atomic import atomic_write_json, atomic_write_text
 from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
 from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.fileserver_client import FileServerClient
 from ctr_foundation.names import DATA_CONFIG_FILE, REMOTE_SLOT_CONF, StateFolder
 from ctr_foundation.records import ClientConfig
 from elastic_control.backends.base import Backend
-from elastic_control.config import load_data_config
+from elastic_control.config import load_data_config, parse_slot_conf
+from elastic_control.config.data_config import parse_data_config
 from elastic_control.console import done, info
+from elastic_control.data.window import check_data_window
+from elastic_control.local import lifecycle
+from elastic_control.local import runtime as rt
 from elastic_control.local.components import (
     FILESERVER,
     MLFLOW,
@@ -47,9 +52,6 @@ class LocalBackend(Backend):
 
         Refuses an offline data window without a single complete hour (it would train nothing).
         """
-        from elastic_control.data.window import check_data_window
-        from elastic_control.local import runtime as rt
-
         final = StateFolder.of(plan.state_dir)
         # Under a running pipeline every planned component keeps its ports (-c, -l and status stay right,
         # and -a restarts only what the new plan changes: local/converge.py).
@@ -61,8 +63,6 @@ class LocalBackend(Backend):
         model_path = resolve_model_path(cfg, final, base)
         text = local_data_config(cfg, hdfs_address=plan.hdfs_address, model_path=model_path, base=base)
         # What the components will read (absolute paths, -hd applied), named as the user's file in errors.
-        from elastic_control.config.data_config import parse_data_config
-
         resolved = parse_data_config(text, source=plan.data_config_path, env={})
         check_data_window(resolved)
         credentials = credentials_of(cfg)
@@ -92,9 +92,6 @@ class LocalBackend(Backend):
         return [components, *written]
 
     def apply(self, plan: Plan, *, dry_run: str | None = None) -> LocalDeployment | None:
-        from elastic_control.local import lifecycle
-        from elastic_control.local import runtime as rt
-
         layout = StateFolder.of(plan.state_dir)
         if rt.supervisor_info(layout).alive:
             lifecycle.converge(layout, dry_run=bool(dry_run))
@@ -113,9 +110,6 @@ class LocalBackend(Backend):
 
     def configure_client(self, plan: Plan) -> Path:
         """Write STATE/client.json for the local serving, with slot.conf fetched from the file server."""
-        from ctr_foundation.fileserver_client import FileServerClient
-        from elastic_control.local import runtime as rt
-
         layout = StateFolder.of(plan.state_dir)
         local_plan = load_local_plan(layout.components_file)
         if not rt.supervisor_info(layout).alive:
@@ -132,7 +126,6 @@ class LocalBackend(Backend):
             raise ComponentError(
                 f"could not fetch slot.conf from the file server at {fileserver_url}: {e}; see `elastic-control status`"
             ) from e
-        from elastic_control.config import parse_slot_conf
 
         slots = parse_slot_conf(text, f"{fileserver_url}/files/config/slot.conf")
         slot_path = layout.client_slot_conf
@@ -160,8 +153,6 @@ class LocalBackend(Backend):
         metrics.json, scored.parquet and plots to STATE/eval/RUN/out and records
         the run in the pipeline's MLflow while it runs (else the store in MODEL_PATH).
         """
-        from elastic_control.local import runtime as rt
-
         layout = StateFolder.of(plan.state_dir)
         local_plan = load_local_plan(layout.components_file)
 

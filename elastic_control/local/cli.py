@@ -12,16 +12,15 @@ import sys
 import click
 
 from ctr_foundation.env_vars import TOKEN
+from ctr_foundation.names import StateFolder
 from elastic_control.cli.options import state_dir_option
+from elastic_control.local.supervisor import configure_logging, run_supervisor
 
 
 @click.command("supervise", hidden=True)
 @state_dir_option
 def supervise_command(state_dir):
     """Run the local supervisor in the foreground on STATE_DIR (started by -a)."""
-    from ctr_foundation.names import StateFolder
-    from elastic_control.local.supervisor import configure_logging, run_supervisor
-
     configure_logging()
     layout = StateFolder.of(state_dir)
     token_file = layout.token_file

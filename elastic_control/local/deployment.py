@@ -16,6 +16,8 @@ from elastic_control.backends.status import PipelineStatus
 from elastic_control.console import done
 from elastic_control.local import lifecycle
 from elastic_control.local import runtime as rt
+from elastic_control.local.logs_view import TAIL, show_logs
+from elastic_control.local.status import collect_status
 from elastic_control.plan import Plan
 
 
@@ -47,8 +49,6 @@ class LocalDeployment(Deployment):
         )
 
     def status(self, *, probe: bool = True) -> PipelineStatus:
-        from elastic_control.local.status import collect_status
-
         return collect_status(self.layout, probe=probe)
 
     def stream_logs(
@@ -60,8 +60,6 @@ class LocalDeployment(Deployment):
         tail: int | None = None,
         raw: bool = False,
     ) -> None:
-        from elastic_control.local.logs_view import TAIL, show_logs
-
         show_logs(
             self.layout, follow=follow, components=components, out=out, tail=TAIL if tail is None else tail, raw=raw
         )

@@ -18,6 +18,7 @@ from ctr_foundation.progress import FIELDS as PROGRESS_FIELDS
 from ctr_foundation.progress import read_progress
 from ctr_foundation.records import DonefileEntry, read_current, read_donefile
 from elastic_control.backends import status as st
+from elastic_control.config import load_data_config
 from elastic_control.local import runtime as rt
 from elastic_control.local.daemon import tail_lines
 from elastic_control.local.health import Probe, probe_component
@@ -64,8 +65,6 @@ def pass_keys(entry: DonefileEntry) -> dict:
 
 def expected_passes(layout: StateFolder) -> int | None:
     """Passes in the data window (hours, PASS_MINUTES slots or PASS_HOURS groups): what an offline job writes."""
-    from elastic_control.config import load_data_config
-
     try:
         cfg = load_data_config(layout.local_data_config, env={})
     except Exception:  # noqa: BLE001 - status must not fail on a broken config; -r reports that

@@ -60,6 +60,7 @@ from elastic_control.local.process import (
     start_process,
     stop_components,
 )
+from elastic_control.local.rollouts import RolloutWatcher
 from elastic_control.local.spec import JOB, ComponentSpec, LocalPlan, load_local_plan
 
 log = logging.getLogger("elastic_control.supervisor")
@@ -575,8 +576,6 @@ def run_supervisor(state_dir: str | Path, *, plan: LocalPlan | None = None, secr
     plan = plan or load_local_plan(layout.components_file)
     sup = Supervisor(layout, plan, secret_env=secret_env)
     if plan.model_path or plan.serving_url:
-        from elastic_control.local.rollouts import RolloutWatcher
-
         sup.hooks.append(
             RolloutWatcher(
                 layout, model_path=plan.model_path, serving_url=plan.serving_url, transfer_url=plan.transfer_url
