@@ -6,15 +6,17 @@ from pathlib import Path
 
 import click
 
+from ctr_foundation.errors import UsageError
 from elastic_control.cli.options import state_dir_option
 from elastic_control.console import console, done, info, out
+from elastic_control.evaluation.report import metrics_table, reliability_table, write_outputs
+from elastic_control.evaluation.shadow import shadow_report, shadow_report_table
+from elastic_control.evaluation.tracking import log_evaluation
+from elastic_control.plan import load_plan
 
 
 def _finish(result, output: str | None, mlflow: bool, as_json: bool) -> None:
     import json
-
-    from elastic_control.evaluation.report import metrics_table, reliability_table, write_outputs
-    from elastic_control.evaluation.tracking import log_evaluation
 
     try:
         artifacts = None
@@ -72,7 +74,7 @@ def eval_command(
     """Score a pass offline on a data window: AUC, log loss, calibration, grouped AUC and NDCG@k."""
     if ctx.invoked_subcommand is not None:
         return
-    from ctr_foundation.errors import UsageError
+    # function-level: keeps `elastic-control --help` fast (the evaluation engine loads fsspec, multiprocessing)
     from elastic_control.evaluation.parallel import default_workers, evaluate
     from elastic_control.evaluation.shares import EvalSpec, parse_shard, run_share
 
@@ -96,6 +98,7 @@ def eval_command(
         keep_scored=bool(output or partial_out),
     )
     if shard:
+        # function-level: keeps `elastic-control --help` fast (the evaluation engine loads fsspec, multiprocessing)
         from elastic_control.evaluation.shares import read_share
 
         # A restarted cluster worker (Volcano restarts the whole worker task) keeps a share already done.
@@ -123,6 +126,7 @@ def eval_command(
 @click.option("--json", "as_json", is_flag=True)
 def merge_command(partials, output, mlflow, as_json):
     """Merge the share partials of a cluster evaluation (fails naming the shares still missing)."""
+    # function-level: keeps `elastic-control --help` fast (the evaluation engine loads fsspec, multiprocessing)
     from elastic_control.evaluation.parallel import merge_partials
 
     _finish(merge_partials(partials), output, mlflow, as_json)
@@ -162,10 +166,9 @@ def submit_command(
     W worker processes on the pipeline's data and MODEL_PATH, results in STATE/eval/RUN/."""
     import json
 
+    # function-level: keeps `elastic-control --help` fast (api, kube.eval_job: both backends, jinja2)
     from elastic_control import api
-    from elastic_control.evaluation.report import metrics_table
     from elastic_control.kube.eval_job import EvalJobRequest
-    from elastic_control.plan import load_plan
 
     plan = load_plan(state_dir)
     request = EvalJobRequest(
@@ -200,6 +203,7 @@ def gate_command(candidate, active, rule, datafile, as_json):
     """
     import json
 
+    # function-level: keeps `elastic-control --help` fast (the evaluation engine loads fsspec, multiprocessing)
     from elastic_control.evaluation.gate import evaluate_candidate
 
     decision = evaluate_candidate(candidate, active, rule, data_config=datafile)
@@ -217,8 +221,6 @@ def gate_command(candidate, active, rule, datafile, as_json):
 def shadow_report_command(log, as_json):
     """Summarise a shadow-scoring log: active vs candidate scores on live requests."""
     import json
-
-    from elastic_control.evaluation.shadow import shadow_report, shadow_report_table
 
     report = shadow_report(log)
     if as_json:

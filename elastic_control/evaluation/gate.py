@@ -29,9 +29,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ctr_foundation.env_vars import DATA_CONFIG
 from ctr_foundation.errors import ConfigError, DataError, UsageError
 from ctr_foundation.pass_format import load_pass
 from elastic_control.config.data_config import load_data_config, parse_slot
+from elastic_control.data.readers import HourlyData
+from elastic_control.evaluation.parallel import evaluate
+from elastic_control.evaluation.shares import EvalSpec
+from elastic_control.evaluation.tracking import log_gate_decision
 
 _NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 _CLAUSE = re.compile(rf"^\s*([a-z_]+)\s*(<=|>=|=)\s*({_NUMBER})(?:\s*\.\.\s*({_NUMBER}))?\s*$")
@@ -144,10 +149,6 @@ def evaluate_candidate(
     raises; a candidate that cannot be scored on the hold-out data fails the gate.
     The decision is recorded in MLflow unless ``record`` is False.
     """
-    from ctr_foundation.env_vars import DATA_CONFIG
-    from elastic_control.evaluation.parallel import evaluate
-    from elastic_control.evaluation.shares import EvalSpec
-
     rule = rule if isinstance(rule, GateRule) else GateRule.parse(rule)
     data_config = data_config or DATA_CONFIG.get()
     if not data_config:
@@ -159,8 +160,6 @@ def evaluate_candidate(
     config = load_data_config(data_config)
 
     def ready(hour: dt.datetime) -> bool:
-        from elastic_control.data.readers import HourlyData
-
         return HourlyData(config).is_ready(hour)
 
     start, end, after_training = holdout_window(candidate.meta, config, rule.holdout_hours, ready)
@@ -188,8 +187,6 @@ def evaluate_candidate(
         decision = apply_rule(rule, metrics)
         decision.reason = f"hold-out {window}{note}: {decision.reason}"
     if record:
-        from elastic_control.evaluation.tracking import log_gate_decision
-
         log_gate_decision(decision, str(candidate.path), active, rule.text)
     return decision
 

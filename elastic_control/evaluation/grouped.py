@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from elastic_control.metrics import score_keys
+
 HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing spreads consecutive ids over buckets
 
 
@@ -82,8 +84,6 @@ def group_totals(groups: np.ndarray, labels: np.ndarray, scores: np.ndarray, k: 
     # Sort by group, then score descending (for ranking); ties are handled as blocks. One sort of a
     # packed uint64: dense group id (33 bits) | inverted float32 score bits (30 bits: scores are in
     # [0, 1], so at most 0x3F800000) | label (1 bit).
-    from elastic_control.metrics import score_keys
-
     uniq, gid_of = np.unique(groups, return_inverse=True)
     if len(uniq) >= 1 << 33:
         raise ValueError("more than 2**33 groups in one bucket: use more buckets")

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from ctr_foundation.atomic import atomic_open, atomic_write_json
+from elastic_control.metrics import auc_from_counts, roc_points
 
 METRICS_FILE = "metrics.json"
 SCORED_FILE = "scored.parquet"
@@ -90,8 +91,6 @@ def plot_roc(counts: dict, dest: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from elastic_control.metrics import auc_from_counts, roc_points
 
     fig, ax = plt.subplots(figsize=(5, 5))
     for name, t in counts.items():

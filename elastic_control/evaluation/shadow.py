@@ -32,6 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from ctr_foundation.errors import DataError
+from elastic_control.evaluation.pass_scorer import PassScorer
+from elastic_control.inference.scoring import model_input
+from elastic_control.metrics import counts_from_arrays, summarize
+from elastic_control.serving.instances import build_key_batch
 
 log = logging.getLogger("elastic_control.evaluation.shadow")
 
@@ -62,8 +66,6 @@ class ShadowScorer:
         queue_batches: int = QUEUE_BATCHES,
         threads: int = 1,
     ):
-        from elastic_control.evaluation.pass_scorer import PassScorer
-
         if not 0 < sample_rate <= 1:
             raise DataError(f"shadow sample rate {sample_rate} must be in (0, 1]")
         self.scorer = PassScorer(candidate_pass_dir, threads=threads)
@@ -96,9 +98,6 @@ class ShadowScorer:
 
     def score_instances(self, instances: list) -> np.ndarray:
         """The candidate's probabilities for request instances (line or slots form)."""
-        from elastic_control.inference.scoring import model_input
-        from elastic_control.serving.instances import build_key_batch
-
         info = self.scorer.info
         kb = build_key_batch(instances, info.slots, info.sparse_dim, info.dense_slots)
         vectors, _ = self.scorer.table.lookup(kb.keys)
@@ -150,8 +149,6 @@ class ShadowScorer:
 
 def shadow_report(log_path: str | os.PathLike) -> dict:
     """Active vs candidate over a shadow log: means, differences, correlation, AUCs when labels exist."""
-    from elastic_control.metrics import counts_from_arrays, summarize
-
     path = Path(log_path)
     if not path.exists():
         raise DataError(f"{path}: no shadow log here (is serving running with a shadow candidate?)")

@@ -31,8 +31,11 @@ import numpy as np
 
 from ctr_foundation.atomic import atomic_write_json, staged_directory
 from ctr_foundation.errors import DataError, UsageError
+from ctr_foundation.pass_format import load_pass
 from elastic_control.config.data_config import load_data_config, parse_slot
+from elastic_control.data.readers import BadLineCounter, HourlyData
 from elastic_control.evaluation.grouped import group_bucket
+from elastic_control.evaluation.pass_scorer import ChunkedScoring, PassScorer, group_keys
 from elastic_control.metrics import CountsBuilder
 
 SHARE_JSON = "share.json"
@@ -76,8 +79,6 @@ class EvalSpec:
         keep_scored=False,
     ) -> EvalSpec:
         """Validate paths and the window; the window defaults to data.config's START..END."""
-        from ctr_foundation.pass_format import load_pass
-
         load_pass(model)  # fails clearly if it is not a pass folder
         if baseline:
             load_pass(baseline)
@@ -136,8 +137,6 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def _window_data(spec: EvalSpec):
-    from elastic_control.data.readers import HourlyData
-
     config = load_data_config(spec.data_config)
     config = config.with_window(parse_slot(spec.start), parse_slot(spec.end))
     if config.online:
@@ -161,9 +160,6 @@ def run_share(spec: EvalSpec, index: int, partials: str | os.PathLike) -> dict:
     """Score share ``index`` of ``spec`` and write its partial folder; returns its share.json content."""
     import pyarrow as pa  # noqa: F401  (before paddle, which PassScorer imports)
     import pyarrow.parquet as pq
-
-    from elastic_control.data.readers import BadLineCounter
-    from elastic_control.evaluation.pass_scorer import ChunkedScoring, PassScorer, group_keys
 
     if not 0 <= index < spec.shares:
         raise UsageError(f"share {index} does not exist: the evaluation has {spec.shares} shares")

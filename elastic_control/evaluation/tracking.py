@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 from elastic_control.console import warn
+from elastic_control.evaluation.report import write_outputs
 
 
 def _flat_metrics(metrics: dict) -> dict:
@@ -27,9 +28,8 @@ def model_path_of(pass_dir: str | Path) -> Path:
 
 def log_evaluation(result, artifacts: dict[str, Path] | None = None, run_name: str | None = None) -> str | None:
     """One MLflow run with the metrics, params and plots of an evaluation; returns its run id."""
-    from elastic_control.evaluation.report import write_outputs
-
     try:
+        # function-level: imports mlflow and pyarrow (seconds)
         from elastic_control.training.tracking import Tracker
 
         spec = result.spec
@@ -73,6 +73,7 @@ def _without_rows(result):
 def log_gate_decision(decision, candidate: str, active: str | None, rule_text: str) -> str | None:
     """A 'gate-PASS' run tagged promoted/rejected with the reason and the metrics it judged."""
     try:
+        # function-level: imports mlflow and pyarrow (seconds)
         from elastic_control.training.tracking import Tracker
 
         name = Path(candidate).name
