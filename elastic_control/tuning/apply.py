@@ -17,8 +17,12 @@ from pathlib import Path
 from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE
-from elastic_control.plan import TRAINING_ARGS_KEY
+from elastic_control.config.data_config import load_data_config
+from elastic_control.plan import TRAINING_ARGS_KEY, load_plan
+from elastic_control.training.cli import hyperparameter_args
 from elastic_control.tuning.leaderboard import LEADERBOARD_FILE
+from elastic_control.tuning.space import hyperparameters
+from elastic_control.tuning.split import config_text
 
 
 def read_best(output: Path) -> dict:
@@ -38,9 +42,6 @@ def read_best(output: Path) -> dict:
 
 def training_args(settings: dict) -> list[str]:
     """The role flags of a candidate's searched settings (epochs auto: the early stop decides)."""
-    from elastic_control.training.cli import hyperparameter_args
-    from elastic_control.tuning.space import hyperparameters
-
     wanted = {f"--{k.replace('_', '-')}" for k in settings} | {"--epochs"}
     args, full = [], hyperparameter_args(hyperparameters(settings))
     i = 0
@@ -55,10 +56,6 @@ def training_args(settings: dict) -> list[str]:
 
 def apply_best(*, output: Path, state_dir: str) -> dict:
     """Write the winner into the plan of ``state_dir``; returns what changed."""
-    from elastic_control.config.data_config import load_data_config
-    from elastic_control.plan import load_plan
-    from elastic_control.tuning.split import config_text
-
     best = read_best(output)
     plan = load_plan(state_dir)
     args = training_args(best["settings"])

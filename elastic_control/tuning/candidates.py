@@ -25,7 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctr_foundation.atomic import atomic_write_json, atomic_write_text
-from ctr_foundation.errors import ComponentError
+from ctr_foundation.errors import ComponentError, ElasticControlError
+from ctr_foundation.records import read_donefile
+from elastic_control.config.data_config import load_data_config
+from elastic_control.evaluation.parallel import evaluate
+from elastic_control.evaluation.shares import EvalSpec
+from elastic_control.local.components import training_window
+from elastic_control.local.process import start_process
+from elastic_control.local.train_job import run_training_job
+from elastic_control.training.cli import hyperparameter_args
+from elastic_control.tuning.space import hyperparameters
+from elastic_control.tuning.split import config_text
 
 CANDIDATE_FILE = "candidate.json"
 RESULT_FILE = "result.json"
@@ -83,8 +93,6 @@ def write_candidate(
     max_epochs_cap: int | None,
 ) -> None:
     """The candidate's data.config (training window, its MODEL_PATH and PASS_HOURS) and candidate.json."""
-    from elastic_control.tuning.split import config_text
-
     folder.path.mkdir(parents=True, exist_ok=True)
     values = {
         **train_values,
@@ -111,8 +119,6 @@ def write_candidate(
 
 def start_worker(folder: CandidateFolder, slot_conf: Path):
     """The worker process of a candidate (its own session, ended by the kernel if tune dies)."""
-    from elastic_control.local.process import start_process
-
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # tune records candidates itself
     argv = [sys.executable, "-m", "elastic_control.tuning.candidates", str(folder.path), str(Path(slot_conf).resolve())]
     return start_process(argv, env=env, log_path=folder.path / WORKER_LOG)
@@ -120,13 +126,6 @@ def start_worker(folder: CandidateFolder, slot_conf: Path):
 
 def train_and_judge(folder: CandidateFolder, slot_conf: str, log=print) -> dict:
     """Train the candidate (resuming what an earlier attempt left), judge its last pass, write result.json."""
-    from ctr_foundation.records import read_donefile
-    from elastic_control.config.data_config import load_data_config
-    from elastic_control.local.components import training_window
-    from elastic_control.local.train_job import run_training_job
-    from elastic_control.training.cli import hyperparameter_args
-    from elastic_control.tuning.space import hyperparameters
-
     spec = folder.spec
     hyper = hyperparameters(spec["settings"], max_epochs_cap=spec.get("max_epochs_cap"))
     config = load_data_config(folder.data_config)
@@ -181,9 +180,6 @@ HEADLINE = ("auc", "logloss", "calibration", "examples", "positives", "mean_pred
 
 def judge_pass(pass_dir: str, validation_config: str, *, partials: Path | None = None, workers: int = 1) -> dict:
     """The product's evaluation of a pass on the validation lines: AUC, log loss, calibration, counts."""
-    from elastic_control.evaluation.parallel import evaluate
-    from elastic_control.evaluation.shares import EvalSpec
-
     spec = EvalSpec.create(model=pass_dir, data_config=validation_config, shares=workers)
     result = evaluate(spec, workers=workers, partials=partials)
     try:
@@ -195,8 +191,6 @@ def judge_pass(pass_dir: str, validation_config: str, *, partials: Path | None =
 
 def main(argv: list[str]) -> int:
     import pyarrow  # noqa: F401  (before paddle, which the evaluation loads)
-
-    from ctr_foundation.errors import ElasticControlError
 
     folder = CandidateFolder(Path(argv[0]))
 

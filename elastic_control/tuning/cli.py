@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from ctr_foundation.errors import UsageError
 from elastic_control.cli.options import state_dir_option
+from elastic_control.console import console, done, out
 
 EPILOG = (
     "Example: elastic-control tune -f data.config -s slot.conf --validation 20200101/04 --candidates 12 "
@@ -84,9 +86,6 @@ def tune_command(
     import json
     import shlex
 
-    from ctr_foundation.errors import UsageError
-    from elastic_control.console import console, done, out
-
     if not datafile:
         if not apply_best:
             raise UsageError(
@@ -98,6 +97,7 @@ def tune_command(
         raise UsageError("-s SLOT_CONF is required with -f (the slots every candidate trains on)")
     import pyarrow  # noqa: F401  (before paddle, which the evaluation loads)
 
+    # function-level: keeps `elastic-control --help` fast (the tuning engine loads psutil, jinja2, the backends)
     from elastic_control.tuning.search import kube_plan, render_for_kube, tune
 
     plan = kube_plan(state_dir)
@@ -128,6 +128,7 @@ def tune_command(
         mlflow_uri=mlflow_uri,
         references=references,
     )
+    # function-level: keeps `elastic-control --help` fast (the tuning engine loads psutil, jinja2, the backends)
     from elastic_control.tuning.leaderboard import table
 
     if as_json:
@@ -151,7 +152,7 @@ def tune_command(
 
 
 def _apply(output, state_dir) -> None:
-    from elastic_control.console import done
+    # function-level: keeps `elastic-control --help` fast (the tuning engine loads psutil, jinja2, the backends)
     from elastic_control.tuning.apply import apply_best
 
     changed = apply_best(output=output, state_dir=state_dir)

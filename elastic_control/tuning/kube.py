@@ -18,16 +18,30 @@ import yaml
 
 from ctr_foundation.atomic import atomic_write_text
 from ctr_foundation.errors import UsageError
+from ctr_foundation.pass_format import pass_name
 from elastic_control.kube import constants as k
+from elastic_control.kube.eval_job import EvalJobRequest, render_eval_job
+from elastic_control.kube.options import KubeOptions
+from elastic_control.kube.render import (
+    RenderInputs,
+    _Dumper,
+    _environment,
+    _Loader,
+    build_context,
+    finish_documents,
+    pod_data_config,
+    validate_job_name,
+)
+from elastic_control.kube.volcano_rules import volcano_job_problems
+from elastic_control.plan import TRAINING_ARGS_KEY
+from elastic_control.tuning.apply import training_args
+from elastic_control.tuning.space import seed_points, suggest
 
 KUBE_DIR = "kube"
 TRAINING_TEMPLATE = "training_job.yaml.j2"
 
 
 def _inputs(plan):
-    from elastic_control.kube.options import KubeOptions
-    from elastic_control.kube.render import RenderInputs
-
     return RenderInputs(
         token=plan.token(),
         data_config=plan.data_config(),
@@ -62,18 +76,6 @@ def _entry(command: list[str], *, root: str, data_config_text: str) -> list[str]
 def candidate_job(plan, *, output: Path, number: int, settings: dict, split, inputs=None) -> dict:
     """The Volcano training job of one candidate, rendered, finished and checked like the plan's own."""
     import dataclasses
-
-    from elastic_control.kube.render import (
-        _environment,
-        _Loader,
-        build_context,
-        finish_documents,
-        pod_data_config,
-        validate_job_name,
-    )
-    from elastic_control.kube.volcano_rules import volcano_job_problems
-    from elastic_control.plan import TRAINING_ARGS_KEY
-    from elastic_control.tuning.apply import training_args
 
     inputs = inputs or _inputs(plan)
     job = f"{plan.job_name}-t{number:03d}"
@@ -112,10 +114,6 @@ def candidate_job(plan, *, output: Path, number: int, settings: dict, split, inp
 
 def render_candidate(plan, *, output: Path, number: int, settings: dict, split) -> dict[str, Path]:
     """DIR/kube/NNN/training-job.yaml and the evaluation job of the candidate's last pass (STATE/eval/RUN/)."""
-    from ctr_foundation.pass_format import pass_name
-    from elastic_control.kube.eval_job import EvalJobRequest, render_eval_job
-    from elastic_control.kube.render import _Dumper
-
     if split.how.startswith("every "):
         raise UsageError(
             "on Kubernetes the candidates' pods read the plan's dataset, not lines held out on this machine: "
@@ -147,8 +145,6 @@ def render_search(plan, *, output: Path, split, candidates: int, seed: int = 0) 
     """Every candidate's jobs: the seed points first, then points drawn from the space (with no results yet
     to learn from, the sampler draws them from the space's priors)."""
     import optuna
-
-    from elastic_control.tuning.space import seed_points, suggest
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed))

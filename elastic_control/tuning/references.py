@@ -14,6 +14,11 @@ from pathlib import Path
 
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.errors import ElasticControlError
+from ctr_foundation.pass_format import latest_complete_pass
+from elastic_control.config.data_config import parse_data_config
+from elastic_control.evaluation import logistic_peer
+from elastic_control.plan import load_plan
+from elastic_control.tuning.candidates import judge_pass
 from elastic_control.tuning.split import Split, config_text, lines_of
 
 
@@ -27,13 +32,9 @@ def logistic_regression(split: Split, output: Path, warn=print) -> dict | None:
         pass
     try:
         import sklearn  # noqa: F401
-
-        from elastic_control.evaluation.logistic_peer import best_fit
-        from elastic_control.evaluation.logistic_peer import logistic_regression as fit
     except ImportError:
         warn("logistic regression reference left out: scikit-learn is not installed")
         return None
-    from elastic_control.config.data_config import parse_data_config
 
     window = {
         "START_DATE_HR": split.train_start.strftime("%Y%m%d/%H"),
@@ -43,7 +44,7 @@ def logistic_regression(split: Split, output: Path, warn=print) -> dict | None:
     held = lines_of(split.validation)
     if not train or not held:
         return None
-    peer = best_fit(fit(train, held))
+    peer = logistic_peer.best_fit(logistic_peer.logistic_regression(train, held))
     row = {
         "what": f"C={peer.c}, {len(train)} training lines",
         "validation": split.how,
@@ -57,10 +58,6 @@ def logistic_regression(split: Split, output: Path, warn=print) -> dict | None:
 
 def production(state_dir: str | None, split: Split, warn=print) -> dict | None:
     """The plan's current pass judged on the validation lines (None: no plan, or no pass yet)."""
-    from ctr_foundation.pass_format import latest_complete_pass
-    from elastic_control.plan import load_plan
-    from elastic_control.tuning.candidates import judge_pass
-
     if not state_dir or not (Path(state_dir) / "plan.json").exists():
         return None
     try:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ctr_foundation.atomic import atomic_write_json
+from ctr_foundation.errors import ConfigError, UsageError
+from elastic_control.config.data_config import load_data_config
+from elastic_control.config.slot_conf import load_slot_conf
 from elastic_control.console import console, done, info, warn
+from elastic_control.plan import load_plan
+from elastic_control.tuning import leaderboard, tracking
+from elastic_control.tuning import references as refs
+from elastic_control.tuning.kube import render_search
+from elastic_control.tuning.split import prepare_split
+from elastic_control.tuning.study import open_study, recover, run_search, seed_study
 
 
 def default_parallel() -> int:
@@ -33,14 +43,6 @@ def tune(
     show_progress: bool = True,
 ) -> dict:
     """Run (or finish) the search in ``output``; returns the leaderboard (also in output/leaderboard.json)."""
-    from ctr_foundation.errors import ConfigError
-    from elastic_control.config.data_config import load_data_config
-    from elastic_control.config.slot_conf import load_slot_conf
-    from elastic_control.tuning import leaderboard
-    from elastic_control.tuning import references as refs
-    from elastic_control.tuning.split import prepare_split
-    from elastic_control.tuning.study import open_study, recover, seed_study
-
     out = Path(output)
     config = load_data_config(data_config)
     load_slot_conf(slot_conf)  # a bad slot.conf fails here, not in every candidate
@@ -75,8 +77,6 @@ def tune(
     done(f"leaderboard written to {path}")
     uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
-        from elastic_control.tuning import tracking
-
         run = tracking.record(board, output=out, uri=uri, warn=warn)
         if run:
             tracking.finish(out, warn=warn)
@@ -91,9 +91,6 @@ def check_same_search(output: Path, *, data_config: str, slot_conf: str, validat
     """A search folder belongs to one data.config, slot.conf and validation: resuming it with others would
     mix candidates judged on different lines. The first run records them in DIR/search.json."""
     import json
-
-    from ctr_foundation.atomic import atomic_write_json
-    from ctr_foundation.errors import UsageError
 
     inputs = {
         "data_config": str(Path(data_config).resolve()),
@@ -118,8 +115,6 @@ def check_same_search(output: Path, *, data_config: str, slot_conf: str, validat
 def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from elastic_control.tuning.study import run_search
-
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=not show, transient=False) as bar:
         task = bar.add_task("candidates", total=candidates)
@@ -139,8 +134,6 @@ def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> No
 
 def kube_plan(state_dir: str | None):
     """The plan of ``state_dir`` when its backend is Kubernetes, else None (candidates run locally)."""
-    from elastic_control.plan import load_plan
-
     if not state_dir or not (Path(state_dir) / "plan.json").exists():
         return None
     plan = load_plan(state_dir)
@@ -151,13 +144,7 @@ def render_for_kube(
     plan, *, data_config: str, output: str, validation: str | None, candidates: int, seed: int = 0
 ) -> list[dict[str, Path]]:
     """Kubernetes plan: every candidate's Volcano training job and evaluation job, rendered (not submitted)."""
-    from elastic_control.config.data_config import load_data_config
-    from elastic_control.tuning.kube import render_search
-    from elastic_control.tuning.split import prepare_split
-
     if not validation:
-        from ctr_foundation.errors import UsageError
-
         raise UsageError(
             "the plan runs on Kubernetes, whose pods cannot read lines held out on this machine: "
             "pass --validation START..END (hours of the plan's dataset that judge)"

@@ -19,6 +19,8 @@ from pathlib import Path
 from ctr_foundation.atomic import atomic_write_json, atomic_write_text
 from ctr_foundation.errors import ConfigError, UsageError
 from elastic_control.config.data_config import DataConfig, format_hour, load_data_config, parse_hour
+from elastic_control.data.hourly_writer import write_hour
+from elastic_control.data.readers import HourlyData, iter_text_chunks
 
 HOLDOUT_EVERY = 5  # one line in five judges: enough lines for a stable AUC on a log of a few thousand lines
 HOUR = dt.timedelta(hours=1)
@@ -152,8 +154,6 @@ def _split_done(mark: Path, window: dict) -> bool:
 
 def _copy_split(config: DataConfig, train_root: Path, validation_root: Path) -> dict:
     """Copy each ready hour of the window, its lines in file order, every HOLDOUT_EVERY-th to validation."""
-    from elastic_control.data.hourly_writer import write_hour
-
     counts = {"train": 0, "validation": 0}
     for hour, lines in hour_lines(config):
         held = lines[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY]
@@ -167,8 +167,6 @@ def _copy_split(config: DataConfig, train_root: Path, validation_root: Path) -> 
 
 def hour_lines(config: DataConfig):
     """(hour, its non-empty text lines in file order) for each ready hour of a config's window."""
-    from elastic_control.data.readers import HourlyData, iter_text_chunks
-
     for part in HourlyData(dataclasses.replace(config, pass_hours=1)).partitions():
         lines: list[str] = []
         for name in part.files:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.errors import ComponentError
+from ctr_foundation.records import read_donefile
+from elastic_control.local.process import stop_components
 from elastic_control.tuning.candidates import PRUNED_FILE, CandidateFolder, start_worker, write_candidate
 from elastic_control.tuning.space import seed_points, suggest
 from elastic_control.tuning.split import HOUR, Split
@@ -106,8 +108,6 @@ def _report_passes(trial, folder: CandidateFolder, reported: set) -> int | None:
     returns the last step reported now (None: no new pass)."""
     import datetime as dt
 
-    from ctr_foundation.records import read_donefile
-
     spec = folder.spec or {}
     start = spec.get("train_start")
     new = None
@@ -125,8 +125,6 @@ def _report_passes(trial, folder: CandidateFolder, reported: set) -> int | None:
 
 def _stop(proc) -> None:
     """SIGTERM to the worker and its job's roles (the worker's supervisor stops them too), SIGKILL after a grace."""
-    from elastic_control.local.process import stop_components
-
     if proc.poll() is None:
         stop_components([proc.pid], grace=STOP_GRACE, popen={proc.pid: proc})
     proc.wait()
