@@ -23,12 +23,17 @@ from pathlib import Path
 
 from ctr_foundation.atomic import replace_path
 from ctr_foundation.errors import UsageError
-from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE
+from ctr_foundation.names import DATA_CONFIG_FILE, PLAN_FILE, SLOT_CONF_FILE, TOKEN_FILE, StateFolder
 from elastic_control.backends.base import Backend, Deployment
 from elastic_control.backends.status import PipelineStatus
 from elastic_control.config import Resources, load_data_config, load_slot_conf
-from elastic_control.console import done
-from elastic_control.plan import Plan, load_plan, new_token
+from elastic_control.console import done, warn
+from elastic_control.evaluation.gate import GateRule
+from elastic_control.kube.backend import KubeBackend
+from elastic_control.kube.plan_checks import kube_plan_options
+from elastic_control.local.backend import LocalBackend
+from elastic_control.local.logs_view import TAIL, known_components, show_logs
+from elastic_control.plan import DEFAULT_IMAGE, DEFAULT_NAMESPACE, Plan, load_plan, new_token
 
 BACKENDS = ("auto", "local", "k8s")
 
@@ -37,12 +42,8 @@ def get_backend(name: str) -> Backend:
     """The backend implementation for a plan's backend name."""
     # Imported here: each backend pulls in what only it needs (the Kubernetes client, the supervisor).
     if name == "k8s":
-        from elastic_control.kube.backend import KubeBackend
-
         return KubeBackend()
     if name == "local":
-        from elastic_control.local.backend import LocalBackend
-
         return LocalBackend()
     raise ValueError(f"unknown backend {name!r}")
 
@@ -54,6 +55,7 @@ def choose_backend(requested: str) -> tuple[str, str]:
     if requested != "auto":
         return requested, f"--backend {requested} was given"
     try:
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube.adaptor import detect_cluster
     except ImportError:  # pragma: no cover - the kube extra is always installed
         return "local", "the kubernetes client is not installed"
@@ -91,18 +93,14 @@ def configure_resource(
     data_cfg = load_data_config(data_config)
     extra = dict(extra or {})
     if promotion_gate is not None:
-        from elastic_control.evaluation.gate import GateRule
-
         extra["promotion_gate"] = GateRule.parse(promotion_gate).text  # a bad rule fails here, not in a pod
     kube = dict(kube or {})
+    # function-level: loads the kubernetes client (~0.7 s)
     from elastic_control.kube.adaptor import use_context
 
     use_context(kube.get("context"))  # `auto` asks the cluster of --context
     chosen, reason = choose_backend(backend)
     state = Path(state_dir)
-    from elastic_control.console import warn
-    from elastic_control.kube.plan_checks import kube_plan_options
-    from elastic_control.plan import DEFAULT_IMAGE, DEFAULT_NAMESPACE
 
     kube_options, context_namespace = kube_plan_options(
         backend=chosen,
@@ -209,6 +207,7 @@ def logs(
     deployment = attach(state_dir=state_dir)
     plan = deployment.plan
     if plan.backend == "k8s":
+        # function-level: loads the kubernetes client (~0.7 s)
         from elastic_control.kube import logs as kube_logs
 
         known = list(kube_logs.plan_log_sources(plan))
@@ -216,9 +215,6 @@ def logs(
         kube_logs.stream_logs(plan, components=components, follow=follow, tail=tail, since=since, raw=raw, out=out)
         return
     import time
-
-    from ctr_foundation.names import StateFolder
-    from elastic_control.local.logs_view import TAIL, known_components, show_logs
 
     layout = StateFolder.of(plan.state_dir)
     check_components(components, known_components(layout))
