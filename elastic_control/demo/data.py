@@ -15,6 +15,11 @@ import numpy as np
 
 from ctr_foundation.atomic import atomic_write_text
 from elastic_control.config.data_config import format_hour
+from elastic_control.data.criteo import convert_file, read_raw_lines
+from elastic_control.data.hourly_writer import hour_dir, hour_slots
+from elastic_control.data.synth import DEFAULT_INTERACTIONS, generate, read_truth
+from elastic_control.evaluation.logistic_peer import best_fit, logistic_regression
+from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
 DEMO_START = dt.datetime(2019, 12, 21, 0)
 SYNTH_SLOTS = tuple(range(1, 27))  # 26 slots, as many as Criteo's categorical features
@@ -84,9 +89,6 @@ def write_configs(
 
 def _heldout(dataset: Path, hour: dt.datetime, minutes: int | None, truth: bool):
     """(lines, true probabilities or None) of the held-out hour, over its sub-hour folders if any."""
-    from elastic_control.data.hourly_writer import hour_dir, hour_slots
-    from elastic_control.data.synth import read_truth
-
     lines: list[str] = []
     probs = []
     for slot in hour_slots(hour, minutes):
@@ -116,9 +118,6 @@ def prepare_synthetic(
     ``interactions`` is ``data synth --interactions`` (default: the interaction model, where a deep
     model beats logistic regression; 0 is the original planted model).
     """
-    from elastic_control.data.synth import DEFAULT_INTERACTIONS, generate
-    from elastic_control.metrics import auc_from_counts, counts_from_arrays
-
     dataset, model_path = workdir / "data", workdir / "models"
     summary = generate(
         dataset,
@@ -170,14 +169,10 @@ def prepare_criteo(
 
     With ``lines_per_hour``, only the first (train_hours + 1) * lines_per_hour lines of the file are used.
     """
-    from elastic_control.data.criteo import convert_file
-
     dataset, model_path = workdir / "data", workdir / "models"
     source = Path(criteo_file)
     if lines_per_hour:
         # Convert only what the demo uses: a prefix of the raw file.
-        from elastic_control.data.criteo import read_raw_lines
-
         prefix = workdir / "criteo-prefix.txt"
         want = (train_hours + 1) * lines_per_hour
         with open(prefix, "w", encoding="utf-8") as out:
@@ -218,8 +213,6 @@ def logistic_auc(data: DemoData, minutes: int | None = None) -> float | None:
         import sklearn  # noqa: F401
     except ImportError:
         return None
-    from elastic_control.data.hourly_writer import hour_dir, hour_slots
-    from elastic_control.evaluation.logistic_peer import best_fit, logistic_regression
 
     train: list[str] = []
     for h in range(data.train_hours):

@@ -23,8 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from client.api import ServingClient, resolve_client_settings
 from ctr_foundation.errors import ComponentError, ElasticControlError, UsageError
+from ctr_foundation.records import GOLDEN_FILE, read_golden
+from elastic_control.config import Resources
 from elastic_control.console import console, done, info, out, warn
+from elastic_control.demo.pipeline_watch import wait_for_training, wait_until_served
+from elastic_control.metrics import auc_from_counts, counts_from_arrays
 
 DEFAULT_WORKDIR = "elastic-ctr-demo"
 
@@ -65,6 +70,7 @@ def _timed(report: DemoReport, stage: str):
 
 def _reset_workdir(workdir: Path) -> None:
     """A fresh run: stop a previous demo still running here, clear its data, models and state."""
+    # function-level: keeps `elastic-control --help` fast (api loads both backends)
     from elastic_control import api
 
     state = workdir / "state"
@@ -92,8 +98,6 @@ def predict_through_client(
     state_dir: Path, lines: list[str], *, batch_size: int = 256
 ) -> tuple[np.ndarray, set, float]:
     """Predictions for ``lines`` from serving via the client library; (probabilities, versions seen, seconds)."""
-    from client.api import ServingClient, resolve_client_settings
-
     config = resolve_client_settings(state_dir=state_dir)
     client = ServingClient(config.serving_url, retry_for=60.0)
     probs: list[float] = []
@@ -109,8 +113,6 @@ def predict_through_client(
 
 def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
     """Max |served − training| over the pass's golden.jsonl lines (the train/serve skew)."""
-    from ctr_foundation.records import GOLDEN_FILE, read_golden
-
     path = pass_dir / GOLDEN_FILE
     if not path.exists():
         return None, 0
@@ -123,6 +125,7 @@ def golden_check(state_dir: Path, pass_dir: Path) -> tuple[float | None, int]:
 
 def _prepare_data(root: Path, criteo, hours: int, lines_per_hour: int, seed: int, extra: dict, interactions):
     """The demo's data: real Criteo lines converted, or synthetic planted-model lines."""
+    # function-level: keeps `elastic-control --help` fast (demo.data loads the data readers)
     from elastic_control.demo.data import prepare_criteo, prepare_synthetic
 
     if criteo:
@@ -164,8 +167,6 @@ def _record_training(report: DemoReport, pipeline, passes) -> None:
 
 def _score_held_out_hour(report: DemoReport, state_dir: Path, data, last: str) -> None:
     """The held-out hour through the client (every answer from ``last``), its AUC, the golden-line skew."""
-    from elastic_control.metrics import auc_from_counts, counts_from_arrays
-
     with _timed(report, "predict"):
         probs, versions, seconds = predict_through_client(state_dir, data.heldout_lines)
     report.predictions = len(probs)
@@ -213,10 +214,9 @@ def run_demo(
     demo's data.config (docs/contracts.md, "Delta passes"). ``interactions`` is the synthetic data's
     ``data synth --interactions`` (default: the interaction model; 0: the original planted model).
     """
+    # function-level: keeps `elastic-control --help` fast (api, demo.data: both backends, the data readers)
     from elastic_control import api
-    from elastic_control.config import Resources
     from elastic_control.demo.data import logistic_auc
-    from elastic_control.demo.pipeline_watch import wait_for_training, wait_until_served
 
     if hours < 2:
         raise UsageError(f"--hours {hours}: the demo trains at least 2 hourly passes")
