@@ -11,7 +11,7 @@ from ctr_foundation.errors import ElasticControlError
 from elastic_control.backends import status as st
 from elastic_control.cli.exit_codes import EXIT_USAGE_ERROR, STATUS_EXIT_HELP, health_exit_code
 from elastic_control.cli.options import state_dir_option
-from elastic_control.cli.status_view import DOCUMENT_OUTPUTS, OUTPUTS
+from elastic_control.cli.status_view import DOCUMENT_OUTPUTS, OUTPUTS, print_error_document, render_status, watch_status
 
 
 class _StatusCommand(click.Command):
@@ -24,8 +24,6 @@ class _StatusCommand(click.Command):
         except click.UsageError as e:
             output = requested_output(given)
             if output in DOCUMENT_OUTPUTS:
-                from elastic_control.cli.status_view import print_error_document
-
                 print_error_document(e.format_message(), "UsageError", output)
                 sys.exit(EXIT_USAGE_ERROR)
             raise
@@ -89,8 +87,9 @@ def show_status(
 ):
     """Read the status and print it as ``output``; with ``watch``, again every ``interval`` seconds until
     Ctrl-C (or ``updates`` times). The last status shown."""
+    # function-level: keeps `elastic-control --help` and `status --help` fast (api loads both backends,
+    # console loads rich)
     from elastic_control import api
-    from elastic_control.cli.status_view import render_status, watch_status
     from elastic_control.console import console
 
     def read():
@@ -116,8 +115,6 @@ def document_errors(output: str):
     try:
         yield
     except ElasticControlError as e:
-        from elastic_control.cli.status_view import print_error_document
-
         print_error_document(str(e), type(e).__name__, output)
         sys.exit(e.exit_code)
 
@@ -125,6 +122,7 @@ def document_errors(output: str):
 @click.command(help="Stop and remove everything -a started (data and models stay).")
 @state_dir_option
 def delete(state_dir):
+    # function-level: keeps `elastic-control --help` fast (api loads both backends)
     from elastic_control import api
 
     api.delete(state_dir=state_dir)

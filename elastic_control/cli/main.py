@@ -325,6 +325,7 @@ def cli(
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"state_dir": state_dir, "verbose": verbose}
         return
+    # function-level: keeps `elastic-control --help` fast (api loads both backends)
     from elastic_control import api
 
     verbs = [v for v in (do_render, do_apply, do_log, do_client) if v]

@@ -17,9 +17,25 @@ from pathlib import Path
 import click
 import requests
 
+from ctr_foundation import env_vars
 from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.model_registry import (
+    CHALLENGER,
+    CHAMPION,
+    AliasSetter,
+    RegistryError,
+    is_model_uri,
+    is_server_uri,
+    pass_of_model_uri,
+)
 from ctr_foundation.names import StateFolder
 from elastic_control.cli.options import state_dir_option
+from elastic_control.local.rollouts import read_rollouts, served_version
+from elastic_control.local.spec import load_local_plan
+from elastic_control.plan import load_plan
+from elastic_control.serving.arms import SplitError
+from elastic_control.serving.canary import Canary, Criteria, ServingSplitApi, parse_ramp
+from elastic_control.serving.monitor import AlertRules
 
 CANARY_FILE = "canary.jsonl"
 JOURNAL_FILE = "transfer-state.json"
@@ -30,15 +46,11 @@ def _endpoints(state_dir: str, serving_url: str | None, transfer_url: str | None
     layout = StateFolder.of(state_dir)
     out = {"serving": serving_url, "transfer": transfer_url, "token": None, "cube_root": None, "layout": layout}
     try:
-        from elastic_control.plan import load_plan
-
         plan = load_plan(state_dir)
         out["token"] = plan.token()
     except (UsageError, OSError):
         return out
     if plan.backend == "local":
-        from elastic_control.local.spec import load_local_plan
-
         try:
             local = load_local_plan(layout.components_file)
         except (OSError, ValueError, KeyError):
@@ -166,8 +178,6 @@ def history_text(rows: list[dict]) -> str:
 @state_dir_option
 def history_command(output, transfer_url, state_dir):
     """Every rollout, oldest first: version, when, how long, by whom (cube-transfer, rollback, split)."""
-    from elastic_control.local.rollouts import read_rollouts
-
     ends = _endpoints(state_dir, None, transfer_url)
     rows = history_rows(transfer_history(ends), read_rollouts(ends["layout"]), read_canary_records(ends["layout"]))
     if output == "json":
@@ -200,8 +210,6 @@ def rollback(transfer_url: str, token: str | None, version: str | None, timeout:
 
 def wait_served(serving_url: str, version: str, timeout: float) -> float | None:
     """Seconds until serving answers with ``version`` (None: not within ``timeout``)."""
-    from elastic_control.local.rollouts import served_version
-
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if served_version(serving_url) == version:
@@ -311,20 +319,6 @@ def canary_command(
 ):  # fmt: skip
     """Ramp VERSION (a pass, or models:/NAME@ALIAS) as an A/B challenger step by step, judging each step on
     live click feedback; abort (the control arm serves everything) when a criterion fails, promote at 100."""
-    from ctr_foundation import env_vars
-    from ctr_foundation.model_registry import (
-        CHALLENGER,
-        CHAMPION,
-        AliasSetter,
-        RegistryError,
-        is_model_uri,
-        is_server_uri,
-        pass_of_model_uri,
-    )
-    from elastic_control.serving.arms import SplitError
-    from elastic_control.serving.canary import Canary, Criteria, ServingSplitApi, parse_ramp
-    from elastic_control.serving.monitor import AlertRules
-
     tracking = env_vars.MLFLOW_TRACKING_URI.get()
     try:
         steps = parse_ramp(ramp)
