@@ -23,7 +23,6 @@ import requests
 from ctr_foundation.env_vars import FILESERVER_URL, SERVING_GRPC, SERVING_URL, TOKEN
 from ctr_foundation.errors import ComponentError, UsageError
 from ctr_foundation.fileserver_client import FileServerClient
-from ctr_foundation.grpc_api import SERVICE
 from ctr_foundation.names import REMOTE_DATA_CONFIG, REMOTE_SLOT_CONF, StateFolder
 from ctr_foundation.records import ClientConfig
 from elastic_control.config import load_data_config, load_slot_conf
@@ -284,6 +283,9 @@ class GrpcServingClient(_LinePredictor):
     def health(self) -> str:
         """The standard health service's answer for the prediction service: SERVING or NOT_SERVING."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        # function-level: only the gRPC client needs the gRPC API package; `elastic-control --help` stays free of it
+        from ctr_foundation.grpc_api import SERVICE
 
         try:
             r = health_pb2_grpc.HealthStub(self._channel).Check(
