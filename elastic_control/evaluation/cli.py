@@ -10,7 +10,6 @@ from ctr_foundation.errors import UsageError
 from elastic_control.cli.options import state_dir_option
 from elastic_control.console import console, done, info, out
 from elastic_control.evaluation.report import metrics_table, reliability_table, write_outputs
-from elastic_control.evaluation.shadow import shadow_report, shadow_report_table
 from elastic_control.evaluation.tracking import log_evaluation
 from elastic_control.plan import load_plan
 
@@ -221,6 +220,9 @@ def gate_command(candidate, active, rule, datafile, as_json):
 def shadow_report_command(log, as_json):
     """Summarise a shadow-scoring log: active vs candidate scores on live requests."""
     import json
+
+    # function-level: keeps `elastic-control --help` fast (shadow loads pass_scorer, ~20 ms)
+    from elastic_control.evaluation.shadow import shadow_report, shadow_report_table
 
     report = shadow_report(log)
     if as_json:
