@@ -20,8 +20,9 @@ probes, preStop, grace periods, Volcano's policies) stay the harness's own (no `
   args as rendered: ``command`` replaces the image's ENTRYPOINT (and its CMD), ``args`` the CMD;
 - memory limits become the container's memory cgroup (no swap: ``--memory-swap`` equal), CPU
   limits its CFS quota and requests its shares, when the host's cgroups offer those controllers
-  (``podman info``); where they do not, the limit is skipped and the pod's events say so. 4096
-  pids per container stand for a kubelet's podPidsLimit; /dev/shm is 64 MiB, as on a kubelet;
+  (``podman info``; the test machine's cgroup v1 with cgroupfs has both); where they do not, the
+  limit is skipped and the pod's events say so. 4096 pids per container stand for a kubelet's
+  podPidsLimit; /dev/shm is 64 MiB, as on a kubelet;
 - the exit code is ``podman run``'s exit status: the container's code, 128+N for signal N (137 for
   SIGKILL and the OOM killer, as the kubelet reports them); 125-127 when podman itself could not
   create or start it (a kubelet would report a StartError instead);
