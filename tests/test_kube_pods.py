@@ -291,6 +291,55 @@ def test_pipeline_runs_from_the_image(image, tmp_path_factory):
     print(f"image pipeline: {time.monotonic() - started:.0f}s")
 
 
+def _restricted_deployment(name: str, image: str, command: list[str], memory: str) -> dict:
+    """A one-replica Deployment Pod Security "restricted" admits."""
+    container = {
+        "name": "main",
+        "image": image,
+        "command": command,
+        "resources": {"limits": {"memory": memory, "cpu": "500m"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        },
+    }
+    spec = {
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": 2,
+        "containers": [container],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": name}}, "spec": spec}},
+    }
+
+
+def test_the_image_runtime_reports_an_oom_kill_as_137_and_never_pulls(image, tmp_path):
+    """A container over its memory limit is killed by the kernel's OOM killer in its memory cgroup: exit
+    code 137 and a restart with back-off, as the kubelet reports it. A container naming an image the node does
+    not have never starts (ErrImageNeverPull: the harness pulls nothing)."""
+    from pod_harness.podman import cgroup_controllers
+
+    if "memory" not in cgroup_controllers(image.env):
+        pytest.skip("the host's cgroups offer podman no memory controller")
+    hog = ["python", "-c", "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"]
+    docs = [
+        _restricted_deployment("hog", image.tag, hog, "96Mi"),
+        _restricted_deployment("elsewhere", "registry.example/elastic-ctr:9.9", ["true"], "64Mi"),
+    ]
+    with Cluster(docs, tmp_path / "cluster", image=image.tag, podman_env=image.env) as harness:
+        pod = harness.wait(lambda: harness.select(app="hog"), timeout=30, what="the hog pod")[0]
+        main = pod.containers[0]
+        harness.wait(lambda: main.restarts >= 1, timeout=120, what="the hog container restarted")
+        assert any("exited with 137; restart 1" in e for e in pod.events), pod.events
+        elsewhere = harness.wait(lambda: harness.select(app="elsewhere"), timeout=30, what="the other pod")[0]
+        assert "ErrImageNeverPull: image registry.example/elastic-ctr:9.9" in elsewhere.reason, elsewhere.reason
+        assert elsewhere.containers[0].proc is None
+
+
 # Whether a port answers: a connection the harness's Service proxy refuses is accepted and then reset,
 # one a pod's routes refuse times out (a real CNI drops both), so "answers" means bytes came back.
 REACH = """
