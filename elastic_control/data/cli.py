@@ -7,14 +7,14 @@ import json
 
 import click
 
-from elastic_control.config.data_config import parse_hour
+from elastic_control.config.data_config import PASS_MINUTES_CHOICES, parse_hour
+from elastic_control.config.slot_conf import load_slot_conf
+from elastic_control.console import console, done, out
 
 DEFAULT_START = "20191221/00"
 
 
 def _minutes_option(fn):
-    from elastic_control.config.data_config import PASS_MINUTES_CHOICES
-
     return click.option(
         "--minutes",
         type=click.Choice([str(m) for m in PASS_MINUTES_CHOICES]),
@@ -35,8 +35,6 @@ def _hour(ctx, param, value):
 def _progress(description: str, total: int | None):
     """A rich progress bar on stderr; yields a function advancing it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from elastic_control.console import console
 
     with Progress(
         TextColumn("{task.description}"),
@@ -69,7 +67,7 @@ def data_group():
 @click.option("--parts", type=click.IntRange(1, 1024), default=2, show_default=True, help="Part files per hour.")
 @_minutes_option
 def criteo_command(input_path, output, hours, start, parts, minutes):
-    from elastic_control.console import done, out
+    # function-level: keeps `elastic-control --help` fast (the converter loads fsspec, ~20 ms)
     from elastic_control.data.criteo import convert_file
 
     with _progress(f"converting {input_path}", None) as advance:
@@ -132,8 +130,7 @@ def criteo_command(input_path, output, hours, start, parts, minutes):
     "(first-order weights and a few low-rank slot products; the same lines as before for a seed).",
 )
 def synth_command(output, hours, lines_per_hour, seed, slot_conf, start, vocab, parts, gz, minutes, drift, strength):
-    from elastic_control.config.slot_conf import load_slot_conf
-    from elastic_control.console import done, out
+    # function-level: keeps `elastic-control --help` fast (the generator loads fsspec, ~20 ms)
     from elastic_control.data.synth import generate
 
     slots = load_slot_conf(slot_conf).slots if slot_conf else tuple(range(1, 40))

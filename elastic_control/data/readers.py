@@ -36,8 +36,9 @@ import numpy as np
 
 from ctr_foundation.errors import DataError
 from elastic_control.config.data_config import DataConfig, format_slot, slot_path
+from elastic_control.console import warn
 from elastic_control.data.filesystems import DataLocation, open_location
-from elastic_control.data.line_batch import BadLine, LineBatch, parse_lines, parse_text
+from elastic_control.data.line_batch import BadLine, LineBatch, concat_batches, parse_lines, parse_text, slice_batch
 
 HOUR_DONEFILE = "donefile"
 DEFAULT_CHUNK_LINES = 4096
@@ -277,16 +278,12 @@ def _take_stride(chunk, seen: int, trainer_id: int, stride: int):
         first = (trainer_id - seen) % stride
         return chunk[first::stride], seen + n
     batch, bad = chunk
-    from elastic_control.data.line_batch import concat_batches, slice_batch
-
     n = len(batch)
     keep = [slice_batch(batch, i, i + 1) for i in range((trainer_id - seen) % stride, n, stride)]
     return (concat_batches(keep), bad if trainer_id == 0 else []), seen + n
 
 
 def _default_warn(message: str) -> None:
-    from elastic_control.console import warn
-
     warn(message)
 
 

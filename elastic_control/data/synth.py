@@ -52,6 +52,7 @@ import numpy as np
 
 from ctr_foundation.atomic import atomic_write_text
 from elastic_control.data.hourly_writer import hour_dir, hour_slots, split_hour, write_folder
+from elastic_control.metrics import auc as auc_of
 
 TRUTH_PREFIX = "truth-"
 # How many features a slot has in one line: usually one, sometimes none or two.
@@ -268,8 +269,6 @@ def generate(
     time: fresh feasigns enter at the tail and become frequent, and the head's feasigns retire (never seen
     again), so the set of feasigns ever seen keeps growing as in live click logs.
     """
-    from elastic_control.metrics import auc as auc_of
-
     window = int(model_options.get("vocab") or default_vocab(model_options.get("interactions", 0.0)))
     if drift:  # room for every feasign that enters the window during the run
         total_slots = hours * len(hour_slots(start, minutes))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ctr_foundation.errors import ConfigError
 from elastic_control.config.data_config import DataConfig, format_hour
-from elastic_control.data.readers import HOUR_DONEFILE
+from elastic_control.data.readers import HOUR_DONEFILE, HourlyData
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,6 @@ def check_data_window(config: DataConfig) -> WindowCheck:
     Stops at the first complete hour, so a long window on a remote store costs
     one existence check per missing hour before it.
     """
-    from elastic_control.data.readers import HourlyData
-
     hours = list(config.slots())
     window = f"{config.format_slot(config.start)}..{config.format_slot(config.end)}"
     try:
