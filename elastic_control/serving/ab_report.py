@@ -15,6 +15,9 @@ import math
 
 import click
 
+from client.api import ServingClient, resolve_client_settings
+from ctr_foundation.env_vars import STATE_DIR
+
 Z = 1.959963984540054  # two-sided 95%
 
 
@@ -161,9 +164,6 @@ def render(rep: dict) -> str:
 @click.pass_context
 def ab_report_command(ctx, serving_url, state_dir, as_json):
     """Compare the A/B arms on live click feedback (serving's /v1/monitor), with 95% confidence intervals."""
-    from client.api import ServingClient, resolve_client_settings
-    from ctr_foundation.env_vars import STATE_DIR
-
     parent = ctx.find_root().obj
     state = state_dir or (parent.get("state_dir") if isinstance(parent, dict) else None) or STATE_DIR.get()
     settings = resolve_client_settings(state_dir=state, serving_url=serving_url)

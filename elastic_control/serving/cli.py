@@ -11,8 +11,10 @@ from ctr_foundation.env_vars import (
     SERVING_SPLIT,
 )
 from elastic_control.console import done
+from elastic_control.inference.scoring import import_paddle
 from elastic_control.serving.app import DEFAULT_CACHE_ENTRIES, DEFAULT_GRPC_PORT, DEFAULT_MAX_BODY, DEFAULT_PORT
 from elastic_control.serving.http_server import LIMITS
+from elastic_control.serving.service import ServingConfig, listening_message, serve
 
 
 @click.command("serve")
@@ -201,8 +203,6 @@ def serve_command(
 ):
     """Serve predictions: HTTP POST /v1/predict and /v1/feedback, gRPC Predict and Feedback; /v1/monitor,
     /v1/split, /healthz, /readyz, /metrics, /v1/status."""
-    from elastic_control.serving.service import ServingConfig, listening_message, serve
-
     config = ServingConfig(
         host=host,
         port=port,
@@ -232,8 +232,8 @@ def serve_command(
     )
     hooks = []
     if shadow_pass:
+        # function-level: keeps `elastic-control --help` fast (shadow loads pass_scorer, ~20 ms)
         from elastic_control.evaluation.shadow import ShadowScorer
-        from elastic_control.inference.scoring import import_paddle
 
         import_paddle()  # the scorer loads the pass: pyarrow before paddle, as serve() does
         hooks.append(ShadowScorer(shadow_pass, shadow_log))

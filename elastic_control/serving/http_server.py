@@ -83,6 +83,7 @@ class ServingServer:
         self.frontend.address = f"{self.host}:{self.port}"
         self.app.frontends["http"] = self.frontend
         if self.grpc_port is not None:
+            # function-level: grpc_frontend imports grpc; --no-grpc and `elastic-control --help` stay free of it
             from elastic_control.serving.grpc_frontend import GrpcFrontend
 
             self.grpc = GrpcFrontend(self.app, host=self.host, port=self.grpc_port).start()

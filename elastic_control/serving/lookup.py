@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from ctr_foundation.errors import ComponentError
+from cube.client import CubeClient, CubeVersionError  # the cube engineer's client (cube/client.py)
 from elastic_control.inference.scoring import InMemoryTable
 
 
@@ -106,8 +107,6 @@ class CubeLookup:
     """
 
     def __init__(self, shard_urls: Sequence[str], timeout: float = 5.0, *, retry_after: float = 1.0, threads: int = 4):
-        from cube.client import CubeClient  # the cube engineer's client (cube/client.py)
-
         self.shard_urls = list(shard_urls)
         self.timeout, self.retry_after = timeout, retry_after
         self._client = CubeClient(self.shard_urls, timeout=timeout)
@@ -141,8 +140,6 @@ class CubeLookup:
         done(self._piece(i, keys, idx, version, deadline))
 
     def _piece(self, i: int, keys: np.ndarray, idx: np.ndarray, version: str, deadline: float) -> Looked:
-        from cube.client import CubeVersionError
-
         shard = self._shards[i]
         failed = f"cube lookup of version {version} failed"
         left = deadline - time.monotonic()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.errors import ComponentError
+from ctr_foundation.fileserver_client import NotFound
 from ctr_foundation.names import CUBE_PREFIX
 from ctr_foundation.records import format_time, utc_now
 
@@ -47,8 +48,6 @@ class PinStore:
 
     @classmethod
     def remote(cls, fs) -> PinStore:
-        from ctr_foundation.fileserver_client import NotFound
-
         def read() -> dict | None:
             try:
                 return fs.get_json(REMOTE_PINS)

@@ -22,6 +22,7 @@ from elastic_control.serving.app import ServingApp, SplitConflict
 from elastic_control.serving.arms import SplitError, split_from_json
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
 from elastic_control.serving.instances import InstanceError, PredictRequest, decode_json, predict_request
+from elastic_control.serving.monitor import prometheus_lines
 
 MAX_FEEDBACK_EVENTS = 100_000
 LARGE_BODY = 64 << 10  # predict bodies above this are decoded off the event loop
@@ -108,8 +109,6 @@ class HttpRoutes:
         return Response.error(404, f"unknown path {path}; try POST /v1/predict")
 
     def metrics_text(self) -> str:
-        from elastic_control.serving.monitor import prometheus_lines
-
         app = self.app
         summary = app.monitor.summary()
         alerts = app.monitor.alerts(summary)

@@ -15,8 +15,21 @@ from dataclasses import dataclass
 
 from ctr_foundation.env_vars import CUBE_ROOT, FILESERVER_URL, MLFLOW_TRACKING_URI, MODEL_PATH, TOKEN
 from ctr_foundation.errors import ComponentError, UsageError
-from elastic_control.serving.app import DEFAULT_CACHE_ENTRIES, DEFAULT_GRPC_PORT, DEFAULT_MAX_BODY, DEFAULT_PORT
-from elastic_control.serving.http_server import LIMITS
+from ctr_foundation.model_registry import pass_of_model_uri
+from elastic_control.inference.scoring import import_paddle
+from elastic_control.serving.app import (
+    DEFAULT_CACHE_ENTRIES,
+    DEFAULT_GRPC_PORT,
+    DEFAULT_MAX_BODY,
+    DEFAULT_PORT,
+    ServingApp,
+)
+from elastic_control.serving.arms import SplitError, split_from_flag
+from elastic_control.serving.feedback import PredictionLog
+from elastic_control.serving.http_server import LIMITS, ServingServer
+from elastic_control.serving.monitor import AlertRules, Monitor
+from elastic_control.serving.recording import MlflowRecorder
+from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
 
 
 @dataclass(frozen=True)
@@ -66,8 +79,6 @@ class ServingConfig:
 
 def make_source(config: ServingConfig):
     """The version source the config names: exactly one of file server, cube root, model dir."""
-    from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
-
     named = (("--fileserver", config.fileserver), ("--cube-root", config.cube_root), ("--model-dir", config.model_dir))
     given = [n for n, v in named if v]
     if len(given) != 1:
@@ -88,11 +99,6 @@ def make_source(config: ServingConfig):
 def build_app(config: ServingConfig, *, after_response_hooks: Sequence = ()):
     """The ServingApp with its monitor, feedback log, split, MLflow recorder and ``after_response_hooks``
     (e.g. evaluation/shadow.py's scorer, which sits above serving); UsageError naming a bad setting."""
-    from elastic_control.serving.app import ServingApp
-    from elastic_control.serving.arms import SplitError, split_from_flag
-    from elastic_control.serving.feedback import PredictionLog
-    from elastic_control.serving.monitor import AlertRules, Monitor
-
     try:
         low, high = AlertRules.parse_band(config.alert_calibration)
         split = split_from_flag(config.split, resolve=_model_uri_resolver(config.mlflow_uri))
@@ -116,8 +122,6 @@ def build_app(config: ServingConfig, *, after_response_hooks: Sequence = ()):
         token=config.token,
     )
     if config.mlflow_uri and config.mlflow_every > 0:
-        from elastic_control.serving.recording import MlflowRecorder
-
         app.monitor_hooks.append(MlflowRecorder(config.mlflow_uri, every=config.mlflow_every, source=source.describe))
     for hook in after_response_hooks:
         app.add_after_response_hook(hook)
@@ -128,9 +132,6 @@ def build_app(config: ServingConfig, *, after_response_hooks: Sequence = ()):
 
 def serve(config: ServingConfig, *, on_listening: Callable | None = None, after_response_hooks: Sequence = ()) -> None:
     """Serve until SIGTERM (then drain): HTTP, and gRPC unless ``grpc_port`` is None."""
-    from elastic_control.inference.scoring import import_paddle
-    from elastic_control.serving.http_server import ServingServer
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serving %(message)s")
     import_paddle()  # before our SIGTERM handler: Paddle's own would abort instead of draining
     logging.getLogger("elastic_control").setLevel(logging.INFO)  # importing paddle sets the root logger to WARNING
@@ -166,6 +167,4 @@ def listening_message(config: ServingConfig, server, app) -> str:
 
 def _model_uri_resolver(mlflow_uri: str | None):
     """``models:/NAME@ALIAS`` -> the registered version's pass, through the MLflow server."""
-    from ctr_foundation.model_registry import pass_of_model_uri
-
     return lambda uri: pass_of_model_uri(mlflow_uri, uri)

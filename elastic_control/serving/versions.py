@@ -29,6 +29,7 @@ import numpy as np
 
 from ctr_foundation.dense_features import DenseNorm
 from ctr_foundation.errors import ComponentError, DataError
+from ctr_foundation.fileserver_client import FileServerClient, NotFound
 from ctr_foundation.names import CUBE_PREFIX, REMOTE_CURRENT
 from ctr_foundation.pass_format import (
     DENSE_DIR,
@@ -37,6 +38,7 @@ from ctr_foundation.pass_format import (
     PassInfo,
     complete_passes,
     latest_complete_pass,
+    load_pass,
 )
 from ctr_foundation.records import CurrentVersion, read_current
 from elastic_control.inference.scoring import InMemoryTable
@@ -202,24 +204,18 @@ class FileServerSource(CubeRootSource):
         lookup_timeout: float = 5.0,
         token: str | None = None,
     ):
-        from ctr_foundation.fileserver_client import FileServerClient
-
         super().__init__(cache_dir, cube_urls, lookup_timeout)
         self.fs = FileServerClient(fileserver_url, token=token, timeout=30.0)
         self.describe = f"file server {fileserver_url}"
         self.pins = PinStore.remote(self.fs)
 
     def current(self) -> CurrentVersion | None:
-        from ctr_foundation.fileserver_client import NotFound
-
         try:
             return CurrentVersion.from_json(self.fs.get_json(REMOTE_CURRENT), f"{self.describe}: {REMOTE_CURRENT}")
         except NotFound:
             return None
 
     def _read_manifest(self, version: str) -> dict | None:
-        from ctr_foundation.fileserver_client import NotFound
-
         try:
             return self.fs.get_json(f"{CUBE_PREFIX}/{version}/{MANIFEST_FILE}")
         except NotFound:
@@ -271,8 +267,6 @@ class ModelDirSource:
         )
 
     def materialise(self, record: CurrentVersion) -> LoadedVersion:
-        from ctr_foundation.pass_format import load_pass
-
         info = load_pass(record.dense)
         slots, sparse_dim = _version_fields(record, info.meta)
         prefix = _check_dense(info.path / DENSE_DIR, info.name)
