@@ -10,9 +10,23 @@ import functools
 
 import click
 
+from ctr_foundation.env_vars import MODEL_PATH
+from ctr_foundation.errors import ConfigError, DataError
+from elastic_control.config.data_config import load_data_config, parse_epochs
+from elastic_control.config.slot_conf import load_slot_conf
+from elastic_control.console import console, done, out
 from elastic_control.training.families import FAMILIES
 from elastic_control.training.model import SPARSE_RULES
-from elastic_control.training.settings import DEFAULT_EPOCHS, DEFAULT_MODEL, Hyperparameters
+from elastic_control.training.pserver import run_pserver
+from elastic_control.training.settings import (
+    DEFAULT_EPOCHS,
+    DEFAULT_MODEL,
+    Hyperparameters,
+    check_wide_prior,
+    resolve_epochs,
+    resolve_window_hours,
+    role_settings_from_env,
+)
 
 _DEFAULTS = Hyperparameters()
 
@@ -43,9 +57,6 @@ class _Epochs(click.ParamType):
     name = "N|auto"
 
     def convert(self, value, param, ctx):
-        from ctr_foundation.errors import ConfigError
-        from elastic_control.config.data_config import parse_epochs
-
         if isinstance(value, int) or value is None:
             return value
         try:
@@ -234,15 +245,11 @@ def hyperparameter_args(hyper: Hyperparameters) -> list[str]:
 @click.option("--timeout", type=click.FloatRange(0), default=None, help="Fail if training takes longer (seconds).")
 @hyperparameter_options
 def train_command(datafile, slot_conf, trainers, pservers, model_path, timeout, hyper):
-    from ctr_foundation.env_vars import MODEL_PATH
-    from ctr_foundation.errors import ConfigError
-    from elastic_control.config.data_config import load_data_config
-    from elastic_control.config.slot_conf import load_slot_conf
-    from elastic_control.console import console, done, out
+    # function-level: keeps `elastic-control --help` fast (the data readers load fsspec, the local supervisor
+    # psutil and the catalogue: ~40 ms)
     from elastic_control.data.window import check_data_window
     from elastic_control.local.components import training_window
     from elastic_control.local.train_job import run_training_job
-    from elastic_control.training.settings import check_wide_prior, resolve_epochs, resolve_window_hours
 
     config = load_data_config(datafile)
     resolve_epochs(hyper.epochs, config)  # EPOCHS > 1 with ADMIT_MIN_COUNT: a usage error, before any process
@@ -279,7 +286,7 @@ def check_window_in_pod(config) -> None:
     """In a pod, an offline window without a complete hour would end the job Completed with no pass:
     that is a configuration error (exit 2: the job's policy aborts it at once, the reason in trainer 0's
     log). A store that cannot be read right now is a failure (exit 1): the job restarts and tries again."""
-    from ctr_foundation.errors import ConfigError, DataError
+    # function-level: keeps `elastic-control --help` fast (the data readers load fsspec, ~20 ms)
     from elastic_control.data.window import check_data_window
 
     try:
@@ -304,16 +311,13 @@ def check_window_in_pod(config) -> None:
 )
 @hyperparameter_options
 def role_command(hyper, check_window):
-    from elastic_control.training.settings import role_settings_from_env
-
     settings = role_settings_from_env(hyper)
     if check_window and settings.role == "TRAINER":
         check_window_in_pod(settings.data_config)
     if settings.role == "PSERVER":
-        from elastic_control.training.pserver import run_pserver
-
         run_pserver(settings)
     else:
+        # function-level: keeps `elastic-control --help` fast (the trainer loads the data readers and fsspec, ~30 ms)
         from elastic_control.training.trainer import run_trainer
 
         run_trainer(settings)

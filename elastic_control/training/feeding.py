@@ -91,6 +91,7 @@ def feed_keys(
         for fn, name in per_key:
             feed[name] = np.asarray(fn(distinct), dtype=np.float32)[where].reshape(-1, 1)
     if admission is not None:
+        # function-level: admission imports pyarrow (key_state); the trainer imports it before paddle
         from elastic_control.training.admission import MASK_INPUT
 
         feed[MASK_INPUT] = admission.values(keys)

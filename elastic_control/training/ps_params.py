@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ctr_foundation.pass_format import load_pass
+
 
 class PsParameters:
     def __init__(self, paddle, fleet, exe, place, dense_names: list[str]):
@@ -52,8 +54,6 @@ class PsParameters:
 
     def load_dense_from_pass(self, pass_dir: str) -> str:
         """Set the local dense parameters to a pass's (before init_worker pushes them); returns its prefix."""
-        from ctr_foundation.pass_format import load_pass
-
         paddle = self.paddle
         prefix = str(load_pass(pass_dir).dense_model_prefix)
         scope = paddle.static.Scope()

@@ -12,7 +12,9 @@ import os
 import shutil
 import time
 
+from ctr_foundation.errors import ConfigError
 from elastic_control.training.coordinator import Coordinator, CoordinatorClient, coordinator_endpoint
+from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
 from elastic_control.training.resume import remove_stale_staging, resume_point
 from elastic_control.training.settings import RoleSettings
 
@@ -28,8 +30,6 @@ def _my_index(settings: RoleSettings) -> int:
     me = f"{settings.pod_ip}:{settings.port}"
     endpoints = [e.strip() for e in settings.pserver_endpoints.split(",")]
     if me not in endpoints:
-        from ctr_foundation.errors import ConfigError
-
         raise ConfigError(
             f"this pserver's POD_IP:PADDLE_PORT {me} is not in PADDLE_PSERVERS_IP_PORT_LIST "
             f"{settings.pserver_endpoints}"
@@ -61,9 +61,9 @@ def run_pserver(settings: RoleSettings) -> None:
     import paddle
     import paddle.distributed.fleet as fleet
 
+    # function-level: they import pyarrow (imported just above, before paddle, on purpose)
     from elastic_control.training import delta_export
     from elastic_control.training.admission import embedding_hook
-    from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
 
     paddle.enable_static()
     fleet.init(is_collective=False)

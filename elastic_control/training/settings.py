@@ -9,6 +9,7 @@ from ctr_foundation import env_vars
 from ctr_foundation.errors import ConfigError
 from elastic_control.config.data_config import DataConfig, load_data_config
 from elastic_control.config.slot_conf import SlotConf, load_slot_conf
+from elastic_control.training.families import WIDE_FAMILIES
 from elastic_control.training.model import DEFAULT_EMBEDDING_DIM, DEFAULT_HIDDEN, ModelSpec
 
 # The defaults: wide & deep with an MLP 128-64, the decay rule on the embeddings and Adam 0.01 on the wide
@@ -256,8 +257,6 @@ def resolve_wide_prior(hyper: Hyperparameters, family: str) -> float:
     """The wide prior's strength: the flag, else DEFAULT_WIDE_PRIOR for a family with a wide weight and an
     L2 on it (the prior strengthens that L2), else 0 (off). check_wide_prior refuses a flag that would do
     nothing; the default just stays off there."""
-    from elastic_control.training.families import WIDE_FAMILIES
-
     if hyper.wide_prior is not None:
         return hyper.wide_prior
     return DEFAULT_WIDE_PRIOR if family in WIDE_FAMILIES and hyper.l2_wide else 0.0
@@ -266,8 +265,6 @@ def resolve_wide_prior(hyper: Hyperparameters, family: str) -> float:
 def check_wide_prior(hyper: Hyperparameters, data_config: DataConfig) -> None:
     """An explicit --wide-prior acts on the wide weight's L2: refuse it where there is none (it would do
     nothing). The default (None) resolves per family instead (resolve_wide_prior)."""
-    from elastic_control.training.families import WIDE_FAMILIES
-
     if not hyper.wide_prior:
         return
     family = resolve_model(hyper.model, data_config)

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlflow  # noqa: F401  (before paddle: see the module docstring)
 from mlflow.tracking import MlflowClient
 
+from ctr_foundation import pass_format
 from ctr_foundation.env_vars import MLFLOW_TRACKING_URI
 from ctr_foundation.model_registry import CANDIDATE, PASS_TAG, REGISTERED_MODEL
 from ctr_foundation.records import GOLDEN_FILE
@@ -151,8 +152,6 @@ class Tracker:
         logs); the version's ``pass_dir`` tag says where that folder is.
         Returns the version, or None when MLflow refused (training goes on).
         """
-        from ctr_foundation import pass_format
-
         if self.run_id is None:
             return None
         folder = Path(pass_dir).resolve()

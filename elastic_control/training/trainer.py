@@ -16,17 +16,35 @@ from pathlib import Path
 
 import numpy as np
 
+from ctr_foundation.dense_features import DenseMoments, DenseNorm
+from ctr_foundation.pass_format import load_pass, pass_name
 from ctr_foundation.progress import PassProgress
 from elastic_control.config.data_config import format_hour, parse_slot
-from elastic_control.data.line_batch import LineBatch, slice_batch
+from elastic_control.data.line_batch import LineBatch, batch_dense, batch_keys, slice_batch
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
 from elastic_control.metrics import RecentWindow, line_log_losses
-from elastic_control.training.bias_refit import BIAS_REFIT_LINES
+from elastic_control.training.best_epoch import BestEpoch
+from elastic_control.training.bias_refit import BIAS_REFIT_LINES, PredictionSums
 from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
+from elastic_control.training.feeding import feed_keys, make_feed, prefetch, rebatch
+from elastic_control.training.job_progress import JobProgressAnnotator
+from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
+from elastic_control.training.pass_stream import (
+    Holdout,
+    KeyCounts,
+    ParsedShare,
+    pass_batch_size,
+    planned_epochs,
+    shuffled,
+    unjudged_pass,
+    without_holdout,
+)
 from elastic_control.training.ps_params import PsParameters
+from elastic_control.training.rate_decay import RateDecay
 from elastic_control.training.run_params import run_params
 from elastic_control.training.settings import RoleSettings
 from elastic_control.training.trainer_export import export_pass
+from elastic_control.training.wide_prior import WidePrior
 
 
 @dataclass
@@ -58,8 +76,8 @@ class Trainer:
         self.tracker = None
         self._job_progress = None
         if settings.is_chief:
-            from elastic_control.training.job_progress import JobProgressAnnotator
-            from elastic_control.training.tracking import Tracker  # mlflow before paddle
+            # function-level: imports mlflow and pyarrow (seconds), trainer 0 only, before paddle
+            from elastic_control.training.tracking import Tracker
 
             self.tracker = Tracker(
                 settings.model_path, run_name=f"train-{format_hour(settings.data_config.start)}", warn=self.log
@@ -70,8 +88,8 @@ class Trainer:
         import paddle
         import paddle.distributed.fleet as fleet
 
+        # function-level: imports pyarrow (admission, delta_export), which the role imports above, before paddle
         from elastic_control.training.incremental import Incremental
-        from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
 
         self.paddle, self.fleet = paddle, fleet
         # Delta passes, admission, eviction (None when all are off: full passes as before).
@@ -85,14 +103,10 @@ class Trainer:
         inc = self.incremental
         self.net = build_training_net(paddle, self.spec, embedding_hook=inc.embedding_hook(paddle) if inc else None)
         if self.net.uses_decay:
-            from elastic_control.training.rate_decay import RateDecay
-
             self.rate_decay = RateDecay(self.spec.decay_sightings, settings.trainers)
         # The wide prior (training/wide_prior.py), None when off.
         self.wide_prior = None
         if self.spec.uses_wide_prior:
-            from elastic_control.training.wide_prior import WidePrior
-
             self.wide_prior = WidePrior(self.spec.wide_prior, self.spec.l2_wide)
         strategy = make_strategy(fleet, self.spec, accessor=inc.accessor() if inc else None)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Adam(self.spec.learning_rate), strategy)
@@ -142,8 +156,6 @@ class Trainer:
             norm = got.get("dense_norm")
             self.fleet.init_worker()
         if self.spec.dense_slots:
-            from ctr_foundation.dense_features import DenseNorm
-
             self.dense_norm = DenseNorm.from_json(norm, "trainer 0's dense_norm")
             if self.dense_norm is None or self.dense_norm.slots != self.spec.dense_slots:
                 raise RuntimeError(f"no standardisation for the dense slots {list(self.spec.dense_slots)}")
@@ -181,10 +193,6 @@ class Trainer:
         """The dense slots' standardisation (JSON): a resumed model keeps its last pass's, a fresh one
         measures it on up to ``lines`` of trainer 0's share of its first pass (the others take it from
         trainer 0, so that every trainer feeds the same numbers)."""
-        from ctr_foundation.dense_features import DenseMoments, DenseNorm
-        from ctr_foundation.pass_format import load_pass
-        from elastic_control.data.line_batch import batch_dense
-
         slots = self.spec.dense_slots
         if hello.get("last_pass"):
             norm = DenseNorm.from_json(load_pass(hello["last_pass_dir"]).meta.get("dense_norm"))
@@ -211,8 +219,6 @@ class Trainer:
 
     # -- training ----------------------------------------------------------------------------
     def run(self) -> None:
-        from elastic_control.training.feeding import prefetch, rebatch
-
         data = HourlyData(
             self.s.data_config,
             wait_timeout=self.s.hyper.wait_timeout,
@@ -259,14 +265,6 @@ class Trainer:
         ``cold``: the pass starts the model from its initialisation (EPOCHS=auto then plans at least
         ``min_steps_first_pass`` steps).
         """
-        from elastic_control.training.pass_stream import (
-            Holdout,
-            ParsedShare,
-            pass_batch_size,
-            planned_epochs,
-            unjudged_pass,
-        )
-
         h = self.s.hyper
         stats = PassStats()
         counter = BadLineCounter(self.s.data_config.max_bad_line_fraction)
@@ -434,9 +432,6 @@ class Trainer:
         """Count this trainer's keys over its share (the pass's first read, which the epochs then replay):
         (KeyCounts, lines), for the count-scaled L2's 1 / count per key, the decay rule's sightings and
         training admission's occurrences fed."""
-        from elastic_control.data.line_batch import batch_keys
-        from elastic_control.training.pass_stream import KeyCounts
-
         t = time.monotonic()
         counts, lines = KeyCounts(), 0
         for chunk in share:
@@ -449,10 +444,8 @@ class Trainer:
         """Trainer 0's BestEpoch for this pass, with the early stop; None elsewhere."""
         if not (self.s.is_chief and self.s.early_stop):
             return None
-        from ctr_foundation.pass_format import pass_name
-        from elastic_control.training.best_epoch import BestEpoch
-
         if self._best is None:
+            # function-level: delta_export imports pyarrow (the trainer module stays free of it: pyarrow before paddle)
             from elastic_control.training.delta_export import SAVE_ALL
 
             worker, table_id = self.ps.sparse_table()
@@ -473,8 +466,6 @@ class Trainer:
     def _prediction_sums(self, share, lines: int = BIAS_REFIT_LINES) -> dict:
         """Sums of the current model's predictions over up to ``lines`` of this trainer's share (its first
         ones: the share is in file order, and any part of the hour will do), for ``bias_refit.shift``."""
-        from elastic_control.training.bias_refit import PredictionSums
-
         self.ps.pull_dense()
         sums = PredictionSums()
         for chunk in share:
@@ -488,8 +479,6 @@ class Trainer:
     def _refit_bias(self, part: HourPartition, sums: list[dict]) -> float:
         """Trainer 0, every trainer waiting: move the logit bias so that the model's mean prediction on the
         pass's lines is their click rate (training/bias_refit.py); returns the shift."""
-        from elastic_control.training.bias_refit import PredictionSums
-
         total = PredictionSums.merged(sums)
         shift = total.shift()
         if shift:
@@ -505,9 +494,6 @@ class Trainer:
     def _train_epoch(self, share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale=None, context=None) -> int:
         """One epoch over this trainer's share of the pass (and ``context``, the window's earlier hours, shuffled
         in with it); the number of steps."""
-        from elastic_control.training.feeding import make_feed
-        from elastic_control.training.pass_stream import shuffled, without_holdout
-
         h = self.s.hyper
         seed = [self.rank, epoch, part.hour.toordinal() * 24 + part.hour.hour]
         if part.minutes:  # sub-hour passes: each slot of the hour its own order
@@ -579,8 +565,6 @@ class Trainer:
 
     def _wide_weights(self, keys: np.ndarray, chunk: int = 8192) -> np.ndarray:
         """embed_w of each key as the servers hold it now (forward lookups only: nothing is pushed)."""
-        from elastic_control.training.feeding import feed_keys
-
         out = []
         for start in range(0, len(keys), chunk):
             part = np.asarray(keys[start : start + chunk], dtype=np.uint64)
@@ -606,8 +590,6 @@ class Trainer:
 
     def score(self, batch: LineBatch) -> np.ndarray:
         """Probabilities from the training program's forward pass (no gradient push)."""
-        from elastic_control.training.feeding import make_feed
-
         feed = make_feed(
             self.paddle, batch, self.spec.slots, self.spec.sparse_dim, self.place, **self._forward_inputs()
         )

@@ -12,6 +12,9 @@ import numpy as np
 from elastic_control.data.line_batch import concat_batches
 from elastic_control.data.readers import HourPartition
 from elastic_control.metrics import auc, log_loss
+from elastic_control.training import pass_export
+from elastic_control.training.families import row_layout
+from elastic_control.training.model import saved_rule
 
 if TYPE_CHECKING:
     from elastic_control.training.trainer import PassStats, Trainer
@@ -19,10 +22,6 @@ if TYPE_CHECKING:
 
 def export_pass(trainer: Trainer, part: HourPartition, stats: PassStats, everyone: dict) -> str:
     """Write the pass (trainer 0, every trainer waiting); returns its folder."""
-    from elastic_control.training import pass_export
-    from elastic_control.training.families import row_layout
-    from elastic_control.training.model import saved_rule
-
     trainer.ps.pull_dense()
     held_out = concat_batches(stats.golden)
     golden_count = min(len(held_out), trainer.s.hyper.golden_lines)
