@@ -206,7 +206,8 @@ def test_deltas_ship_alone_and_a_restarted_shard_catches_up_on_base_and_deltas(r
     fleet.kill(1, wipe=True)
     fleet.start(1, tag="-new")
     fleet.wait_ready(1, D3)
-    seeded = requests.get(f"{fleet.agents[1]}/v1/status", timeout=5).json()["last"]
+    # The server answers with D3 a moment before its agent records the seeding (it activates, then records).
+    seeded = _seed_record(fleet.agents[1], D3)
     assert seeded["downloaded"] == [BASE, D1, D2, D3]
     _check_answers(fleet.servers, passes, D3)
     # A restarted server (folder kept) loads its delta versions from disk.
@@ -216,6 +217,16 @@ def test_deltas_ship_alone_and_a_restarted_shard_catches_up_on_base_and_deltas(r
     assert requests.get(f"{fleet.agents[0]}/v1/status", timeout=5).json()["last"] == {}  # nothing to fetch
     _check_answers(fleet.servers, passes, D3)
     assert fleet.status(0)["previous"] == D1
+
+
+def _seed_record(agent: str, version: str) -> dict:
+    """The agent's record of seeding its server with ``version`` (waits for it: a few ms after activation)."""
+    deadline = time.monotonic() + 30
+    while True:
+        last = requests.get(f"{agent}/v1/status", timeout=5).json()["last"]
+        if last.get("seeded") == version or time.monotonic() > deadline:
+            return last
+        time.sleep(0.05)
 
 
 def test_compaction_gives_new_shards_one_full_copy_and_gc_then_drops_the_old_chain(real_pass, fleet):
@@ -233,7 +244,7 @@ def test_compaction_gives_new_shards_one_full_copy_and_gc_then_drops_the_old_cha
     fleet.kill(1, wipe=True)
     fleet.start(1, tag="-new")
     fleet.wait_ready(1, D2)
-    assert requests.get(f"{fleet.agents[1]}/v1/status", timeout=5).json()["last"]["downloaded"] == [D2]
+    assert _seed_record(fleet.agents[1], D2)["downloaded"] == [D2]
     _check_answers(fleet.servers, passes, D2)
     # The next delta: every shard downloads just it (shard 1 holds D2's compacted copy, shard 0 the chain).
     passes.delta(D3, change=10, add=3, delete=3, seed=3)
