@@ -39,6 +39,7 @@ Use ``with FakeKubeAPI() as api: api.write_kubeconfig(path)``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -85,6 +86,24 @@ _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?/?$"
 )
+
+
+@contextlib.contextmanager
+def fake_cluster(tmp_path: Path, monkeypatch, *, apply_timeout: str | None = None, **options):
+    """A FakeKubeAPI (``options``: its scenario) with KUBECONFIG pointing at it, no in-cluster config, and
+    the adaptor's cached client reset before and after; ``apply_timeout``: ELASTIC_CTR_APPLY_TIMEOUT."""
+    from elastic_control.kube import adaptor
+
+    with FakeKubeAPI(**options) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        if apply_timeout is not None:
+            monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", apply_timeout)
+        adaptor.reset()
+        try:
+            yield api
+        finally:
+            adaptor.reset()
 
 
 def now() -> str:

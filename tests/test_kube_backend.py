@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers_common import free_port
 from helpers_kube import render_plan
-from helpers_kube_api import VOLCANO, FakeKubeAPI
+from helpers_kube_api import VOLCANO, FakeKubeAPI, fake_cluster
 
 from ctr_foundation.errors import ApplyError, ClusterUnavailableError, UsageError
 from elastic_control.cli.status_view import print_status
@@ -24,13 +24,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture()
 def cluster(tmp_path, monkeypatch, request):
     """A fake API server (scenario from @pytest.mark.parametrize indirect or default) with KUBECONFIG set."""
-    options = getattr(request, "param", {})
-    with FakeKubeAPI(**options) as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        adaptor.reset()
+    with fake_cluster(tmp_path, monkeypatch, **getattr(request, "param", {})) as api:
         yield api
-        adaptor.reset()
 
 
 def _plan(tmp_path, **kwargs):

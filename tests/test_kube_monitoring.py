@@ -10,12 +10,11 @@ import subprocess
 import pytest
 import yaml
 from helpers_kube import render_plan
-from helpers_kube_api import MONITORING, VOLCANO, FakeKubeAPI
+from helpers_kube_api import MONITORING, VOLCANO, fake_cluster
 from helpers_kube_schema import validate_manifest, validate_monitoring
 
 from ctr_foundation.errors import UsageError
 from elastic_control.backends import status as st
-from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
 from elastic_control.kube.backend import KubeBackend
 from elastic_control.kube.render import load_manifests
@@ -41,13 +40,8 @@ def _rules(docs) -> dict:
 
 @pytest.fixture()
 def cluster(tmp_path, monkeypatch, request):
-    with FakeKubeAPI(**getattr(request, "param", {})) as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
-        adaptor.reset()
+    with fake_cluster(tmp_path, monkeypatch, apply_timeout="30", **getattr(request, "param", {})) as api:
         yield api
-        adaptor.reset()
 
 
 # ---- rendering ------------------------------------------------------------------------------------------

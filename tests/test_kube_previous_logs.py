@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import pytest
 from helpers_kube import render_plan
-from helpers_kube_api import FakeKubeAPI
+from helpers_kube_api import fake_cluster
 
-from elastic_control.kube import adaptor
 from elastic_control.kube.backend import KubeBackend
 
 
 @pytest.fixture()
 def cluster(tmp_path, monkeypatch):
-    with FakeKubeAPI() as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
-        adaptor.reset()
+    with fake_cluster(tmp_path, monkeypatch, apply_timeout="30") as api:
         yield api
-        adaptor.reset()
 
 
 def _restarted(cluster, pod_prefix: str, previous: list[str] | None) -> str:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 from helpers_kube import render_plan
-from helpers_kube_api import VOLCANO, FakeKubeAPI
+from helpers_kube_api import VOLCANO, fake_cluster
 
 from ctr_foundation.progress import PassProgress
 from elastic_control.cli.status_view import print_status
@@ -21,13 +21,8 @@ from elastic_control.training import job_progress as jp
 
 @pytest.fixture()
 def cluster(tmp_path, monkeypatch):
-    with FakeKubeAPI() as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "30")
-        adaptor.reset()
+    with fake_cluster(tmp_path, monkeypatch, apply_timeout="30") as api:
         yield api
-        adaptor.reset()
 
 
 def _plan(tmp_path):
