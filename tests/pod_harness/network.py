@@ -51,7 +51,8 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -84,7 +85,7 @@ def remove_stale_namespaces() -> list[str]:
             owner = int(parts[1])
         except (IndexError, ValueError):
             continue
-        if _pid_alive(owner):
+        if pid_alive(owner):
             continue
         kill_namespace_processes(name)
         run("ip", "netns", "del", name, check=False)

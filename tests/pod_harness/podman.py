@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 from pod_harness.image import Image
+from pod_harness.network import pid_alive
 from pod_harness.runtime import Container, Kubelet, Pod
 
 LABEL = "io.elastic-ctr.pod-harness"  # the run's prefix (ectr-PID-HEX, as the network namespaces)
@@ -122,16 +123,6 @@ def cgroup_controllers(env: dict) -> set[str]:
     return set(json.loads(res.stdout)["host"].get("cgroupControllers") or [])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_leftovers(env: dict, *, prefix: str | None = None, owner: int | None = None) -> list[str]:
     """Remove the harness's containers: those of run ``prefix``, of test process ``owner``, and (always)
     those whose test process is gone. Returns their names."""
@@ -145,7 +136,7 @@ def remove_leftovers(env: dict, *, prefix: str | None = None, owner: int | None 
             pid = int(labels.get(OWNER, "0"))
         except ValueError:
             pid = 0
-        if labels.get(LABEL) == prefix or pid == owner or not _alive(pid):
+        if labels.get(LABEL) == prefix or pid == owner or not pid_alive(pid):
             names += entry.get("Names") or []
     if names:
         # --ignore: without it podman 4.3 removes none of them when one is already gone (and exits 0).

@@ -17,10 +17,10 @@ from pathlib import Path
 def main() -> None:
     owner, prefix = int(sys.argv[1]), sys.argv[2]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from pod_harness.network import remove_stale_namespaces
-    from pod_harness.podman import _alive, remove_leftovers
+    from pod_harness.network import pid_alive, remove_stale_namespaces
+    from pod_harness.podman import remove_leftovers
 
-    while _alive(owner):
+    while pid_alive(owner):
         time.sleep(1)
     remove_leftovers(dict(os.environ), prefix=prefix, owner=owner)
     remove_stale_namespaces()
