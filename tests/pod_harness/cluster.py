@@ -87,6 +87,19 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
+def _command_args(spec: dict, env: dict) -> tuple[list[str], list[str]]:
+    """The container's command and args with $(VAR) expanded from its env, as the kubelet does."""
+    return [_expand(a, env) for a in spec.get("command") or []], [_expand(a, env) for a in spec.get("args") or []]
+
+
+def _mount_source(pod: Pod, vm: dict) -> Path:
+    """The host folder (or file, with subPath) behind a volumeMount of the pod."""
+    source = pod.volumes.get(vm["name"])
+    if source is None:
+        raise HarnessError(f"pod {pod.name}: volumeMount {vm['name']!r} has no volume")
+    return source / vm["subPath"] if vm.get("subPath") else source
+
+
 def _expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: known names replaced, $$ escapes, unknown left as written."""
 
@@ -699,19 +712,14 @@ class Cluster:
     def container_spec(self, pod: Pod, c: Container) -> dict:
         """The spec container_entry.py turns into the running container."""
         env = self.container_env(pod, c.spec)
-        command = [_expand(a, env) for a in c.spec.get("command") or []]
-        args = [_expand(a, env) for a in c.spec.get("args") or []]
+        command, args = _command_args(c.spec, env)
         if not command:
             command = list(self.image.entrypoint)
             args = args or ([] if c.spec.get("command") else list(self.image.cmd))
-        mounts = []
-        for vm in c.spec.get("volumeMounts") or []:
-            source = pod.volumes.get(vm["name"])
-            if source is None:
-                raise HarnessError(f"pod {pod.name}: volumeMount {vm['name']!r} has no volume")
-            if vm.get("subPath"):
-                source = source / vm["subPath"]
-            mounts.append({"source": str(source), "target": vm["mountPath"], "read_only": bool(vm.get("readOnly"))})
+        mounts = [
+            {"source": str(_mount_source(pod, vm)), "target": vm["mountPath"], "read_only": bool(vm.get("readOnly"))}
+            for vm in c.spec.get("volumeMounts") or []
+        ]
         read_only_root = bool((c.spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
         if self.image.home:
             home = pod.dir / f"home-{c.name}"
@@ -752,18 +760,13 @@ class Cluster:
         if wanted and wanted not in (self.image_tag, f"localhost/{self.image_tag}"):
             raise HarnessError(f"ErrImageNeverPull: image {wanted} is not on this node (only {self.image_tag})")
         env = self.kubelet_env(pod, c.spec)
-        command = [_expand(a, env) for a in c.spec.get("command") or []]
-        args = [_expand(a, env) for a in c.spec.get("args") or []]
+        command, args = _command_args(c.spec, env)
         kinds = {v["name"]: next(iter(set(v) - {"name"})) for v in pod.spec.get("volumes") or []}
         mounts = []
         for vm in c.spec.get("volumeMounts") or []:
-            source = pod.volumes.get(vm["name"])
-            if source is None:
-                raise HarnessError(f"pod {pod.name}: volumeMount {vm['name']!r} has no volume")
-            if vm.get("subPath"):
-                source = source / vm["subPath"]
-                if not source.exists():
-                    source.mkdir(parents=True)  # the kubelet creates a missing subPath as a folder
+            source = _mount_source(pod, vm)
+            if vm.get("subPath") and not source.exists():
+                source.mkdir(parents=True)  # the kubelet creates a missing subPath as a folder
             # ConfigMap and Secret volumes are read-only whatever the mount says (as since Kubernetes 1.10).
             read_only = bool(vm.get("readOnly")) or kinds.get(vm["name"]) in ("configMap", "secret")
             mounts.append({"source": str(source), "target": vm["mountPath"], "read_only": read_only})
