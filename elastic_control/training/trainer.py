@@ -234,7 +234,7 @@ class Trainer:
         for part in itertools.chain([first] if first else [], partitions):
             # The first pass of a model not resumed trains it from its initialisation.
             cold = passes == 0 and not hello.get("last_pass")
-            stats = self.train_hour(data, part, prefetch, rebatch, cold=cold)
+            stats = self.train_hour(data, part, cold=cold)
             if not self._epochs_end_at_a_barrier:
                 self.ps.flush_pushes()  # else the last epoch's end flushed them
             everyone = self.coord.barrier(
@@ -259,7 +259,7 @@ class Trainer:
         self.log(f"finished: {passes} pass(es)")
         self.shutdown()
 
-    def train_hour(self, data: HourlyData, part: HourPartition, prefetch, rebatch, *, cold: bool = False) -> PassStats:
+    def train_hour(self, data: HourlyData, part: HourPartition, *, cold: bool = False) -> PassStats:
         """Train on this trainer's share of one pass, for the pass's epochs; trainer 0 keeps its held-out lines.
 
         ``cold``: the pass starts the model from its initialisation (EPOCHS=auto then plans at least
@@ -342,9 +342,7 @@ class Trainer:
             self.progress.start_epoch(epoch, epochs if epoch > 1 else None)
             if self.rate_decay:
                 self.rate_decay.start_epoch(counts, share_lines + (context_lines if epoch == 1 else 0))
-            steps = self._train_epoch(
-                share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale, context if epoch == 1 else None
-            )
+            steps = self._train_epoch(share, part, epoch, holdout, stats, l2_scale, context if epoch == 1 else None)
             if epoch == 1:
                 self.progress.steps_per_epoch = steps
             if self.rate_decay:
@@ -491,7 +489,7 @@ class Trainer:
         )
         return shift
 
-    def _train_epoch(self, share, part, epoch, holdout, stats, prefetch, rebatch, l2_scale=None, context=None) -> int:
+    def _train_epoch(self, share, part, epoch, holdout, stats, l2_scale=None, context=None) -> int:
         """One epoch over this trainer's share of the pass (and ``context``, the window's earlier hours, shuffled
         in with it); the number of steps."""
         h = self.s.hyper
