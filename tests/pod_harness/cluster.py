@@ -13,7 +13,9 @@ kube-proxy and cluster DNS of one node:
   headless names ``JOB-TASK-I.JOB``) and the ``env`` plugin (``VK_TASK_INDEX``,
   ``VC_TASK_INDEX``, after the container's own variables); their policies are
   applied as Volcano's job controller matches them (task-level first, in order,
-  by event or exit code): RestartJob within ``maxRetry``, AbortJob, CompleteJob...
+  by event or exit code): RestartJob within ``maxRetry``, AbortJob, CompleteJob...;
+  a job pod deleted or evicted (``delete_pod``, ``evict``) raises PodEvicted, and
+  with no policy for it the pod is made again (syncJob), the job not restarted.
 - every pod gets its own network namespace and IP on a bridge, a hosts file
   (its own name, every Service's names, the headless job names) and a resolver
   that answers nothing else; Services get a cluster IP on which the node agent
@@ -219,6 +221,8 @@ class VolcanoJob:
         if pod is not None:
             pod.task, pod.index = task["name"], index
             self.pods[(task["name"], index)] = pod
+        else:
+            self.pods.pop((task["name"], index), None)  # refused: no pod to make again at every sync
 
     def start(self) -> None:
         self.version += 1
@@ -264,6 +268,9 @@ class VolcanoJob:
                 )
             return
         for (task, index), pod in list(self.pods.items()):
+            if pod.gone:  # deleted from outside with no policy for PodEvicted: syncJob makes every missing pod
+                self.create_task_pod(next(t for t in self.spec["tasks"] if t["name"] == task), index)
+        for (task, index), pod in list(self.pods.items()):
             if pod.phase == "Failed" and not pod.terminating:
                 code = next((c.exit_code for c in pod.containers if c.exit_code), None)
                 action = self.action_for(task, "PodFailed", code)
@@ -279,6 +286,17 @@ class VolcanoJob:
         if self.pods and all(p.phase in ("Succeeded", "Failed") for p in self.pods.values()):
             succeeded = sum(p.phase == "Succeeded" for p in self.pods.values())
             self.phase = "Completed" if succeeded >= self.spec.get("minSuccess", len(self.pods)) else "Failed"
+
+    def pod_deleted(self, pod: Pod) -> None:
+        """A pod of the job deleted or evicted from outside (``kubectl delete``, a drain): Volcano's job
+        controller sees its deletion timestamp as the PodEvicted event and applies the policies to it. With
+        no policy for it, the pod is made again once it is gone (``sync``), as syncJob makes missing pods."""
+        if self.phase != "Running" or self.pods.get((pod.task, pod.index)) is not pod:
+            return  # a pod of an earlier version, or a job already restarting or ending: Volcano ignores it
+        action = self.action_for(pod.task, "PodEvicted", None)
+        why = f"pod {pod.name} evicted (PodEvicted): {action or 'no policy, made again'}"
+        if not self._act(action, why, pod.task, pod.index):
+            self.events.append(why)
 
     def _act(self, action: str | None, why: str, task: str, index: int | None) -> bool:
         if action is None:
@@ -300,6 +318,8 @@ class VolcanoJob:
             self.events.append(why)
             targets = [(t, i) for (t, i) in self.pods if t == task and (action == "RestartTask" or i == index)]
             for key in targets:
+                if self.pods[key].terminating:
+                    continue  # already being deleted (PodEvicted): sync makes it again once it is gone
                 pod = self.pods.pop(key)
                 spec = next(t for t in self.spec["tasks"] if t["name"] == key[0])
 
@@ -888,7 +908,13 @@ class Cluster:
     def delete_pod(self, pod: Pod, grace: float | None = None) -> threading.Thread:
         """`kubectl delete pod`: terminating now (out of its Services), preStop, SIGTERM, grace, SIGKILL."""
         with self.lock:
-            return self.kubelet.terminate(pod, grace=grace, on_gone=self.pod_gone)
+            thread = self.kubelet.terminate(pod, grace=grace, on_gone=self.pod_gone)
+            self._deleted_from_outside(pod)
+            return thread
+
+    def _deleted_from_outside(self, pod: Pod) -> None:
+        if pod.owner[0] == "Job" and pod.owner[1] in self.jobs:
+            self.jobs[pod.owner[1]].pod_deleted(pod)
 
     def evict(self, pod: Pod) -> bool:
         """The eviction API (a node drain): refused (False) when a PodDisruptionBudget would be broken."""
@@ -916,6 +942,7 @@ class Cluster:
                 if allowed <= 0 or (pod not in healthy and allowed < 1):
                     return False
             self.kubelet.terminate(pod, on_gone=self.pod_gone)
+            self._deleted_from_outside(pod)
             return True
 
     def log(self, pod: Pod, container: str | None = None) -> str:
