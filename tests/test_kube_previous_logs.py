@@ -57,3 +57,21 @@ def test_a_previous_log_the_kubelet_no_longer_has_is_said_so(cluster, tmp_path, 
     out = capsys.readouterr().out
     assert f"[{name} previous] (log unavailable: HTTP 400 previous terminated container" in out
     assert f"[{name}] " in out.replace(f"[{name} previous]", "")  # the current log still follows
+
+
+def test_following_a_restarted_container_shows_its_previous_log_before_the_stream(cluster, tmp_path, capsys):
+    plan, _ = render_plan(tmp_path / "state", cpu=4, mem=20, trainers=2, pservers=1, cube_shards=1)
+    KubeBackend().apply(plan).wait()
+    name = _restarted(cluster, "elastic-ctr-trainer-0", ["pass-20191221-00 step 10", "Killed"])
+    capsys.readouterr()
+    cluster.requests.clear()
+    # Trainer 0's followed stream ends with the job Completed (the fake's scenario), so follow returns.
+    KubeBackend().attach(plan).stream_logs(components=["trainer-0"], follow=True)
+    mine = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"[{name}")]
+    assert mine[:3] == [
+        f"[{name} previous] (container trainer restarted 1x: its previous log)",
+        f"[{name} previous] pass-20191221-00 step 10",
+        f"[{name} previous] Killed",
+    ]
+    assert mine[3:] and all(line.startswith(f"[{name}] ") for line in mine[3:])
+    assert len(_previous_asked(cluster)) == 1  # once, not at every reattach

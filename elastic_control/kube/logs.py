@@ -6,8 +6,8 @@ runs: the API server or kubelet closed the stream; its pod was recreated by
 Volcano's RestartJob or a Deployment; its container restarted) or says, in one
 line, why it stopped (the pod finished and nothing will replace it). Lines are
 requested with timestamps, so a stream reopened on the same pod does not print
-a line twice. Without ``follow``, a pod whose container restarted shows its previous
-instance's log first (prefix ``POD previous``): what made it restart is there.
+a line twice. A pod whose container restarted shows its previous instance's log first
+(prefix ``POD previous``), with ``follow`` too (once, before the first stream): what made it restart is there.
 """
 
 from __future__ import annotations
@@ -232,14 +232,18 @@ def print_logs(
     if pod is None:
         printer.line(source.component, f"(no pod yet for selector {source.selector})")
         return False
-    name = pod.metadata.name
+    _print_previous(namespace, pod, source, printer, tail_lines, since_seconds)
+    _print_one(namespace, pod.metadata.name, source, printer, pod.metadata.name, tail_lines, since_seconds)
+    return True
+
+
+def _print_previous(namespace, pod, source, printer, tail_lines, since_seconds) -> None:
+    """A restarted container's previous instance's log (what made it restart: the current one lacks it)."""
     restarts = _restarts(pod, source.container)
     if restarts:
-        # What made the container restart is in its previous instance's log, which the current one lacks.
+        name = pod.metadata.name
         printer.line(f"{name} previous", f"(container {source.container} restarted {restarts}x: its previous log)")
         _print_one(namespace, name, source, printer, f"{name} previous", tail_lines, since_seconds, previous=True)
-    _print_one(namespace, name, source, printer, name, tail_lines, since_seconds)
-    return True
 
 
 def _restarts(pod, container: str) -> int:
@@ -320,6 +324,8 @@ def follow_logs(
             printer.line(source.component, f"(stream closed while {pod.metadata.name} runs: reattached)")
         if seen is not None and identity == seen and not printed:
             time.sleep(poll * 4)  # a stream that keeps closing at once: do not spin
+        if not opened and seen is None:
+            _print_previous(namespace, pod, source, printer, first_tail_lines, first_since_seconds)
         seen = identity
         streams += 1
         printed = 0
