@@ -20,6 +20,8 @@ log streams) so the real `kubernetes` client parses them. Scenarios:
 - ``deny``: {"METHOD path-substring": status} answers 401/403 Status objects
   (e.g. {"GET /pods": 403}) as an API server whose RBAC refuses the call.
 - ``task_index_label=False``: Volcano before 1.9 (pods without volcano.sh/task-index).
+- ``may_not_create``: resources (e.g. {"roles", "rolebindings"}) a SelfSubjectAccessReview says the
+  user may not create, as for a user bound to the `edit` ClusterRole.
 - ``prometheus_operator=True``: the cluster serves monitoring.coreos.com/v1 (ServiceMonitor,
   PrometheusRule: discovery document and objects); otherwise that group version is 404.
 - ``quota_exceeded``: Deployments' ReplicaSets create no pods and record FailedCreate
@@ -132,8 +134,10 @@ class FakeKubeAPI:
         end_stream_early: bool = False,
         job_pods_forbidden: bool = False,
         prometheus_operator: bool = False,
+        may_not_create: set[str] | frozenset[str] = frozenset(),
     ):
         self.prometheus_operator = prometheus_operator
+        self.may_not_create = set(may_not_create)
         self.crd_installed, self.queue_state = crd_installed, queue_state
         self.unschedulable, self.recreate_trainer = unschedulable, recreate_trainer
         self.node_ports = dict(node_ports or {})
@@ -599,6 +603,12 @@ class _Handler(BaseHTTPRequestHandler):
                 if gv == MONITORING
             ]
             return self._send(200, {"kind": "APIResourceList", "groupVersion": MONITORING, "resources": resources})
+        if url.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" and method == "POST":
+            review = self._body()
+            attributes = review["spec"]["resourceAttributes"]
+            denied = attributes["verb"] == "create" and attributes["resource"] in fake.may_not_create
+            review["status"] = {"allowed": not denied, **({"reason": "no RBAC rule allows it"} if denied else {})}
+            return self._send(201, review)
         m = _PATH.match(url.path)
         if not m:
             return self._status(404, "NotFound", f"the server could not find the requested resource ({url.path})")

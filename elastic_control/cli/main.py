@@ -52,7 +52,8 @@ VERBS = {  # parameter name: (flag, what it does, its options)
         ("cpu", "mem", "trainers", "pservers", "cube_shards", "datafile", "slot_conf", "hdfs_address", "verbose",
          "backend", "namespace", "image", "queue", "job_name", "service_type", "promotion_gate", "context",
          "storage_class", "access_mode", "serving_replicas", "network_policy", "max_retry", "image_pull_policy",
-         "image_pull_secrets", "data_secrets", "job_ttl", "prometheus_operator", "pod_overlay", "state_dir"),
+         "image_pull_secrets", "data_secrets", "job_ttl", "job_progress", "prometheus_operator", "pod_overlay",
+         "state_dir"),
     ),
     "do_apply": (
         "-a",
@@ -317,6 +318,7 @@ def cli(
     image_pull_secrets,
     data_secrets,
     job_ttl,
+    job_progress,
     prometheus_operator,
     pod_overlay,
     state_dir,
@@ -360,6 +362,7 @@ def cli(
                 "data_secrets": tuple(data_secrets),
                 "pod_overlay": pod_overlay,
                 "job_ttl": job_ttl,
+                "job_progress": job_progress,
                 "prometheus_operator": prometheus_operator,
             },
         )

@@ -104,6 +104,14 @@ def kube_render_options(func):
             "them: seconds, 90m, 24h, 7d, or never [default: 24h]; -a does not run a removed job again.",
         ),
         click.option(
+            "--job-progress/--no-job-progress",
+            default=True,
+            show_default=True,
+            help="Trainer 0 publishes pass progress as the job's annotation elastic-ctr/progress, which `status` "
+            "shows: -a creates a ServiceAccount, Role and RoleBinding for it (rights the `edit` ClusterRole lacks; "
+            "without them, pass --no-job-progress).",
+        ),
+        click.option(
             "--prometheus-operator/--no-prometheus-operator",
             default=None,
             help="Render ServiceMonitors (serving, cube) and a PrometheusRule with the alerts instead of the alerts' "

@@ -111,6 +111,15 @@ def rbac() -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(api_client())
 
 
+def access_allowed(namespace: str, verb: str, group: str, resource: str) -> bool:
+    """The API server's answer to "may I ``verb`` ``resource`` in ``namespace``" (a SelfSubjectAccessReview,
+    which every authenticated user may create)."""
+    attributes = client.V1ResourceAttributes(namespace=namespace, verb=verb, group=group, resource=resource)
+    review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attributes))
+    answer = client.AuthorizationV1Api(api_client()).create_self_subject_access_review(review)
+    return bool(answer.status and answer.status.allowed)
+
+
 @functools.lru_cache(maxsize=1)
 def custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())

@@ -56,7 +56,7 @@ def apply_plan(plan, *, dry_run: str | None = None) -> bool:
         info(f"dry run: nothing sent to the cluster; the manifests are in {plan.state_path / MANIFEST_DIR}/")
         return False
     connect(plan)
-    preflight(namespace=plan.namespace, queue=plan.queue)
+    preflight(namespace=plan.namespace, queue=plan.queue, job_progress=options.job_progress)
     done(f"preflight: namespace {plan.namespace}, Volcano ({k.VOLCANO_JOB_CRD}), queue {plan.queue} Open")
     for warning in options.warnings:  # what -r warned about, once more before it matters
         warn(warning)

@@ -54,6 +54,9 @@ class KubeOptions:
     data_secrets: tuple[str, ...] = ()
     pod_overlay: dict = field(default_factory=dict)  # validated content of --pod-overlay
     job_ttl: int | None = DEFAULT_JOB_TTL  # the training job's ttlSecondsAfterFinished; None: never removed
+    # Trainer 0 patches its pass progress onto the job: a ServiceAccount, Role and RoleBinding of its own
+    # (templates/training_job.yaml.j2), which users limited to the `edit` ClusterRole cannot create.
+    job_progress: bool = True
     # ServiceMonitors and a PrometheusRule instead of the alerts' ConfigMap (the cluster serves
     # monitoring.coreos.com/v1, found by -r, or --prometheus-operator)
     prometheus_operator: bool = False
@@ -200,6 +203,7 @@ def build_kube_options(
     data_secrets: tuple[str, ...] | list[str] = (),
     pod_overlay: str | None = None,
     job_ttl: str | int | None = None,
+    job_progress: bool = True,
     prometheus_operator: bool = False,
 ) -> KubeOptions:
     """Validate the flags; ``target`` is the cluster (elastic_control.kube.target.Target) the plan is for."""
@@ -225,5 +229,6 @@ def build_kube_options(
         data_secrets=tuple(data_secrets),
         pod_overlay=load_pod_overlay(pod_overlay) if pod_overlay else {},
         job_ttl=parse_job_ttl(job_ttl),
+        job_progress=bool(job_progress),
         prometheus_operator=bool(prometheus_operator),
     )

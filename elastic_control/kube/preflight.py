@@ -1,4 +1,5 @@
-"""Checks before -a touches anything: namespace, Volcano's Job CRD, the queue.
+"""Checks before -a touches anything: namespace, Volcano's Job CRD, the queue, the rights to create the
+training job's progress account.
 
 Each failure says what is wrong and how to fix it.
 """
@@ -70,8 +71,44 @@ def check_queue(queue: str) -> None:
         )
 
 
-def preflight(*, namespace: str, queue: str) -> None:
+# What the training job's progress account needs (templates/training_job.yaml.j2): the `edit` ClusterRole,
+# which many teams get in their namespace, may create none of the RBAC objects.
+PROGRESS_ACCOUNT_KINDS = (
+    ("", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "roles"),
+    ("rbac.authorization.k8s.io", "rolebindings"),
+)
+
+
+def may_create(namespace: str, group: str, resource: str) -> bool | None:
+    """The API server's answer (SelfSubjectAccessReview) to "may I create ``resource`` in ``namespace``";
+    None when it cannot be asked (then the creation itself will say)."""
+    with adaptor.reachable(f"asking whether you may create {resource} in {namespace}"):
+        try:
+            return adaptor.access_allowed(namespace, "create", group, resource)
+        except adaptor.ApiException:
+            return None
+
+
+def check_progress_account_rights(namespace: str) -> None:
+    denied = [
+        f"{resource}.{group}" if group else resource
+        for group, resource in PROGRESS_ACCOUNT_KINDS
+        if may_create(namespace, group, resource) is False
+    ]
+    if denied:
+        raise ClusterUnavailableError(
+            f"you may not create {', '.join(denied)} in namespace {namespace!r}, which trainer 0's progress "
+            "annotation needs (a ServiceAccount whose Role may patch the training job; the `edit` ClusterRole "
+            "does not grant it): ask a namespace admin to apply, or run -r again with --no-job-progress "
+            "(`status` then shows no pass progress on this cluster)"
+        )
+
+
+def preflight(*, namespace: str, queue: str, job_progress: bool = False) -> None:
     """Raise ClusterUnavailableError naming the first missing prerequisite."""
     check_namespace(namespace)
     check_volcano_crd()
     check_queue(queue)
+    if job_progress:
+        check_progress_account_rights(namespace)
