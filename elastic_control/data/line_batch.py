@@ -150,6 +150,8 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
 
 # The separators of the plain layout: space, ":" and newline (tabs and carriage returns take the older path).
 _SPACE, _COLON, _NEWLINE = np.uint8(32), np.uint8(58), np.uint8(10)
+_SEPARATOR_BYTES = np.zeros(256, bool)
+_SEPARATOR_BYTES[[32, 58, 10]] = True
 # Bytes a value token may hold besides digits; anything else in a token sends the chunk to the older path.
 _VALUE_ONLY_BYTES = np.zeros(256, bool)
 _VALUE_ONLY_BYTES[list(b".+-eE")] = True
@@ -171,17 +173,20 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
     # Bytes that are not digits: the separators, and in value tokens their signs, points and exponents.
     other = np.flatnonzero((b - np.uint8(48)) > 9)
     kinds = b[other]
-    sep = (kinds == _SPACE) | (kinds == _COLON) | (kinds == _NEWLINE)
+    sep = _SEPARATOR_BYTES[kinds]
     if sep.all():
         seps, odd = other, other[:0]
-        gaps = np.diff(seps)
-        if seps[0] > 0 and (gaps > 1).all():
-            return _parse_plain_integers(data, seps, gaps, kinds, lines)
     else:
-        seps, odd = other[sep], other[~sep]
+        odd_at = np.flatnonzero(~sep)
+        seps, odd = other[sep], other[odd_at]
         kinds = kinds[sep]
         if not _VALUE_ONLY_BYTES[b[odd]].all():
             return None
+    gaps = np.diff(seps)
+    if seps[0] > 0 and (gaps > 1).all():
+        # An odd byte's token is the separator after it: the separators before it in ``other``.
+        odd_tok = odd_at - np.arange(len(odd_at)) if len(odd) else odd
+        return _parse_plain_tokens(data, seps, gaps, kinds, odd, odd_tok, lines)
     # The token before separator k, if any, is data[prev[k] + 1 : seps[k]].
     prev = np.empty(len(seps), np.int64)
     prev[0] = -1
@@ -280,60 +285,159 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
     return batch
 
 
-def _parse_plain_integers(
-    data: bytes, seps: np.ndarray, gaps: np.ndarray, kinds: np.ndarray, lines: list[str] | None
+def _parse_plain_tokens(
+    data: bytes, seps: np.ndarray, gaps: np.ndarray, kinds: np.ndarray, odd: np.ndarray, odd_tok: np.ndarray, lines
 ) -> LineBatch | None:
-    """``_parse_plain_bytes`` of a chunk of integer tokens with one separator after each (the layout every
-    writer of the format produces): token i is ``data[seps[i - 1] + 1 : seps[i]]``, so token i + 1 has
-    ``gaps[i] - 1`` digits (``gaps = np.diff(seps)``); the checks only look at the colons and the line
-    ends, and at the longest token, not at every token."""
+    """``_parse_plain_bytes`` of a chunk with one separator after each token (the layout every writer of the
+    format produces): token i is ``data[seps[i - 1] + 1 : seps[i]]``, so token i + 1 has ``gaps[i] - 1``
+    bytes (``gaps = np.diff(seps)``); ``odd``: the bytes of value tokens that are not digits, ``odd_tok``
+    their tokens. The checks look at the separators' kinds, the few odd bytes and the longest token, not at
+    every token's digits.
+
+    Every number is converted where it stands: one pyarrow cast of the chunk seen as its tokens alternating
+    with its separators, the separators (and the value tokens) null, so that nothing is copied to gather
+    the tokens first (a ``take`` of the integer tokens cost as much as their conversion); the value tokens,
+    checked against ``VALUE_NUMBER`` by where their odd bytes stand (pyarrow's regular expressions cost
+    50 ns a token), get one cast to float64.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    newline = kinds == _NEWLINE
-    ends_line = np.flatnonzero(newline)  # each line's last token
+    # A line of k pairs is show, click, then the pairs: 2 + 2k tokens, so when every line has an even
+    # number of tokens (each newline ends an odd-numbered token), every line starts at an even token and a
+    # token's place in its line has the parity of its index: a colon must follow exactly the tokens at even
+    # indices that do not start a line, and a space follows those that do. No token's line is needed for that.
+    is_colon = kinds == _COLON
+    ends_line = np.flatnonzero(kinds == _NEWLINE)  # each line's last token
     line_first = np.empty(len(ends_line), np.int64)
     line_first[0] = 0
     line_first[1:] = ends_line[:-1] + 1
-    colons = np.flatnonzero(kinds == _COLON)  # each pair's feasign
-    feature_line = (np.cumsum(newline) - newline)[colons]  # the newlines before it
-    place = colons - line_first[feature_line]
-    # A line of k pairs is show, click, then the pairs: 2 + 2k tokens, its colons after tokens 2, 4, ..., 2k.
+    even_colon = is_colon[0::2]
     if (
-        (place < 2).any()
-        or (place & 1).any()
-        or not np.array_equal(ends_line - line_first, 1 + 2 * np.bincount(feature_line, minlength=len(ends_line)))
+        not (ends_line & 1).all()
+        or is_colon[1::2].any()
+        or even_colon[line_first >> 1].any()
+        or int(np.count_nonzero(even_colon)) != len(even_colon) - len(line_first)
     ):
         return None
-    bounds = np.empty(2 * len(seps), np.int64)
+    colons = np.flatnonzero(is_colon)  # each pair's left part
+    feature_line = np.repeat(np.arange(len(ends_line), dtype=np.int64), (ends_line - line_first - 1) >> 1)
+    n_tok = len(seps)
+    # The tokens at the even places of ``whole``, the separators between them at the odd ones.
+    bounds = np.empty(2 * n_tok, np.int64)
     bounds[0] = 0
     bounds[2::2] = seps[:-1] + 1
     bounds[1::2] = seps
-    whole = pa.LargeStringArray.from_buffers(2 * len(seps) - 1, pa.py_buffer(bounds), pa.py_buffer(data))
+    buffer = pa.py_buffer(data)
+    if len(odd):
+        value_tok = _value_tokens(data, seps, is_colon, odd, odd_tok)
+        if value_tok is None:
+            return None
+        is_value = np.zeros(n_tok, bool)
+        is_value[value_tok] = True
+        token_bits = np.zeros(2 * n_tok, bool)  # which entries of ``whole`` the cast reads (little-endian bits)
+        token_bits[0::2] = ~is_value
+        validity = np.packbits(token_bits, bitorder="little")
+        int_gaps = gaps.copy()
+        int_gaps[value_tok - 1] = 0  # a value token's length is not bounded (it is never a line's first)
+    else:
+        value_tok = None
+        validity = np.full(n_tok // 4 + 1, 0x55, np.uint8)  # every even entry
+        int_gaps = gaps
+    whole = pa.LargeStringArray.from_buffers(2 * n_tok - 1, pa.py_buffer(bounds), buffer, pa.py_buffer(validity))
     try:
-        numbers = _numpy_of(pc.cast(whole.take(_arrow_indices(np.arange(0, 2 * len(seps), 2))), pa.uint64()), np.uint64)
+        numbers = _numpy_of(pc.cast(whole, pa.uint64()), np.uint64)[0::2]  # token i's number at i
     except (pa.ArrowInvalid, ValueError):  # above 2**64-1: the reference names the line
         return None
     shows, clicks = numbers[line_first], numbers[line_first + 1]
-    slots = numbers[colons + 1]
-    # Digit counts, not values, are the grammar's bounds (leading zeros count): every token within the
+    # Digit counts, not values, are the grammar's bounds (leading zeros count): every integer token within the
     # feasign's and the show's 20 digits (one maximum), slots within 9, a click of one digit ("0", not "00").
     if (
         (clicks > 1).any()
         or (gaps[line_first] != 2).any()
         or (shows >= _SHOW_LIMIT).any()
-        or max(int(seps[0]), int(gaps.max()) - 1) > min(FEASIGN_DIGITS, SHOW_DIGITS)
+        or max(int(seps[0]), int(int_gaps.max(initial=0)) - 1) > min(FEASIGN_DIGITS, SHOW_DIGITS)
         or (gaps[colons] - 1 > SLOT_DIGITS).any()
     ):
         return None
-    return LineBatch(
+    if value_tok is not None:
+        keep = ~is_value[colons]
+        colons, feature_line = colons[keep], feature_line[keep]
+    batch = LineBatch(
         shows.astype(np.int64),
         clicks.astype(np.int64),
         feature_line,
         numbers[colons],
-        slots.astype(np.int64),
+        numbers[colons + 1].astype(np.int64),
         data.decode("ascii").split("\n")[:-1] if lines is None else lines,
     )
+    if value_tok is not None:
+        # The value tokens alone, alternating with what lies between them (null): the cast then reads
+        # only them (over all of ``whole``, it cost 4x as much: a float64 for every entry).
+        k = len(value_tok)
+        value_bounds = np.empty(2 * k, np.int64)
+        value_bounds[0::2], value_bounds[1::2] = bounds[2 * value_tok], seps[value_tok]
+        texts = pa.LargeStringArray.from_buffers(
+            2 * k - 1, pa.py_buffer(value_bounds), buffer, pa.py_buffer(np.full(k // 4 + 1, 0x55, np.uint8))
+        )
+        values = _numpy_of(pc.cast(texts, pa.float64()), np.float64)[0::2].copy()
+        if not np.isfinite(values).all():  # an overflow (1e999): the reference names the line
+            return None
+        batch.value_line = np.searchsorted(ends_line, value_tok)  # the line ends before it
+        batch.value_slots = numbers[value_tok + 1].astype(np.int64)
+        batch.values = values
+    return batch
+
+
+# The bytes of a value token besides its digits, by kind.
+_DOT, _PLUS, _MINUS = np.uint8(46), np.uint8(43), np.uint8(45)
+_EXPONENT_BYTES = np.zeros(256, bool)
+_EXPONENT_BYTES[list(b"eE")] = True
+
+
+def _value_tokens(
+    data: bytes, seps: np.ndarray, is_colon: np.ndarray, odd: np.ndarray, odd_tok: np.ndarray
+) -> np.ndarray | None:
+    """The tokens (indices, sorted) holding the ``odd`` bytes (``.+-eE``; ``odd_tok``: the token of each),
+    when each is a pair's left part and a ``VALUE_NUMBER``; else None.
+
+    ``VALUE_NUMBER`` with its alternatives merged: an optional sign, a mantissa of digits with at most one
+    point and at least one digit, then optionally ``e`` or ``E``, an optional sign and at least one digit;
+    and not a plain unsigned integer, which a token holding one of these bytes is not. So each token's odd
+    bytes are checked where they stand, never its digits one by one: at most one exponent and one point,
+    the point before the exponent, a sign only first or right after the exponent, and digits left on both
+    sides of the exponent.
+    """
+    if not is_colon[odd_tok].all():  # a show, a click or a slot: never a value
+        return None
+    new = np.empty(len(odd_tok), bool)  # ``odd_tok`` is sorted: the odd bytes that start a token's run of them
+    new[0] = True
+    np.not_equal(odd_tok[1:], odd_tok[:-1], out=new[1:])
+    value_tok = odd_tok[new]
+    which = np.cumsum(new) - 1  # each odd byte's value token, 0 .. k-1
+    k = len(value_tok)
+    start, end = seps[value_tok - 1] + 1, seps[value_tok]  # a pair's left part is never the chunk's first token
+    c = np.frombuffer(data, np.uint8)[odd]
+    is_exp, is_dot = _EXPONENT_BYTES[c], c == _DOT
+    is_sign = (c == _PLUS) | (c == _MINUS)
+    exp_at = end.copy()  # the exponent's position, or the token's end without one
+    exp_at[which[is_exp]] = odd[is_exp]
+    at = exp_at[which]
+    lead_sign = np.zeros(k, np.int64)
+    lead_sign[which[is_sign & (odd == start[which])]] = 1
+    exp_sign = np.zeros(k, np.int64)
+    exp_sign[which[is_sign & (odd == at + 1)]] = 1
+    dots = np.bincount(which[is_dot], minlength=k)
+    if (
+        (np.bincount(which[is_exp], minlength=k) > 1).any()
+        or (dots > 1).any()
+        or (odd[is_dot] > at[is_dot]).any()
+        or int(lead_sign.sum() + exp_sign.sum()) != int(np.count_nonzero(is_sign))  # each sign in its place
+        or (exp_at - start - lead_sign - dots < 1).any()  # the mantissa's digits
+        or ((exp_at < end) & (end - exp_at - 1 - exp_sign < 1)).any()  # the exponent's digits
+    ):
+        return None
+    return value_tok
 
 
 # pa.array and Array.to_numpy import pandas when it is installed (a third of a second, paid by the first

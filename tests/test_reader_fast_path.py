@@ -1,0 +1,125 @@
+"""The training reader's whole-chunk byte parse against the per-line parser, on lines with dense value tokens.
+
+The byte parse checks a value token by where its non-digit bytes stand (``line_batch._value_tokens``), not by
+the grammar's regular expression, and converts every number with pyarrow: these tests hold it to the reference
+(``sample.parse_sample_line``, through ``line_batch._parse_line_by_line``) on random tokens over the bytes a
+value token may hold, valid or not, in the layout writers produce and around it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ctr_foundation.sample import parse_sample_line
+from ctr_foundation.slot_grammar import VALUE_NUMBER_OK, MalformedLine
+from elastic_control.data import line_batch
+
+VALUE_ALPHABET = list("0123456789" * 2 + ".+-eE")
+
+
+def _random_value(rng) -> str:
+    """Mostly numbers the grammar takes, in every form (sign, point, exponent), else any mix of its bytes."""
+    if rng.random() < 0.6:
+        sign = str(rng.choice(["", "", "-", "+"]))
+        digits = "".join(rng.choice(list("0123456789"), int(rng.integers(0, 4))))
+        frac = "".join(rng.choice(list("0123456789"), int(rng.integers(0, 4))))
+        mantissa = str(rng.choice([f"{digits}.{frac}", digits, f".{frac}"]))
+        exponent = str(rng.choice(["", "", f"e{int(rng.integers(-400, 400))}", f"E+{int(rng.integers(0, 30))}"]))
+        return sign + mantissa + exponent
+    return "".join(rng.choice(VALUE_ALPHABET, int(rng.integers(1, 7))))
+
+
+def _random_line(rng) -> str:
+    toks = []
+    for _ in range(int(rng.integers(0, 8))):
+        slot = str(int(rng.integers(0, 60)))
+        toks.append(f"{int(rng.integers(0, 1 << 62))}:{slot}" if rng.random() < 0.5 else f"{_random_value(rng)}:{slot}")
+    return " ".join([str(int(rng.integers(0, 5))), str(int(rng.integers(0, 2))), *toks])
+
+
+def _rows(batch):
+    out = []
+    for i in range(len(batch)):
+        lo, hi = np.searchsorted(batch.feature_line, [i, i + 1])
+        vlo, vhi = np.searchsorted(batch.value_line, [i, i + 1])
+        out.append(
+            (
+                int(batch.shows[i]),
+                int(batch.clicks[i]),
+                list(zip(batch.feasigns[lo:hi].tolist(), batch.feature_slots[lo:hi].tolist(), strict=True)),
+                list(zip(batch.values[vlo:vhi].tolist(), batch.value_slots[vlo:vhi].tolist(), strict=True)),
+            )
+        )
+    return out
+
+
+def _good(line: str) -> bool:
+    try:
+        parse_sample_line(line)
+    except MalformedLine:
+        return False
+    return True
+
+
+def test_a_value_token_alone_is_taken_exactly_when_the_grammar_takes_it():
+    rng = np.random.default_rng(11)
+    seen = {True: 0, False: 0}
+    for _ in range(3000):
+        value = _random_value(rng)
+        line = f"1 0 5:1 {value}:40 7:2"
+        fast = line_batch._parse_plain_bytes(f"{line}\n".encode())
+        good = _good(line)
+        seen[good] += 1
+        if value.isdigit():  # an integer token: not a value
+            continue
+        assert (fast is not None) == good, value
+        assert good == (VALUE_NUMBER_OK.fullmatch(value) is not None and np.isfinite(float(value))), value
+        if good:
+            assert fast.values.tolist() == [float(value)] and fast.value_slots.tolist() == [40], value
+            assert fast.feasigns.tolist() == [5, 7] and fast.feature_slots.tolist() == [1, 2]
+    assert min(seen.values()) > 500  # both sides covered
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunks_with_value_tokens_parse_as_the_per_line_parser_does(seed):
+    rng = np.random.default_rng(seed)
+    fast = 0
+    for _ in range(300):
+        lines = [_random_line(rng) for _ in range(int(rng.integers(1, 30)))]
+        if rng.random() < 0.5:  # a chunk of valid lines only, so that many take the byte parse
+            lines = [ln for ln in lines if _good(ln)] or ["1 1 0.5:40"]
+        batch, bad = line_batch.parse_text(("\n".join(lines) + "\n").encode())
+        ref, ref_bad = line_batch._parse_line_by_line(lines)
+        assert _rows(batch) == _rows(ref), lines
+        assert batch.lines == ref.lines
+        assert [(b.index, b.line, b.reason) for b in bad] == [(b.index, b.line, b.reason) for b in ref_bad]
+        np.testing.assert_array_equal(batch.value_line, ref.value_line)
+        if line_batch._parse_plain_bytes(("\n".join(lines) + "\n").encode()) is not None:
+            fast += 1
+            assert not ref_bad
+    assert fast > 100  # the comparison covers the byte parse, not only the fallbacks
+
+
+def test_the_byte_parse_takes_criteo_like_lines_with_values_and_refuses_misplaced_ones():
+    good = "1 0 17:1 18446744073709551615:2 1.38629:40 -0.693147:41 2e-05:42 +3.:43"
+    batch = line_batch._parse_plain_bytes(f"{good}\n{good}\n".encode())
+    assert batch is not None and batch.value_line.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert batch.values.tolist() == [1.38629, -0.693147, 2e-05, 3.0] * 2
+    for bad in (
+        "1 0 17:1.5",  # a value as a slot
+        "1.5 0 17:1",  # as a show
+        "1 0.5 17:1",  # as a click
+        "1 0 1e5e5:40",
+        "1 0 1.5.:40",
+        "1 0 1-5:40",
+        "1 0 1e:40",
+        "1 0 -e5:40",
+        "1 0 .e5:40",
+        "1 0 1.5e-:40",
+        "1 0 1e1.5:40",
+        "1 0 --1:40",
+        "1 0 1e999:40",
+    ):
+        assert line_batch._parse_plain_bytes(f"{good}\n{bad}\n".encode()) is None, bad
+        assert not _good(bad), bad
