@@ -1,10 +1,12 @@
 """Training benchmark: every model family on real Criteo lines beside logistic regression, throughput, synthetic gap.
 
     .venv/bin/python bench/bench_training.py [--quick] [--families dnn,wide_deep] [--skip-throughput]
-        [--skip-quality | --small-logs-only]
+        [--skip-quality | --small-logs-only | --reader-only]
 
 Prints, in one run:
-- the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit);
+- the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit), on the
+  synthetic throughput data (integer tokens only) and on real Criteo lines converted by `data criteo` (dense
+  slots' value tokens, ``1.38629:40``, in every line);
 - examples/s of the defaults with 1 trainer and with 2 trainers (1 pserver) on synthetic data (8 slots,
   4 hours x 25k lines: the data of the throughput figures in docs/benchmarks.md), beside the defaults
   with the embeddings on Paddle's sparse Adam rule (before the decay rule), the defaults without the wide prior
@@ -175,6 +177,27 @@ def parse_rate(path: Path, repeats: int = 5) -> tuple[float, float, float]:
     reader(), bare(True), bare(False)
     runs = [(reader(), bare(True), bare(False)) for _ in range(repeats)]
     return tuple(float(np.median(column)) for column in zip(*runs, strict=True))
+
+
+def print_parse_rate(label: str, path: Path) -> None:
+    reader, bare, bare_one = parse_rate(path)
+    print(
+        f"reader parse rate, {label}: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
+        f"(reader = {reader / bare:.2f}x of the limit; {bare_one:,.0f} lines/s on one thread as the "
+        f"reader runs: {reader / bare_one:.2f}x)",
+        flush=True,
+    )
+
+
+def criteo_reader_file(root: Path, lines: int) -> Path:
+    """A file of ``lines`` real Criteo lines as `data criteo` writes them (hour 0, part 0 of 1): 39 sparse
+    tokens and up to 13 dense value tokens a line, the tokens the integer-only synthetic data lacks."""
+    from elastic_control.data.criteo import convert_file
+
+    raw = B.write_criteo_slice(root / "criteo-reader-raw.txt", 0, lines)
+    convert_file(raw, root / "criteo-reader", hours=1, start=B.START, parts=1)
+    raw.unlink()
+    return hour_dir(root / "criteo-reader", B.START) / "part-00000"
 
 
 def read_hour_lines(folder: Path) -> list[str]:
@@ -381,6 +404,7 @@ def main() -> None:
     ap.add_argument("--skip-throughput", action="store_true", help="only the quality figures")
     ap.add_argument("--skip-quality", action="store_true", help="only the reader and throughput figures")
     ap.add_argument("--small-logs-only", action="store_true", help="only the small real logs' table")
+    ap.add_argument("--reader-only", action="store_true", help="only the reader's parse rates")
     ap.add_argument(
         "--tune-candidates",
         type=int,
@@ -401,15 +425,17 @@ def main() -> None:
         if args.small_logs_only:
             small_logs(root, args.quick)
             return
-        if not args.skip_throughput:
+        if not args.skip_throughput or args.reader_only:
             generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=B.START)
-            reader, bare, bare_one = parse_rate(hour_dir(root / "data", B.START) / "part-00000")
-            print(
-                f"reader parse rate: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
-                f"(reader = {reader / bare:.2f}x of the limit; {bare_one:,.0f} lines/s on one thread as the "
-                f"reader runs: {reader / bare_one:.2f}x)",
-                flush=True,
-            )
+            part = hour_dir(root / "data", B.START) / "part-00000"
+            print_parse_rate(f"synthetic {len(THROUGHPUT_SLOTS)} slots, integer tokens only", part)
+            if B.CRITEO_FILE.exists():
+                part = criteo_reader_file(root, 10_000 if args.quick else 40_000)
+                print_parse_rate("real Criteo lines with dense value tokens", part)
+            else:
+                print(f"reader parse rate on Criteo lines skipped: {B.CRITEO_FILE} not found", flush=True)
+            if args.reader_only:
+                return
             configs = [
                 ("default", []),
                 ("no-copies", NO_COPIES),
