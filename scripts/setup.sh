@@ -41,4 +41,12 @@ if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 || !
       || echo "setup: warning: could not install podman; the image tests will skip" >&2
   fi
 fi
+# nft enforces NetworkPolicies on the pod harness's direct pod-to-pod connections (tests/pod_harness/network.py).
+if ! command -v nft >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing nftables (the pod harness)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null) \
+      || echo "setup: warning: could not install nftables; the pod harness tests will skip" >&2
+  fi
+fi
 echo "setup: ready (.venv)" >&2

@@ -4,6 +4,9 @@ NetworkPolicies on direct pod-to-pod connections."""
 
 from __future__ import annotations
 
+import json
+import socket
+
 import pytest
 from pod_harness.network import missing_requirements
 
@@ -33,8 +36,8 @@ def pod_spec(command: list[str], **extra) -> dict:
     }
 
 
-def volcano_job(name: str, tasks: dict[str, dict], policies: list[dict], max_retry: int = 3) -> dict:
-    """A Volcano Job with the svc and env plugins; ``tasks``: name -> pod spec, one replica each."""
+def volcano_job(name: str, tasks: dict[str, dict], policies: list[dict], *, svc_args=(), max_retry: int = 3) -> dict:
+    """A Volcano Job with the svc (``svc_args``) and env plugins; ``tasks``: name -> pod spec, one replica each."""
     return {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
@@ -42,7 +45,7 @@ def volcano_job(name: str, tasks: dict[str, dict], policies: list[dict], max_ret
         "spec": {
             "minAvailable": len(tasks),
             "maxRetry": max_retry,
-            "plugins": {"svc": [], "env": []},
+            "plugins": {"svc": list(svc_args), "env": []},
             "policies": policies,
             "tasks": [
                 {"name": task, "replicas": 1, "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}
@@ -99,3 +102,170 @@ def test_a_deleted_job_pod_with_no_policy_for_it_is_made_again(tmp_path):
         )
         assert job.retry_count == 0 and job.phase == "Running", job.events
         assert any("PodEvicted" in e for e in job.events), job.events
+
+
+def deployment(name: str, spec: dict) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": name}}, "spec": spec}},
+    }
+
+
+def service(name: str, port: int) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"selector": {"app": name}, "ports": [{"port": port, "targetPort": port}]},
+    }
+
+
+# Listens on 8080 once /var/run/gate/open exists (the test opens it): ready (tcpSocket probe) from then on.
+GATED_SERVER = [
+    "python",
+    "-c",
+    "import os, socket, time\n"
+    "while not os.path.exists('/var/run/gate/open'): time.sleep(0.1)\n"
+    "s = socket.create_server(('', 8080))\n"
+    "while True: s.accept()[0].close()\n",
+]
+RESOLVE = """
+import json, socket, sys
+out = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        out[name] = sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)})
+    except socket.gaierror as e:
+        out[name] = e.errno
+print(json.dumps(out))
+"""
+
+
+def resolve(harness, names: list[str]) -> dict:
+    out = harness.run(["python", "-c", RESOLVE, json.dumps(names)], timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def gated_server_spec() -> dict:
+    spec = pod_spec(
+        GATED_SERVER,
+        ports=[{"name": "paddle", "containerPort": 8080}],
+        readinessProbe={"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+        volumeMounts=[{"name": "gate", "mountPath": "/var/run/gate"}],
+    )
+    spec["volumes"] = [{"name": "gate", "emptyDir": {}}]
+    return spec
+
+
+def test_pods_resolve_names_through_the_cluster_dns_and_headless_names_follow_readiness(tmp_path):
+    """resolv.conf as the kubelet writes it (the namespace's search list, ndots:5, the cluster DNS); Service
+    names in every short form; a job pod's headless name only once the pod is ready, as the endpoints
+    controller publishes it; anything else NXDOMAIN."""
+    docs = [
+        deployment("web", pod_spec(SLEEP)),
+        service("web", 80),
+        volcano_job("trainjob", {"server": gated_server_spec()}, [{"event": "PodEvicted", "action": "RestartJob"}]),
+    ]
+    with Cluster(docs, tmp_path / "cluster") as harness:
+        conf = harness.run(["cat", "/etc/resolv.conf"]).stdout
+        assert f"search {NS}.svc.cluster.local svc.cluster.local cluster.local" in conf, conf
+        assert "options ndots:5" in conf and "nameserver 127.0.0.1" not in conf, conf
+        web_ip = harness.service_ips["web"]
+        forms = ["web", f"web.{NS}", f"web.{NS}.svc", f"web.{NS}.svc.cluster.local"]
+        assert resolve(harness, forms) == {name: [web_ip] for name in forms}
+        getent = harness.run(["getent", "hosts", "web"])
+        assert getent.returncode == 0 and getent.stdout.split()[0] == web_ip, getent
+
+        job = harness.jobs["trainjob"]
+        pod = harness.wait(lambda: job.pods.get(("server", 0)), timeout=30, what="the server pod")
+        harness.wait(lambda: pod.phase == "Running", timeout=30, what="the server running")
+        headless = ["trainjob-server-0.trainjob", f"trainjob-server-0.trainjob.{NS}.svc.cluster.local"]
+        before = resolve(harness, [*headless, f"trainjob.{NS}.svc.cluster.local", "no-such-name", "pypi.org"])
+        assert not harness.is_ready(pod)
+        assert all(not isinstance(v, list) for v in before.values()), before  # running, not ready: no name
+        (pod.volumes["gate"] / "open").write_text("")
+        harness.wait(lambda: harness.is_ready(pod), timeout=30, what="the server ready")
+        after = resolve(harness, [*headless, f"trainjob-server-0.trainjob.{NS}", "trainjob", "no-such-name"])
+        # NXDOMAIN (EAI_NONAME), answered at once: a resolver timing out would say EAI_AGAIN.
+        assert after.pop("no-such-name") == before["no-such-name"] == before["pypi.org"] == socket.EAI_NONAME
+        assert after == {name: [pod.ip] for name in after}, after
+
+
+# The trainer dials pserver 0's headless name on the Paddle port every half second and logs what happened.
+DIAL = [
+    "python",
+    "-c",
+    "import socket, time\n"
+    "while True:\n"
+    "    try:\n"
+    "        socket.create_connection(('trainjob-pserver-0.trainjob', 8080), timeout=2).close()\n"
+    "        print('connected', flush=True)\n"
+    "    except OSError as e:\n"
+    "        print(type(e).__name__, e, flush=True)\n"
+    "    time.sleep(0.5)\n",
+]
+LISTEN = ["python", "-c", "import socket\ns = socket.create_server(('', 8080))\nwhile True: s.accept()[0].close()\n"]
+
+
+def only_from_the_job(port) -> dict:
+    """A NetworkPolicy: the job's pods accept the job's pods on ``port`` only."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "job-only", "namespace": NS},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "trainjob"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "trainjob"}}}], "ports": [{"port": port}]}],
+        },
+    }
+
+
+# From a client pod (another app's): connect to a pod IP and port, print what happened.
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()
+    print("connected")
+except OSError as e:
+    print(type(e).__name__)
+"""
+NO_POLICY = ["--disable-network-policy"]
+
+
+@pytest.mark.parametrize(
+    "svc_args, port, trainer, outsider",
+    [
+        ([], None, "connected", "TimeoutError"),  # the svc plugin's own NetworkPolicy: the job's pods only
+        (NO_POLICY, None, "connected", "connected"),  # no policy selects the pods: anyone
+        (NO_POLICY, "paddle", "connected", "TimeoutError"),
+        (NO_POLICY, 9999, "TimeoutError", "TimeoutError"),  # the Paddle port left out: the trainer is cut too
+    ],
+)
+def test_network_policies_cut_direct_pod_to_pod_connections(tmp_path, svc_args, port, trainer, outsider):
+    """A trainer dials pserver 0 over its headless name, pod IP to pod IP (no Service, no node agent), and a
+    client pod of another app dials the pserver's IP: the pserver's policies decide, as the CNI would, and
+    what they leave out is dropped (the SYN gets no answer)."""
+    pserver = pod_spec(LISTEN, ports=[{"name": "paddle", "containerPort": 8080}])
+    pserver["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": 8080}, "periodSeconds": 1}
+    docs = [volcano_job("trainjob", {"pserver": pserver, "trainer": pod_spec(DIAL)}, [], svc_args=svc_args)]
+    if port is not None:
+        docs.append(only_from_the_job(port))
+    with Cluster(docs, tmp_path / "cluster") as harness:
+        pods = harness.jobs["trainjob"].pods
+        harness.wait(lambda: len(pods) == 2 and all(harness.is_ready(p) for p in pods.values()), timeout=30, what="up")
+        dialer = pods[("trainer", 0)]
+        harness.wait(
+            lambda: any(line.startswith(("connected", "TimeoutError")) for line in harness.log(dialer).splitlines()),
+            timeout=30,
+            what="the trainer's dial reached the pserver's IP",
+        )
+        results = {line.split()[0] for line in harness.log(dialer).splitlines()} - {"gaierror"}
+        assert results == {trainer}, harness.log(dialer)[-2000:]
+        other = harness.run(["python", "-c", CONNECT, pods[("pserver", 0)].ip, "8080"])
+        assert other.stdout.split() == [outsider], other
+        # The node (probes, the Service proxy) is never cut off: the pserver is ready either way.
+        assert harness.is_ready(pods[("pserver", 0)])

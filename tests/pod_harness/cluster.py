@@ -10,16 +10,23 @@ kube-proxy and cluster DNS of one node:
 - Deployments keep ``replicas`` pods (a deleted pod is replaced at once, under a
   new name and IP). Volcano Jobs get pods ``JOB-TASK-I`` with the ``svc`` plugin
   (hostname/subdomain, ``VC_<TASK>_HOSTS``/``_NUM``, /etc/volcano/TASK.host, the
-  headless names ``JOB-TASK-I.JOB``) and the ``env`` plugin (``VK_TASK_INDEX``,
-  ``VC_TASK_INDEX``, after the container's own variables); their policies are
+  headless Service JOB and names ``JOB-TASK-I.JOB``, its NetworkPolicy admitting
+  the job's pods unless ``--disable-network-policy``) and the ``env`` plugin
+  (``VK_TASK_INDEX``, ``VC_TASK_INDEX``, after the container's own variables); their policies are
   applied as Volcano's job controller matches them (task-level first, in order,
   by event or exit code): RestartJob within ``maxRetry``, AbortJob, CompleteJob...;
   a job pod deleted or evicted (``delete_pod``, ``evict``) raises PodEvicted, and
   with no policy for it the pod is made again (syncJob), the job not restarted.
-- every pod gets its own network namespace and IP on a bridge, a hosts file
-  (its own name, every Service's names, the headless job names) and a resolver
-  that answers nothing else; Services get a cluster IP on which the node agent
-  (node_agent.py) forwards to ready endpoints; probes run from the node.
+- every pod gets its own network namespace and IP on a bridge, the kubelet's
+  hosts file (localhost, its own names) and resolv.conf (the namespace's search
+  list, ``ndots:5``, the cluster DNS at network.DNS_IP); Services get a cluster IP
+  on which the node agent (node_agent.py) forwards to ready endpoints; the node
+  agent also answers the cluster DNS as CoreDNS would: Service names, and the
+  headless names (``JOB-TASK-I.JOB``...) only while their pod is ready, as the
+  endpoints controller publishes them; probes run from the node.
+- NetworkPolicies (ingress, matchLabels) apply to Service traffic (in the node
+  agent) and to direct pod-to-pod connections (nftables in each pod's namespace,
+  rewritten as pods come and go), dropping what they do not admit.
 - Pod Security "restricted" is enforced at admission (admission.py), and the
   containers run as their uid/gid/fsGroup with no capabilities and
   no_new_privs when the manifest says so.
@@ -34,8 +41,10 @@ securityContext, memory and CPU limits and podman's default seccomp profile
 enforced, every container (init containers, eval jobs, client pods) from TAG.
 
 What it does not emulate: image pulls, multiple nodes (ReadWriteOnce is always
-satisfiable), probe types other than httpGet/tcpSocket, and, in the default
-runtime, resource limits (no cgroups) and seccomp profiles.
+satisfiable), probe types other than httpGet/tcpSocket, egress policies, DNS
+beyond A records over UDP (no SRV, PTR, pod ``a-b-c-d`` records, TCP or upstream
+resolver), and, in the default runtime, resource limits (no cgroups) and seccomp
+profiles.
 
 ``POD_HARNESS_PYTHONPATH`` (a test hook) is put first on every container's
 PYTHONPATH: the pods then run another checkout's modules (a branch under review)
@@ -65,7 +74,7 @@ import yaml
 
 from pod_harness.admission import restricted_violations
 from pod_harness.image import SYSTEM_PATH, image_paths, interpreter_exposure, load_image, venv_bin
-from pod_harness.network import NODE_IP, Network
+from pod_harness.network import DNS_IP, NODE_IP, Network
 from pod_harness.node_agent import admitted_ports, pod_ready
 from pod_harness.podman import PodmanRuntime, bytes_of, cores_of, image_config
 from pod_harness.runtime import Container, Kubelet, Pod, die_with_parent
@@ -159,7 +168,25 @@ class VolcanoJob:
                 self.ips[self.pod_name(task["name"], i)] = cluster.network.next_pod_ip()
         if "svc" in self.plugins:
             cluster.config_maps[f"{self.name}-svc"] = self.svc_hosts()
+            if not self._svc_flag("disable-network-policy"):
+                # The plugin's NetworkPolicy JOB: the job's pods accept the job's pods (other policies add up).
+                only_the_job = {"matchLabels": self.selector()}
+                cluster.network_policies.append(
+                    {
+                        "podSelector": only_the_job,
+                        "policyTypes": ["Ingress"],
+                        "ingress": [{"from": [{"podSelector": only_the_job}]}],
+                    }
+                )
         self._pending_restart: str | None = None
+
+    def _svc_flag(self, name: str) -> bool:
+        """A boolean flag of the svc plugin's arguments (Go's flag syntax: -name, --name, --name=true)."""
+        return any(a.lstrip("-") in (name, f"{name}=true") for a in self.plugins.get("svc") or [])
+
+    def selector(self) -> dict[str, str]:
+        """The labels that select the job's pods (its headless Service's and NetworkPolicy's selector)."""
+        return {"volcano.sh/job-name": self.name, "volcano.sh/job-namespace": self.cluster.namespace}
 
     def pod_name(self, task: str, index: int) -> str:
         return f"{self.name}-{task}-{index}"
@@ -174,16 +201,18 @@ class VolcanoJob:
             data[f"VC_{key.upper()}_NUM"] = str(len(hosts))
         return data
 
-    def headless_names(self) -> dict[str, str]:
-        """{ip: names} for the svc plugin's headless Service JOB."""
+    def headless_service(self) -> dict | None:
+        """The svc plugin's headless Service JOB (the node agent's view), whose endpoints give the pods their
+        names ``JOB-TASK-I.JOB``: its ready pods, or all with the plugin's ``--publish-not-ready-addresses``."""
         if "svc" not in self.plugins:
-            return {}
-        ns = self.cluster.namespace
-        out = {}
-        for name, ip in self.ips.items():
-            base = f"{name}.{self.name}"
-            out[ip] = f"{base} {base}.{ns} {base}.{ns}.svc {base}.{ns}.svc.{CLUSTER_DOMAIN}"
-        return out
+            return None
+        return {
+            "name": self.name,
+            "ip": None,
+            "selector": self.selector(),
+            "publishNotReadyAddresses": self._svc_flag("publish-not-ready-addresses"),
+            "ports": [],
+        }
 
     def create_task_pod(self, task: dict, index: int) -> None:
         template = copy.deepcopy(task["template"])
@@ -191,8 +220,7 @@ class VolcanoJob:
         spec = template["spec"]
         labels = {
             **template.get("metadata", {}).get("labels", {}),
-            "volcano.sh/job-name": self.name,
-            "volcano.sh/job-namespace": self.cluster.namespace,
+            **self.selector(),
             "volcano.sh/task-spec": task["name"],
             "volcano.sh/queue-name": self.spec.get("queue", "default"),
         }
@@ -359,7 +387,7 @@ class Cluster:
         self.services: dict[str, dict] = {}
         self.service_ips: dict[str, str] = {}
         self.pdbs: list[dict] = []
-        self.network_policies: list[dict] = []  # specs, enforced by the node agent and per-pod routes
+        self.network_policies: list[dict] = []  # specs, enforced by the node agent and per-pod nftables
         self.service_accounts: set[str] = set()  # a pod naming another account is refused, as the API does
         self.clients: dict[str, dict] = {}  # "outsider" / "member": ip, netns, labels (made in start())
         self.deployments: dict[str, DeploymentController] = {}
@@ -381,6 +409,7 @@ class Cluster:
         self._clients = itertools.count()
         self._resolv = self.workdir / "resolv.conf"
         self._expose = interpreter_exposure()
+        self._ingress: dict[str, dict | None] = {}  # pod namespace -> what its nft chain admits (set_ingress)
 
     @classmethod
     def from_manifests(cls, manifest_dir: Path, workdir: Path, **kwargs) -> Cluster:
@@ -424,7 +453,11 @@ class Cluster:
         self.network.create()
         if isinstance(self.kubelet, PodmanRuntime):
             self.kubelet.begin()
-        self._resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        # The kubelet's resolv.conf for dnsPolicy ClusterFirst: the cluster DNS, the namespace's search list.
+        domain = CLUSTER_DOMAIN
+        self._resolv.write_text(
+            f"search {self.namespace}.svc.{domain} svc.{domain} {domain}\nnameserver {DNS_IP}\noptions ndots:5\n"
+        )
         self._agent_state = self.workdir / "agent-state.json"
         self._agent_status = self.workdir / "agent-status.json"
         self._write_agent_state()
@@ -439,6 +472,7 @@ class Cluster:
                 AGENT,
                 str(self._agent_state),
                 str(self._agent_status),
+                DNS_IP,
             ],  # fmt: skip
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -529,7 +563,6 @@ class Cluster:
         )
         pod.dir.mkdir(parents=True)
         pod.netns = self.network.add_pod(pod.ip)
-        self._block_refused_clients(pod)
         self._make_volumes(pod)
         (pod.dir / "hosts").write_text(self._hosts_for(pod))
         for c in pod.all_containers():
@@ -540,12 +573,28 @@ class Cluster:
         self.pods[name] = pod
         return pod
 
-    def _block_refused_clients(self, pod: Pod) -> None:
-        """Direct connections (pod IPs, headless names) from a client no policy admits anywhere: refused."""
-        view = pod.agent_view()
-        for client in self.clients.values():
-            if admitted_ports(self.network_policies, view, client["labels"]) == set():
-                self.network.refuse_from(pod.netns, client["ip"])
+    def _enforce_policies(self) -> None:
+        """The NetworkPolicies on direct connections (pod IPs, headless names), as the CNI enforces them: each
+        pod's namespace admits, per source pod or client, the ports its policies admit from that source's
+        labels. Rewritten (nft) only for the pods where that changed: pods come and go with new IPs."""
+        sources = [(p.ip, p.labels) for p in self.pods.values() if p.netns and not p.gone]
+        sources += [(c["ip"], c["labels"]) for c in self.clients.values()]
+        live = set()
+        for pod in self.pods.values():
+            if not pod.netns or pod.gone:
+                continue
+            live.add(pod.netns)
+            view = pod.agent_view()
+            admitted: dict[str, set[int] | None] | None = None
+            if admitted_ports(self.network_policies, view, None) is not None:  # some policy selects the pod
+                admitted = {
+                    ip: admitted_ports(self.network_policies, view, labels) for ip, labels in sources if ip != pod.ip
+                }
+            if self._ingress.get(pod.netns, "unset") != admitted:
+                self.network.set_ingress(pod.netns, admitted)
+                self._ingress[pod.netns] = admitted
+        for netns in set(self._ingress) - live:
+            del self._ingress[netns]
 
     def pod_gone(self, pod: Pod) -> None:
         self.network.remove_pod(pod.netns)
@@ -605,21 +654,14 @@ class Cluster:
             pod.volumes[name] = path
 
     def _hosts_for(self, pod: Pod) -> str:
-        ns = self.namespace
+        """The kubelet's hosts file: localhost and the pod's own names; every other name is the DNS's."""
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
         sub = pod.spec.get("subdomain")
         if sub:
-            fqdn = f"{pod.hostname}.{sub}.{ns}.svc.{CLUSTER_DOMAIN}"
+            fqdn = f"{pod.hostname}.{sub}.{self.namespace}.svc.{CLUSTER_DOMAIN}"
             lines.append(f"{pod.ip}\t{fqdn}\t{pod.hostname}")
         else:
             lines.append(f"{pod.ip}\t{pod.hostname}")
-        lines.append("# Services (cluster IPs)")
-        for name, ip in self.service_ips.items():
-            lines.append(f"{ip}\t{name} {name}.{ns} {name}.{ns}.svc {name}.{ns}.svc.{CLUSTER_DOMAIN}")
-        lines.append("# headless Services of Volcano jobs (svc plugin)")
-        for job in self.jobs.values():
-            for ip, names in job.headless_names().items():
-                lines.append(f"{ip}\t{names}")
         return "\n".join(lines) + "\n"
 
     # ---- containers ----------------------------------------------------------------------------------------
@@ -827,7 +869,10 @@ class Cluster:
                     "ports": [{"port": p["port"], "targetPort": p.get("targetPort", p["port"])} for p in spec["ports"]],
                 }
             )
+        services += [svc for job in self.jobs.values() if (svc := job.headless_service())]
         state = {
+            "namespace": self.namespace,
+            "domain": CLUSTER_DOMAIN,
             "services": services,
             "pods": [p.agent_view() for p in self.pods.values() if p.netns],
             "policies": self.network_policies,
@@ -859,6 +904,8 @@ class Cluster:
                     job.sync()
                 for dep in self.deployments.values():
                     dep.sync()
+                # Before the next round starts the new pods' containers: their peers' rules know them.
+                self._enforce_policies()
                 self._write_agent_state()
             time.sleep(0.1)
 

@@ -1,6 +1,6 @@
 """The node of the pod harness: Service proxy (kube-proxy) and prober (the kubelet's), in one process.
 
-Runs in the node namespace (``python node_agent.py STATE STATUS``). The harness
+Runs in the node namespace (``python node_agent.py STATE STATUS [DNS_IP]``). The harness
 writes STATE (JSON, replaced atomically) with the Services and the pods;
 this process:
 
@@ -17,21 +17,39 @@ this process:
   tcpSocket, with their initialDelay, period, timeout and thresholds) from
   here, against the pod IP, as the kubelet does from the node;
 - writes STATUS (JSON, atomically) with each container's probe results;
+- answers the cluster's DNS (UDP, on network.DNS_IP:53, the pods' nameserver), as
+  CoreDNS's kubernetes plugin does: ``NAME.NS.svc.DOMAIN`` is a Service's cluster
+  IP; for a headless Service (``clusterIP: None``, and the one Volcano's svc plugin
+  makes per job) the IPs of its endpoints, and ``HOSTNAME.NAME.NS.svc.DOMAIN`` the
+  IP of an endpoint pod with that hostname and ``subdomain: NAME``. A headless
+  Service's endpoints are its ready pods (all running ones with
+  ``publishNotReadyAddresses``), so such a name resolves only while its pod is
+  ready. A records only; any other name is NXDOMAIN (no upstream resolver), another
+  type of a known name an empty answer. The short forms (``NAME``, ``NAME.NS``...)
+  are the pods' resolvers' work: their resolv.conf has the search list and ndots:5;
 - enforces the namespace's NetworkPolicies (ingress) on Service traffic, as the
   CNI would: a connection from a pod (or client) the policies of the chosen
   endpoint do not admit on its target port is closed at once (a real CNI drops
-  it, so a real client waits for its timeout instead). The harness blocks the
-  same sources on direct pod-IP connections with routes (cluster.py).
+  it, so a real client waits for its timeout instead). Here, not in the pod's
+  namespace: the proxied connection comes from the node, which the pods' own
+  rules (nftables, network.set_ingress, for direct pod-IP connections) admit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import json
 import os
+import struct
 import sys
 import time
+
+DNS_PORT = 53
+DNS_TTL = 5  # seconds, CoreDNS's kubernetes plugin's default
+TYPE_A, CLASS_IN = 1, 1
+RCODE_NXDOMAIN, RCODE_FORMERR = 3, 1
 
 
 def container_ready(container: dict, status: dict | None) -> bool:
@@ -94,9 +112,88 @@ def admitted_ports(policies: list[dict], pod: dict, source_labels: dict | None) 
     return allowed
 
 
+def published(service: dict, pods: list[dict], statuses: dict) -> list[dict]:
+    """The pods an endpoints controller lists as ``service``'s addresses: selected, with an IP, ready (or
+    running, with ``publishNotReadyAddresses``)."""
+    out = []
+    for pod in pods:
+        if not pod.get("ip") or not selects(service["selector"], pod["labels"]):
+            continue
+        if service.get("publishNotReadyAddresses"):
+            if not pod.get("terminating") and any(c.get("running") for c in pod["containers"]):
+                out.append(pod)
+        elif pod_ready(pod, statuses):
+            out.append(pod)
+    return out
+
+
+def dns_records(state: dict, statuses: dict) -> dict[str, list[str]]:
+    """Every A record of the cluster's DNS: fully qualified name (lower case, no final dot) -> IPs."""
+    ns, domain = state.get("namespace", "default"), state.get("domain", "cluster.local")
+    records: dict[str, list[str]] = {}
+    for service in state["services"]:
+        fqdn = f"{service['name']}.{ns}.svc.{domain}".lower()
+        if service.get("ip"):
+            records[fqdn] = [service["ip"]]
+            continue
+        endpoints = published(service, state["pods"], statuses)
+        if endpoints:
+            records[fqdn] = [p["ip"] for p in endpoints]
+        for pod in endpoints:
+            if pod.get("hostname") and pod.get("subdomain") == service["name"]:
+                records[f"{pod['hostname']}.{fqdn}".lower()] = [pod["ip"]]
+    return records
+
+
+def dns_answer(query: bytes, records: dict[str, list[str]]) -> bytes | None:
+    """The reply to one DNS query (None: not worth one). A records from ``records``; NXDOMAIN for an unknown
+    name, an empty answer for another type of a known one."""
+    if len(query) < 12:
+        return None
+    ident, flags, qdcount = struct.unpack("!HHH", query[:6])
+    if flags & 0x8000:
+        return None  # a response, not a query
+    labels, at = [], 12
+    try:
+        while (length := query[at]) != 0:
+            if length & 0xC0:
+                raise IndexError("compression in a question")
+            labels.append(query[at + 1 : at + 1 + length].decode("ascii", "replace"))
+            at += 1 + length
+        qtype, qclass = struct.unpack("!HH", query[at + 1 : at + 5])
+    except (IndexError, struct.error):
+        return struct.pack("!HHHHHH", ident, 0x8000 | RCODE_FORMERR, 0, 0, 0, 0)
+    question = query[12 : at + 5]
+    name = ".".join(labels).lower()
+    ips = records.get(name)
+    answers = b""
+    if ips is not None and qtype == TYPE_A and qclass == CLASS_IN:
+        for ip in ips:
+            answers += struct.pack("!HHHIH", 0xC00C, TYPE_A, CLASS_IN, DNS_TTL, 4) + ipaddress.ip_address(ip).packed
+    rcode = 0 if ips is not None else RCODE_NXDOMAIN
+    # QR, the query's opcode and RD, AA (authoritative for the cluster domain), RA.
+    reply_flags = 0x8000 | (flags & 0x7900) | 0x0400 | 0x0080 | rcode
+    count = len(ips) if answers else 0
+    return struct.pack("!HHHHHH", ident, reply_flags, 1 if qdcount else 0, count, 0, 0) + question + answers
+
+
+class ClusterDNS(asyncio.DatagramProtocol):
+    def __init__(self, agent: NodeAgent):
+        self.agent = agent
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        reply = dns_answer(data, dns_records(self.agent.state, self.agent.statuses))
+        if reply is not None and self.transport is not None:
+            self.transport.sendto(reply, addr)
+
+
 class NodeAgent:
-    def __init__(self, state_path: str, status_path: str):
-        self.state_path, self.status_path = state_path, status_path
+    def __init__(self, state_path: str, status_path: str, dns_ip: str | None = None):
+        self.state_path, self.status_path, self.dns_ip = state_path, status_path, dns_ip
         self.state: dict = {"services": [], "pods": []}
         self.statuses: dict[str, dict[str, dict]] = {}  # pod -> container -> probe results
         self.listeners: dict[tuple[str, int], asyncio.AbstractServer] = {}
@@ -310,6 +407,10 @@ class NodeAgent:
                 del self.statuses[name]
 
     async def main(self) -> None:
+        if self.dns_ip:
+            await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: ClusterDNS(self), local_addr=(self.dns_ip, DNS_PORT)
+            )
         while True:
             if self.load_state():
                 await self.sync_listeners()
@@ -319,4 +420,4 @@ class NodeAgent:
 
 
 if __name__ == "__main__":
-    asyncio.run(NodeAgent(sys.argv[1], sys.argv[2]).main())
+    asyncio.run(NodeAgent(*sys.argv[1:4]).main())

@@ -169,10 +169,12 @@ class Pod:
         return [c.exit_code for c in self.containers if c.exit_code is not None]
 
     def agent_view(self) -> dict:
-        """What the node agent needs: address, labels, ports, and the main containers with their probes."""
+        """What the node agent needs: address, names, labels, ports, and the main containers with their probes."""
         return {
             "name": self.name,
             "ip": self.ip,
+            "hostname": self.hostname,
+            "subdomain": self.spec.get("subdomain"),
             "labels": self.labels,
             "ports": self.ports(),
             "terminating": self.terminating,
