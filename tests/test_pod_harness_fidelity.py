@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 
 import pytest
 from pod_harness.network import missing_requirements
@@ -269,3 +270,23 @@ def test_network_policies_cut_direct_pod_to_pod_connections(tmp_path, svc_args, 
         assert other.stdout.split() == [outsider], other
         # The node (probes, the Service proxy) is never cut off: the pserver is ready either way.
         assert harness.is_ready(pods[("pserver", 0)])
+
+
+def dns_query(name: str, qtype: int) -> bytes:
+    labels = b"".join(bytes([len(part)]) + part.encode() for part in name.split("."))
+    return struct.pack("!HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + labels + b"\0" + struct.pack("!HH", qtype, 1)
+
+
+def test_the_cluster_dns_answers_as_coredns_does():
+    """A records of known names (any case), an empty answer (not NXDOMAIN) for AAAA of a known name, which
+    glibc's getaddrinfo asks beside A, and NXDOMAIN for the rest."""
+    from pod_harness.node_agent import dns_answer
+
+    records = {"web.default.svc.cluster.local": ["10.96.0.1"]}
+    a = dns_answer(dns_query("Web.default.svc.cluster.local", 1), records)
+    ident, flags, _, answers = struct.unpack("!HHHH", a[:8])
+    assert (ident, flags & 0x800F, answers) == (0x1234, 0x8000, 1) and a.endswith(socket.inet_aton("10.96.0.1"))
+    aaaa = dns_answer(dns_query("web.default.svc.cluster.local", 28), records)
+    assert struct.unpack("!HH", aaaa[2:4] + aaaa[6:8]) == (0x8580, 0)  # NOERROR, authoritative, no answer
+    missing = dns_answer(dns_query("web.default", 1), records)
+    assert struct.unpack("!H", missing[2:4])[0] & 0xF == 3  # NXDOMAIN
