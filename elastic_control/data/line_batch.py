@@ -8,16 +8,28 @@ a per-line Python parse caps a trainer at a few tens of thousands of lines per s
 ``parse_text`` takes a chunk of the file as bytes (what the hourly reader
 reads) and finds its tokens with numpy on the whole chunk: the separators'
 positions give every token, the byte after a token says whether it is a
-feasign (``:``), and each line's tokens must then be show, click and
+pair's left part (``:``), and each line's tokens must then be show, click and
 feasign:slot pairs; pyarrow converts every integer token at once (its
 parser refuses a uint64 overflow) and the value tokens of dense slots
-(``2.5:40``) with ``VALUE_NUMBER`` checked first. Anything outside that
+(``2.5:40``), each checked against ``VALUE_NUMBER`` first. Anything outside that
 plain layout (tabs, carriage returns, runs of odd bytes, a malformed
 token) sends the chunk to the older paths of ``parse_lines``: a regular
 expression over the chunk with one ``np.fromstring``, and, when that
 fails, the per-line parser, which names the bad lines. So a chunk the
 fast path accepts parses as the reference would, and one it refuses is
 counted and skipped exactly as before.
+
+Where a chunk's time goes (Criteo lines as ``data criteo`` writes them: about
+100 tokens and 500 bytes a line, 10 of the tokens dense values). Before the
+layout every writer produces had its own path for value tokens, such chunks
+never fell back to the per-line parser, but spent 7 us a line: copying the
+integer tokens out (a pyarrow ``take``) cost as much as converting them, the
+value tokens' regular expression (pyarrow's) 50 ns each, cutting the lines
+into Python strings 0.5 us, and some twenty per-token numpy passes the rest.
+What is left is mostly the floor of this approach: finding the separators
+(``np.flatnonzero`` over every byte, about as long as pyarrow's whole CSV
+split of the same bytes) and converting the integers (pyarrow, about 10 ns a
+token), each several times what the few passes over the separators cost.
 """
 
 from __future__ import annotations
@@ -393,20 +405,18 @@ def _parse_plain_tokens(
     bounds[1::2] = seps
     buffer = pa.py_buffer(data)
     if len(odd):
-        value_tok = _value_tokens(data, seps, is_colon, odd, odd_tok)
-        if value_tok is None:
+        found = _value_tokens(data, seps, is_colon, odd, odd_tok)
+        if found is None:
             return None
-        is_value = np.zeros(n_tok, bool)
-        is_value[value_tok] = True
-        token_bits = np.zeros(2 * n_tok, bool)  # which entries of ``whole`` the cast reads (little-endian bits)
-        token_bits[0::2] = ~is_value
-        validity = np.packbits(token_bits, bitorder="little")
-        int_gaps = gaps.copy()
-        int_gaps[value_tok - 1] = 0  # a value token's length is not bounded (it is never a line's first)
+        value_tok, value_start = found
     else:
         value_tok = None
-        validity = np.full(n_tok // 4 + 1, 0x55, np.uint8)  # every even entry
-        int_gaps = gaps
+    # Which entries of ``whole`` the cast reads (a bitmap, little-endian): the tokens, 4 to a byte, less
+    # the value tokens (token t is bit 2 * (t & 3) of byte t >> 2; each bit set once, so summing sets them).
+    validity = np.full(n_tok // 4 + 1, 0x55, np.uint8)
+    if value_tok is not None:
+        cleared = np.bincount(value_tok >> 2, weights=1 << 2 * (value_tok & 3), minlength=len(validity))
+        validity -= cleared.astype(np.uint8)
     whole = pa.LargeStringArray.from_buffers(2 * n_tok - 1, pa.py_buffer(bounds), buffer, pa.py_buffer(validity))
     try:
         numbers = _numpy_of(pc.cast(whole, pa.uint64()), np.uint64)[0::2]  # token i's number at i
@@ -419,12 +429,16 @@ def _parse_plain_tokens(
         (clicks > 1).any()
         or (gaps[line_first] != 2).any()
         or (shows >= _SHOW_LIMIT).any()
-        or max(int(seps[0]), int(int_gaps.max(initial=0)) - 1) > min(FEASIGN_DIGITS, SHOW_DIGITS)
+        or max(int(seps[0]), _longest_integer(gaps, value_tok)) > min(FEASIGN_DIGITS, SHOW_DIGITS)
         or (gaps[colons] - 1 > SLOT_DIGITS).any()
     ):
         return None
     if value_tok is not None:
-        keep = ~is_value[colons]
+        value_line = np.searchsorted(ends_line, value_tok)  # the first line end at or after it
+        # Value tokens are pairs' left parts too. A line's tokens before its pairs are its show and click, so
+        # the pair of token t of line L (t = 2L + 2 * (the pairs before it) + 2) is the chunk's (t >> 1) - L - 1th.
+        keep = np.ones(len(colons), bool)
+        keep[(value_tok >> 1) - value_line - 1] = False
         colons, feature_line = colons[keep], feature_line[keep]
     batch = LineBatch(
         shows.astype(np.int64),
@@ -439,14 +453,14 @@ def _parse_plain_tokens(
         # only them (over all of ``whole``, it cost 4x as much: a float64 for every entry).
         k = len(value_tok)
         value_bounds = np.empty(2 * k, np.int64)
-        value_bounds[0::2], value_bounds[1::2] = bounds[2 * value_tok], seps[value_tok]
+        value_bounds[0::2], value_bounds[1::2] = value_start, seps[value_tok]
         texts = pa.LargeStringArray.from_buffers(
             2 * k - 1, pa.py_buffer(value_bounds), buffer, pa.py_buffer(np.full(k // 4 + 1, 0x55, np.uint8))
         )
         values = _numpy_of(pc.cast(texts, pa.float64()), np.float64)[0::2].copy()
         if not np.isfinite(values).all():  # an overflow (1e999): the reference names the line
             return None
-        batch.value_line = np.searchsorted(ends_line, value_tok)  # the line ends before it
+        batch.value_line = value_line
         batch.value_slots = numbers[value_tok + 1].astype(np.int64)
         batch.values = values
     return batch
@@ -458,11 +472,22 @@ _EXPONENT_BYTES = np.zeros(256, bool)
 _EXPONENT_BYTES[list(b"eE")] = True
 
 
+def _longest_integer(gaps: np.ndarray, value_tok: np.ndarray | None) -> int:
+    """The most digits of an integer token after the chunk's first (token i + 1 has ``gaps[i] - 1`` bytes),
+    value tokens set aside (their length is not bounded; one is never a line's first token)."""
+    longest = int(gaps.max(initial=1)) - 1
+    if value_tok is None or longest <= min(FEASIGN_DIGITS, SHOW_DIGITS):  # the usual case: no copy
+        return longest
+    int_gaps = gaps.copy()
+    int_gaps[value_tok - 1] = 0
+    return int(int_gaps.max(initial=1)) - 1
+
+
 def _value_tokens(
     data: bytes, seps: np.ndarray, is_colon: np.ndarray, odd: np.ndarray, odd_tok: np.ndarray
-) -> np.ndarray | None:
-    """The tokens (indices, sorted) holding the ``odd`` bytes (``.+-eE``; ``odd_tok``: the token of each),
-    when each is a pair's left part and a ``VALUE_NUMBER``; else None.
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The tokens (indices, sorted) holding the ``odd`` bytes (``.+-eE``; ``odd_tok``: the token of each)
+    and where each starts, when each is a pair's left part and a ``VALUE_NUMBER``; else None.
 
     ``VALUE_NUMBER`` with its alternatives merged: an optional sign, a mantissa of digits with at most one
     point and at least one digit, then optionally ``e`` or ``E``, an optional sign and at least one digit;
@@ -500,7 +525,7 @@ def _value_tokens(
         or ((exp_at < end) & (end - exp_at - 1 - exp_sign < 1)).any()  # the exponent's digits
     ):
         return None
-    return value_tok
+    return value_tok, start
 
 
 # pa.array and Array.to_numpy import pandas when it is installed (a third of a second, paid by the first
