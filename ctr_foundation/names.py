@@ -34,6 +34,9 @@ REMOTE_CURRENT = f"{CUBE_PREFIX}/{CURRENT_FILE}"
 # Folders the file server lets anyone read (agents and serving fetch models and shards there);
 # every other read (config/ holds data.config with credentials) needs the token.
 FILESERVER_PUBLIC_PREFIXES = (CUBE_PREFIX,)
+# GET /files/logs/POD/...: the training pods' kept logs, read-only, with the token (the file server's
+# --kept-logs folder, not its root).
+KEPT_LOGS_PREFIX = "logs"
 
 # ---- the state folder (``-r`` writes it, ``-a``/``-l``/``-c``/``status`` read it) -----------
 DEFAULT_STATE_DIR = ".elastic-ctr"

@@ -157,6 +157,10 @@ class Paths:
     transfer_cube_root: str = ""  # cube-transfer's builds and rollout journal
     serving_cache: str = ""
     shard_dirs: Sequence[str] = ()  # each cube shard's own folder (server and agent share it)
+    # In a cluster: where the training pods keep a copy of their logs (the shared claim, which outlives
+    # the pods Volcano deletes) and where the file server reads them for -l; locally the supervisor's log
+    # files already outlive every process.
+    kept_logs: str = ""
 
 
 class Addressing:
@@ -291,6 +295,8 @@ def training_job(
         # In a pod an offline window with no complete hour aborts the job (exit 2) instead of completing it
         # with no pass; locally the supervisor checks the window the job wrote (LocalPlan.training_window).
         check = ["--check-window"] if role == TRAINER and not a.local else []
+        if a.paths.kept_logs:
+            check += ["--keep-logs", a.paths.kept_logs]
         for name, index in a.members(role, count):
             ports = [("paddle", a.port(name, "paddle"))]
             if role == PSERVER and index in ("0", getattr(a, "TASK_INDEX", None)):
@@ -362,7 +368,15 @@ def build_catalogue(plan: Plan, a: Addressing, *, credentials: Iterable[str] = (
             name=FILESERVER,
             kind=FILESERVER,
             script="elastic-control",
-            args=("fileserver", "--root", p.fileserver_root, *host, "--port", str(a.port(FILESERVER, "http"))),
+            args=(
+                "fileserver",
+                "--root",
+                p.fileserver_root,
+                *host,
+                "--port",
+                str(a.port(FILESERVER, "http")),
+                *(["--kept-logs", p.kept_logs] if p.kept_logs else []),
+            ),
             env=(
                 _token(),
                 Env(ev.FILESERVER_ROOT.name, p.fileserver_root),

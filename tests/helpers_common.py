@@ -108,12 +108,12 @@ def wait_ready_file(path: Path, proc: subprocess.Popen, log_path: Path | None, d
     return json.loads(path.read_text())
 
 
-def fileserver_in_thread(root, token: str | None = "t0ken", max_bytes: int | None = None):
+def fileserver_in_thread(root, token: str | None = "t0ken", max_bytes: int | None = None, kept_logs=None):
     """The project's real file server bound to 127.0.0.1:0 in this process; a context yielding its base URL."""
     from elastic_control.fileserver.server import DEFAULT_MAX_BYTES
     from elastic_control.fileserver.server import fileserver_in_thread as serve
 
-    return serve(root, token=token, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+    return serve(root, token=token, max_bytes=max_bytes or DEFAULT_MAX_BYTES, kept_logs=kept_logs)
 
 
 def run_cli(*args, env: dict | None = None, env_extra: dict | None = None, timeout: float = 300, cwd=None, stdin=None):

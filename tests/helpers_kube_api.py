@@ -791,7 +791,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _service_proxy(self, m, query: str):
-        """As the API server proxies to one ready endpoint of the Service (503 when it has none)."""
+        """As the API server proxies to one ready endpoint of the Service (503 when it has none): the request's
+        headers go along, except Authorization, which authenticated the caller to the API server and which
+        the API server removes."""
         import urllib.error
         import urllib.request
 
@@ -799,8 +801,10 @@ class _Handler(BaseHTTPRequestHandler):
         if base is None:
             return self._status(503, "ServiceUnavailable", f'no endpoints available for service "{m.group("svc")}"')
         target = base + (m.group("path") or "/") + (f"?{query}" if query else "")
+        dropped = {"authorization", "host", "connection", "content-length", "accept-encoding"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
         try:
-            with urllib.request.urlopen(target, timeout=5) as answer:
+            with urllib.request.urlopen(urllib.request.Request(target, headers=headers), timeout=5) as answer:
                 code, body = answer.status, answer.read()
         except urllib.error.HTTPError as e:
             code, body = e.code, e.read()

@@ -142,6 +142,10 @@ def test_local_only_tunings_are_the_declared_ones(both):
     assert "--poll-interval" in local[cat.TRANSFER].args and "--poll-interval" not in cluster[cat.TRANSFER].args
     assert "--drain-delay" in cluster[cat.SERVING].args and "--allowed-hosts" in cluster[cat.MLFLOW].args
     assert "--check-window" in cluster[cat.TRAINER].args and "--check-window" not in local["trainer-0"].args
+    # Pods keep a copy of their logs on the shared claim and the file server serves it; local logs are files.
+    for role in cat.ROLES:
+        assert "--keep-logs" in cluster[role].args and "--keep-logs" not in local[f"{role}-0"].args
+    assert "--kept-logs" in cluster[cat.FILESERVER].args and "--kept-logs" not in local[cat.FILESERVER].args
     assert [c.script for c in local.components if c.kind == "cube-agent"] == ["cube-agent"] * 3
 
 

@@ -120,6 +120,13 @@ def test_a_configuration_error_aborts_the_training_job_at_once(tmp_path):
         assert any("(exit code 2): AbortJob" in e for e in job.events), job.events
         logs = "".join(harness.log(p) for p in job.pods.values())
         assert "END_DATE_HR='2019-12-21 01h' is not a date and hour" in logs
+        # Each pod kept a copy of its log on the shared claim, which outlives the pods (-l shows it).
+        kept = harness.claim_dir(f"{JOB}-shared") / "logs"
+        aborted_with = [p for p in job.pods.values() if "is not a date and hour" in harness.log(p)]
+        for pod in aborted_with:  # (the other pod may have been stopped before it printed anything)
+            (copy,) = (kept / pod.name).glob(f"*-{pod.task}.log")
+            assert copy.read_text() == harness.log(pod)
+        assert aborted_with
     assert time.monotonic() - started < 120
 
 

@@ -130,7 +130,9 @@ def test_volcano_job_matches_the_design(tmp_path):
         shell = container["command"][2]
         # The trainer id comes from the env plugin at run time, in the shell (not $(VC_TASK_INDEX)).
         # Trainers check the window first: an offline one with no complete hour is a configuration error.
-        entry = "exec elastic-control role --check-window" if role == "trainer" else "exec elastic-control role"
+        # Every role keeps a copy of its log on the shared claim (-l shows it once Volcano deleted the pod).
+        check = " --check-window" if role == "trainer" else ""
+        entry = f"exec elastic-control role{check} --keep-logs {k.KEPT_LOGS}"
         assert 'PADDLE_TRAINER_ID="${VC_TASK_INDEX' in shell and shell.endswith(entry)
     pserver_shell = tasks["pserver"]["template"]["spec"]["containers"][0]["command"][2]
     assert 'POD_IP="elastic-ctr-pserver-${VC_TASK_INDEX}.elastic-ctr"' in pserver_shell
@@ -183,7 +185,14 @@ def test_components_get_their_contract_variables(tmp_path):
         k.FILESERVER_ROOT,
         "--port",
         "8080",
+        "--kept-logs",
+        k.KEPT_LOGS,
     ]
+    # The training pods' kept logs: the shared claim, read-only (the file server never writes it).
+    shared = next(v for v in fileserver["volumes"] if v["name"] == "shared")
+    assert shared["persistentVolumeClaim"] == {"claimName": "elastic-ctr-shared", "readOnly": True}
+    mount = next(m for m in fileserver["containers"][0]["volumeMounts"] if m["name"] == "shared")
+    assert mount == {"name": "shared", "mountPath": k.SHARED_MOUNT, "readOnly": True}
     # Every selector selects its own pod template, and every Service finds a Deployment's pods.
     for dep in deployments.values():
         labels = dep["spec"]["template"]["metadata"]["labels"]

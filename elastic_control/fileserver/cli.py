@@ -33,7 +33,14 @@ from elastic_control.fileserver.server import DEFAULT_MAX_BYTES, DEFAULT_PORT, m
     type=click.IntRange(1),
     help="Largest upload accepted (413 above).",
 )
-def fileserver_command(root, host, port, max_bytes):
+@click.option(
+    "--kept-logs",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Also serve this folder, read-only and with the token, as logs/: the training pods' kept logs "
+    "(the manifests mount the shared claim read-only and pass its logs/ folder).",
+)
+def fileserver_command(root, host, port, max_bytes, kept_logs):
     """Serve files: PUT/GET/DELETE /files/PATH; writes and reads outside cube/ need ELASTIC_CTR_TOKEN."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fileserver %(message)s")
     if not root:
@@ -42,7 +49,7 @@ def fileserver_command(root, host, port, max_bytes):
     if not token:
         warn("ELASTIC_CTR_TOKEN is not set: the file server is read-only")
     try:
-        server = make_fileserver(root=root, host=host, port=port, token=token, max_bytes=max_bytes)
+        server = make_fileserver(root=root, host=host, port=port, token=token, max_bytes=max_bytes, kept_logs=kept_logs)
     except OSError as e:
         raise ComponentError(f"file server cannot listen on {host}:{port}: {e}") from e
     bound_host, bound_port = server.server_address[:2]

@@ -20,6 +20,10 @@ one ``cube/current.json`` names, the versions of its ``chain.json`` (a delta's
 ancestors) and those pinned in ``cube/pins.json`` with their chains. Deleting
 it would leave serving answering with a version no new replica can download.
 If current.json or pins.json cannot be read, no version folder is deleted.
+
+With ``kept_logs`` (a folder: in a cluster the shared claim's logs/, mounted
+read-only), ``logs/...`` is that folder, not the root's: the training pods'
+kept logs (ctr_foundation/log_keeper.py), read with the token and never written.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class FileServerConfig:
     token: str | None
     max_bytes: int = DEFAULT_MAX_BYTES
     sha: ShaCache = field(default_factory=ShaCache)
+    kept_logs: Path | None = None  # served read-only as logs/ (the training pods' kept logs)
 
 
 def _fs_errors(fn):
@@ -169,6 +174,10 @@ class FileServerApp:
             raise HttpError(400, f"refused path: {e}") from None
         if req.method in ("GET", "HEAD"):
             return self.read_open if self._public(parts) else self.read_private
+        if parts[:1] == [names.KEPT_LOGS_PREFIX]:
+            raise HttpError(
+                405, "kept logs are read-only here (the training pods write them)", headers={"Allow": "GET, HEAD"}
+            )
         if req.method == "PUT":
             if req.content_length is None and not req.chunked:
                 raise HttpError(411, "an upload needs Content-Length or chunked encoding", close=True)
@@ -194,12 +203,22 @@ class FileServerApp:
         parts, is_dir = split_request_path(req.raw_path[len(FILES_PREFIX) :])
         return parts, is_dir, resolve_under_root(self.cfg.root, parts)
 
+    def _kept_logs_target(self, parts: list[str]) -> Path:
+        if self.cfg.kept_logs is None:
+            raise HttpError(404, "this file server keeps no logs (it runs without --kept-logs)")
+        return resolve_under_root(self.cfg.kept_logs, parts[1:])
+
     # ---- handlers (thread pool) ------------------------------------------------------------
     def _get(self, req: Request) -> Response:
-        parts, is_dir, target = self._target(req)
-        if target.is_dir():
+        parts, is_dir = split_request_path(req.raw_path[len(FILES_PREFIX) :])
+        if parts[:1] == [names.KEPT_LOGS_PREFIX]:
+            target = self._kept_logs_target(parts)
+            real_root = tree = os.path.realpath(self.cfg.kept_logs)
+        else:
+            target = resolve_under_root(self.cfg.root, parts)
             real_root = os.path.realpath(self.cfg.root)
             tree = os.path.join(real_root, parts[0]) if self._public(parts) else real_root
+        if target.is_dir():
             entries = []
             with os.scandir(target) as it:
                 for e in sorted(it, key=lambda e: e.name):
@@ -357,9 +376,11 @@ def _read_json(path: str):
 
 
 @contextlib.contextmanager
-def fileserver_in_thread(root: str | os.PathLike, *, token: str | None, max_bytes: int = DEFAULT_MAX_BYTES):
+def fileserver_in_thread(
+    root: str | os.PathLike, *, token: str | None, max_bytes: int = DEFAULT_MAX_BYTES, kept_logs=None
+):
     """A file server for ``root`` on 127.0.0.1:0 in this process (tests, benchmarks); yields its base URL."""
-    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token, max_bytes=max_bytes)
+    server = make_fileserver(root=root, host="127.0.0.1", port=0, token=token, max_bytes=max_bytes, kept_logs=kept_logs)
     server.start_in_thread()
     try:
         yield server.url
@@ -376,14 +397,21 @@ def make_fileserver(
     token: str | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     limits: HttpLimits | None = None,
+    kept_logs: str | os.PathLike | None = None,
 ) -> HttpServer:
-    """Create (bind, not yet serve) a file server for ``root``; port 0 picks a free port."""
+    """Create (bind, not yet serve) a file server for ``root``; port 0 picks a free port; ``kept_logs``: a
+    folder served read-only as logs/ (it need not exist yet: the first training pod creates it)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     staging = root / STAGING_DIR
     shutil.rmtree(staging, ignore_errors=True)  # uploads cut off by a previous crash
     staging.mkdir()
-    cfg = FileServerConfig(root=root.resolve(), token=token or None, max_bytes=max_bytes)
+    cfg = FileServerConfig(
+        root=root.resolve(),
+        token=token or None,
+        max_bytes=max_bytes,
+        kept_logs=Path(kept_logs).resolve() if kept_logs else None,
+    )
     return HttpServer(
         FileServerApp(cfg), host=host, port=port, token=cfg.token, name="file server", limits=limits or LIMITS
     )

@@ -88,6 +88,7 @@ POD_MODEL_PATH = f"{SHARED_MOUNT}/models"
 FILESERVER_ROOT = "/srv/elastic-ctr/files"
 CUBE_DATA_DIR = "/var/lib/elastic-ctr-cube"  # per cube pod (emptyDir): the agent re-fetches versions
 TRANSFER_CUBE_ROOT = f"{SHARED_MOUNT}/cube"  # cube-transfer's builds and journal, on the shared claim
+KEPT_LOGS = f"{SHARED_MOUNT}/logs"  # the training pods' kept logs (ctr_foundation/log_keeper.py), on the claim
 MLFLOW_DATA_DIR = "/var/lib/mlflow"
 
 # Component names: the value of app.kubernetes.io/component and the suffix of object names.

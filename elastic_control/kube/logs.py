@@ -8,20 +8,30 @@ line, why it stopped (the pod finished and nothing will replace it). Lines are
 requested with timestamps, so a stream reopened on the same pod does not print
 a line twice. A pod whose container restarted shows its previous instance's log first
 (prefix ``POD previous``), with ``follow`` too (once, before the first stream): what made it restart is there.
+
+The kubelet forgets a pod's log with the pod, and Volcano deletes the training job's pods when it restarts
+the job. The training pods keep a copy of their output on the shared claim (ctr_foundation/log_keeper.py),
+which the file server serves read-only as ``logs/POD/STAMP-CONTAINER.log`` with the token: for a training
+role, -l first shows the kept logs of that pod name's earlier instances (prefix ``POD kept STAMP``; the
+newest KEPT_SHOWN), those that started before the live pod's container did, or all of them when no pod is
+left (a job removed after its TTL).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ctr_foundation import names
 from ctr_foundation.errors import UsageError
-from elastic_control.kube import adaptor
+from ctr_foundation.log_keeper import STAMP_FORMAT
+from elastic_control.kube import adaptor, service_probe
 from elastic_control.kube import constants as k
 from elastic_control.kube.objects import read_volcano_job
 from elastic_control.training.log_filter import is_paddle_noise
@@ -100,10 +110,14 @@ def stream_logs(
     since_seconds = None if since is None else max(1, math.ceil(since))
     if tail is None and since is None:
         tail = DEFAULT_TAIL
+    kept = KeptLogs(plan.namespace, f"{plan.job_name}-fileserver", plan.token())
     if not follow:
         for name in wanted:
-            print_logs(plan.namespace, sources[name], printer, tail_lines=tail, since_seconds=since_seconds)
+            print_logs(plan.namespace, sources[name], printer, tail_lines=tail, since_seconds=since_seconds, kept=kept)
         return
+    for name in wanted:  # what earlier pods left, once, before the streams
+        if sources[name].pod_name:
+            kept.print_earlier(sources[name], find_pod(plan.namespace, sources[name]), printer, tail)
     follow_all(
         plan.namespace,
         [sources[n] for n in wanted],
@@ -218,6 +232,65 @@ class LogPrinter:
 DEFAULT_TAIL = 200
 
 
+KEPT_SHOWN = 3  # earlier instances of a training pod whose kept logs -l shows (the newest)
+_KEPT_NAME = re.compile(r"(?P<stamp>\d{8}T\d{6}Z)-(?P<container>[a-z0-9-]+)\.log(?P<part>\.1)?")
+
+
+@dataclass(frozen=True)
+class KeptLogs:
+    """The training pods' kept logs, read from the file server through the API server's Service proxy."""
+
+    namespace: str
+    service: str  # the file server's Service
+    token: str | None
+
+    def print_earlier(self, source: LogSource, pod, printer: LogPrinter, tail_lines: int | None) -> int:
+        """Print the kept logs of ``source``'s earlier pods (``pod``: the live one, or None); returns how many."""
+        name = source.pod_name
+        if name is None:
+            return 0
+        folder = f"/files/{names.KEPT_LOGS_PREFIX}/{name}/"
+        listing = service_probe.ask(self.namespace, self.service, "http", folder, token=self.token)
+        if listing.body is None:
+            if "HTTP 404" not in listing.reason:  # 404: nothing kept yet (or a file server without kept logs)
+                printer.line(f"{name} kept", f"(kept logs unavailable: {listing.reason})")
+            return 0
+        started = _container_started(pod, source.container)
+        parts: dict[str, list[str]] = {}
+        for entry in listing.body.get("entries") or []:
+            m = _KEPT_NAME.fullmatch(str(entry.get("name", "")))
+            if m and m["container"] == source.container and not entry.get("is_dir"):
+                when = dt.datetime.strptime(m["stamp"], STAMP_FORMAT).replace(tzinfo=dt.timezone.utc)
+                if started is None or when < started:  # not the live container's own copy
+                    parts.setdefault(m["stamp"], []).append(entry["name"])
+        stamps = sorted(parts)[-KEPT_SHOWN:]
+        if len(parts) > len(stamps):
+            printer.line(f"{name} kept", f"({len(parts) - len(stamps)} older kept logs not shown: {folder})")
+        for stamp in stamps:
+            prefix = f"{name} kept {stamp}"
+            printer.line(prefix, f"(an earlier {name}, started {stamp}: its log as kept on the shared claim)")
+            lines: list[str] = []
+            for part in sorted(parts[stamp], key=lambda n: not n.endswith(".1")):  # the older part first
+                answer = service_probe.fetch(self.namespace, self.service, "http", folder + part, token=self.token)
+                if answer.data is None:
+                    lines.append(f"(part {part} unavailable: {answer.reason})")
+                else:
+                    lines += answer.data.decode("utf-8", "replace").splitlines()
+            for text in lines[-tail_lines:] if tail_lines else lines:
+                printer.line(prefix, text)
+        return len(stamps)
+
+
+def _container_started(pod, container: str) -> dt.datetime | None:
+    """When ``pod``'s ``container`` started (to the second, the node's clock, as the kept logs' stamps)."""
+    for status in (pod.status.container_statuses or []) if pod is not None else []:
+        state = status.state
+        running = state and (state.running or state.terminated)
+        if status.name == container and running and running.started_at:
+            return running.started_at.replace(microsecond=0)
+    return None
+
+
 def print_logs(
     namespace: str,
     source: LogSource,
@@ -225,10 +298,13 @@ def print_logs(
     *,
     tail_lines: int | None = DEFAULT_TAIL,
     since_seconds: int | None = None,
+    kept: KeptLogs | None = None,
 ) -> bool:
-    """The current log of ``source``'s pod (its last ``tail_lines`` lines, of the last ``since_seconds``);
-    False when it has no pod yet."""
+    """The current log of ``source``'s pod (its last ``tail_lines`` lines, of the last ``since_seconds``),
+    after the kept logs of its earlier pods (``kept``); False when it has no pod yet."""
     pod = find_pod(namespace, source)
+    if kept is not None:
+        kept.print_earlier(source, pod, printer, tail_lines)
     if pod is None:
         printer.line(source.component, f"(no pod yet for selector {source.selector})")
         return False

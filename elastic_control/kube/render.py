@@ -172,6 +172,7 @@ def cluster_addressing(plan, model_path: str) -> ClusterDns:
         mlflow_dir=k.MLFLOW_DATA_DIR,
         transfer_cube_root=k.TRANSFER_CUBE_ROOT,  # on the shared claim: builds and the journal survive a restart
         shard_dirs=[k.CUBE_DATA_DIR] * plan.resources.cube_shards,  # each cube pod's own emptyDir
+        kept_logs=k.KEPT_LOGS,
     )
     return ClusterDns(plan.job_name, paths, mlflow_allowed_hosts=mlflow_allowed_hosts(plan.job_name, plan.namespace))
 

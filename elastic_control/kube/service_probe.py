@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import urllib3
 
+from ctr_foundation.http_auth import proxied_auth_headers
 from elastic_control.kube import adaptor
 
 TIMEOUT = 5.0
@@ -26,27 +27,49 @@ class ServiceAnswer:
     reason: str = ""  # why there is no body
 
 
-def ask(namespace: str, service: str, port: str, path: str, timeout: float = TIMEOUT) -> ServiceAnswer:
-    """GET ``path`` of ``service``'s named ``port`` through the API server."""
+@dataclass(frozen=True)
+class RawAnswer:
+    data: bytes | None  # the body of a 2xx answer, None otherwise
+    reason: str = ""  # why there is no body
+    status: int | None = None  # the HTTP status, when there was an answer
+
+
+def fetch(
+    namespace: str, service: str, port: str, path: str, *, token: str | None = None, timeout: float = TIMEOUT
+) -> RawAnswer:
+    """GET ``path`` of ``service``'s named ``port`` through the API server; ``token``: the pipeline's, sent in
+    the header the API server passes on (it keeps Authorization for itself: ctr_foundation/http_auth.py)."""
     api = adaptor.api_client()
     # The path is written out, not passed as a path parameter: the generated method would send its slashes
     # as %2F; and the answer is read raw: the generated method turns a JSON body into a dict's repr.
     method, url, headers, _body, _post = api.param_serialize(
         "GET",
         f"/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy/{path.lstrip('/')}",
+        header_params=proxied_auth_headers(token),
         auth_settings=["BearerToken"],
     )
     try:
         answer = api.call_api(method, url, header_params=headers, _request_timeout=timeout)
         answer.read()
     except adaptor.ApiException as e:
-        return ServiceAnswer(None, f"HTTP {e.status} through the API server: {adaptor.api_error_message(e)}")
+        return RawAnswer(None, f"HTTP {e.status} through the API server: {adaptor.api_error_message(e)}", e.status)
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        return ServiceAnswer(None, f"no answer through the API server ({type(e).__name__})")
-    text = (answer.data or b"").decode("utf-8", "replace")
+        return RawAnswer(None, f"no answer through the API server ({type(e).__name__})")
+    data = answer.data or b""
     if answer.status >= 400:
-        message = adaptor.status_message(text, answer.reason)
-        return ServiceAnswer(None, f"HTTP {answer.status} through the API server: {message}")
+        message = adaptor.status_message(data.decode("utf-8", "replace"), answer.reason)
+        return RawAnswer(None, f"HTTP {answer.status} through the API server: {message}", answer.status)
+    return RawAnswer(data, status=answer.status)
+
+
+def ask(
+    namespace: str, service: str, port: str, path: str, timeout: float = TIMEOUT, *, token: str | None = None
+) -> ServiceAnswer:
+    """GET ``path`` of ``service``'s named ``port`` through the API server: its JSON object."""
+    raw = fetch(namespace, service, port, path, token=token, timeout=timeout)
+    if raw.data is None:
+        return ServiceAnswer(None, raw.reason)
+    text = raw.data.decode("utf-8", "replace")
     try:
         body = json.loads(text)
     except ValueError:

@@ -7,11 +7,14 @@
 from __future__ import annotations
 
 import functools
+import socket
 
 import click
 
+from ctr_foundation import env_vars as ev
 from ctr_foundation.env_vars import MODEL_PATH
 from ctr_foundation.errors import ConfigError, DataError
+from ctr_foundation.log_keeper import keep_logs
 from elastic_control.config.data_config import load_data_config, parse_epochs
 from elastic_control.config.slot_conf import load_slot_conf
 from elastic_control.console import console, done, out
@@ -309,8 +312,19 @@ def check_window_in_pod(config) -> None:
     hidden=True,
     help="Trainers: first check that an offline window has a complete hour (the Kubernetes manifests pass it).",
 )
+@click.option(
+    "--keep-logs",
+    "keep_logs_dir",
+    default=None,
+    hidden=True,
+    metavar="DIR",
+    help="Keep a copy of this role's output under DIR/POD/ (the manifests pass the shared claim's logs/ folder: "
+    "the log of a pod Volcano deleted is still there for -l).",
+)
 @hyperparameter_options
-def role_command(hyper, check_window):
+def role_command(hyper, check_window, keep_logs_dir):
+    if keep_logs_dir:  # first: a configuration error below is what a kept log is for
+        keep_logs(keep_logs_dir, socket.gethostname(), (ev.TRAINING_ROLE.get() or "role").lower())
     settings = role_settings_from_env(hyper)
     if check_window and settings.role == "TRAINER":
         check_window_in_pod(settings.data_config)
