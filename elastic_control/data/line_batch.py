@@ -395,7 +395,6 @@ def _parse_plain_tokens(
         or int(np.count_nonzero(even_colon)) != len(even_colon) - len(line_first)
     ):
         return None
-    colons = np.flatnonzero(is_colon)  # each pair's left part
     feature_line = np.repeat(np.arange(len(ends_line), dtype=np.int64), (ends_line - line_first - 1) >> 1)
     n_tok = len(seps)
     # The tokens at the even places of ``whole``, the separators between them at the odd ones.
@@ -430,22 +429,26 @@ def _parse_plain_tokens(
         or (gaps[line_first] != 2).any()
         or (shows >= _SHOW_LIMIT).any()
         or max(int(seps[0]), _longest_integer(gaps, value_tok)) > min(FEASIGN_DIGITS, SHOW_DIGITS)
-        or (gaps[colons] - 1 > SLOT_DIGITS).any()
+        or ((gaps[0::2] > SLOT_DIGITS + 1) & even_colon).any()  # token 2j + 1, a slot when even_colon[j]
     ):
         return None
+    # The pairs are the even tokens that do not start a line (``even_colon``) and the odd tokens after them.
+    int_pairs = even_colon
     if value_tok is not None:
         value_line = np.searchsorted(ends_line, value_tok)  # the first line end at or after it
         # Value tokens are pairs' left parts too. A line's tokens before its pairs are its show and click, so
         # the pair of token t of line L (t = 2L + 2 * (the pairs before it) + 2) is the chunk's (t >> 1) - L - 1th.
-        keep = np.ones(len(colons), bool)
+        keep = np.ones(len(feature_line), bool)
         keep[(value_tok >> 1) - value_line - 1] = False
-        colons, feature_line = colons[keep], feature_line[keep]
+        feature_line = feature_line[keep]
+        int_pairs = even_colon.copy()
+        int_pairs[value_tok >> 1] = False
     batch = LineBatch(
         shows.astype(np.int64),
         clicks.astype(np.int64),
         feature_line,
-        numbers[colons],
-        numbers[colons + 1].astype(np.int64),
+        numbers[0::2][int_pairs],
+        numbers[1::2][int_pairs].astype(np.int64),
         TextLines.of_chunk(data, seps[ends_line]) if lines is None else lines,
     )
     if value_tok is not None:
