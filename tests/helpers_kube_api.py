@@ -594,8 +594,8 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 return self._status(code, reason, message)
         proxied = _SERVICE_PROXY.match(unquote(url.path))  # the client sends NAME%3APORT
-        if proxied and method == "GET":
-            return self._service_proxy(proxied, url.query)
+        if proxied:
+            return self._service_proxy(proxied, url.query, method)
         if url.path.rstrip("/") == f"/apis/{MONITORING}" and method == "GET" and fake.prometheus_operator:
             resources = [
                 {"name": plural, "singularName": "", "namespaced": True, "kind": kind, "verbs": ["get", "list"]}
@@ -790,7 +790,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def _service_proxy(self, m, query: str):
+    def _service_proxy(self, m, query: str, method: str = "GET"):
         """As the API server proxies to one ready endpoint of the Service (503 when it has none): the request's
         headers go along, except Authorization, which authenticated the caller to the API server and which
         the API server removes."""
@@ -803,8 +803,11 @@ class _Handler(BaseHTTPRequestHandler):
         target = base + (m.group("path") or "/") + (f"?{query}" if query else "")
         dropped = {"authorization", "host", "connection", "content-length", "accept-encoding"}
         headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
+        length = int(self.headers.get("Content-Length") or 0)
+        data = self.rfile.read(length) if length else None
+        request = urllib.request.Request(target, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(urllib.request.Request(target, headers=headers), timeout=5) as answer:
+            with urllib.request.urlopen(request, timeout=600) as answer:
                 code, body = answer.status, answer.read()
         except urllib.error.HTTPError as e:
             code, body = e.code, e.read()

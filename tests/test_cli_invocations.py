@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers_kube_api import VOLCANO, FakeKubeAPI
 
+from ctr_foundation.names import TOKEN_FILE
+
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 CONSOLE_SCRIPT = [str(REPO / ".venv" / "bin" / "elastic-control")]
@@ -188,7 +190,19 @@ def test_refused_api_calls_print_one_line(kube_env, verb, deny):
     assert ("HTTP 401 Unauthorized" if "-l" in verb else "HTTP 403 Forbidden") in line
 
 
-def test_operator_commands_on_kubernetes(tmp_path, monkeypatch, capfd):
+OPERATOR_TOKEN = "operator-test-token"
+
+
+@pytest.fixture()
+def kept_logs_fileserver(tmp_path):
+    """A real file server serving an empty kept-logs folder, with the token -r keeps (pre-seeded below)."""
+    from helpers_common import fileserver_in_thread
+
+    with fileserver_in_thread(tmp_path / "files", token=OPERATOR_TOKEN, kept_logs=tmp_path / "kept") as url:
+        yield url
+
+
+def test_operator_commands_on_kubernetes(tmp_path, monkeypatch, capfd, kept_logs_fileserver):
     """In-process: `status -o json|yaml` and its exit codes, `-l COMPONENT --tail/--since`, unknown names."""
     import yaml
 
@@ -199,6 +213,8 @@ def test_operator_commands_on_kubernetes(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("ELASTIC_CTR_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("ELASTIC_CTR_APPLY_TIMEOUT", "60")
 
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / TOKEN_FILE).write_text(OPERATOR_TOKEN + "\n")  # -r keeps a token it finds
     with FakeKubeAPI() as api:
         monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
         adaptor.reset()
@@ -211,6 +227,8 @@ def test_operator_commands_on_kubernetes(tmp_path, monkeypatch, capfd):
         assert _cli("status", "-o", "yaml") == EXIT_HEALTHY
         assert yaml.safe_load(capfd.readouterr().out)["health"] == "healthy"
 
+        # The file server behind its Service: -l asks it for kept logs of earlier training pods (none yet).
+        api.service_backends[("default", "elastic-ctr-fileserver", "http")] = kept_logs_fileserver
         assert _cli("-l", "trainer-1", "--tail", "1") == 0
         assert capfd.readouterr().out == "[elastic-ctr-trainer-1] elastic-ctr-trainer-1 working\n"
         assert _cli("-l", "cube-server-4", "serving", "pserver-1", "--tail", "1") == 0

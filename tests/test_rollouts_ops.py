@@ -165,6 +165,51 @@ def test_rollback_goes_back_through_the_two_phase_switch_with_zero_failed_reques
     assert stack["transfer"].journal.active_version == P0
 
 
+def test_history_and_rollback_on_kubernetes_go_through_the_api_servers_service_proxy(
+    stack, tmp_path, monkeypatch, capsys
+):
+    """A Kubernetes plan: `history` and `rollback` reach cube-transfer and serving through the (fake) API
+    server's Service proxy, which drops Authorization: the token travels in X-Elastic-Ctr-Authorization."""
+    from helpers_kube import render_plan
+    from helpers_kube_api import fake_cluster
+
+    from elastic_control.cli import main
+
+    srv = stack["serving"]
+    with fake_cluster(tmp_path, monkeypatch) as api:
+        state = tmp_path / "state"
+        render_plan(state, token=TOKEN, trainers=1, pservers=1, cube_shards=2)
+        api.service_backends[("default", "elastic-ctr-cube-transfer", "http")] = stack["transfer_url"]
+        api.service_backends[("default", "elastic-ctr-serving", "http")] = srv.url
+
+        def cli(*args):
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as ended:
+                main([*args, "-o", "json", "--state-dir", str(state)])
+            assert ended.value.code == 0, capsys.readouterr()
+            return json.loads(capsys.readouterr().out)
+
+        before = cli("history")["rollouts"]
+        assert [r["version"] for r in before if r["result"] == "active"][:3] == [GOOD, P0, BAD]
+        with load(srv.url, stack["lines"], limit=400, feedback=False) as out:
+            _wait(lambda: len(out["answers"]) > 50, 60, "no answers before the rollback")
+            there = cli("rollback", GOOD)
+            assert there["version"] == GOOD and there["serving_followed_s"] is not None
+            back = cli("rollback", P0)
+            assert back["version"] == P0 and back["from"] == GOOD and back["serving_followed_s"] is not None
+        assert out["errors"] == []
+        rows = cli("history")["rollouts"]
+        assert [(r["version"], r["by"]) for r in rows if r["result"] == "active"][-2:] == [
+            (GOOD, "rollback"),
+            (P0, "rollback"),
+        ]
+        proxied = [(m, p) for m, p, _ in api.requests if "/proxy/" in p]
+        assert ("POST", "/api/v1/namespaces/default/services/elastic-ctr-cube-transfer:http/proxy/v1/rollback") in [
+            (m, p.replace("%3A", ":")) for m, p in proxied
+        ]
+    assert srv.app.active_version == P0  # as the tests after this one expect
+
+
 def _canary(stack, version, records):
     criteria = Criteria(
         calibration_band=(0.7, 1.4), max_logloss_rise=0.1, max_auc_drop=0.1, min_feedback=400, min_clicks=40

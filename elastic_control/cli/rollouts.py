@@ -3,8 +3,10 @@
 Where they look: cube-transfer's rollout journal (``CUBE_ROOT/transfer-state.json`` locally, else its
 ``GET /v1/status``), the local supervisor's ``rollouts.json`` (when serving first answered with each
 version) and the state folder's ``canary.jsonl`` (every canary step and verdict). Locally the URLs and the
-token come from the state folder; against Kubernetes give ``--transfer-url`` / ``--serving-url`` (e.g.
-through ``kubectl port-forward``).
+token come from the state folder; on Kubernetes cube-transfer and serving are reached through the API
+server's Service proxy with the plan's kubeconfig context (the token in the header the proxy passes on),
+unless ``--transfer-url`` / ``--serving-url`` name them (e.g. through ``kubectl port-forward``); the canary
+needs ``--serving-url`` there (it talks to serving many times a second).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import requests
 
 from ctr_foundation import env_vars
 from ctr_foundation.errors import ComponentError, UsageError
+from ctr_foundation.http_auth import auth_headers
 from ctr_foundation.model_registry import (
     CHALLENGER,
     CHAMPION,
@@ -30,7 +33,8 @@ from ctr_foundation.model_registry import (
 )
 from ctr_foundation.names import StateFolder
 from elastic_control.cli.options import state_dir_option
-from elastic_control.local.rollouts import read_rollouts, served_version
+from elastic_control.console import warn
+from elastic_control.local.rollouts import read_rollouts, version_from_status
 from elastic_control.local.spec import load_local_plan
 from elastic_control.plan import load_plan
 from elastic_control.serving.arms import SplitError
@@ -41,10 +45,45 @@ CANARY_FILE = "canary.jsonl"
 JOURNAL_FILE = "transfer-state.json"
 
 
+class DirectService:
+    """A service reached at its URL (a local pipeline's, or a flag's)."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+
+    def __str__(self) -> str:
+        return self.url
+
+    def request(
+        self, method: str, path: str, *, token: str | None = None, body: dict | None = None, timeout: float = 5.0
+    ) -> tuple[int | None, dict | None, str]:
+        """(HTTP status or None, the answer's JSON object or None, why there is none)."""
+        try:
+            r = requests.request(method, self.url + path, json=body, headers=auth_headers(token), timeout=timeout)
+        except requests.RequestException as e:
+            return None, None, f"no answer ({type(e).__name__}: {e})"
+        try:
+            doc = r.json()
+        except ValueError:
+            doc = {"error": r.text.strip()[:300]}
+        return (r.status_code, doc, "") if isinstance(doc, dict) else (r.status_code, None, "not a JSON object")
+
+
+def _service(where) -> DirectService | None:
+    return DirectService(where) if isinstance(where, str) else where
+
+
 def _endpoints(state_dir: str, serving_url: str | None, transfer_url: str | None) -> dict:
-    """{"serving", "transfer", "token", "cube_root", "layout"} from the flags and the state folder."""
+    """{"serving", "transfer" (DirectService or the cluster's ProxiedService, or None), "token", "cube_root",
+    "layout"} from the flags and the state folder."""
     layout = StateFolder.of(state_dir)
-    out = {"serving": serving_url, "transfer": transfer_url, "token": None, "cube_root": None, "layout": layout}
+    out = {
+        "serving": _service(serving_url),
+        "transfer": _service(transfer_url),
+        "token": None,
+        "cube_root": None,
+        "layout": layout,
+    }
     try:
         plan = load_plan(state_dir)
         out["token"] = plan.token()
@@ -55,14 +94,19 @@ def _endpoints(state_dir: str, serving_url: str | None, transfer_url: str | None
             local = load_local_plan(layout.components_file)
         except (OSError, ValueError, KeyError):
             return out
-        out["serving"] = out["serving"] or local.serving_url
-        out["transfer"] = out["transfer"] or local.transfer_url
+        out["serving"] = out["serving"] or _service(local.serving_url)
+        out["transfer"] = out["transfer"] or _service(local.transfer_url)
         out["cube_root"] = layout.cube_root
+    elif not (out["serving"] and out["transfer"]):
+        # function-level: loads the kubernetes client (~0.7 s), which a local pipeline never needs
+        from elastic_control.kube.deploy import connect
+        from elastic_control.kube.service_probe import ProxiedService
+
+        connect(plan)  # the plan's context, refused if it now points at another cluster
+        ns, job = plan.namespace, plan.job_name
+        out["serving"] = out["serving"] or ProxiedService(ns, f"{job}-serving")
+        out["transfer"] = out["transfer"] or ProxiedService(ns, f"{job}-cube-transfer")
     return out
-
-
-def _auth(token: str | None) -> dict:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 # ---- history ---------------------------------------------------------------------------------------------
@@ -76,10 +120,11 @@ def transfer_history(ends: dict) -> list[dict]:
         except (OSError, json.JSONDecodeError):
             pass
     if ends["transfer"]:
-        try:
-            return requests.get(ends["transfer"].rstrip("/") + "/v1/status", timeout=5).json().get("history") or []
-        except (requests.RequestException, ValueError):
+        status, doc, reason = _service(ends["transfer"]).request("GET", "/v1/status")
+        if status != 200 or doc is None:  # what else is recorded is still worth showing
+            warn(f"cube-transfer at {ends['transfer']} gave no history: {reason or f'HTTP {status}'}")
             return []
+        return doc.get("history") or []
     return []
 
 
@@ -174,7 +219,11 @@ def history_text(rows: list[dict]) -> str:
 
 @click.command("history", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--transfer-url", default=None, help="cube-transfer's URL (default: the local plan's).")
+@click.option(
+    "--transfer-url",
+    default=None,
+    help="cube-transfer's URL [default: the local plan's; on Kubernetes its Service, through the API server].",
+)
 @state_dir_option
 def history_command(output, transfer_url, state_dir):
     """Every rollout, oldest first: version, when, how long, by whom (cube-transfer, rollback, split)."""
@@ -191,28 +240,29 @@ def history_command(output, transfer_url, state_dir):
 # ---- rollback --------------------------------------------------------------------------------------------
 
 
-def rollback(transfer_url: str, token: str | None, version: str | None, timeout: float = 600.0) -> dict:
+def rollback(transfer, token: str | None, version: str | None, timeout: float = 600.0) -> dict:
+    """POST /v1/rollback to cube-transfer (a URL, DirectService or ProxiedService): its answer."""
+    transfer = _service(transfer)
     body = {"version": version} if version else {}
-    try:
-        r = requests.post(transfer_url.rstrip("/") + "/v1/rollback", json=body, headers=_auth(token), timeout=timeout)
-    except requests.RequestException as e:
-        raise ComponentError(f"cube-transfer at {transfer_url} did not answer: {e}") from e
-    try:
-        answer = r.json()
-    except ValueError:
-        answer = {"error": r.text.strip()[:300]}
-    if r.status_code == 400:
-        raise UsageError(answer.get("error", r.text))
-    if r.status_code != 200:
-        raise ComponentError(f"rollback refused (HTTP {r.status_code}): {answer.get('error', r.text)}")
+    status, answer, reason = transfer.request("POST", "/v1/rollback", token=token, body=body, timeout=timeout)
+    if status is None:
+        raise ComponentError(f"cube-transfer at {transfer} did not answer: {reason}")
+    error = (answer or {}).get("error") or reason
+    if status == 400:
+        raise UsageError(error)
+    if status != 200 or answer is None:
+        raise ComponentError(f"rollback refused (HTTP {status}): {error}")
     return answer
 
 
-def wait_served(serving_url: str, version: str, timeout: float) -> float | None:
-    """Seconds until serving answers with ``version`` (None: not within ``timeout``)."""
+def wait_served(serving, version: str, timeout: float) -> float | None:
+    """Seconds until serving (a URL, DirectService or ProxiedService) answers with ``version`` (None: not
+    within ``timeout``)."""
+    serving = _service(serving)
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if served_version(serving_url) == version:
+        status, doc, _ = serving.request("GET", "/v1/status", timeout=2.0)
+        if status == 200 and version_from_status(doc) == version:
             return round(time.monotonic() - t0, 2)
         time.sleep(0.2)
     return None
@@ -220,8 +270,16 @@ def wait_served(serving_url: str, version: str, timeout: float) -> float | None:
 
 @click.command("rollback", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("version", required=False)
-@click.option("--transfer-url", default=None, help="cube-transfer's URL (default: the local plan's).")
-@click.option("--serving-url", default=None, help="Serving's URL, to wait until it follows (default: the plan's).")
+@click.option(
+    "--transfer-url",
+    default=None,
+    help="cube-transfer's URL [default: the local plan's; on Kubernetes its Service, through the API server].",
+)
+@click.option(
+    "--serving-url",
+    default=None,
+    help="Serving's URL, to wait until it follows [default: the plan's; on Kubernetes its Service].",
+)
 @click.option("--wait", "wait_s", type=float, default=60.0, show_default=True, help="Seconds to wait for serving.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @state_dir_option
@@ -229,7 +287,7 @@ def rollback_command(version, transfer_url, serving_url, wait_s, output, state_d
     """Make VERSION (default: the previous version) active again through cube-transfer's two-phase switch."""
     ends = _endpoints(state_dir, serving_url, transfer_url)
     if not ends["transfer"]:
-        raise UsageError("no cube-transfer URL: run it on a local pipeline or pass --transfer-url")
+        raise UsageError("no cube-transfer to ask: no plan in the state folder; pass --transfer-url")
     answer = rollback(ends["transfer"], ends["token"], version)
     target = answer["version"]
     followed = wait_served(ends["serving"], target, wait_s) if ends["serving"] else None
@@ -328,8 +386,11 @@ def canary_command(
     except (SplitError, ValueError, RegistryError) as e:
         raise UsageError(str(e)) from e
     ends = _endpoints(state_dir, serving_url, None)
-    if not ends["serving"]:
-        raise UsageError("no serving URL: run it on a local pipeline or pass --serving-url")
+    if not isinstance(ends["serving"], DirectService):
+        raise UsageError(
+            "no serving URL: run it on a local pipeline or pass --serving-url (on Kubernetes, e.g. through "
+            "`kubectl port-forward service/JOB-serving 8010`)"
+        )
     criteria = Criteria(
         calibration_band=band,
         max_logloss_rise=max_logloss_rise,
@@ -344,7 +405,7 @@ def canary_command(
         aliases = {a: AliasSetter(tracking, a, patience=30.0) for a in (CHALLENGER, CHAMPION)}
         aliases[CHALLENGER].point_at(version)
     canary = Canary(
-        ServingSplitApi(ends["serving"], ends["token"]),
+        ServingSplitApi(ends["serving"].url, ends["token"]),
         version,
         arm=arm,
         ramp=steps,

@@ -32,33 +32,48 @@ class RawAnswer:
     data: bytes | None  # the body of a 2xx answer, None otherwise
     reason: str = ""  # why there is no body
     status: int | None = None  # the HTTP status, when there was an answer
+    error_body: bytes = b""  # the body of an error answer (the component's, or the API server's Status)
 
 
 def fetch(
-    namespace: str, service: str, port: str, path: str, *, token: str | None = None, timeout: float = TIMEOUT
+    namespace: str,
+    service: str,
+    port: str,
+    path: str,
+    *,
+    token: str | None = None,
+    timeout: float = TIMEOUT,
+    method: str = "GET",
+    body: dict | None = None,
 ) -> RawAnswer:
-    """GET ``path`` of ``service``'s named ``port`` through the API server; ``token``: the pipeline's, sent in
-    the header the API server passes on (it keeps Authorization for itself: ctr_foundation/http_auth.py)."""
+    """``method`` ``path`` (with the JSON ``body``) of ``service``'s named ``port`` through the API server;
+    ``token``: the pipeline's, sent in the header the API server passes on (it keeps Authorization for itself:
+    ctr_foundation/http_auth.py)."""
     api = adaptor.api_client()
+    headers = proxied_auth_headers(token)
+    if body is not None:
+        headers["Content-Type"] = "application/json"
     # The path is written out, not passed as a path parameter: the generated method would send its slashes
     # as %2F; and the answer is read raw: the generated method turns a JSON body into a dict's repr.
-    method, url, headers, _body, _post = api.param_serialize(
-        "GET",
+    verb, url, headers, payload, _post = api.param_serialize(
+        method,
         f"/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy/{path.lstrip('/')}",
-        header_params=proxied_auth_headers(token),
+        header_params=headers,
+        body=body,
         auth_settings=["BearerToken"],
     )
     try:
-        answer = api.call_api(method, url, header_params=headers, _request_timeout=timeout)
+        answer = api.call_api(verb, url, header_params=headers, body=payload, _request_timeout=timeout)
         answer.read()
     except adaptor.ApiException as e:
-        return RawAnswer(None, f"HTTP {e.status} through the API server: {adaptor.api_error_message(e)}", e.status)
+        reason = f"HTTP {e.status} through the API server: {adaptor.api_error_message(e)}"
+        return RawAnswer(None, reason, e.status, (e.body or "").encode())
     except (urllib3.exceptions.HTTPError, OSError) as e:
         return RawAnswer(None, f"no answer through the API server ({type(e).__name__})")
     data = answer.data or b""
     if answer.status >= 400:
         message = adaptor.status_message(data.decode("utf-8", "replace"), answer.reason)
-        return RawAnswer(None, f"HTTP {answer.status} through the API server: {message}", answer.status)
+        return RawAnswer(None, f"HTTP {answer.status} through the API server: {message}", answer.status, data)
     return RawAnswer(data, status=answer.status)
 
 
@@ -118,3 +133,33 @@ def probe_pipeline(namespace: str, job: str, shards: int) -> tuple[dict, dict]:
         "last_reload_error": body.get("last_reload_error"),
     }
     return cube, serving
+
+
+@dataclass(frozen=True)
+class ProxiedService:
+    """A Service of the pipeline reached through the API server (the CLI's way in: no port-forward), with
+    the same ``request`` as a URL reached directly (elastic_control/cli/rollouts.py)."""
+
+    namespace: str
+    service: str
+    port: str = "http"
+
+    def __str__(self) -> str:
+        return f"Service {self.namespace}/{self.service} (through the API server)"
+
+    def request(
+        self, method: str, path: str, *, token: str | None = None, body: dict | None = None, timeout: float = TIMEOUT
+    ) -> tuple[int | None, dict | None, str]:
+        """(HTTP status or None, the answer's JSON object or None, why there is none)."""
+        raw = fetch(
+            self.namespace, self.service, self.port, path, token=token, timeout=timeout, method=method, body=body
+        )
+        if raw.status is None:
+            return None, None, raw.reason
+        try:
+            doc = json.loads(raw.data if raw.data is not None else raw.error_body)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict) or (raw.data is None and doc.get("kind") == "Status"):
+            return raw.status, None, raw.reason or "answered something that is not a JSON object"
+        return raw.status, doc, raw.reason
