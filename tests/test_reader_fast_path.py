@@ -123,3 +123,25 @@ def test_the_byte_parse_takes_criteo_like_lines_with_values_and_refuses_misplace
     ):
         assert line_batch._parse_plain_bytes(f"{good}\n{bad}\n".encode()) is None, bad
         assert not _good(bad), bad
+
+
+@pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
+def test_text_blocks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, monkeypatch, block_bytes):
+    import fsspec
+
+    from elastic_control.data import readers
+
+    monkeypatch.setattr(readers, "READ_BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(block_bytes)
+    lines = [_random_line(rng) for _ in range(200)]
+    fs = fsspec.filesystem("file")
+    for tail in ("\n", ""):
+        path = tmp_path / f"part{len(tail)}"
+        path.write_bytes(("\n".join(lines) + tail).encode())
+        for chunk_lines in (1, 5, 64, 199, 200, 4096):
+            chunks = list(readers.iter_text_blocks(fs, str(path), "part", chunk_lines))
+            assert all(isinstance(c, bytes) for c in chunks)
+            expected = ["\n".join(lines[i : i + chunk_lines]) + "\n" for i in range(0, len(lines), chunk_lines)]
+            if not tail:
+                expected[-1] = expected[-1][:-1]
+            assert [c.decode() for c in chunks] == expected

@@ -320,24 +320,25 @@ def iter_text_blocks(fs, path: str, where: str, chunk_lines: int) -> Iterator[by
     without a Python string per line, for ``line_batch.parse_text``."""
     try:
         with fs.open(path, "rb") as raw, gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw as f:
-            pieces: list[bytes] = []  # read since the last chunk, joined once they hold a chunk's lines
-            newlines = 0
+            # Each block's newlines are found once, and only the chunk that straddles two reads is joined:
+            # counting each block's newlines and then searching the joined text again (fresh memory each
+            # time, whose page faults cost as much as the scans) took 0.7 us a Criteo line, 0.5 us now.
+            carry: list = []  # the bytes read since the last chunk (a block's tail: a view, not a copy)
+            carried = 0  # their newlines, fewer than chunk_lines
             while block := f.read(READ_BLOCK_BYTES):
-                pieces.append(block)
-                # numpy's count, not bytes.count: the latter is a byte loop, 5x slower (0.15 us a Criteo line)
-                newlines += int(np.count_nonzero(np.frombuffer(block, np.uint8) == 10))
-                if newlines < chunk_lines:
+                newlines = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+                ends = (newlines[chunk_lines - carried - 1 :: chunk_lines] + 1).tolist()
+                if not ends:
+                    carry.append(block)
+                    carried += len(newlines)
                     continue
-                text = b"".join(pieces)
-                ends = np.flatnonzero(np.frombuffer(text, np.uint8) == 10)[chunk_lines - 1 :: chunk_lines] + 1
-                start = 0
-                for end in ends.tolist():
-                    yield text[start:end]
-                    start = end
-                pieces = [text[start:]]
-                newlines -= len(ends) * chunk_lines
-            if any(pieces):
-                yield b"".join(pieces)
+                yield b"".join([*carry, block[: ends[0]]])
+                for start, end in itertools.pairwise(ends):
+                    yield block[start:end]
+                carry = [memoryview(block)[ends[-1] :]]
+                carried = len(newlines) - (chunk_lines - carried) - (len(ends) - 1) * chunk_lines
+            if any(carry):
+                yield b"".join(carry)
     except (OSError, EOFError) as e:
         raise DataError(f"{where}: cannot read: {e}") from e
 
