@@ -210,6 +210,35 @@ def test_history_and_rollback_on_kubernetes_go_through_the_api_servers_service_p
     assert srv.app.active_version == P0  # as the tests after this one expect
 
 
+def test_a_split_set_by_hand_gives_its_challenger_the_challenger_alias(stack, mlflow_server, monkeypatch):
+    """PUT /v1/split (not only a canary) points MLflow's `challenger` alias at the challenger's registered
+    version, through serving's split hook (elastic_control/serving/service.py), against a real MLflow."""
+    from ctr_foundation.model_registry import CHALLENGER, alias_version
+    from elastic_control.serving.service import challenger_alias
+    from elastic_control.training.tracking import Tracker
+
+    url, _ = mlflow_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    models = stack["root"] / "models"
+    tracker = Tracker(models, run_name="train", retry_for=30)
+    window = {"start": "20200101/00", "end": "20200101/00"}
+    versions = {p: tracker.register_pass(models / p, pass_name=p, window=window, metrics={}) for p in (GOOD, BAD)}
+    hook = challenger_alias(url, patience=30)
+    app = stack["serving"].app
+    app.split_hooks.append(hook)
+    try:
+        api = ServingSplitApi(stack["serving"].url, TOKEN)
+        api.put_split("challenger", BAD, 5.0)
+        assert hook.setter.wait(60) and alias_version(url, CHALLENGER) == versions[BAD]
+        api.put_split("challenger", GOOD, 5.0)
+        assert hook.setter.wait(60) and alias_version(url, CHALLENGER) == versions[GOOD]
+        api.abort()
+    finally:
+        app.split_hooks.remove(hook)
+        tracker.finish()
+    assert app.split.challengers == []
+
+
 def _canary(stack, version, records):
     criteria = Criteria(
         calibration_band=(0.7, 1.4), max_logloss_rise=0.1, max_auc_drop=0.1, min_feedback=400, min_clicks=40

@@ -100,6 +100,7 @@ class ServingApp:
         self._threads: list[threading.Thread] = []
         self._alerts_in_force: set[tuple] = set()
         self.monitor_hooks: list = []  # fn(summary, alerts) every monitor tick (e.g. MLflow recording)
+        self.split_hooks: list = []  # fn(split) once a split with challengers is in force (the MLflow alias)
         self.start_split: Split | None = None  # --split: applied once the first version is active
         self._start_split_error: tuple[str, float] | None = None
 
@@ -355,7 +356,12 @@ class ServingApp:
                 generation,
                 ", ".join(f"{a.name}={a.version or 'active'}:{a.weight:g}" for a in split.arms),
             )
-            return split
+        for hook in self.split_hooks if split.challengers else ():
+            try:
+                hook(split)
+            except Exception:  # noqa: BLE001 - bookkeeping never undoes a split in force
+                log.exception("a split hook failed")
+        return split
 
     def end_split(self, winner: str | None = None) -> dict:
         """End the split in one call: drop every challenger, or promote ``winner`` (an arm name)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ctr_foundation.env_vars import CUBE_ROOT, FILESERVER_URL, MLFLOW_TRACKING_URI, MODEL_PATH, TOKEN
 from ctr_foundation.errors import ComponentError, UsageError
-from ctr_foundation.model_registry import pass_of_model_uri
+from ctr_foundation.model_registry import CHALLENGER, AliasSetter, is_server_uri, pass_of_model_uri
 from elastic_control.inference.scoring import import_paddle
 from elastic_control.serving.app import (
     DEFAULT_CACHE_ENTRIES,
@@ -123,6 +123,8 @@ def build_app(config: ServingConfig, *, after_response_hooks: Sequence = ()):
     )
     if config.mlflow_uri and config.mlflow_every > 0:
         app.monitor_hooks.append(MlflowRecorder(config.mlflow_uri, every=config.mlflow_every, source=source.describe))
+    if is_server_uri(config.mlflow_uri):
+        app.split_hooks.append(challenger_alias(config.mlflow_uri))
     for hook in after_response_hooks:
         app.add_after_response_hook(hook)
     if split.challengers:
@@ -163,6 +165,19 @@ def serve(config: ServingConfig, *, on_listening: Callable | None = None, after_
 def listening_message(config: ServingConfig, server, app) -> str:
     grpc_text = f", gRPC {server.grpc_target}" if server.grpc is not None else ""
     return f"serving on http://{config.host}:{server.port}{grpc_text} from {app.source.describe} (pid {os.getpid()})"
+
+
+def challenger_alias(tracking_uri: str, *, patience: float = 600.0) -> Callable:
+    """A split hook: the registered version of the split's (first) challenger gets the ``challenger`` alias,
+    however the split was set (--split, PUT /v1/split, a canary), as cube-transfer's rollouts set ``champion``.
+    In a thread of its own, retried for ``patience`` seconds (the pass may not be registered yet)."""
+    setter = AliasSetter(tracking_uri, CHALLENGER, patience=patience)
+
+    def hook(split) -> None:
+        setter.point_at(split.challengers[0].version)
+
+    hook.setter = setter  # for tests and --once runs: setter.wait()
+    return hook
 
 
 def _model_uri_resolver(mlflow_uri: str | None):
