@@ -20,16 +20,17 @@ fast path accepts parses as the reference would, and one it refuses is
 counted and skipped exactly as before.
 
 Where a chunk's time goes (Criteo lines as ``data criteo`` writes them: about
-100 tokens and 500 bytes a line, 10 of the tokens dense values). Before the
-layout every writer produces had its own path for value tokens, such chunks
-never fell back to the per-line parser, but spent 7 us a line: copying the
-integer tokens out (a pyarrow ``take``) cost as much as converting them, the
-value tokens' regular expression (pyarrow's) 50 ns each, cutting the lines
-into Python strings 0.5 us, and some twenty per-token numpy passes the rest.
-What is left is mostly the floor of this approach: finding the separators
-(``np.flatnonzero`` over every byte, about as long as pyarrow's whole CSV
-split of the same bytes) and converting the integers (pyarrow, about 10 ns a
-token), each several times what the few passes over the separators cost.
+100 tokens and 500 bytes a line, 10 of the tokens dense values). Such chunks
+never fell back to the per-line parser, but took 7 us a line before value
+tokens had their own path in the layout writers produce: copying the integer
+tokens out (a pyarrow ``take``) cost as much as converting them, the value
+tokens' regular expression (pyarrow's) 50 ns each, cutting the lines into
+Python strings 0.5 us, and some twenty passes over per-token arrays the rest.
+About 4 us are left. What no pass of numpy or pyarrow avoids is 1.6 us of
+them: finding the separators (``np.flatnonzero`` over every byte, 0.6 us: as
+long as pyarrow's whole CSV split of the same bytes) and converting the
+integers (pyarrow, about 10 ns a token: 1 us); the rest is some fifteen
+passes over per-token arrays, 0.1 us each, and the value tokens' 0.5 us.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ _NO_VALUES = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float
 
 class TextLines(Sequence):
     """A chunk's lines kept as its bytes: a pyarrow string array of the lines, each with its newline, over
-    the chunk's buffer. Cutting 4,096 lines into Python strings cost as much as converting all their
-    numbers (0.5 us a Criteo line), for lines that training only reads back a few of (the golden lines);
-    and taking, slicing, concatenating and shuffling them is then done by pyarrow, not line by line."""
+    the chunk's buffer. A Python string per line cost 0.5 us a Criteo line (half of what converting all
+    its numbers costs), for lines that training reads back only a few of (the golden lines); and taking,
+    slicing, concatenating and shuffling them is then done by pyarrow, not line by line."""
 
     __slots__ = ("_arr",)
 
