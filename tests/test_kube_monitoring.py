@@ -87,6 +87,36 @@ def test_operator_objects_replace_the_configmap_and_validate(tmp_path):
     assert not _kind(no_policy, "NetworkPolicy") and len(_kind(no_policy, "ServiceMonitor")) == 2
 
 
+def test_monitoring_labels_reach_the_operator_objects_only(tmp_path):
+    """kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by ``release``:
+    --monitoring-label adds such labels to those objects and to nothing else (selectors stay the project's)."""
+    labels = ("release=kube-prometheus-stack", "team=ctr")
+    docs = _docs(tmp_path, kube={"prometheus_operator": True, "monitoring_labels": labels})
+    operator_objects = _kind(docs, "ServiceMonitor") + _kind(docs, "PrometheusRule")
+    assert len(operator_objects) == 3
+    for doc in operator_objects:
+        assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert doc["metadata"]["labels"]["team"] == "ctr" and doc["metadata"]["labels"][k.LABEL_INSTANCE]
+        validate_manifest(doc)
+        assert "release" not in str(doc["spec"].get("selector", {}))
+    others = [d for d in docs if d not in operator_objects]
+    assert others and not any("release" in (d["metadata"].get("labels") or {}) for d in others)
+
+
+@pytest.mark.parametrize(
+    "label, why",
+    [
+        ("release", "is not KEY=VALUE"),
+        ("app.kubernetes.io/name=x", "is set by elastic-control itself"),
+        ("bad key=x", "is not a valid label key"),
+        ("release=" + "x" * 64, "is not a valid label value"),
+    ],
+)
+def test_bad_monitoring_labels_are_refused_naming_the_problem(tmp_path, label, why):
+    with pytest.raises(UsageError, match=f"--monitoring-label '.*': .*{why}"):
+        _docs(tmp_path, kube={"prometheus_operator": True, "monitoring_labels": (label,)})
+
+
 def test_the_operator_crd_schemas_refuse_what_the_operator_would(tmp_path):
     """The real CRDs, made strict, catch a misspelt field, a bad duration, a wrong type and a missing field."""
     import copy

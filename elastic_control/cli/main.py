@@ -52,8 +52,8 @@ VERBS = {  # parameter name: (flag, what it does, its options)
         ("cpu", "mem", "trainers", "pservers", "cube_shards", "datafile", "slot_conf", "hdfs_address", "verbose",
          "backend", "namespace", "image", "queue", "job_name", "service_type", "promotion_gate", "context",
          "storage_class", "access_mode", "serving_replicas", "network_policy", "max_retry", "image_pull_policy",
-         "image_pull_secrets", "data_secrets", "job_ttl", "job_progress", "prometheus_operator", "pod_overlay",
-         "state_dir"),
+         "image_pull_secrets", "data_secrets", "job_ttl", "job_progress", "prometheus_operator", "monitoring_labels",
+         "pod_overlay", "state_dir"),
     ),
     "do_apply": (
         "-a",
@@ -320,6 +320,7 @@ def cli(
     job_ttl,
     job_progress,
     prometheus_operator,
+    monitoring_labels,
     pod_overlay,
     state_dir,
 ):
@@ -364,6 +365,7 @@ def cli(
                 "job_ttl": job_ttl,
                 "job_progress": job_progress,
                 "prometheus_operator": prometheus_operator,
+                "monitoring_labels": tuple(monitoring_labels),
             },
         )
     if do_apply:

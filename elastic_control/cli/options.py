@@ -118,6 +118,14 @@ def kube_render_options(func):
             "ConfigMap [default: when the cluster serves monitoring.coreos.com/v1].",
         ),
         click.option(
+            "--monitoring-label",
+            "monitoring_labels",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Label the ServiceMonitors and the PrometheusRule carry besides the project's: what the cluster's "
+            "Prometheus selects them by (kube-prometheus-stack: release=RELEASE); repeatable.",
+        ),
+        click.option(
             "--pod-overlay",
             type=click.Path(dir_okay=False),
             default=None,

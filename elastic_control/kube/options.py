@@ -60,6 +60,9 @@ class KubeOptions:
     # ServiceMonitors and a PrometheusRule instead of the alerts' ConfigMap (the cluster serves
     # monitoring.coreos.com/v1, found by -r, or --prometheus-operator)
     prometheus_operator: bool = False
+    # Added to the ServiceMonitors' and the PrometheusRule's labels: what the cluster's Prometheus selects
+    # them by (kube-prometheus-stack selects release=<its Helm release>).
+    monitoring_labels: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # what -r warned about; -a repeats it
 
     def to_json(self) -> dict:
@@ -135,13 +138,9 @@ def validate_pod_overlay(data, *, source: str = "pod overlay") -> dict:
         if name.startswith("elastic-ctr/"):
             raise ConfigError(f"annotations: {name!r} is set by elastic-control itself; pick another key", path=source)
     for name, value in data.get("labels", {}).items():
-        if name.startswith(("app.kubernetes.io/", "volcano.sh/", "elastic-ctr/")):
-            raise ConfigError(
-                f"labels: {name!r} is set by elastic-control itself (selectors depend on it); pick another key",
-                path=source,
-            )
-        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
-            raise ConfigError(f"labels: value {value!r} of {name!r} is not a valid label value", path=source)
+        problem = _label_problem(name, value)
+        if problem:
+            raise ConfigError(f"labels: {problem}", path=source)
     tolerations = data.get("tolerations", [])
     if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
         raise ConfigError("tolerations must be a list of mappings (key, operator, value, effect)", path=source)
@@ -152,6 +151,30 @@ def validate_pod_overlay(data, *, source: str = "pod overlay") -> dict:
     ):
         raise ConfigError("priorityClassName must be a PriorityClass name", path=source)
     return data
+
+
+def _label_problem(name: str, value: str) -> str | None:
+    """Why ``name: value`` cannot be a label the user adds to the rendered objects (None: it can)."""
+    if not _LABEL_KEY.fullmatch(name):
+        return f"{name!r} is not a valid label key"
+    if name.startswith(("app.kubernetes.io/", "volcano.sh/", "elastic-ctr/")):
+        return f"{name!r} is set by elastic-control itself (selectors depend on it); pick another key"
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+        return f"value {value!r} of {name!r} is not a valid label value"
+    return None
+
+
+def parse_monitoring_labels(pairs) -> dict[str, str]:
+    """--monitoring-label KEY=VALUE (repeatable): labels of the ServiceMonitors and the PrometheusRule, which
+    a Prometheus selects them by (kube-prometheus-stack: ``release=<its Helm release>``)."""
+    labels: dict[str, str] = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        problem = _label_problem(name, value) if sep else "it is not KEY=VALUE"
+        if problem:
+            raise UsageError(f"--monitoring-label {pair!r}: {problem}")
+        labels[name] = value
+    return labels
 
 
 def validate_storage(storage_class: str | None, access_mode: str) -> None:
@@ -205,6 +228,7 @@ def build_kube_options(
     job_ttl: str | int | None = None,
     job_progress: bool = True,
     prometheus_operator: bool = False,
+    monitoring_labels: tuple[str, ...] | list[str] = (),
 ) -> KubeOptions:
     """Validate the flags; ``target`` is the cluster (elastic_control.kube.target.Target) the plan is for."""
     validate_storage(storage_class, access_mode)
@@ -231,4 +255,5 @@ def build_kube_options(
         job_ttl=parse_job_ttl(job_ttl),
         job_progress=bool(job_progress),
         prometheus_operator=bool(prometheus_operator),
+        monitoring_labels=parse_monitoring_labels(monitoring_labels),
     )

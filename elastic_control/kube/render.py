@@ -255,6 +255,7 @@ def build_context(plan, inputs: RenderInputs, *, model_path: str | None = None) 
         "max_retry": options.max_retry,
         "job_ttl": options.job_ttl,
         "job_progress": options.job_progress,
+        "monitoring_labels": options.monitoring_labels,
         "prometheus_operator": options.prometheus_operator,
         "serving_replicas": options.serving_replicas,
         "network_policy": options.network_policy,
