@@ -226,8 +226,6 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
 
 # The separators of the plain layout: space, ":" and newline (tabs and carriage returns take the older path).
 _SPACE, _COLON, _NEWLINE = np.uint8(32), np.uint8(58), np.uint8(10)
-_SEPARATOR_BYTES = np.zeros(256, bool)
-_SEPARATOR_BYTES[[32, 58, 10]] = True
 # Bytes a value token may hold besides digits; anything else in a token sends the chunk to the older path.
 _VALUE_ONLY_BYTES = np.zeros(256, bool)
 _VALUE_ONLY_BYTES[list(b".+-eE")] = True
@@ -249,7 +247,7 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
     # Bytes that are not digits: the separators, and in value tokens their signs, points and exponents.
     other = np.flatnonzero((b - np.uint8(48)) > 9)
     kinds = b[other]
-    sep = _SEPARATOR_BYTES[kinds]
+    sep = (kinds == _SPACE) | (kinds == _COLON) | (kinds == _NEWLINE)  # compares: 8x a 256-entry table's lookup
     if sep.all():
         seps, odd = other, other[:0]
     else:
@@ -401,7 +399,7 @@ def _parse_plain_tokens(
     # The tokens at the even places of ``whole``, the separators between them at the odd ones.
     bounds = np.empty(2 * n_tok, np.int64)
     bounds[0] = 0
-    bounds[2::2] = seps[:-1] + 1
+    np.add(seps[:-1], 1, out=bounds[2::2])
     bounds[1::2] = seps
     buffer = pa.py_buffer(data)
     if len(odd):
