@@ -428,7 +428,13 @@ def test_every_container_ran_as_restricted_pod_security_allows(cluster):
 
 @pytest.mark.slow  # the default suite: test_local_pipeline kills a cube server and a serving process
 def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(cluster):
-    version = cluster.wait(lambda: active_version(cluster), timeout=600, what="an active version")
+    # The last pass, not the first active one: run alone, this test would otherwise start while cube-transfer
+    # still has the second pass to roll out, and that rollout would change the version under the load.
+    job = cluster.jobs[JOB]
+    cluster.wait(lambda: job.phase in ("Completed", "Failed", "Aborted"), timeout=480, what="training job finished")
+    models = cluster.claim_dir(f"{JOB}-shared") / "models"
+    last = [json.loads(line)["pass"] for line in (models / "donefile").read_text().splitlines() if line.strip()][-1]
+    version = cluster.wait(lambda: active_version(cluster) == last and last, timeout=240, what="the last pass active")
     cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=300, what="ready")
     golden = (cluster.claim_dir(f"{JOB}-shared") / "models" / version / "golden.jsonl").read_text().splitlines()
     box = cluster.work / "load"
