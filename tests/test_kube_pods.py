@@ -151,6 +151,57 @@ def test_an_offline_window_with_no_data_aborts_the_job_naming_the_fix(tmp_path):
         assert "so training would write no pass" in logs
 
 
+def test_a_trainer_pod_deleted_mid_pass_restarts_the_job_which_completes_every_pass(tmp_path):
+    """`kubectl delete pod JOB-trainer-0` while it trains: Volcano's PodEvicted event matches the job's
+    RestartJob policy; the restarted job trains and writes every pass. Both trainer pods (one name, two
+    instances) left their log on the shared claim, where -l finds the deleted one's."""
+    lines_per_hour = 12_000  # a first pass of some seconds: long enough to be caught in the middle
+    cli("data", "synth", "--output", str(tmp_path / "data"), "--hours", "2", "--lines-per-hour",
+        str(lines_per_hour), "--seed", "5", "-s", str(_slot_conf(tmp_path)))  # fmt: skip
+    manifests = render_small(
+        tmp_path,
+        "export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/01\n"
+        'export DATASET_PATH="/var/lib/elastic-ctr/data"\n',
+    )
+    import yaml
+
+    docs = [d for p in sorted(manifests.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    keep = [
+        d
+        for d in docs
+        if d["kind"] in JOB_KINDS
+        or d["metadata"]["name"] in (f"{JOB}-shared", JOB)
+        or (d["metadata"]["name"] == f"{JOB}-mlflow" and d["kind"] != "NetworkPolicy")
+    ]
+    harness = Cluster(keep, tmp_path / "cluster")
+    copy_into_claim(harness, f"{JOB}-shared", tmp_path / "data", "data")
+    with harness:
+        job = harness.jobs[JOB]
+        trainer = harness.wait(
+            lambda: next((p for p in job.pods.values() if p.task == "trainer" and "step 50 " in harness.log(p)), None),
+            timeout=240,
+            what="trainer 0 in its first pass",
+        )
+        first_log = harness.log(trainer)
+        assert "exported pass-" not in first_log, "the pass ended before the pod was deleted: more lines needed"
+        harness.delete_pod(trainer)
+        harness.wait(lambda: job.phase in ("Completed", "Failed", "Aborted"), timeout=480, what="the job ended")
+        assert job.phase == "Completed" and job.retry_count == 1, job.events
+        assert any("PodEvicted" in e and "RestartJob" in e for e in job.events), job.events
+        models = harness.claim_dir(f"{JOB}-shared") / "models"
+        done = [json.loads(line)["pass"] for line in (models / "donefile").read_text().splitlines() if line.strip()]
+        assert done == ["pass-20191221-00", "pass-20191221-01"]
+        kept = sorted((harness.claim_dir(f"{JOB}-shared") / "logs" / trainer.name).glob("*-trainer.log"))
+        assert len(kept) == 2, kept  # the deleted instance's, then its replacement's
+        assert "step 50 " in kept[0].read_text() and "finished: 2 pass(es)" not in kept[0].read_text()
+        assert "finished: 2 pass(es)" in kept[1].read_text()
+
+
+def _slot_conf(work: Path) -> Path:
+    (work / "slot.conf").write_text("".join(f"{s}\n" for s in SLOTS))
+    return work / "slot.conf"
+
+
 def ready(cluster, component: str, count: int = 1) -> bool:
     pods = [p for p in cluster.component(component) if not p.terminating]
     return len(pods) >= count and all(cluster.is_ready(p) for p in pods)
