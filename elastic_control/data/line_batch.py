@@ -226,9 +226,6 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
 
 # The separators of the plain layout: space, ":" and newline (tabs and carriage returns take the older path).
 _SPACE, _COLON, _NEWLINE = np.uint8(32), np.uint8(58), np.uint8(10)
-# Bytes a value token may hold besides digits; anything else in a token sends the chunk to the older path.
-_VALUE_ONLY_BYTES = np.zeros(256, bool)
-_VALUE_ONLY_BYTES[list(b".+-eE")] = True
 # The grammar's bounds (slot_grammar.py) as numpy compares them: digit counts, even with leading zeros.
 _SHOW_LIMIT = np.uint64(SHOW_LIMIT)
 
@@ -247,14 +244,14 @@ def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch
     # Bytes that are not digits: the separators, and in value tokens their signs, points and exponents.
     other = np.flatnonzero((b - np.uint8(48)) > 9)
     kinds = b[other]
-    sep = (kinds == _SPACE) | (kinds == _COLON) | (kinds == _NEWLINE)  # compares: 8x a 256-entry table's lookup
+    sep = (kinds == _SPACE) | (kinds == _COLON) | (kinds == _NEWLINE)  # compares, not a table (see _value_bytes)
     if sep.all():
         seps, odd = other, other[:0]
     else:
         odd_at = np.flatnonzero(~sep)
         seps, odd = other[sep], other[odd_at]
         kinds = kinds[sep]
-        if not _VALUE_ONLY_BYTES[b[odd]].all():
+        if not _value_bytes(b[odd]).all():
             return None
     gaps = np.diff(seps)
     if seps[0] > 0 and (gaps > 1).all():
@@ -468,10 +465,15 @@ def _parse_plain_tokens(
     return batch
 
 
-# The bytes of a value token besides its digits, by kind.
-_DOT, _PLUS, _MINUS = np.uint8(46), np.uint8(43), np.uint8(45)
-_EXPONENT_BYTES = np.zeros(256, bool)
-_EXPONENT_BYTES[list(b"eE")] = True
+# The bytes of a value token besides its digits, by kind. Told apart by compares: a lookup in a 256-entry
+# table indexes with a 64-bit copy of the bytes, which on a chunk's bytes cost more than all the compares.
+_DOT, _PLUS, _MINUS, _E, _UPPER_E = (np.uint8(c) for c in b".+-eE")
+
+
+def _value_bytes(c: np.ndarray) -> np.ndarray:
+    """Which of the bytes ``c`` a value token may hold besides digits (anything else in a token sends the
+    chunk to the older paths)."""
+    return (c == _DOT) | (c == _PLUS) | (c == _MINUS) | (c == _E) | (c == _UPPER_E)
 
 
 def _longest_integer(gaps: np.ndarray, value_tok: np.ndarray | None) -> int:
@@ -508,7 +510,7 @@ def _value_tokens(
     k = len(value_tok)
     start, end = seps[value_tok - 1] + 1, seps[value_tok]  # a pair's left part is never the chunk's first token
     c = np.frombuffer(data, np.uint8)[odd]
-    is_exp, is_dot = _EXPONENT_BYTES[c], c == _DOT
+    is_exp, is_dot = (c == _E) | (c == _UPPER_E), c == _DOT
     is_sign = (c == _PLUS) | (c == _MINUS)
     exp_at = end.copy()  # the exponent's position, or the token's end without one
     exp_at[which[is_exp]] = odd[is_exp]
