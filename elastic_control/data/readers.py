@@ -311,10 +311,15 @@ def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[li
         raise DataError(f"{where}: cannot read: {e}") from e
 
 
-# What glibc's allocator keeps at the top of its heap when memory is freed (M_TOP_PAD): a text chunk's
-# parse allocates some 30 MB of numpy temporaries (4,096 Criteo lines) and frees them; with the default,
-# the heap was often trimmed after a chunk and grown again by the next, page by page: a minor page fault
-# per line, a third of the parse's CPU time (6.2 us a Criteo line against 4.0, after smaller chunks).
+# What glibc's allocator keeps at the top of its heap when memory is freed (M_TOP_PAD). A text chunk's parse
+# allocates some 30 MB of numpy temporaries (4,096 Criteo lines) and frees them; with the default, after
+# some allocation histories (smaller chunks first, say), the heap was trimmed after every chunk and faulted in
+# again by the next, page by page: a page fault a line and a third of the parse's CPU (5.4-6.2 us a Criteo
+# line against 3.7-4.0). Reusing buffers for the largest temporaries removed those faults but not the others
+# (the blocks read, the results): the reader's lines per CPU second were 1.42-1.57M on the synthetic lines
+# and 197-221k on Criteo lines without the pad, 1.29-1.43M / 200-214k with reused buffers, 1.69-1.84M /
+# 231-248k with the pad, peak RSS the same (161-163 MB). Setting it fixes glibc's mmap threshold at its
+# default (128 KB), so each 4 MB block read is mapped afresh and costs more, which the gain above includes.
 HEAP_TOP_PAD = 64 << 20
 _M_TOP_PAD = -2  # malloc.h
 
