@@ -65,9 +65,11 @@ def parse_answers(data: bytes, *, head_request: bool = False) -> list[Answer]:
     return out
 
 
-def exchange(port: int, data: bytes, *, timeout: float = 10.0, half_close: bool = True) -> bytes:
+def exchange(
+    port: int, data: bytes, *, timeout: float = 10.0, half_close: bool = True, host: str = "127.0.0.1"
+) -> bytes:
     """Send ``data`` on a new connection (then half-close), return every byte until the server closes."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+    with socket.create_connection((host, port), timeout=timeout) as s:
         try:
             s.sendall(data)
             if half_close:

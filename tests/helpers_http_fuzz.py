@@ -273,6 +273,7 @@ class Target:
     allowed_5xx: frozenset[int] = frozenset()
     rss_growth_mb: float = 64.0
     alive: Callable[[], bool] = lambda: True
+    host: str = "127.0.0.1"  # a pod's IP in the pod harness
 
 
 @dataclass
@@ -312,7 +313,7 @@ def fuzz(target: Target, *, seed: int, seconds: float, check_every: int = 25, wa
         data = base if rng.random() < 0.05 else mut.mutate(base, target.seeds)
         where = f"{target.name} seed {seed} case {case}: {data[:300]!r}{'...' if len(data) > 300 else ''}"
         try:
-            reply = exchange(target.port, data, timeout=20)
+            reply = exchange(target.port, data, timeout=20, host=target.host)
             answers = parse_answers(reply, head_request=b"HEAD " in data)
         except AssertionError as e:
             raise AssertionError(f"{where}\n  -> {e}") from None

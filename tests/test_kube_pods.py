@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 from pod_harness.network import missing_requirements
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -238,8 +239,41 @@ def check_pipeline(cluster) -> None:
     assert (built["kind"], built["parent"]) == ("delta", passes[0])
     cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=180, what="ready")
 
-    # A client pod predicts the pass's golden lines through the serving Service name.
-    golden = [json.loads(line) for line in (models / passes[-1] / "golden.jsonl").read_text().splitlines()][:200]
+    check_predictions(cluster)
+
+    # MLflow: the training run and a model version per pass, asked under the Service's name.
+    query = (
+        "import json; from mlflow.tracking import MlflowClient\n"
+        f"c = MlflowClient('http://{JOB}-mlflow:8111')\n"
+        "exp = c.get_experiment_by_name('elastic-ctr')\n"
+        "runs = c.search_runs([exp.experiment_id])\n"
+        "versions = c.search_model_versions(\"name='elastic-ctr'\")\n"
+        "train = [r for r in runs if r.info.run_name.startswith('train-')]\n"  # serving records its monitor runs too
+        "print(json.dumps({'runs': [r.info.run_name for r in runs], 'metrics': sorted(train[0].data.metrics),"
+        " 'versions': sorted(v.tags.get('pass') for v in versions)}))\n"
+    )
+    mlflow = cluster.run(["python", "-c", query], member=True)  # the NetworkPolicy admits the instance's pods
+    assert mlflow.returncode == 0, mlflow.stderr
+    tracked = json.loads(mlflow.stdout.strip().splitlines()[-1])
+    assert any(name.startswith("train-") for name in tracked["runs"])
+    assert "pass_auc" in tracked["metrics"] and tracked["versions"] == passes
+
+
+def last_pass_active(cluster) -> str:
+    """Wait for the training job to end and cube to serve its last pass; that pass's name."""
+    job = cluster.jobs[JOB]
+    cluster.wait(lambda: job.phase in ("Completed", "Failed", "Aborted"), timeout=480, what="training job finished")
+    models = cluster.claim_dir(f"{JOB}-shared") / "models"
+    last = [json.loads(line)["pass"] for line in (models / "donefile").read_text().splitlines() if line.strip()][-1]
+    cluster.wait(lambda: active_version(cluster) == last, timeout=240, what="the last pass active")
+    return last
+
+
+def check_predictions(cluster) -> None:
+    """A client pod predicts the last pass's golden lines through the serving Service name."""
+    models = cluster.claim_dir(f"{JOB}-shared") / "models"
+    last = last_pass_active(cluster)
+    golden = [json.loads(line) for line in (models / last / "golden.jsonl").read_text().splitlines()][:200]
     inbox = cluster.work / "inbox"
     inbox.mkdir(exist_ok=True)
     (inbox / "lines.txt").write_text("".join(g["line"] + "\n" for g in golden))
@@ -264,23 +298,6 @@ def check_pipeline(cluster) -> None:
         time.sleep(2)
         worst = gap()
     assert worst < 1e-5, worst
-
-    # MLflow: the training run and a model version per pass, asked under the Service's name.
-    query = (
-        "import json; from mlflow.tracking import MlflowClient\n"
-        f"c = MlflowClient('http://{JOB}-mlflow:8111')\n"
-        "exp = c.get_experiment_by_name('elastic-ctr')\n"
-        "runs = c.search_runs([exp.experiment_id])\n"
-        "versions = c.search_model_versions(\"name='elastic-ctr'\")\n"
-        "train = [r for r in runs if r.info.run_name.startswith('train-')]\n"  # serving records its monitor runs too
-        "print(json.dumps({'runs': [r.info.run_name for r in runs], 'metrics': sorted(train[0].data.metrics),"
-        " 'versions': sorted(v.tags.get('pass') for v in versions)}))\n"
-    )
-    mlflow = cluster.run(["python", "-c", query], member=True)  # the NetworkPolicy admits the instance's pods
-    assert mlflow.returncode == 0, mlflow.stderr
-    tracked = json.loads(mlflow.stdout.strip().splitlines()[-1])
-    assert any(name.startswith("train-") for name in tracked["runs"])
-    assert "pass_auc" in tracked["metrics"] and tracked["versions"] == passes
 
 
 def test_pipeline_runs_from_the_image(image, tmp_path_factory):
@@ -415,6 +432,87 @@ print(json.dumps(out))
 """
 
 
+# The servers of the pipeline, fuzzed through their pod IPs: (component, container, port, seed requests).
+FUZZED = [
+    ("fileserver", "fileserver", 8080, [("GET", "/files/cube/"), ("GET", "/files/cube/current.json"),
+                                        ("GET", "/files/config/slot.conf"), ("GET", "/files/logs/"),
+                                        ("GET", "/files/%2e%2e/etc/passwd"), ("PUT", "/files/x.bin")]),
+    ("cube", "cube-server", 8027, [("GET", "/v1/status"), ("POST", "/v1/lookup"), ("POST", "/v1/activate")]),
+    ("cube", "cube-agent", 8001, [("GET", "/v1/status"), ("POST", "/v1/prepare")]),
+    ("cube-transfer", "cube-transfer", 8099, [("GET", "/v1/status"), ("GET", "/v1/shards"), ("POST", "/v1/poll")]),
+    ("serving", "serving", 8010, [("GET", "/v1/status"), ("POST", "/v1/predict"), ("PUT", "/v1/split")]),
+]  # fmt: skip
+
+
+@contextlib.contextmanager
+def in_node_network(cluster):
+    """This thread in the harness's node namespace (setns is per thread), where pod IPs are reachable as
+    from a node: the host's own namespace has no route to them."""
+    import ctypes
+
+    clone_newnet = 0x40000000
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    node = os.open(f"/var/run/netns/{cluster.network.node_ns}", os.O_RDONLY)
+    try:
+        assert libc.setns(node, clone_newnet) == 0, os.strerror(ctypes.get_errno())
+        try:
+            yield
+        finally:
+            assert libc.setns(own, clone_newnet) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(node)
+        os.close(own)
+
+
+def test_the_fault_classes_against_the_pods(cluster):
+    """The fault suite's classes against the rendered pods, in their namespaces and behind their policies:
+    each HTTP server fuzzed through its pod IP (malformed heads and framing, traversal, wrong and missing
+    tokens, pipelining: never a 5xx, a hang or a death, a good request still answered); then each component's
+    container killed with SIGKILL: the kubelet restarts it, and the pipeline answers its golden lines again
+    (checked by check_pipeline's client through the Service names)."""
+    import signal as signals
+
+    from helpers_http import request
+    from helpers_http_fuzz import Target, fuzz
+
+    last_pass_active(cluster)
+    line = json.dumps({"instances": [{"line": f"1 0 {SLOTS[0]}:{SLOTS[0]}"}]}).encode()
+    for seed, (component, name, port, calls) in enumerate(FUZZED):
+        pod = next(p for p in cluster.component(component) if cluster.is_ready(p))
+        container = next(c for c in pod.containers if c.name == name)
+        seeds = [request("GET", "/healthz")]
+        seeds += [
+            request(m, path, {"Content-Type": "application/json"}, line if m != "GET" else b"") for m, path in calls
+        ]
+
+        def check_good(url=f"http://{pod.ip}:{port}/healthz"):
+            answer = requests.get(url, timeout=10)
+            assert answer.status_code == 200, (url, answer.status_code, answer.text[:300])
+
+        alive = lambda c=container: c.poll() is None  # noqa: E731
+        target = Target(name, port, container.init_pid(), seeds, check_good, alive=alive, host=pod.ip)
+        with in_node_network(cluster):
+            report = fuzz(target, seed=4100 + seed, seconds=3.0)
+        print(f"{pod.name}/{name}: {report.summary()}")
+        assert container.restarts == 0, f"{name} restarted under the fuzz"
+    killed = [("fileserver", "fileserver"), ("cube", "cube-server"), ("cube", "cube-agent"),
+              ("cube-transfer", "cube-transfer"), ("serving", "serving"), ("mlflow", "mlflow")]  # fmt: skip
+    for component, name in killed:
+        pod = next(p for p in cluster.component(component) if cluster.is_ready(p))
+        container = next(c for c in pod.containers if c.name == name)
+        before = container.restarts
+        cluster.kubelet.signal(pod, container, signals.SIGKILL)
+        cluster.wait(
+            lambda c=container, b=before, p=pod: c.restarts > b and cluster.is_ready(p),
+            timeout=120,
+            what=f"{name} restarted and ready after SIGKILL",
+        )
+        assert container.exit_code == 137 or container.restarts > before
+    cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=180, what="ready")
+    check_predictions(cluster)
+
+
 def test_network_policies_admit_only_the_instance_except_serving(cluster):
     """Another app's pod reaches serving and nothing else, by Service name or pod IP; an instance pod all."""
     from elastic_control.kube import constants as k
@@ -481,11 +579,7 @@ def test_every_container_ran_as_restricted_pod_security_allows(cluster):
 def test_killed_cube_shard_and_serving_pod_recover_without_failed_requests(cluster):
     # The last pass, not the first active one: run alone, this test would otherwise start while cube-transfer
     # still has the second pass to roll out, and that rollout would change the version under the load.
-    job = cluster.jobs[JOB]
-    cluster.wait(lambda: job.phase in ("Completed", "Failed", "Aborted"), timeout=480, what="training job finished")
-    models = cluster.claim_dir(f"{JOB}-shared") / "models"
-    last = [json.loads(line)["pass"] for line in (models / "donefile").read_text().splitlines() if line.strip()][-1]
-    version = cluster.wait(lambda: active_version(cluster) == last and last, timeout=240, what="the last pass active")
+    version = last_pass_active(cluster)
     cluster.wait(lambda: ready(cluster, "serving", 2) and ready(cluster, "cube", 2), timeout=300, what="ready")
     golden = (cluster.claim_dir(f"{JOB}-shared") / "models" / version / "golden.jsonl").read_text().splitlines()
     box = cluster.work / "load"
