@@ -145,3 +145,22 @@ def test_text_blocks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, mo
             if not tail:
                 expected[-1] = expected[-1][:-1]
             assert [c.decode() for c in chunks] == expected
+
+
+def test_the_byte_parse_keeps_its_lines_as_text_lines_that_behave_as_a_list():
+    lines = ["1 0 5:1 2.5:40", "2 1 7:2", "3 0 9:9 -1e-3:41"]
+    batch, bad = line_batch.parse_text(("\n".join(lines) + "\n").encode())
+    assert not bad and isinstance(batch.lines, line_batch.TextLines)
+    assert batch.lines == lines and lines == batch.lines and list(batch.lines) == lines
+    assert [batch.lines[i] for i in (0, -1, np.int64(1))] == [lines[0], lines[2], lines[1]]
+    assert batch.lines[1:] == lines[1:] and batch.lines[::2] == lines[::2] and len(batch.lines[5:]) == 0
+    assert batch.lines + ["x"] == [*lines, "x"] and ["x"] + batch.lines == ["x", *lines]
+    assert [batch.line_at(i) for i in range(3)] == lines
+    order = np.array([2, 0, 1])
+    assert line_batch.permute_rows(batch, order).lines == [lines[i] for i in order]
+    assert line_batch.take_rows(batch, np.array([0, 2])).lines == [lines[0], lines[2]]
+    assert line_batch.slice_batch(batch, 1, 3).lines == lines[1:]
+    both = line_batch.concat_batches([batch, batch])
+    assert isinstance(both.lines, line_batch.TextLines) and both.lines == lines * 2
+    mixed = line_batch.concat_batches([batch, line_batch.parse_lines(["4 1 1:1"])[0]])
+    assert mixed.lines == [*lines, "4 1 1:1"]
