@@ -318,8 +318,7 @@ def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[li
 # line against 3.7-4.0). Reusing buffers for the largest temporaries removed those faults but not the others
 # (the blocks read, the results): the reader's lines per CPU second were 1.42-1.57M on the synthetic lines
 # and 197-221k on Criteo lines without the pad, 1.29-1.43M / 200-214k with reused buffers, 1.69-1.84M /
-# 231-248k with the pad, peak RSS the same (161-163 MB). Setting it fixes glibc's mmap threshold at its
-# default (128 KB), so each 4 MB block read is mapped afresh and costs more, which the gain above includes.
+# 231-248k with the pad, peak RSS the same (161-163 MB).
 HEAP_TOP_PAD = 64 << 20
 _M_TOP_PAD = -2  # malloc.h
 
