@@ -162,3 +162,30 @@ def local_pod_runner(mounts: dict[str, Path], *, env_overrides: dict[str, str] |
         return code, output.splitlines()
 
     return run
+
+
+def deployment_objects(api, job="elastic-ctr", ns="default"):
+    """What `-a` leaves behind that the evaluation pods mount."""
+    api._put(
+        "v1",
+        "configmaps",
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{job}-config"},
+            "data": {"data.config": "", "slot.conf": ""},
+        },
+    )
+    api._put(
+        "v1",
+        "persistentvolumeclaims",
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": f"{job}-shared"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound"},
+        },
+    )

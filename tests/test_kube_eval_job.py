@@ -13,7 +13,7 @@ import pytest
 import yaml
 from helpers_kube import REPO, render_plan
 from helpers_kube_api import VOLCANO, FakeKubeAPI
-from helpers_kube_eval import VolcanoEvalController, local_pod_runner
+from helpers_kube_eval import VolcanoEvalController, deployment_objects, local_pod_runner
 from helpers_kube_schema import validate_volcano_job
 
 from ctr_foundation.errors import UsageError
@@ -173,33 +173,6 @@ def test_pod_names_that_would_be_too_long_are_refused(tmp_path):
 # ---- eval submit against the fake API server ------------------------------------------------------------------
 
 
-def _deployment(api, job="elastic-ctr", ns="default"):
-    """What `-a` leaves behind that the evaluation pods mount."""
-    api._put(
-        "v1",
-        "configmaps",
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": f"{job}-config"},
-            "data": {"data.config": "", "slot.conf": ""},
-        },
-    )
-    api._put(
-        "v1",
-        "persistentvolumeclaims",
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": f"{job}-shared"},
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-            "status": {"phase": "Bound"},
-        },
-    )
-
-
 def _submit(state, kubeconfig, *args, timeout=300):
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), ELASTIC_CTR_STATE_DIR=str(state))
     env.pop("KUBERNETES_SERVICE_HOST", None)
@@ -233,7 +206,7 @@ def test_submit_runs_workers_then_merge_and_survives_a_lost_worker(tmp_path):
     plan, _ = render_plan(tmp_path / "state")
     controller = VolcanoEvalController(_stub_pods(), fail_first={("worker", 2)})
     with FakeKubeAPI(on_volcano_job=controller, job_delete_delay=0.05) as api:
-        _deployment(api)
+        deployment_objects(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         r = _submit(plan.state_path, kubeconfig, "--model", "pass-20191221-00", "--workers", 3, "--run", "t1", "--json")
         controller.join()
@@ -259,7 +232,7 @@ def test_submit_reports_a_worker_that_keeps_failing(tmp_path):
         _stub_pods(worker_code=1, worker_log=("scoring", "⨯ no complete hour in 20191221/00..20191221/01 under /data"))
     )
     with FakeKubeAPI(on_volcano_job=controller, job_delete_delay=0.05) as api:
-        _deployment(api)
+        deployment_objects(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         r = _submit(plan.state_path, kubeconfig, "--model", "pass-20191221-00", "--workers", 2, "--run", "t2")
         controller.join()
@@ -312,7 +285,7 @@ def test_rendered_workers_run_for_real_and_the_merge_equals_one_process(tmp_path
     controller = VolcanoEvalController(runner, fail_first={("worker", 1)}, kill_after=1.0)
     plan, _ = render_plan(tmp_path / "state")
     with FakeKubeAPI(on_volcano_job=controller, job_delete_delay=0.05) as api:
-        _deployment(api)
+        deployment_objects(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         r = _submit(
             plan.state_path,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ctr_foundation.errors import UsageError
@@ -62,6 +64,12 @@ EPILOG = (
     is_flag=True,
     help="Put the winner's settings into the plan (alone: from --output's leaderboard.json).",
 )
+@click.option(
+    "--render-only",
+    is_flag=True,
+    help="With a Kubernetes plan: write every candidate's Volcano jobs under --output/kube/ and submit nothing "
+    "(without it, tune submits each candidate's jobs to the plan's queue and follows them).",
+)
 @state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the leaderboard as JSON on stdout.")
 def tune_command(
@@ -79,6 +87,7 @@ def tune_command(
     mlflow_uri,
     references,
     apply_best,
+    render_only,
     state_dir,
     as_json,
 ):
@@ -101,15 +110,15 @@ def tune_command(
     from elastic_control.tuning.search import kube_plan, render_for_kube, tune
 
     plan = kube_plan(state_dir)
-    if plan is not None:
+    if plan is not None and render_only:
         rendered = render_for_kube(
             plan, data_config=datafile, output=output, validation=validation, candidates=candidates, seed=seed
         )
         for files in rendered:
-            done("rendered " + ", ".join(str(p) for p in files.values()))
+            done("rendered " + ", ".join(str(p) for p in files.values() if isinstance(p, Path)))
         console.print(
             f"the plan runs on Kubernetes: {len(rendered)} candidate job(s) rendered under {output}/kube/ "
-            "(apply each training job, then its evaluation jobs; tune does not submit them itself)"
+            "(--render-only: apply each training job, then its evaluation jobs)"
         )
         return
     board = tune(
@@ -127,6 +136,7 @@ def tune_command(
         state_dir=state_dir,
         mlflow_uri=mlflow_uri,
         references=references,
+        plan=plan,
     )
     # function-level: keeps `elastic-control --help` fast (the tuning engine loads psutil, jinja2, the backends)
     from elastic_control.tuning.leaderboard import table

@@ -11,7 +11,10 @@ evaluation is `eval submit`'s job for the candidate's last pass on the validatio
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shlex
+import sys
 from pathlib import Path
 
 import yaml
@@ -33,8 +36,11 @@ from elastic_control.kube.render import (
     validate_job_name,
 )
 from elastic_control.kube.volcano_rules import volcano_job_problems
+from elastic_control.local.process import start_process
 from elastic_control.plan import TRAINING_ARGS_KEY
 from elastic_control.tuning.apply import training_args
+from elastic_control.tuning.candidates import WORKER_LOG
+from elastic_control.tuning.kube_worker import KUBE_FILE
 from elastic_control.tuning.space import seed_points, suggest
 
 KUBE_DIR = "kube"
@@ -113,7 +119,8 @@ def candidate_job(plan, *, output: Path, number: int, settings: dict, split, inp
 
 
 def render_candidate(plan, *, output: Path, number: int, settings: dict, split) -> dict[str, Path]:
-    """DIR/kube/NNN/training-job.yaml and the evaluation job of the candidate's last pass (STATE/eval/RUN/)."""
+    """DIR/kube/NNN/training-job.yaml and the evaluation jobs of the candidate's last pass (STATE/eval/RUN/):
+    their paths, and where the evaluation keeps its partials and output in the pods."""
     if split.how.startswith("every "):
         raise UsageError(
             "on Kubernetes the candidates' pods read the plan's dataset, not lines held out on this machine: "
@@ -138,7 +145,28 @@ def render_candidate(plan, *, output: Path, number: int, settings: dict, split) 
         run=f"{search_name(output)}-{number:03d}",
     )
     files = render_eval_job(plan, inputs, request, plan.state_path)
-    return {"training": job_path, "eval_workers": files.workers_path, "eval_merge": files.merge_path}
+    return {
+        "training": job_path,
+        "eval_workers": files.workers_path,
+        "eval_merge": files.merge_path,
+        "partials": files.partials,  # in the pods
+        "output": files.output,
+    }
+
+
+def start_candidate(plan, folder, settings: dict, *, output: Path, split):
+    """Render candidate ``folder``'s jobs and start its worker (tuning/kube_worker.py), which submits them."""
+    number = int(folder.name)
+    files = render_candidate(plan, output=output, number=number, settings=settings, split=split)
+    atomic_write_text(Path(output) / KUBE_DIR / f"{number:03d}" / "settings.yaml", yaml.safe_dump(settings))
+    record = {
+        **{key: str(path) for key, path in files.items()},
+        "run": f"{search_name(output)}-{number:03d}",
+        "pass": f"{pod_candidate_root(search_name(output), number)}/models/{pass_name(split.train_end)}",
+    }
+    atomic_write_text(folder.path / KUBE_FILE, json.dumps(record, indent=1, sort_keys=True))
+    argv = [sys.executable, "-m", "elastic_control.tuning.kube_worker", str(folder.path), str(plan.state_path)]
+    return start_process(argv, env=dict(os.environ), log_path=folder.path / WORKER_LOG)
 
 
 def render_search(plan, *, output: Path, split, candidates: int, seed: int = 0) -> list[dict[str, Path]]:

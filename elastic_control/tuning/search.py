@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from elastic_control.console import console, done, info, warn
 from elastic_control.plan import load_plan
 from elastic_control.tuning import leaderboard, tracking
 from elastic_control.tuning import references as refs
-from elastic_control.tuning.kube import render_search
+from elastic_control.tuning.kube import render_search, start_candidate
 from elastic_control.tuning.split import prepare_split
 from elastic_control.tuning.study import open_study, recover, run_search, seed_study
 
@@ -41,9 +42,19 @@ def tune(
     mlflow_uri: str | None = None,
     references: bool = True,
     show_progress: bool = True,
+    plan=None,
 ) -> dict:
-    """Run (or finish) the search in ``output``; returns the leaderboard (also in output/leaderboard.json)."""
+    """Run (or finish) the search in ``output``; returns the leaderboard (also in output/leaderboard.json).
+
+    ``plan``: a Kubernetes plan (kube_plan): each candidate is then its Volcano training job and evaluation
+    jobs in the plan's namespace and queue, followed by a worker process here (tuning/kube_worker.py); the
+    pruner has no passes to see (they are on the shared claim) and the references are not judged."""
     out = Path(output)
+    if plan is not None and not validation:
+        raise UsageError(
+            "the plan runs on Kubernetes, whose pods cannot read lines held out on this machine: "
+            "pass --validation START..END (hours of the plan's dataset that judge)"
+        )
     config = load_data_config(data_config)
     load_slot_conf(slot_conf)  # a bad slot.conf fails here, not in every candidate
     check_same_search(out, data_config=data_config, slot_conf=slot_conf, validation=validation)
@@ -55,21 +66,28 @@ def tune(
     seed_study(study, train_hours=split.train_hours)
     for note in recover(study, out):
         info(note)
+    start = None
+    if plan is not None:
+        info(f"tune: candidates run as Volcano jobs in {plan.namespace} (queue {plan.queue}), {parallel or 1} at once")
+        start = functools.partial(start_candidate, plan, output=out, split=split)
     _search_with_progress(
         study,
         output=out,
         split=split,
         slot_conf=Path(slot_conf),
         candidates=candidates,
-        parallel=parallel or default_parallel(),
+        parallel=parallel or (1 if plan is not None else default_parallel()),
         trainers=trainers,
         pservers=pservers,
         max_epochs_cap=max_epochs_cap,
         timeout=timeout,
         show=show_progress,
+        start=start,
     )
     reference_rows = {"logistic_regression": None, "production": None}
-    if references:
+    if references and plan is not None:
+        warn("on Kubernetes the references (logistic regression, the plan's pass) are not judged")
+    elif references:
         reference_rows["logistic_regression"] = refs.logistic_regression(split, out, warn=warn)
         reference_rows["production"] = refs.production(state_dir, split, warn=warn)
     board = leaderboard.build(study, output=out, split=split, candidates=candidates, references=reference_rows)

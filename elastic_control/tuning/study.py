@@ -144,11 +144,14 @@ def run_search(
     timeout: float | None = None,
     on_change: Callable[[int, list[str]], None] | None = None,
     log: Callable[[str], None] = print,
+    start: Callable | None = None,
 ) -> bool:
     """Run candidates until ``candidates`` of them completed or were pruned, ``parallel`` at a time.
 
     ``timeout`` (seconds, as Optuna's ``optimize(timeout=)``): no candidate starts after it; those
-    running finish. Returns False when the time ran out before ``candidates`` finished.
+    running finish. Returns False when the time ran out before ``candidates`` finished. ``start(folder,
+    settings)`` starts a candidate's worker process (default: the local one, candidates.py; on Kubernetes,
+    tuning/kube.py's, which submits its Volcano jobs).
     """
     import optuna
 
@@ -181,7 +184,8 @@ def run_search(
                     pservers=pservers,
                     max_epochs_cap=max_epochs_cap,
                 )
-                running[trial.number] = Running(trial, folder, start_worker(folder, slot_conf))
+                proc = start(folder, settings) if start else start_worker(folder, slot_conf)
+                running[trial.number] = Running(trial, folder, proc)
                 log(f"candidate {folder.name} started: {settings}")
             for number, r in list(running.items()):
                 code = r.proc.poll()
