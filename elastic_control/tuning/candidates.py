@@ -189,16 +189,15 @@ def judge_pass(pass_dir: str, validation_config: str, *, partials: Path | None =
         result.cleanup()
 
 
-def main(argv: list[str]) -> int:
-    import pyarrow  # noqa: F401  (before paddle, which the evaluation loads)
-
-    folder = CandidateFolder(Path(argv[0]))
+def run_worker(folder: CandidateFolder, work) -> int:
+    """A candidate worker's process: ``work(log)`` (which writes result.json), its end said in one line and
+    as an exit code; a failure's reason in failed.json for tune's log and leaderboard."""
 
     def log(line: str) -> None:
         print(line, flush=True)
 
     try:
-        result = train_and_judge(folder, argv[1], log)
+        result = work(log)
     except KeyboardInterrupt:  # tune stopped it (pruned, or tune itself ended): no result
         log("stopped")
         return 130
@@ -208,6 +207,13 @@ def main(argv: list[str]) -> int:
         return 1
     log(f"done: {json.dumps(result, sort_keys=True)}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    import pyarrow  # noqa: F401  (before paddle, which the evaluation loads)
+
+    folder = CandidateFolder(Path(argv[0]))
+    return run_worker(folder, lambda log: train_and_judge(folder, argv[1], log))
 
 
 if __name__ == "__main__":

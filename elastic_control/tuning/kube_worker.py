@@ -14,7 +14,6 @@ merge printed become ``result.json``, as a local candidate's. The pass stays on 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,13 +21,12 @@ from pathlib import Path
 import yaml
 
 from ctr_foundation.atomic import atomic_write_json
-from ctr_foundation.errors import ElasticControlError
 from elastic_control.kube.deploy import connect
 from elastic_control.kube.eval_job import EvalJobFiles
 from elastic_control.kube.eval_run import submit_eval_job, wait_for_job
 from elastic_control.kube.objects import apply_volcano_job
 from elastic_control.plan import load_plan
-from elastic_control.tuning.candidates import FAILED_FILE, HEADLINE, RESULT_FILE, CandidateFolder
+from elastic_control.tuning.candidates import HEADLINE, RESULT_FILE, CandidateFolder, run_worker
 
 KUBE_FILE = "kube.json"  # {"training", "eval_workers", "eval_merge", "pass"}: what tune rendered for it
 TRAIN_TIMEOUT = 24 * 3600.0  # a candidate's job may wait in the queue behind others: tune's --timeout rules
@@ -96,21 +94,7 @@ def run_candidate(folder: CandidateFolder, state_dir: str, log=print, poll: floa
 
 def main(argv: list[str]) -> int:
     folder = CandidateFolder(Path(argv[0]))
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    try:
-        result = run_candidate(folder, argv[1], log)
-    except KeyboardInterrupt:  # tune stopped it: the job is left to its TTL, no result
-        log("stopped")
-        return 130
-    except ElasticControlError as e:
-        atomic_write_json(folder.path / FAILED_FILE, {"reason": str(e)})
-        log(f"failed: {e}")
-        return 1
-    log(f"done: {json.dumps(result, sort_keys=True)}")
-    return 0
+    return run_worker(folder, lambda log: run_candidate(folder, argv[1], log))  # a stopped job keeps its TTL
 
 
 if __name__ == "__main__":
