@@ -290,3 +290,47 @@ def test_the_cluster_dns_answers_as_coredns_does():
     assert struct.unpack("!HH", aaaa[2:4] + aaaa[6:8]) == (0x8580, 0)  # NOERROR, authoritative, no answer
     missing = dns_answer(dns_query("web.default", 1), records)
     assert struct.unpack("!H", missing[2:4])[0] & 0xF == 3  # NXDOMAIN
+
+
+# Exit 0 only inside the container: its emptyDir holds the file, written by the same uid.
+OWN_FILE_CHECK = "import os, sys; sys.exit(open('/var/run/scratch/ready').read() != str(os.getuid()))"
+
+
+def test_exec_probes_run_inside_the_container_as_its_user(tmp_path):
+    """An exec readiness probe sees the container's own files (its emptyDir, written by the container itself)
+    and runs as its uid; an exec liveness probe that fails restarts the container."""
+    scratch = [{"name": "scratch", "mountPath": "/var/run/scratch"}]
+    waits = [
+        "python",
+        "-c",
+        "import os, pathlib, time\n"
+        "time.sleep(2)\n"
+        "pathlib.Path('/var/run/scratch/ready').write_text(str(os.getuid()))\n"
+        "time.sleep(300)\n",
+    ]
+    probe = {"periodSeconds": 1, "failureThreshold": 1}
+    ready_spec = pod_spec(
+        waits,
+        volumeMounts=scratch,
+        readinessProbe={
+            "exec": {"command": ["python", "-c", OWN_FILE_CHECK]},
+            **probe,
+        },
+    )  # fmt: skip
+    dying_spec = pod_spec(
+        SLEEP,
+        livenessProbe={"exec": {"command": ["python", "-c", "import sys; sys.exit(3)"]}, "initialDelaySeconds": 1,
+                       **probe},
+    )  # fmt: skip
+    for spec in (ready_spec, dying_spec):
+        spec["restartPolicy"] = "Always"
+        spec["securityContext"] = {**spec["securityContext"], "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001}
+    ready_spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    with Cluster([deployment("gated", ready_spec), deployment("dying", dying_spec)], tmp_path / "cluster") as harness:
+        (pod,) = harness.select(app="gated")
+        harness.wait(lambda: pod.containers[0].state == "running", timeout=60, what="gated running")
+        assert not harness.is_ready(pod)  # the file is not there yet: the probe fails inside the container
+        harness.wait(lambda: harness.is_ready(pod), timeout=60, what="ready once its own file exists")
+        (dying,) = harness.select(app="dying")
+        harness.wait(lambda: dying.containers[0].restarts >= 1, timeout=60, what="restarted by its liveness probe")
+        assert dying.containers[0].killed_for == "liveness"

@@ -856,6 +856,18 @@ class Cluster:
         }
 
     # ---- the control loop ------------------------------------------------------------------------------
+    def _agent_pod(self, pod: Pod) -> dict:
+        """The pod as the node agent sees it; a running container with an exec probe also carries the command
+        prefix (and its environment) that runs a command inside it, as the kubelet runs exec probes."""
+        view = pod.agent_view()
+        for c, seen in zip(pod.containers, view["containers"], strict=True):
+            exec_probe = any(
+                "exec" in (c.spec.get(k) or {}) for k in ("readinessProbe", "livenessProbe", "startupProbe")
+            )
+            if exec_probe and seen["running"] and (prefix := self.kubelet.exec_prefix(pod, c)):
+                seen["exec_prefix"], seen["exec_env"] = prefix
+        return view
+
     def _write_agent_state(self) -> None:
         services = []
         for name, doc in self.services.items():
@@ -874,7 +886,7 @@ class Cluster:
             "namespace": self.namespace,
             "domain": CLUSTER_DOMAIN,
             "services": services,
-            "pods": [p.agent_view() for p in self.pods.values() if p.netns],
+            "pods": [self._agent_pod(p) for p in self.pods.values() if p.netns],
             "policies": self.network_policies,
             "clients": [{"ip": c["ip"], "labels": c["labels"]} for c in self.clients.values()],
         }

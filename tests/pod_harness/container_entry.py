@@ -137,9 +137,11 @@ def drop_and_exec(spec: dict) -> None:
 
 if __name__ == "__main__":
     exec_only = sys.argv[1] == "--exec"
-    with open(sys.argv[-1]) as f:
+    with open(sys.argv[2] if exec_only else sys.argv[-1]) as f:
         loaded = json.load(f)
     if exec_only:
+        if sys.argv[3:4] == ["--"]:  # an exec probe's command, instead of the spec's
+            loaded["argv"] = sys.argv[4:]
         drop_and_exec(loaded)
     else:
         become_container(loaded)

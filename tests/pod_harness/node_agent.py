@@ -14,8 +14,9 @@ this process:
   Connections are forwarded whole (as kube-proxy's conntrack entries are), so an
   open keep-alive connection stays with its pod; new ones follow readiness.
 - runs every container's readiness, liveness and startup probes (httpGet and
-  tcpSocket, with their initialDelay, period, timeout and thresholds) from
-  here, against the pod IP, as the kubelet does from the node;
+  tcpSocket against the pod IP, as the kubelet does from the node; exec inside
+  the container through the prefix the cluster gives, as its user; with their
+  initialDelay, period, timeout and thresholds);
 - writes STATUS (JSON, atomically) with each container's probe results;
 - answers the cluster's DNS (UDP, on network.DNS_IP:53, the pods' nameserver), as
   CoreDNS's kubernetes plugin does: ``NAME.NS.svc.DOMAIN`` is a Service's cluster
@@ -348,7 +349,39 @@ class NodeAgent:
                 return True
             except (OSError, asyncio.TimeoutError):
                 return False
-        raise ValueError(f"the harness runs httpGet and tcpSocket probes only, not {sorted(probe)}")
+        if "exec" in probe:  # inside the container, as its user, through the runtime (the cluster's prefix)
+            # The latest state's: the prefix appears once the container's process is found.
+            now = next(
+                (
+                    c
+                    for p in self.state["pods"]
+                    if p["name"] == pod["name"]
+                    for c in p["containers"]
+                    if c["name"] == container["name"] and c["generation"] == container["generation"]
+                ),
+                container,
+            )
+            prefix = now.get("exec_prefix")
+            if not prefix:
+                return False
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *prefix,
+                    *probe["exec"]["command"],
+                    env=now.get("exec_env"),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
+            except OSError:
+                return False
+            try:
+                return await asyncio.wait_for(proc.wait(), timeout) == 0
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+                return False
+        raise ValueError(f"the harness runs httpGet, tcpSocket and exec probes only, not {sorted(probe)}")
 
     async def run_probes(self, pod: dict, container: dict) -> None:
         """One container generation's probes, as the kubelet runs them, until it stops running."""

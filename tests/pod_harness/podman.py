@@ -284,6 +284,11 @@ class PodmanRuntime(Kubelet):
                 return
             time.sleep(0.2)
 
+    def exec_prefix(self, pod: Pod, c: Container) -> tuple[list[str], dict] | None:
+        if c.proc is None or c.proc.poll() is not None:
+            return None
+        return ["podman", "exec", c.runtime_name or ""], self.env
+
     def exec_in(self, pod: Pod, c: Container, argv: list[str], timeout: float) -> subprocess.CompletedProcess | None:
         if c.proc is None or c.proc.poll() is not None:
             return None

@@ -14,8 +14,9 @@ Two container runtimes, one pod model (this file's Pod, Container and Kubelet.sy
   built image with runc, in the pod's network namespace, with the securityContext, memory and CPU
   limits, env, command and volumes as rendered; signals by ``podman kill``, preStop by ``podman exec``.
 
-What neither emulates: exec probes (no template has one; the node agent runs httpGet/tcpSocket
-only), startup probes' effect on liveness, image pulls and pull policies (the image is in the local
+Exec probes run inside the container through the runtime (``exec_prefix``: nsenter + the container's
+user, or ``podman exec``), started by the node agent. What neither emulates: startup probes' effect on
+liveness, image pulls and pull policies (the image is in the local
 store or the container cannot be created), ephemeral-storage limits and requests (no scheduler),
 terminationMessagePolicy (the log file stays instead), service-account tokens (no API server
 answers the pods), and the host-venv runtime enforces no memory/CPU limits and no seccomp.
@@ -227,6 +228,19 @@ class Kubelet:
     def signal(self, pod: Pod, c: Container, sig: int) -> None:
         """Send ``sig`` to the container's PID 1 (SIGKILL: to everything in it)."""
         c.signal(sig)
+
+    def exec_prefix(self, pod: Pod, c: Container) -> tuple[list[str], dict] | None:
+        """(argv prefix, environment) that runs a command inside the running container as its user, for the node
+        agent's exec probes (None when it is not running)."""
+        pid = c.init_pid()
+        if pid is None:
+            return None
+        path = pod.dir / f"{c.name}.exec-{c.generation}.json"
+        if not path.exists():
+            path.write_text(json.dumps(self.make_spec(pod, c)))
+        enter = ["nsenter", "-t", str(pid), "-m", "-u", "-p", "-n", "-i", "--", sys.executable, ENTRY, "--exec",
+                 str(path), "--"]  # fmt: skip
+        return enter, self.root_env
 
     def exec_in(self, pod: Pod, c: Container, argv: list[str], timeout: float) -> subprocess.CompletedProcess | None:
         """Run ``argv`` inside the running container as its user (None when it is not running)."""
