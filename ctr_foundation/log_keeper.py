@@ -21,7 +21,9 @@ A file grows to MAX_FILE_BYTES, then moves to ``.1`` (the one older part kept).
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import os
+import re
 import select
 import signal
 import sys
@@ -45,6 +47,18 @@ def stamp(when: float | None = None) -> str:
 
 def kept_log_path(root: str | os.PathLike, pod: str, container: str, when: float | None = None) -> Path:
     return Path(root, pod, f"{stamp(when)}-{container}.log")
+
+
+_KEPT_NAME = re.compile(r"(?P<stamp>\d{8}T\d{6}Z)-(?P<container>[a-z0-9-]+)\.log(?:\.1)?")
+
+
+def parse_kept_log_name(name: str) -> tuple[dt.datetime, str] | None:
+    """(when its keeper started, UTC; container) of a kept log's file name (``.1``: its older part); None for
+    any other name."""
+    m = _KEPT_NAME.fullmatch(name)
+    if m is None:
+        return None
+    return dt.datetime.strptime(m["stamp"], STAMP_FORMAT).replace(tzinfo=dt.timezone.utc), m["container"]
 
 
 def keep_logs(root: str | os.PathLike, pod: str, container: str) -> None:

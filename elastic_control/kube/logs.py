@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 
 from ctr_foundation import names
 from ctr_foundation.errors import UsageError
-from ctr_foundation.log_keeper import STAMP_FORMAT
+from ctr_foundation.log_keeper import STAMP_FORMAT, parse_kept_log_name
 from elastic_control.kube import adaptor, service_probe
 from elastic_control.kube import constants as k
 from elastic_control.kube.objects import read_volcano_job
@@ -233,7 +232,6 @@ DEFAULT_TAIL = 200
 
 
 KEPT_SHOWN = 3  # earlier instances of a training pod whose kept logs -l shows (the newest)
-_KEPT_NAME = re.compile(r"(?P<stamp>\d{8}T\d{6}Z)-(?P<container>[a-z0-9-]+)\.log(?P<part>\.1)?")
 
 
 @dataclass(frozen=True)
@@ -256,21 +254,20 @@ class KeptLogs:
                 printer.line(f"{name} kept", f"(kept logs unavailable: {listing.reason})")
             return 0
         started = _container_started(pod, source.container)
-        parts: dict[str, list[str]] = {}
+        parts: dict[dt.datetime, list[str]] = {}
         for entry in listing.body.get("entries") or []:
-            m = _KEPT_NAME.fullmatch(str(entry.get("name", "")))
-            if m and m["container"] == source.container and not entry.get("is_dir"):
-                when = dt.datetime.strptime(m["stamp"], STAMP_FORMAT).replace(tzinfo=dt.timezone.utc)
-                if started is None or when < started:  # not the live container's own copy
-                    parts.setdefault(m["stamp"], []).append(entry["name"])
+            kept = None if entry.get("is_dir") else parse_kept_log_name(str(entry.get("name", "")))
+            if kept and kept[1] == source.container and (started is None or kept[0] < started):
+                parts.setdefault(kept[0], []).append(entry["name"])  # not the live container's own copy
         stamps = sorted(parts)[-KEPT_SHOWN:]
         if len(parts) > len(stamps):
             printer.line(f"{name} kept", f"({len(parts) - len(stamps)} older kept logs not shown: {folder})")
-        for stamp in stamps:
+        for when in stamps:
+            stamp = when.strftime(STAMP_FORMAT)
             prefix = f"{name} kept {stamp}"
             printer.line(prefix, f"(an earlier {name}, started {stamp}: its log as kept on the shared claim)")
             lines: list[str] = []
-            for part in sorted(parts[stamp], key=lambda n: not n.endswith(".1")):  # the older part first
+            for part in sorted(parts[when], key=lambda n: not n.endswith(".1")):  # the older part first
                 answer = service_probe.fetch(self.namespace, self.service, "http", folder + part, token=self.token)
                 if answer.data is None:
                     lines.append(f"(part {part} unavailable: {answer.reason})")
@@ -370,6 +367,7 @@ def follow_logs(
     stop = stop or threading.Event()
     streams = printed = 0
     opened = False  # a stream has been read (not refused because its container was still being created)
+    shown_previous = False  # a restarted container's previous log: once, before the first stream
     seen: tuple | None = None
     last: dt.datetime | None = None  # time of the last line printed from the pod ``seen``
     while not stop.is_set():
@@ -400,7 +398,8 @@ def follow_logs(
             printer.line(source.component, f"(stream closed while {pod.metadata.name} runs: reattached)")
         if seen is not None and identity == seen and not printed:
             time.sleep(poll * 4)  # a stream that keeps closing at once: do not spin
-        if not opened and seen is None:
+        if not shown_previous:
+            shown_previous = True
             _print_previous(namespace, pod, source, printer, first_tail_lines, first_since_seconds)
         seen = identity
         streams += 1
