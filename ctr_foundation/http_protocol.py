@@ -29,9 +29,13 @@ Admission, so that no client can hold a server with slow or idle connections:
 the whole request head is held to ``max_header_bytes`` however it arrives
 (431), and a head with a bare LF or CR is a 400 at once (it could never end
 with CRLF CRLF). A body that does not arrive with its head is *unfinished*:
-at most ``max_unfinished_bodies`` of them per server (beyond: 503 and close),
-each must keep ``body_min_rate`` bytes/s after ``body_grace`` seconds (408
-otherwise). A new connection over ``max_connections`` evicts the oldest
+at most ``max_unfinished_bodies`` of them per server (beyond: the slowest one
+that has had its chance is closed to make room, else 503 and close), each must
+keep ``body_min_rate`` bytes/s after ``body_grace`` seconds (408 otherwise).
+A body announced at no more than ``small_body`` bytes (a prediction request,
+whose client wrote its head and body in two writes) takes no such place: it
+must be complete within ``small_body_timeout`` seconds instead, so that a flood
+of large dripping bodies cannot refuse it. A new connection over ``max_connections`` evicts the oldest
 connection that is between requests (idle, or still sending its head) and is
 refused with 503 only when every connection is in the middle of a request.
 """
@@ -83,6 +87,7 @@ class Route:
 # An unfinished body younger than this keeps its place (HttpProtocol._displace_slowest_body): a body sent in a
 # second write arrives within milliseconds, so only bodies that have had their chance are closed.
 DISPLACE_AFTER = 0.25
+EVICT_AFTER = 0.25  # a new connection that has sent nothing yet is safe from eviction this long (evictable)
 NO_BYTE_AFTER = 0.05
 
 
@@ -118,7 +123,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def __init__(self, server):
         self.server = server
-        self._body_open = False  # counted in server.unfinished_bodies
+        self._body_open = False  # counted in server.unfinished_bodies (or a small body: see _track_body)
+        self._body_small = False
         self._body_since = self._swept = 0.0
         self._body_got = 0  # bytes received since the body became unfinished
         self.limits = server.limits
@@ -166,10 +172,9 @@ class HttpProtocol(asyncio.Protocol):
         if self.rejected:
             return
         self.server.connections.pop(self, None)
+        self.server.lingering.pop(self, None)
         if self._body_open:
-            self._body_open = False
-            self.server.unfinished_bodies -= 1
-            self.server.arriving.pop(self, None)
+            self._close_body()
         head = self._head
         if head is not None and head.__class__ is _Incoming and head.reader is not None:
             head.reader.fail(ConnectionError("the client closed the connection in the middle of the body"))
@@ -543,6 +548,7 @@ class HttpProtocol(asyncio.Protocol):
         if linger and not self._eof and t.can_write_eof():
             t.write_eof()
             self._lingering = True
+            self.server.lingering[self] = None
             self._linger_since = self.server.loop.time()
             if self._paused:
                 self._paused.clear()
@@ -650,6 +656,12 @@ class HttpProtocol(asyncio.Protocol):
         if head is not None:  # a body is arriving
             if now - self._last_rx > lim.body_timeout:
                 self._body_timed_out(head)
+            elif self._body_small and now - self._body_since > lim.small_body_timeout:
+                self._abandon_body(
+                    head,
+                    408,
+                    f"request body of {self._body_announced()} bytes not complete within {lim.small_body_timeout}s",
+                )
             elif (
                 self._body_open
                 and lim.body_min_rate
@@ -699,21 +711,37 @@ class HttpProtocol(asyncio.Protocol):
             return
         server = self.server
         if not opened:
-            self._body_open = False
-            server.unfinished_bodies -= 1
-            server.arriving.pop(self, None)
+            self._close_body()
             return
-        cap = self.limits.max_unfinished_bodies
-        if server.unfinished_bodies >= cap and not self._displace_slowest_body():
-            self._abandon_body(
-                self._head, 503, f"{server.name}: too many request bodies arriving at once ({cap}), retry later"
-            )
-            return
-        server.unfinished_bodies += 1
-        server.arriving[self] = None
-        self._body_open = True
+        announced = self._body_announced()
+        small = announced is not None and announced <= self.limits.small_body
+        if not small:
+            cap = self.limits.max_unfinished_bodies
+            if server.unfinished_bodies >= cap and not self._displace_slowest_body():
+                self._abandon_body(
+                    self._head, 503, f"{server.name}: too many request bodies arriving at once ({cap}), retry later"
+                )
+                return
+            server.unfinished_bodies += 1
+            server.arriving[self] = None
+        self._body_open, self._body_small = True, small
         self._body_since = self._swept = server.loop.time()
         self._body_got = 0
+
+    def _close_body(self) -> None:
+        self._body_open = False
+        if self._body_small:
+            self._body_small = False
+        else:
+            self.server.unfinished_bodies -= 1
+            self.server.arriving.pop(self, None)
+
+    def _body_announced(self) -> int | None:
+        """The Content-Length of the body arriving (None for a chunked one, whose size nobody announced)."""
+        head = self._head
+        if head.__class__ is tuple:
+            return head[1]
+        return None if head.request.chunked else head.request.content_length
 
     def _displace_slowest_body(self) -> bool:
         """With every unfinished-body place taken, close the slowest body that has arrived for at least
@@ -748,17 +776,23 @@ class HttpProtocol(asyncio.Protocol):
         victim._track_body()
         return True
 
-    def evictable(self) -> bool:
-        """Between requests (idle, or still sending a head) or closing: nothing of an answer is lost."""
+    def evictable(self, now: float | None) -> bool:
+        """Between requests (idle, or still sending a head) or closing: nothing of an answer is lost. Not a
+        connection younger than EVICT_AFTER that has sent nothing yet: under a flood of new connections each
+        fresh one would otherwise be closed by the next before its request arrived (a well-behaved client
+        beside a flood got resets)."""
         if self.transport is None:
             return False
         if self._lingering:
             return True
-        return self._head is None and not self.pending and not self._busy and not self._sending
+        if self._head is not None or self.pending or self._busy or self._sending:
+            return False
+        return bool(self.requests or self.buffer or self._heard) or now is None or now - self._idle_since >= EVICT_AFTER
 
     def evict(self) -> None:
         """Close to make room for a new connection (see ``HttpServer.evict_one``)."""
         self.server.connections.pop(self, None)
+        self.server.lingering.pop(self, None)
         t = self.transport
         if self.buffer and not self._lingering:  # part of a head: say why, then close
             t.write(b"".join(Response.error(503, f"{self.server.name}: too many connections, retry").encode(False)))

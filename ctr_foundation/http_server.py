@@ -40,6 +40,8 @@ class HttpLimits:
     max_unfinished_bodies: int = 128  # bodies still arriving after their head, per server; beyond: 503
     body_grace: float = 10.0  # an unfinished body has this long before body_min_rate applies
     body_min_rate: int = 1024  # bytes/s an unfinished body must average after body_grace (408); 0: no minimum
+    small_body: int = 64 << 10  # an announced Content-Length up to this is outside max_unfinished_bodies ...
+    small_body_timeout: float = 2.0  # ... and must be complete this long after its head (408)
     write_timeout: float = 60.0  # a client that reads none of its answers this long is dropped
     max_header_bytes: int = 16 * 1024  # 431 above
     max_headers: int = 100  # 431 above
@@ -75,6 +77,7 @@ class HttpServer:
         self.backlog = backlog
         self.connections: dict[HttpProtocol, None] = {}  # an ordered set: oldest first
         self.unfinished_bodies = 0  # connections whose request body is still arriving
+        self.lingering: dict = {}  # connections closing after an error answer, oldest first (evict_one)
         self.arriving: dict = {}  # those connections, oldest first (HttpProtocol._displace_slowest_body)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -172,13 +175,27 @@ class HttpServer:
         return self
 
     def evict_one(self) -> bool:
-        """Close the oldest connection that is between requests, for a new one over the cap; False if every
-        connection is in the middle of a request. A flood of idle or half-sent connections then only ever
-        displaces itself (and idle keep-alive connections, which clients reopen), never a request."""
-        for conn in self.connections:
-            if conn.evictable():
+        """Close a connection that is between requests, for a new one over the cap; False if there is none
+        (``HttpProtocol.evictable``): first one closing after an error answer (nothing more is owed to it),
+        then the oldest. A flood of idle or half-sent connections then only ever displaces itself (and idle
+        keep-alive connections, which clients reopen), never a request."""
+        while self.lingering:
+            conn = next(iter(self.lingering))
+            if conn.evictable(0.0):
                 conn.evict()
                 return True
+            del self.lingering[conn]  # already closed
+        now = self.loop.time()
+        fresh = None
+        for conn in self.connections:
+            if conn.evictable(now):
+                conn.evict()
+                return True
+            if fresh is None and conn.evictable(None):
+                fresh = conn
+        if fresh is not None:
+            fresh.evict()
+            return True
         return False
 
     def stop_accepting(self) -> None:

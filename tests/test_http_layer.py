@@ -548,6 +548,93 @@ def test_a_slow_body_flood_leaves_room_for_other_clients(path):
                 s.close()
 
 
+def _fast_bodies(port: int, n: int, stop: threading.Event) -> list[socket.socket]:
+    """``n`` connections each sending a 1 MB body at about 3 KB/s: above any minimum rate, never displaced."""
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
+    for s in socks:
+        s.sendall(b"POST /loop HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+
+    def drip():
+        while not stop.wait(0.1):
+            for s in socks:
+                with contextlib.suppress(OSError):
+                    s.send(b"x" * 300)
+
+    threading.Thread(target=drip, daemon=True).start()
+    return socks
+
+
+def test_a_small_body_after_its_head_is_answered_while_large_bodies_hold_every_place():
+    """Most clients write a request's head and its body in two writes. With every unfinished-body place held by
+    large bodies that keep their pace (none can be displaced), a small announced body still gets its answer;
+    one that then stalls is closed after ``small_body_timeout`` (408), not after the 60 s of a large one."""
+    limits = HttpLimits(max_unfinished_bodies=2, body_min_rate=1000, body_grace=0.5, small_body_timeout=0.5)
+    stop = threading.Event()
+    with running(limits) as server:
+        socks = _fast_bodies(server.port, 2, stop)
+        try:
+            time.sleep(0.6)
+            assert server.unfinished_bodies == 2
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+                for _ in range(5):
+                    s.sendall(b"POST /thread HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n")
+                    time.sleep(0.05)
+                    s.sendall(b"hello world")
+                    data = b""
+                    while b"}" not in data:
+                        data += s.recv(4096)
+                    [answer] = parse_answers(data)
+                    assert answer.status == 200 and json.loads(answer.body) == {"len": 11}, answer
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+                t0 = time.monotonic()
+                s.sendall(b"POST /thread HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhel")
+                closed, data = _closed_within(s, 10)
+                [answer] = parse_answers(data)
+                assert closed and answer.status == 408 and "not complete within 0.5s" in answer.body.decode()
+                assert time.monotonic() - t0 < 3
+            assert server.unfinished_bodies == 2  # the large ones still arriving, untouched
+        finally:
+            stop.set()
+            for s in socks:
+                s.close()
+
+
+def test_eviction_spares_a_fresh_connection_and_takes_a_closing_one_first():
+    """Over the cap, a connection that has just been accepted and has sent nothing yet is not evicted (under a
+    flood of new connections each would close the one before it before its request arrived); one closing after
+    an error answer goes before an idle one, however old."""
+    with running(HttpLimits(max_connections=2)) as server:
+        fresh = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        time.sleep(0.05)
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        idle.sendall(request("GET", "/loop?n=idle"))
+        assert parse_answers(idle.recv(4096))[0].status == 200
+        newcomer = socket.create_connection(("127.0.0.1", server.port), timeout=5)  # over the cap
+        assert _closed_within(idle, 2) == (True, b"")  # the idle one went, though younger than the fresh one
+        fresh.sendall(request("GET", "/loop?n=fresh"))
+        assert parse_answers(fresh.recv(4096))[0].status == 200
+        newcomer.close()
+        fresh.close()
+    with running(HttpLimits(max_connections=3)) as server:
+        old_idle = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        old_idle.sendall(request("GET", "/loop?n=old"))
+        assert parse_answers(old_idle.recv(4096))[0].status == 200
+        bad = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        bad.sendall(b"GET / HTTP/1.1\r\nHost: a\x00\r\n\r\n")  # 400, then the server lingers
+        assert parse_answers(bad.recv(4096))[0].status == 400
+        third = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        third.sendall(request("GET", "/loop?n=3"))
+        assert parse_answers(third.recv(4096))[0].status == 200
+        newcomer = socket.create_connection(("127.0.0.1", server.port), timeout=5)  # over the cap
+        newcomer.sendall(request("GET", "/loop?n=new"))
+        assert parse_answers(newcomer.recv(4096))[0].status == 200
+        assert _closed_within(bad, 2)[0]  # the lingering one went first ...
+        old_idle.sendall(request("GET", "/loop?n=again"))  # ... the oldest idle one is still served
+        assert parse_answers(old_idle.recv(4096))[0].status == 200
+        for s in (old_idle, bad, third, newcomer):
+            s.close()
+
+
 def test_a_new_connection_over_the_cap_evicts_an_idle_one_not_a_busy_one():
     with running(HttpLimits(max_connections=4)) as server:
         busy = []
