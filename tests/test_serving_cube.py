@@ -153,3 +153,31 @@ def _serving_pins(fs_root) -> list[str]:
     doc = json.loads(path.read_text())
     assert doc["versions"] == sorted(p["version"] for p in doc["pins"] if p["owner"] == "serving")
     return doc["versions"]
+
+
+def test_a_request_whose_version_cube_dropped_is_answered_by_the_next_one_at_once(served, scaled, tmp_path):
+    """Cube rolls on past serving's active version before serving's next poll: a request pinned to the dropped
+    version waits for the reload thread to switch and is answered by the new version, at once. (A batch
+    worker used to reload by itself; a reload waits for every worker's predictor, its own included, so the
+    request took 120 s and the load failed.)"""
+    fs_root = tmp_path / "fs"
+    va = publish_version(fs_root, served.a, shards=2)
+    lines, probs_a = golden(served.a)
+    p = np.array(probs_a[:1], np.float64)
+    probs_b = 1 / (1 + np.exp(-(np.log(p / (1 - p)) + 1.5)))  # M is A with its output logit shifted by +1.5
+    with cube_servers(fs_root / "cube", 2, tmp_path) as urls, fileserver_in_thread(fs_root) as fs_url:
+        source = FileServerSource(fs_url, tmp_path / "cache", urls)
+        with serving_in_thread(source, poll_interval=120, cache_entries=0) as srv:
+            assert srv.app.active.version == va
+            switch_cube_version(urls, publish_version(fs_root, scaled, shards=2, make_current=False))
+            vb = publish_version(fs_root, served.miscalibrated, shards=2, make_current=False)
+            switch_cube_version(urls, vb)  # cube holds the scaled version and B: A is gone
+            set_current(fs_root, served.miscalibrated, vb, 2)
+            t0 = time.monotonic()
+            r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": lines[0]}]}, timeout=300)
+            took = time.monotonic() - t0
+            assert srv.app.active.version == vb
+    assert r.status_code == 200, r.text
+    assert r.json()["model_version"] == vb
+    np.testing.assert_allclose(r.json()["predictions"], probs_b, rtol=0, atol=TOL)
+    assert took < 10, took

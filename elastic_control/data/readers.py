@@ -24,7 +24,6 @@ a file whose values break these rules is a DataError (a writer's bug, not a stra
 
 from __future__ import annotations
 
-import ctypes
 import datetime as dt
 import functools
 import gzip
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ctr_foundation import native_memory
 from ctr_foundation.errors import DataError
 from elastic_control.config.data_config import DataConfig, format_slot, slot_path
 from elastic_control.console import warn
@@ -320,18 +320,12 @@ def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[li
 # and 197-221k on Criteo lines without the pad, 1.29-1.43M / 200-214k with reused buffers, 1.69-1.84M /
 # 231-248k with the pad, peak RSS the same (161-163 MB).
 HEAP_TOP_PAD = 64 << 20
-_M_TOP_PAD = -2  # malloc.h
 
 
 @functools.cache
 def keep_heap_top() -> None:
-    """Have the C allocator keep ``HEAP_TOP_PAD`` bytes of freed heap for the next chunk, once per process
-    (glibc's mallopt; nothing elsewhere)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):
-        return
-    mallopt(_M_TOP_PAD, HEAP_TOP_PAD)
+    """Keep ``HEAP_TOP_PAD`` bytes of freed heap for the next chunk, once per process."""
+    native_memory.keep_heap_top(HEAP_TOP_PAD)
 
 
 # Bytes read from a text file at a time; chunks are cut from them at line ends. A block holds several

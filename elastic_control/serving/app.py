@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ctr_foundation import names
+from ctr_foundation import names, native_memory
 from elastic_control.serving.arms import Arm, Split, SplitError, make_split
-from elastic_control.serving.batcher import Batcher, Refusal
+from elastic_control.serving.batcher import CHECK_FIRST, Batcher, Refusal
 from elastic_control.serving.cache import EmbeddingCaches
 from elastic_control.serving.feedback import PredictionLog
 from elastic_control.serving.instances import PredictRequest
@@ -97,6 +97,7 @@ class ServingApp:
         self._failed_version: tuple[str, float] | None = None
         self._probe: dict[int, tuple[str | None, float]] = {}  # load_id -> (failure reason or None, when)
         self._stopping = threading.Event()
+        self._check_soon = threading.Event()  # wakes the reload thread before its poll interval is over
         self._threads: list[threading.Thread] = []
         self._alerts_in_force: set[tuple] = set()
         self.monitor_hooks: list = []  # fn(summary, alerts) every monitor tick (e.g. MLflow recording)
@@ -117,6 +118,7 @@ class ServingApp:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._check_soon.set()
         self.batcher.stop()
         for t in self._threads:
             t.join(5)
@@ -211,12 +213,18 @@ class ServingApp:
         self._probe.pop(old.load_id, None)
         if self.cache is not None:
             self.cache.drop(old.version, old.load_id)
-        t = threading.Timer(30.0, old.lookup.close)
+        t = threading.Timer(30.0, self._release_retired, args=(old,))
         t.daemon = True
         t.start()
 
+    @staticmethod
+    def _release_retired(old: LoadedVersion) -> None:
+        old.release()
+        native_memory.give_back_freed_memory()
+
     def _poll_versions(self) -> None:
         while not self._stopping.is_set():
+            self._check_soon.clear()
             try:
                 self.check_version_now()
             except Exception as e:  # noqa: BLE001 - the poller must survive a flaky file server
@@ -224,9 +232,11 @@ class ServingApp:
                 if message != self.last_reload_error:  # log a lasting outage once, not every poll
                     log.warning(message)
                 self.last_reload_error = message
+            finally:
+                self.batcher.release_held()  # parts that waited for this look at the source (after_cube_failure)
             if self.start_split is not None and self.active is not None:
                 self._apply_start_split()
-            self._stopping.wait(self.poll_interval)
+            self._check_soon.wait(self.poll_interval)
 
     def _apply_start_split(self) -> None:
         last = self._start_split_error
@@ -257,16 +267,26 @@ class ServingApp:
             arm = split.control  # the arm's version went away with a split change: control answers
         return arm.name, self.active
 
-    def after_cube_failure(self, arm: str, version: LoadedVersion) -> tuple[str, LoadedVersion] | None:
-        """Where a batch whose cube lookup failed may be retried once, or None."""
+    def after_cube_failure(self, arm: str, version: LoadedVersion, *, held: bool = False):
+        """Where a batch whose cube lookup failed may be retried once: (arm, version), None (no retry: 503), or
+        CHECK_FIRST: set the part aside until the reload thread has looked for a newer version (``held`` once
+        it has). A batch worker never reloads itself: a reload waits for every worker to create its predictor,
+        so a worker that reloaded (or waited for the reload lock) stalled every reload for as long as its wait
+        (20 s, then 120 s and a failed load, when cube dropped the active version during a reload)."""
         if version is self.active or arm == self.control_arm_name():
             # The version may have moved on under us (cube dropped ours): switch and retry once.
-            if self.active is not version or self.check_version_now():
+            if self.active is not version:
                 return self.control_arm_name(), self.active
-            return None
+            if held or not any(t.name == "serving-reload" and t.is_alive() for t in self._threads):
+                return None
+            return CHECK_FIRST
         if self.active is not None and self.active is not version:  # a challenger's cube failed: control answers
             return self.split.control.name, self.active
         return None
+
+    def check_soon(self) -> None:
+        """Have the reload thread look for a newer version now rather than at its next poll."""
+        self._check_soon.set()
 
     def not_ready(self) -> Refusal:
         why = self.last_reload_error or f"waiting for the first active version from {self.source.describe}"
@@ -411,7 +431,7 @@ class ServingApp:
         while (reason := loaded.probe()) is not None and time.monotonic() < deadline:
             time.sleep(0.5)
         if reason is not None:
-            loaded.lookup.close()
+            loaded.release()
             raise SplitConflict(
                 f"cube does not answer for version {version} on every shard after {self.pin_wait:.0f}s ({reason}); "
                 "cube-transfer loads the versions of cube/pins.json on every shard (docs/contracts.md)"

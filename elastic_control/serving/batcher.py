@@ -44,6 +44,10 @@ from elastic_control.serving.versions import LoadedVersion
 
 log = logging.getLogger("elastic_control.serving")
 
+# What the app answers for a part whose lookup failed when the reload thread should look for a newer version
+# first (ServingApp.after_cube_failure): the part waits in Batcher._held until release_held.
+CHECK_FIRST = object()
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -126,6 +130,7 @@ class _Part:
     # looked up for it while it waited: (load_id, [(keys sorted unique, values, found), ...])
     rows: tuple[int, list] | None = None
     error: CubeUnavailable | None = None  # its lookup failed
+    held: bool = False  # it waited once for the reload thread to look for a newer version
 
     @property
     def n(self) -> int:
@@ -243,6 +248,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._jobs_lock = threading.Lock()
         self._workers = [_Worker(self, i) for i in range(workers)]
+        self._held: list[_Part] = []  # parts waiting for the reload thread's next look (CHECK_FIRST)
         self.inflight = 0  # submitted and not yet answered (drain waits for 0)
         self._inflight_lock = threading.Lock()
 
@@ -294,6 +300,13 @@ class Batcher:
         with self._cond:
             self._queue.extend(jobs)
             self._cond.notify()
+
+    def release_held(self) -> None:
+        """The reload thread has looked for a newer version: the parts that waited for it are scored again."""
+        with self._cond:
+            parts, self._held = self._held, []
+        if parts:
+            self._come_back(parts)
 
     def _come_back(self, parts: list[_Part]) -> None:
         """Parts whose lookup ended go to the front of the queue: they have waited already."""
@@ -383,7 +396,10 @@ class Batcher:
                 continue
             if part.error is not None:
                 error = part.error
-                if self._after_failure(part) is None:
+                retry = self._after_failure(part)
+                if retry is CHECK_FIRST:
+                    continue
+                if retry is None:
                     refused.append((part, Refusal(503, f"cube unavailable: {error}")))
                     continue
             elif job.pin is None:
@@ -404,8 +420,9 @@ class Batcher:
         for arm, version, group in groups.values():
             self._score_group(arm, version, group, worker)
 
-    def _after_failure(self, part: _Part) -> tuple[str, LoadedVersion] | None:
-        """The (arm, version) a part whose lookup failed is tried again with, once, or None (-> 503).
+    def _after_failure(self, part: _Part):
+        """The (arm, version) a part whose lookup failed is tried again with, once; None (-> 503); or CHECK_FIRST
+        when it waits (once) for the reload thread to look for a newer version first.
 
         Only a whole request is tried again (a part of a larger one would mix versions in one answer), and only
         where another version can answer: the version moved on in cube, or a challenger falls back to control.
@@ -418,7 +435,13 @@ class Batcher:
         challenger = version is not self.app.active and arm != self.app.control_arm_name()
         if not (error.version_missing or challenger):
             return None
-        retry = self.app.after_cube_failure(arm, version)
+        retry = self.app.after_cube_failure(arm, version, held=part.held)
+        if retry is CHECK_FIRST:
+            part.error, part.held = error, True
+            with self._cond:
+                self._held.append(part)
+            self.app.check_soon()  # after the part is held: the look that follows releases it
+            return CHECK_FIRST
         if retry is None or retry[1] is None:
             return None
         job.pin, job.retried = retry, True
