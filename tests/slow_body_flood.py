@@ -1,12 +1,12 @@
 """A slow-body flood, run as its own process so that its event loop shares neither a core's time slice nor the
 GIL with the client being measured beside it:
 
-    python tests/slow_body_flood.py PORT CONNECTIONS [--drip SECONDS] [--body BYTES]
+    python tests/slow_body_flood.py PORT CONNECTIONS [--drip SECONDS] [--body BYTES] [--once]
 
 ``CONNECTIONS`` connections each announce a ``--body``-byte prediction body (1 MB) and send one byte every
-``--drip`` seconds; a connection the server answers or closes is dialled again at once. It prints ``ramped``
-once every connection has dialled at least once, runs until its stdin closes, then prints one JSON line of
-counts: dials, refused (503 answers), peak_open, open.
+``--drip`` seconds; a connection the server answers or closes is dialled again at once (``--once``: not).
+It prints ``ramped`` once every connection has dialled at least once, runs until its stdin closes, then
+prints one JSON line of counts: dials, refused (503 answers), peak_open, open.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 
 
 class SlowBodyFlood:
-    def __init__(self, port: int, n: int, drip: float, body: int):
-        self.port, self.n, self.drip = port, n, drip
+    def __init__(self, port: int, n: int, drip: float, body: int, redial: bool = True):
+        self.port, self.n, self.drip, self.redial = port, n, drip, redial
         self.head = (
             b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % body
@@ -53,6 +53,8 @@ class SlowBodyFlood:
             finally:
                 self.open -= 1
                 writer.close()
+            if not self.redial:
+                return
             await asyncio.sleep(0.02)
 
     async def run(self) -> dict:
@@ -77,8 +79,9 @@ def main() -> None:
     ap.add_argument("connections", type=int)
     ap.add_argument("--drip", type=float, default=2.0, help="seconds between a connection's body bytes")
     ap.add_argument("--body", type=int, default=1_000_000, help="the Content-Length each connection announces")
+    ap.add_argument("--once", action="store_true", help="a connection the server drops is not dialled again")
     args = ap.parse_args()
-    counts = asyncio.run(SlowBodyFlood(args.port, args.connections, args.drip, args.body).run())
+    counts = asyncio.run(SlowBodyFlood(args.port, args.connections, args.drip, args.body, not args.once).run())
     print(json.dumps(counts), flush=True)
 
 
