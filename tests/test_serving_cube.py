@@ -169,6 +169,7 @@ def test_a_request_whose_version_cube_dropped_is_answered_by_the_next_one_at_onc
         source = FileServerSource(fs_url, tmp_path / "cache", urls)
         with serving_in_thread(source, poll_interval=120, cache_entries=0) as srv:
             assert srv.app.active.version == va
+            lookup = srv.app.active.lookup
             switch_cube_version(urls, publish_version(fs_root, scaled, shards=2, make_current=False))
             vb = publish_version(fs_root, served.miscalibrated, shards=2, make_current=False)
             switch_cube_version(urls, vb)  # cube holds the scaled version and B: A is gone
@@ -177,6 +178,7 @@ def test_a_request_whose_version_cube_dropped_is_answered_by_the_next_one_at_onc
             r = requests.post(srv.url + "/v1/predict", json={"instances": [{"line": lines[0]}]}, timeout=300)
             took = time.monotonic() - t0
             assert srv.app.active.version == vb
+            assert srv.app.active.lookup is lookup  # one lookup (threads, connections) for every version
     assert r.status_code == 200, r.text
     assert r.json()["model_version"] == vb
     np.testing.assert_allclose(r.json()["predictions"], probs_b, rtol=0, atol=TOL)
