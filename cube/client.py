@@ -70,11 +70,12 @@ class _ShardConnections:
             + body
         )
         for attempt in (0, 1):
-            try:
-                sock = self.idle.get_nowait()
-                reused = True
-            except queue.Empty:
-                sock, reused = None, False
+            sock, reused = None, False
+            if attempt == 0:  # the retry takes a fresh connection: the next idle one may have gone stale too
+                try:
+                    sock, reused = self.idle.get_nowait(), True
+                except queue.Empty:
+                    pass
             try:
                 if sock is None:
                     sock = self._connect()
