@@ -54,10 +54,11 @@ class JobProgressAnnotator:
         job = job_of_host(hostname or socket.gethostname())
         if job is None or not ev.KUBERNETES_SERVICE_HOST.get() or not (account_dir / "token").is_file():
             return None
-        from elastic_control.kube import adaptor  # the one owner of API clients (in a pod: in-cluster config)
+        from kubernetes import client, config
 
+        config.load_incluster_config()
         namespace = (account_dir / "namespace").read_text().strip()
-        return cls(adaptor.custom(), namespace, job)
+        return cls(client.CustomObjectsApi(), namespace, job)
 
     def __call__(self, doc: dict, *, force: bool = False) -> None:
         now = time.monotonic()
