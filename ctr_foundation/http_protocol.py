@@ -35,9 +35,12 @@ keep ``body_min_rate`` bytes/s after ``body_grace`` seconds (408 otherwise).
 A body announced at no more than ``small_body`` bytes (a prediction request,
 whose client wrote its head and body in two writes) takes no such place: it
 must be complete within ``small_body_timeout`` seconds instead, so that a flood
-of large dripping bodies cannot refuse it. A new connection over ``max_connections`` evicts the oldest
-connection that is between requests (idle, or still sending its head) and is
-refused with 503 only when every connection is in the middle of a request.
+of large dripping bodies cannot refuse it. A new connection over
+``max_connections`` evicts a connection that is between requests: first one
+closing after an error answer, then the oldest that is idle or still sending
+its head, sparing one accepted less than EVICT_AFTER ago that has sent nothing
+(``HttpServer.evict_one``); it is refused with 503 only when every connection
+is in the middle of a request.
 """
 
 from __future__ import annotations
