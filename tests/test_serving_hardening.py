@@ -263,6 +263,8 @@ def soak(served, tmp_path, *, seconds: float, reload_every: float, clients: int 
         "failures": failures,
         "versions": versions,
         "reloads": status["metrics"]["reloads"],
+        "active": status["model_version"],
+        "cached_versions": (status["cache"] or {}).get("versions", []),
         "rss": rss,
         "idle_still_open": alive_idle,
     }
@@ -278,6 +280,8 @@ def test_soak_short(served, tmp_path):
     r = soak(served, tmp_path, seconds=12, reload_every=2)
     assert r["failures"] == [], r["failures"][:5]
     assert r["answers"] > 200 and r["reloads"] >= 4 and len(r["versions"]) >= 3, r
+    # a batch in flight across a switch must not bring a retired version's cache back (never dropped again)
+    assert set(r["cached_versions"]) <= {r["active"]}, r["cached_versions"]
     assert _rss_growth_mb(r["rss"]) < 100, [x // 2**20 for x in r["rss"]]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from elastic_control.serving.instances import (
     predict_request,
 )
 from elastic_control.serving.monitor import AlertRules, Monitor
+from elastic_control.serving.versions import LoadedVersion
 
 SLOTS = list(range(1, 40))
 DENSE_SLOTS = list(range(40, 53))  # Criteo's I1-I13 as numbers, as `elastic-control data criteo` writes them
@@ -288,14 +290,32 @@ def test_version_cache_hits_only_what_it_was_given_and_stays_bounded():
     assert not hit0.any()
 
 
+def _version(name: str, load_id: int, width: int = 2) -> LoadedVersion:
+    return LoadedVersion(name, (1,), None, width, Path("unused"), lookup=None, load_id=load_id)
+
+
 def test_caches_are_per_version():
     caches = EmbeddingCaches(64)
-    a, b = caches.for_version("pass-a", 1, 2), caches.for_version("pass-b", 2, 2)
+    va, vb = _version("pass-a", 1), _version("pass-b", 2)
+    a, b = caches.for_version(va), caches.for_version(vb)
     keys = np.array([5, 6], np.uint64)
     a.put(keys, np.ones((2, 2), np.float32), np.ones(2, bool))
     assert a.get(keys)[0].all() and not b.get(keys)[0].any()
-    caches.drop("pass-a", 1)
+    va.retired = True
+    caches.drop(va)
     assert caches.snapshot()["versions"] == ["pass-b"]
+
+
+def test_a_retired_version_gets_no_cache_again():
+    """A batch pinned to a version before the switch can reach the cache after the version was retired (its
+    lookup was in flight): a cache created for it then was never dropped, about 1.5 MB of RSS a reload."""
+    caches = EmbeddingCaches(64)
+    old = _version("pass-a", 1)
+    caches.for_version(old)
+    old.retired = True
+    caches.drop(old)
+    assert caches.for_version(old) is None
+    assert caches.snapshot()["versions"] == []
 
 
 # ---- A/B routing ---------------------------------------------------------------------------------

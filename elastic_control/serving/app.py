@@ -99,6 +99,7 @@ class ServingApp:
         self._stopping = threading.Event()
         self._check_soon = threading.Event()  # wakes the reload thread before its poll interval is over
         self._threads: list[threading.Thread] = []
+        self._reload_thread: threading.Thread | None = None  # the one thread that switches versions
         self._alerts_in_force: set[tuple] = set()
         self.monitor_hooks: list = []  # fn(summary, alerts) every monitor tick (e.g. MLflow recording)
         self.split_hooks: list = []  # fn(split) once a split with challengers is in force (the MLflow alias)
@@ -108,8 +109,9 @@ class ServingApp:
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         self.batcher.start()
+        self._reload_thread = threading.Thread(target=self._poll_versions, name="serving-reload", daemon=True)
         self._threads = [
-            threading.Thread(target=self._poll_versions, name="serving-reload", daemon=True),
+            self._reload_thread,
             threading.Thread(target=self._probe_loop, name="serving-probe", daemon=True),
             threading.Thread(target=self._monitor_loop, name="serving-monitor", daemon=True),
         ]
@@ -209,10 +211,11 @@ class ServingApp:
 
     def _retire(self, old: LoadedVersion) -> None:
         """Drop a version nothing routes to any more: predictors between batches, its lookup a bit later."""
+        old.retired = True  # first: nothing creates a cache or a kept predictor for it from here on
         self.batcher.forget(old)
         self._probe.pop(old.load_id, None)
         if self.cache is not None:
-            self.cache.drop(old.version, old.load_id)
+            self.cache.drop(old)
         t = threading.Timer(30.0, self._release_retired, args=(old,))
         t.daemon = True
         t.start()
@@ -277,7 +280,7 @@ class ServingApp:
             # The version may have moved on under us (cube dropped ours): switch and retry once.
             if self.active is not version:
                 return self.control_arm_name(), self.active
-            if held or not any(t.name == "serving-reload" and t.is_alive() for t in self._threads):
+            if held or self._reload_thread is None or not self._reload_thread.is_alive():
                 return None
             return CHECK_FIRST
         if self.active is not None and self.active is not version:  # a challenger's cube failed: control answers
@@ -301,8 +304,8 @@ class ServingApp:
         it while it waited, or None); ``have``
         is False where neither holds the key (the batcher looks those up without waiting: ``fetch``)."""
         m = len(keys)
-        if self.cache is not None:
-            cache = self.cache.for_version(version.version, version.load_id, version.width)
+        cache = self.cache.for_version(version) if self.cache is not None else None
+        if cache is not None:
             hit, values, found = cache.get(keys)
         else:
             hit, values, found = np.zeros(m, bool), np.zeros((m, version.width), np.float32), np.zeros(m, bool)
@@ -339,8 +342,9 @@ class ServingApp:
                     ),
                 )
             if looked.error is None and self.cache is not None and len(looked.idx):
-                cache = self.cache.for_version(version.version, version.load_id, version.width)
-                cache.put(keys[looked.idx], looked.values, looked.found)
+                cache = self.cache.for_version(version)
+                if cache is not None:
+                    cache.put(keys[looked.idx], looked.values, looked.found)
             done(looked)
 
         version.lookup.start(keys, version.version, piece)

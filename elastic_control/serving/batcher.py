@@ -173,6 +173,8 @@ class _Worker:
 
     def model_for(self, version: LoadedVersion) -> DenseModel:
         model = self.models.get(version.load_id)
+        if model is None and version.retired:  # a part pinned before the switch: kept, it would never be dropped
+            return self._create(version)
         if model is None:  # not prepared (a version loaded while this worker was busy): create it here
             model = self.models[version.load_id] = self._create(version)
         return model

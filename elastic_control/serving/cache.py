@@ -98,19 +98,22 @@ class EmbeddingCaches:
         self.lookups = 0
         self.hits = 0
 
-    def for_version(self, version: str, load_id: int, width: int) -> VersionCache:
-        key = (version, load_id)
+    def for_version(self, version) -> VersionCache | None:
+        """The cache of a LoadedVersion, created on first use; None once the version is retired (a batch
+        still in flight with it goes without: a cache created now would never be dropped)."""
+        key = (version.version, version.load_id)
         c = self._by_version.get(key)
         if c is None:
             with self._lock:
                 c = self._by_version.get(key)
-                if c is None:
-                    c = self._by_version[key] = VersionCache(self.entries, width)
+                if c is None and not version.retired:
+                    c = self._by_version[key] = VersionCache(self.entries, version.width)
         return c
 
-    def drop(self, version: str, load_id: int) -> None:
+    def drop(self, version) -> None:
+        """Forget a retired LoadedVersion's cache (``retired`` is set first, so it is not created again)."""
         with self._lock:
-            self._by_version.pop((version, load_id), None)
+            self._by_version.pop((version.version, version.load_id), None)
 
     def count(self, lookups: int, hits: int) -> None:
         with self._lock:
