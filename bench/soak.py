@@ -26,8 +26,10 @@ Printed: requests, failures (zero is the goal), reloads and the time from a
 donefile line to serving answering with it, requests/s and p50/p99 latency beside
 a 10 s baseline of the same clients measured first in the same run (no reloads,
 no idle connections: the peer), idle connections held, and the RSS of every
-component at start, middle and end (stable: end within 10% + 20 MB of middle).
-Exit status 1 if any request failed or memory was not stable.
+component at start, middle and end (stable: end within 10% + 20 MB of middle),
+and serving's end RSS against its documented bound (its RSS at the start, plus its
+feedback rings and hot-key caches as /v1/monitor reports their bytes, plus 64 MB).
+Exit status 1 if any request failed or memory was not stable or not within the bound.
 """
 
 from __future__ import annotations
@@ -358,6 +360,7 @@ def main() -> int:
             time.sleep(0.2)
         elapsed = time.monotonic() - t_start
         rss["end"] = rss_mb(pids)
+        bound = serving_bound_mb(s_port, rss["start"].get("serving", 0.0))
         clients.join()
         idle.close()
         time.sleep(3)
@@ -394,8 +397,15 @@ def main() -> int:
             if phase in rss:
                 print(f"  RSS MB {phase:6s} {_fmt(rss[phase])}")
         print(f"  memory stable (end <= middle x1.1 + 20 MB): {all(stable.values())} {stable}")
+        within = bound is not None and rss["end"].get("serving", 0.0) <= bound["total"]
+        if bound is not None:
+            print(
+                f"  serving's bound: start {bound['start']:.0f} + feedback rings {bound['rings']:.0f} + hot-key caches "
+                f"{bound['caches']:.0f} + slack {SLACK_MB} = {bound['total']:.0f} MB; end {rss['end']['serving']:.0f}: "
+                + ("within" if within else "ABOVE")
+            )
         print(f"  load average {os.getloadavg()[0]:.1f}")
-        ok = got["failed"] == 0 and bool(stable) and all(stable.values()) and not missing
+        ok = got["failed"] == 0 and bool(stable) and all(stable.values()) and within and not missing
         if args.json_out:
             Path(args.json_out).write_text(
                 json.dumps(
@@ -409,6 +419,7 @@ def main() -> int:
                         "idle_min": min(held),
                         "rss_mb": rss,
                         "stable": stable,
+                        "serving_bound_mb": bound,
                         "failures": clients.failures,
                         "ok": ok,
                     }
@@ -419,6 +430,22 @@ def main() -> int:
     if ok and not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
+
+
+SLACK_MB = 64  # the allocator's free lists and fragmentation
+
+
+def serving_bound_mb(port: int, start_mb: float) -> dict | None:
+    """Serving's documented memory bound (docs/contracts.md, "Memory"): its RSS once it answers, plus the
+    feedback rings and the hot-key caches of the versions it holds (both allocated whole, committed as they
+    fill), plus SLACK_MB; None if serving does not say."""
+    try:
+        monitor = requests.get(f"http://127.0.0.1:{port}/v1/monitor", headers=AUTH, timeout=10).json()
+    except (requests.RequestException, ValueError):
+        return None
+    rings = monitor["feedback"]["ring_bytes"] / 2**20
+    caches = (monitor.get("cache") or {}).get("bytes", 0) / 2**20
+    return {"start": start_mb, "rings": rings, "caches": caches, "total": start_mb + rings + caches + SLACK_MB}
 
 
 def _fmt(rss: dict[str, float]) -> str:

@@ -7,6 +7,7 @@ import signal
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import pyarrow  # noqa: F401  (before paddle)
 
@@ -26,6 +27,8 @@ from helpers_serving import (  # noqa: F401  (served_fixture: the session's pass
 )
 
 from client.api import ServingClient
+from elastic_control.inference.scoring import DENSE_BLOCK_ROWS
+from elastic_control.serving.batcher import _Worker
 from elastic_control.serving.versions import ModelDirSource
 
 pytestmark = pytest.mark.needs_criteo  # the session's passes are trained on real Criteo lines
@@ -307,3 +310,20 @@ def test_bad_json_depth_and_integers_over_http(served):
             r = requests.post(srv.url + "/v1/predict", data=body, headers={"Content-Type": "application/json"})
             assert r.status_code == status, r.text[:200]
         assert requests.post(srv.url + "/v1/predict", json={"instances": [{"line": "1 0 1:1"}]}).status_code == 200
+
+
+def test_a_retired_version_gets_no_kept_predictor_again(served):
+    """A batch worker that already dropped a retired version's predictor and then scores a part pinned to it
+    before the switch (its lookup was in flight) scores it, but keeps no predictor: one kept then was never
+    dropped again."""
+    source = ModelDirSource(served.models)
+    version = source.materialise(source.current())
+    worker = _Worker(SimpleNamespace(onednn=False, block_rows=DENSE_BLOCK_ROWS), 0)
+    worker.prepare(version)
+    zero = np.zeros((1, version.input_width), np.float32)
+    expected = worker.model_for(version).predict(zero)
+    version.retired = True
+    worker.forget(version.load_id)
+    np.testing.assert_array_equal(worker.model_for(version).predict(zero), expected)
+    assert worker.models == {}
+    version.release()
