@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctr_foundation.sample import parse_sample_line
 from elastic_control.metrics import auc, log_loss
 
 # scikit-learn's C = 1 / (2 L2): the small real logs pick 0.03, the 5-hour Criteo split 0.1.
@@ -40,14 +41,13 @@ def logistic_regression(train_lines: list[str], test_lines: list[str], grid=C_GR
     import scipy.sparse as sp
     from sklearn.linear_model import LogisticRegression
 
-    vocab: dict[str, int] = {}
+    vocab: dict[tuple[int, int], int] = {}
 
     def onehot(lines: list[str], grow: bool):
         cols, ptr = [], [0]
         for ln in lines:
-            for tok in ln.split()[2:]:
-                if not tok.partition(":")[0].isdigit():
-                    continue  # a value token (a dense slot's number)
+            sample = parse_sample_line(ln)  # the grammar's one reader; value tokens (dense slots) left out
+            for tok in zip(sample.feasigns, sample.slots, strict=True):
                 j = vocab.setdefault(tok, len(vocab)) if grow else vocab.get(tok)
                 if j is not None:
                     cols.append(j)
