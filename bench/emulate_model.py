@@ -28,6 +28,7 @@ import pyarrow  # noqa: F401
 import numpy as np
 import paddle
 
+from ctr_foundation.sample import parse_sample_line
 from elastic_control.metrics import auc as roc_auc_score
 from elastic_control.metrics import log_loss
 
@@ -73,10 +74,9 @@ for h in range(cfg["hours"]):
     d = Path(cfg["data"]) / "20200101" / f"{h:02d}"
     for p in sorted(d.glob("part-*")):
         for ln in p.read_text().splitlines():
-            t = ln.split()
-            ys.append(int(t[1]))
-            keys = [tuple(map(int, x.split(":"))) for x in t[2:]]
-            rows.append(keys)
+            sample = parse_sample_line(ln)  # the grammar's one reader (value tokens of dense slots left out)
+            ys.append(sample.click)
+            rows.append(list(zip(sample.feasigns, sample.slots, strict=True)))
     hours.append((rows, np.array(ys, dtype="float32")))
 SLOTS = sorted({s for h in hours for r in h[0][:2000] for _, s in r})
 SI = {s: i for i, s in enumerate(SLOTS)}
