@@ -212,6 +212,8 @@ def logs(
 
         known = list(kube_logs.plan_log_sources(plan))
         check_components(components, known)
+        if tail is None and since is None:
+            tail = kube_logs.DEFAULT_TAIL
         kube_logs.stream_logs(plan, components=components, follow=follow, tail=tail, since=since, raw=raw, out=out)
         return
     import time

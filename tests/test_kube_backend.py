@@ -272,7 +272,8 @@ def test_logs_follow_reattaches_to_a_recreated_trainer(cluster, tmp_path, monkey
     KubeBackend().apply(plan).wait()
     capsys.readouterr()
     KubeBackend().attach(plan).stream_logs(follow=True, components=["trainer-0"])
-    out = capsys.readouterr().out.splitlines()
+    # (the fake cluster's file server has no endpoints: the kept logs of earlier trainers are said unavailable)
+    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("[elastic-ctr-trainer-0 kept]")]
     assert out == [
         "[elastic-ctr-trainer-0] pass-20191221-00 step 10 loss 0.52",
         "[elastic-ctr-trainer-0] pass-20191221-00 step 20 loss 0.49",

@@ -79,3 +79,15 @@ def test_nothing_kept_yet_prints_nothing_extra_and_a_refusing_file_server_is_sai
     out = capsys.readouterr().out
     assert f"[{POD} kept] (kept logs unavailable: HTTP 503 through the API server" in out
     assert f"[{POD}] " in out  # the live log still follows
+
+
+def test_the_deployment_handle_shows_the_kept_logs_too(deployed, capsys):
+    """The Python handle (what the demo and scripts use) reads logs through the same owner as -l."""
+    from elastic_control.kube.backend import KubeBackend
+
+    _, plan, kept = deployed
+    gone = _keep(kept, 1_700_000_000, ["pass-20191221-00 step 10", "OSError"])
+    KubeBackend().attach(plan).stream_logs(components=["trainer-0"])
+    out = capsys.readouterr().out
+    assert f"[{POD} kept {gone}] OSError" in out
+    assert out.index("OSError") < out.index(f"[{POD}] ")  # before the live pod's log

@@ -38,7 +38,7 @@ def test_a_restarted_container_shows_its_previous_log_first(cluster, tmp_path, c
     cluster.requests.clear()
     KubeBackend().attach(plan).stream_logs(components=["trainer-0", "fileserver"])
     lines = capsys.readouterr().out.splitlines()
-    mine = [line for line in lines if line.startswith(f"[{name}")]
+    mine = [line for line in lines if line.startswith(f"[{name}") and not line.startswith(f"[{name} kept]")]
     assert mine[:3] == [
         f"[{name} previous] (container trainer restarted 1x: its previous log)",
         f"[{name} previous] pass-20191221-00 step 10",
@@ -67,7 +67,8 @@ def test_following_a_restarted_container_shows_its_previous_log_before_the_strea
     cluster.requests.clear()
     # Trainer 0's followed stream ends with the job Completed (the fake's scenario), so follow returns.
     KubeBackend().attach(plan).stream_logs(components=["trainer-0"], follow=True)
-    mine = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"[{name}")]
+    lines = capsys.readouterr().out.splitlines()
+    mine = [line for line in lines if line.startswith(f"[{name}") and not line.startswith(f"[{name} kept]")]
     assert mine[:3] == [
         f"[{name} previous] (container trainer restarted 1x: its previous log)",
         f"[{name} previous] pass-20191221-00 step 10",

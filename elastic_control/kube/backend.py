@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from ctr_foundation.errors import UsageError
 from ctr_foundation.names import DATA_CONFIG_FILE, MANIFEST_DIR, TOKEN_FILE
 from elastic_control.backends import status as st
 from elastic_control.backends.base import Backend, Deployment
@@ -123,31 +122,12 @@ class KubeDeployment(Deployment):
         tail: int | None = None,
         raw: bool = False,
     ) -> None:
+        """The CLI's ``-l`` (kube/logs.py, the one owner): kept logs of earlier pods, a restarted container's
+        previous log, then the current one (every line unless ``tail``)."""
         # function-level: loads the kubernetes client (~0.7 s)
-        from elastic_control.kube.logs import (
-            DEFAULT_COMPONENTS,
-            LogPrinter,
-            follow_all,
-            log_sources,
-            log_writer,
-            print_logs,
-        )
+        from elastic_control.kube.logs import stream_logs
 
-        plan = self.plan
-        sources = log_sources(plan.job_name)
-        wanted = components or list(DEFAULT_COMPONENTS)
-        unknown = [c for c in wanted if c not in sources]
-        if unknown:
-            raise UsageError(f"unknown log component(s) {', '.join(unknown)} (known: {', '.join(sources)})")
-        printer = LogPrinter(log_writer(out, raw))
-        if not follow:
-            for name in wanted:
-                if tail is None:
-                    print_logs(plan.namespace, sources[name], printer)
-                else:
-                    print_logs(plan.namespace, sources[name], printer, tail_lines=tail)
-            return
-        follow_all(plan.namespace, [sources[n] for n in wanted], printer)
+        stream_logs(self.plan, components=components, follow=follow, tail=tail, raw=raw, out=out)
 
     def delete(self) -> list[str]:
         # function-level: loads the kubernetes client (~0.7 s)

@@ -50,6 +50,7 @@ class LogSource:
 
 
 DEFAULT_COMPONENTS = ("trainer-0", "fileserver", "cube-transfer")
+DEFAULT_TAIL = 200  # lines of each log that -l shows unless told
 
 
 def log_sources(job: str) -> dict[str, LogSource]:
@@ -92,13 +93,14 @@ def stream_logs(
     *,
     components: list[str] | None = None,
     follow: bool = False,
-    tail: int | None = None,
+    tail: int | None = DEFAULT_TAIL,
     since: float | None = None,
     raw: bool = False,
     out=None,
 ) -> None:
-    """-l on a cluster: the last ``tail`` lines (default 200; every line with ``since``) of the last ``since``
-    seconds of each component's pod; with ``follow`` each is streamed in its own thread until Ctrl-C."""
+    """-l on a cluster: the last ``tail`` lines (None: every line) of the last ``since`` seconds of each
+    component's pod, after the kept logs of its earlier pods; with ``follow`` each is streamed in its own
+    thread until Ctrl-C."""
     sources = plan_log_sources(plan)
     wanted = list(components or DEFAULT_COMPONENTS)
     unknown = [c for c in wanted if c not in sources]
@@ -107,8 +109,6 @@ def stream_logs(
 
     printer = LogPrinter(log_writer(out, raw))
     since_seconds = None if since is None else max(1, math.ceil(since))
-    if tail is None and since is None:
-        tail = DEFAULT_TAIL
     kept = KeptLogs(plan.namespace, f"{plan.job_name}-fileserver", plan.token())
     if not follow:
         for name in wanted:
@@ -226,9 +226,6 @@ class LogPrinter:
     def line(self, prefix: str, text: str) -> None:
         with self._lock:
             self._write(f"[{prefix}] {text}\n")
-
-
-DEFAULT_TAIL = 200
 
 
 KEPT_SHOWN = 3  # earlier instances of a training pod whose kept logs -l shows (the newest)
