@@ -196,6 +196,14 @@ def test_bad_lines_are_refused_with_the_reason(line, words):
         parse_lines_strict([line], [0])
 
 
+def test_a_line_with_a_newline_inside_is_refused_even_beside_a_blank_line():
+    """Joined for the byte parse, a line holding a newline makes two lines and a blank one none: their counts
+    must not cancel out into a batch whose rows belong to other instances."""
+    lines = ["1 0 5:1\n1 0 6:1", "   ", "1 0 7:1", "1 0 8:1", "1 0 9:1"]
+    with pytest.raises(InstanceError, match="instance [01]"):
+        parse_lines_strict(lines, list(range(len(lines))))
+
+
 def _same_as_reference(got, lines):
     """parse_lines_strict's columns of ``lines`` equal the reference parser's, line by line, values included."""
     want = [parse_sample_line(ln) for ln in lines]

@@ -224,6 +224,19 @@ def parse_lines(lines: list[str]) -> tuple[LineBatch, list[BadLine]]:
     return _parse_line_by_line(lines)
 
 
+def parse_plain_lines(lines: Sequence[str]) -> LineBatch | None:
+    """``lines`` (one sample each: no newline inside, none blank) through the byte fast path alone: a batch
+    with one row per line, or None when any line is not in the plain layout or is malformed (the caller then
+    takes an exact path that names the bad line). Serving's requests take this path."""
+    text = "\n".join(lines) + "\n"
+    if not text.isascii() or text.count("\n") != len(lines):  # a newline inside a line is not one sample
+        return None
+    batch = _parse_plain_bytes(text.encode("ascii"), list(lines))
+    if batch is None or len(batch) != len(lines):  # a blank line was dropped: not a sample here
+        return None
+    return batch
+
+
 # The separators of the plain layout: space, ":" and newline (tabs and carriage returns take the older path).
 _SPACE, _COLON, _NEWLINE = np.uint8(32), np.uint8(58), np.uint8(10)
 # The grammar's bounds (slot_grammar.py) as numpy compares them: digit counts, even with leading zeros.

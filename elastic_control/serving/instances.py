@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -50,12 +49,11 @@ from ctr_foundation.slot_grammar import (
     SHOW_LIMIT,
     SLOT_DIGITS,
     UINT64_MAX,
-    VALUE_NUMBER,
     VALUE_NUMBER_OK,
     feasign_above_uint64,
     line_problem,
 )
-from elastic_control.data.line_batch import parse_lines
+from elastic_control.data.line_batch import parse_lines, parse_plain_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
 MAX_INSTANCES = 10_000
@@ -303,12 +301,6 @@ def feasign_value(value: object, where: str) -> int:
     return value
 
 
-_FAST_CHARS_DELETE = b"0123456789 :\n"  # what the fast path allows (no tabs, no \r, single spaces)
-_VALUE_CHARS = b".-+eE"  # and, in value tokens, these
-_VALUE_NUMBERS_OK = re.compile(rf"(?:{VALUE_NUMBER}\n)*{VALUE_NUMBER}".encode())  # numbers, one a line
-_COLON, _SPACE, _NEWLINE = ord(":"), ord(" "), ord("\n")
-
-
 class LineColumns(NamedTuple):
     """Parsed slot-format lines: integer tokens (``counts[i]`` of line i, line after line) and value tokens
     (``value_lines``: the index of each one's line in the list given). Lists for a few lines, else arrays."""
@@ -325,9 +317,9 @@ def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> LineCo
     """The columns of slot-format lines; raise InstanceError naming a bad one (``line_rows``: each line's
     instance number, for the message).
 
-    Fast path (lines separated by single spaces, the usual case): a handful of C-speed string checks
-    over all lines at once, then one ``np.fromstring`` (and one ``float`` per value token). Anything
-    else, or anything wrong, takes the exact path, which checks line by line (the grammar's
+    Fast path: up to 4 lines token by token; more through the training reader's byte parse of the lines
+    joined (line_batch.parse_plain_lines: separators and numbers found over the whole text at once).
+    Anything else, or anything wrong, takes the exact path, which checks line by line (the grammar's
     ``LINE_OK``), names the bad line in the grammar's words, and parses with the training reader's parser.
     """
     parsed = _parse_few_lines(lines) if len(lines) <= 4 else _parse_lines_fast(lines)
@@ -387,116 +379,19 @@ def _parse_few_lines(lines: Sequence[str]) -> LineColumns | None:
 
 
 def _parse_lines_fast(lines: Sequence[str]) -> LineColumns | None:
-    """The fast path of ``parse_lines_strict``, or None to take the exact one (never a wrong answer).
-
-    After show and click, a line's features joined by newlines must read ``D:D D:D ... D:D`` (D = one or
-    more ASCII digits): then the non-digit characters, in order, alternate ':' and a separator, and no
-    two of them touch. Numbers come from one ``np.fromstring``; 21+ digits or values above 2**64-1
-    saturate there, so they go to the exact path too. Value tokens (``2.5:40``) are first set aside
-    (``_set_values_aside``), so the same checks and conversion also give their slots.
-    """
-    counts: list[int] = []
-    features: list[str] = []
-    for line in lines:
-        head = line.split(" ", 2)
-        if len(head) < 2 or not (head[0].isascii() and head[0].isdigit() and _show_ok(head[0])):
-            return None
-        if head[1] != "0" and head[1] != "1":
-            return None
-        f = head[2] if len(head) == 3 else ""
-        counts.append(f.count(":"))  # tokens, one colon each (checked below)
-        if f:
-            features.append(f)
-    if not features:
-        return LineColumns(counts, [], [])
-    text = "\n".join(features)
-    if not text.isascii():
+    """The fast path of ``parse_lines_strict`` (the training reader's byte parse: data/line_batch.py), or None
+    to take the exact one (never a wrong answer)."""
+    batch = parse_plain_lines(lines)
+    if batch is None:
         return None
-    raw = text.encode("ascii")
-    value_tokens = None
-    if rest := raw.translate(None, _FAST_CHARS_DELETE):
-        if rest.translate(None, _VALUE_CHARS):  # tabs, \r, letters, ...: the exact path decides
-            return None
-        if (aside := _set_values_aside(raw)) is None:
-            return None
-        raw, value_tokens, values = aside
-    a = np.frombuffer(raw, np.uint8)
-    other = (a - 48) > 9  # not a digit (uint8 arithmetic wraps below '0')
-    if other[0] or other[-1] or (other[1:] & other[:-1]).any():
-        return None
-    at = np.flatnonzero(other)
-    seps = a[at]
-    colons = seps[0::2]
-    between = seps[1::2]
-    if len(seps) % 2 == 0 or (colons != _COLON).any() or (between == _COLON).any():
-        return None
-    if int(np.count_nonzero(between == _NEWLINE)) != len(features) - 1:  # a newline inside a line
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        numbers = np.fromstring(raw.replace(b":", b" ").replace(b"\n", b" "), dtype=np.uint64, sep=" ")
-    if len(numbers) != 2 * len(colons):
-        return None
-    feasigns, slots = numbers[0::2], numbers[1::2]
-    # The grammar bounds digit counts, not values (a slot 0000000001 is refused, as the exact path does): the
-    # digit runs end at the separators, feasigns at the even ones, slots at the odd ones.
-    runs = np.diff(at, prepend=-1, append=len(a)) - 1
-    feasign_runs = runs[0::2] if value_tokens is None else runs[0::2][~value_tokens]  # a value's zeros aside
-    if (
-        (feasigns == np.uint64(UINT64_MAX)).any()
-        or (runs[1::2] > SLOT_DIGITS).any()
-        or (feasign_runs > FEASIGN_DIGITS).any()
-    ):
-        return None
-    if value_tokens is None:
-        return LineColumns(np.asarray(counts, np.int64), feasigns.copy(), slots.astype(np.int64))
-    token_lines = np.repeat(np.arange(len(lines), dtype=np.int64), counts)
-    value_lines = token_lines[value_tokens]
-    keep = ~value_tokens
     return LineColumns(
-        np.asarray(counts, np.int64) - np.bincount(value_lines, minlength=len(lines)),
-        feasigns[keep],
-        slots[keep].astype(np.int64),
-        value_lines,
-        slots[value_tokens].astype(np.int64),
-        values,
+        np.bincount(batch.feature_line, minlength=len(lines)),
+        batch.feasigns,
+        batch.feature_slots,
+        batch.value_line,
+        batch.value_slots,
+        batch.values,
     )
-
-
-def _set_values_aside(raw: bytes) -> tuple[bytes, np.ndarray, np.ndarray] | None:
-    """Features text with value tokens -> (the text with each value's number written as zeros, which token
-    is a value token, their values), or None to take the exact path.
-
-    Each token (between single spaces or newlines) must hold one colon, and a token's number characters
-    ('.', '-', '+', 'e', 'E') must come before it; the numbers must all be decimal numbers (one regular
-    expression over them at once) and finite. ``float`` converts them, as the reference parser does.
-    Per character only uint8 and bool arrays: the rest is per token (a Criteo line has ~50 in ~900 bytes).
-    """
-    a = np.frombuffer(raw, np.uint8)
-    seps = np.flatnonzero((a == _SPACE) | (a == _NEWLINE))
-    starts = np.r_[0, seps + 1]
-    ends = np.r_[seps, len(a)]
-    colon_at = np.flatnonzero(a == _COLON)
-    if len(colon_at) != len(starts) or (colon_at < starts).any() or (colon_at >= ends).any():
-        return None  # not one colon in each token
-    number_at = np.flatnonzero(((a - 48) > 9) & (a != _COLON) & (a != _SPACE) & (a != _NEWLINE))
-    token = np.searchsorted(seps, number_at)  # the token of each number character
-    if (number_at > colon_at[token]).any():  # a slot is digits only
-        return None
-    value_tokens = np.zeros(len(starts), bool)
-    value_tokens[token] = True
-    first, colon = starts[value_tokens], colon_at[value_tokens]
-    numbers = [raw[i:j] for i, j in zip(first.tolist(), colon.tolist(), strict=True)]
-    if not _VALUE_NUMBERS_OK.fullmatch(b"\n".join(numbers)):
-        return None
-    values = np.array([float(x) for x in numbers], np.float64)
-    if not np.isfinite(values).all():
-        return None
-    lengths = colon - first
-    spans = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-    zeroed = a.copy()
-    zeroed[spans] = ord("0")  # "2.5:40" -> "000:40": an integer token, the slot where it was
-    return zeroed.tobytes(), value_tokens, values
 
 
 def _show_ok(digits: str) -> bool:
