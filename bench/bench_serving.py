@@ -23,8 +23,8 @@ what serving runs), batches of 2048 pooled rows, one predictor per core, both co
 limit" = serving's predictions/s / that limit.
 
 Without --pass it first trains a pass with the product pipeline (`elastic-control data criteo` +
-`elastic-control train`, the product's default model unless --train-args says otherwise; the figures
-in docs/benchmarks.md are for `--train-args='--model dnn --hidden 400,400,400'`) on 20k real Criteo lines (5k with
+`elastic-control train`, the product's default model unless --train-args says otherwise, as the figures
+in docs/benchmarks.md are) on 20k real Criteo lines (5k with
 --quick), which takes about a minute.
 """
 
@@ -311,7 +311,7 @@ def main():
         "--train-args",
         default="",
         help="options for `elastic-control train` when no --pass is given (default: the product's model, wide_deep "
-        "128-64); the original model's figures are for --train-args='--model dnn --hidden 400,400,400'",
+        "128-64, as in docs/benchmarks.md; the original model: --train-args='--model dnn --hidden 400,400,400')",
     )
     ap.add_argument("--grpc-load", help=argparse.SUPPRESS)
     ap.add_argument("--dense-only", help=argparse.SUPPRESS)
