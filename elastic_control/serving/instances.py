@@ -53,7 +53,7 @@ from ctr_foundation.slot_grammar import (
     feasign_above_uint64,
     line_problem,
 )
-from elastic_control.data.line_batch import parse_lines, parse_plain_lines
+from elastic_control.data.line_batch import LineBatch, parse_lines, parse_plain_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
 MAX_INSTANCES = 10_000
@@ -331,8 +331,13 @@ def parse_lines_strict(lines: Sequence[str], line_rows: Sequence[int]) -> LineCo
     batch, bad = parse_lines(list(lines))
     if bad:  # e.g. a 20-digit feasign above 2**64-1, a show of 2**63, a value beyond the float range
         raise InstanceError(f"instance {line_rows[bad[0].index]}: {bad[0].reason}")
+    return _columns(batch, len(lines))
+
+
+def _columns(batch: LineBatch, n: int) -> LineColumns:
+    """A LineBatch of ``n`` lines (one row each) as the request path's columns."""
     return LineColumns(
-        np.bincount(batch.feature_line, minlength=len(lines)),
+        np.bincount(batch.feature_line, minlength=n),
         batch.feasigns,
         batch.feature_slots,
         batch.value_line,
@@ -382,16 +387,7 @@ def _parse_lines_fast(lines: Sequence[str]) -> LineColumns | None:
     """The fast path of ``parse_lines_strict`` (the training reader's byte parse: data/line_batch.py), or None
     to take the exact one (never a wrong answer)."""
     batch = parse_plain_lines(lines)
-    if batch is None:
-        return None
-    return LineColumns(
-        np.bincount(batch.feature_line, minlength=len(lines)),
-        batch.feasigns,
-        batch.feature_slots,
-        batch.value_line,
-        batch.value_slots,
-        batch.values,
-    )
+    return None if batch is None else _columns(batch, len(lines))
 
 
 def _show_ok(digits: str) -> bool:
