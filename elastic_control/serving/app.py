@@ -310,7 +310,7 @@ class ServingApp:
         else:
             hit, values, found = np.zeros(m, bool), np.zeros((m, version.width), np.float32), np.zeros(m, bool)
         mine = [r for r in known if r is not None and r[0] == version.load_id]
-        if self.cache is not None:
+        if cache is not None:  # a retired version's part consulted no cache: no lookups to count
             if mine:  # count each key once: the keys of parts back from a lookup were counted before it
                 fresh = np.repeat(np.array([r is None for r in known]), sizes)[kb.rows]
                 self.cache.count(int(fresh.sum()), int((hit & fresh).sum()))
