@@ -15,8 +15,13 @@ default 20,000, cycled), so the cache sees a real key distribution.
 
 Load generators: HTTP requests go through bench/loadgen.c (compiled here; a C epoll client with
 keep-alive connections, the same for ElasticCTR and MLflow, so neither pays for a Python client on
-the shared cores); gRPC calls through a grpc.aio client in its own process (there is no C gRPC
-load generator here, so gRPC figures include a Python client's cost on the same 2 cores).
+the shared cores). gRPC is measured twice. First as a Python application calls it: a grpc.aio client
+in its own process cycling over the same bodies (its CPU, about 1 ms per 32-line call, comes off the
+same 2 cores). Then server against server: nghttp2's h2load (C, Debian's nghttp2-client; one stream in
+flight per connection, as loadgen.c) sends one gRPC request over and over, and loadgen.c sends the
+same lines as one HTTP request over and over at the same concurrency; "gRPC / HTTP" is the ratio of
+those two (h2load sends a single body, so the HTTP side of that comparison repeats one body too).
+Without h2load that comparison is skipped and says so.
 
 The dense-only limit is measured in the same run: the pass's dense program alone (paddle.inference,
 what serving runs), batches of 2048 pooled rows, one predictor per core, both cores. "share of
@@ -36,6 +41,8 @@ import http.client
 import json
 import os
 import shlex
+import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -127,6 +134,37 @@ def grpc_load(target: str, lines_groups: list[list[str]], concurrency: int, seco
     if r.returncode != 0:
         raise SystemExit(f"gRPC load failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def grpc_h2load(exe: str, target: str, lines: list[str], concurrency: int, seconds: float, work: Path, pid=None):
+    """gRPC from h2load (C, HTTP/2): ``concurrency`` connections, one call in flight on each, one request body."""
+    from ctr_foundation.grpc_api import serving_pb2
+
+    message = serving_pb2.PredictRequest(instances=[serving_pb2.Instance(line=ln) for ln in lines]).SerializeToString()
+    body = work / "h2load-body.bin"
+    body.write_bytes(b"\0" + struct.pack(">I", len(message)) + message)  # gRPC framing: uncompressed, length
+    log = work / "h2load.log"
+    log.unlink(missing_ok=True)  # h2load appends
+    cpu0 = cpu_seconds(pid) if pid else None
+    r = subprocess.run(
+        [exe, "-D", str(max(1, round(seconds))), "-c", str(concurrency), "-m", "1", "-d", str(body)]
+        + ["-H", "content-type: application/grpc", "-H", "te: trailers", "--log-file", str(log)]
+        + [f"http://{target}/elasticctr.serving.v1.Prediction/Predict"],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
+    rows = [ln.split("\t") for ln in log.read_text().splitlines() if ln.strip()]
+    ok = [int(row[2]) / 1000 for row in rows if row[1] == "200"]
+    if r.returncode != 0 or not ok or len(ok) < len(rows):
+        raise SystemExit(f"h2load failed ({len(rows) - len(ok)} of {len(rows)} calls not 200): {r.stdout[-800:]}")
+    starts = [int(row[0]) for row in rows]
+    elapsed = max(1e-9, (max(s + int(row[2]) for s, row in zip(starts, rows, strict=True)) - min(starts)) / 1e6)
+    out = {"rps": len(ok) / elapsed, "p50": float(np.percentile(ok, 50)), "p99": float(np.percentile(ok, 99))}
+    out["n"] = len(ok)
+    if pid:
+        out["cpu_ms_per_request"] = (cpu_seconds(pid) - cpu0) * 1000 / len(ok)
+    return out
 
 
 def _grpc_load_main(spec_path: str) -> None:
@@ -335,6 +373,9 @@ def main():
     fs_root = work / "fs"
     publish_version(fs_root, pass_dir, shards=args.shards)
     exe = build_loadgen(work)
+    h2load = shutil.which("h2load")
+    if not h2load:
+        print("h2load not found (apt-get install nghttp2-client): gRPC vs HTTP from C clients is skipped", flush=True)
 
     limit = dense_limit(pass_dir, 1.5 if args.quick else 4.0)
     print(
@@ -376,10 +417,19 @@ def main():
                         r = http_load(exe, port, reqs, work, conc, seconds, pid=proc.pid)
                         results[(name, "http", size, conc)] = r
                         print(f"  {name} http {size:>2} x c{conc:<2}: {_fmt(r, size)}", flush=True)
-                        if name == "cache":
-                            g = grpc_load(target, groups[size][:2000], conc, seconds, work)
-                            results[(name, "grpc", size, conc)] = g
-                            print(f"  {name} grpc {size:>2} x c{conc:<2}: {_fmt(g, size)}", flush=True)
+                        if name != "cache":
+                            continue
+                        g = grpc_load(target, groups[size][:2000], conc, seconds, work)
+                        results[(name, "grpc", size, conc)] = g
+                        print(f"  {name} grpc {size:>2} x c{conc:<2}: {_fmt(g, size)} (Python client)", flush=True)
+                        if h2load:
+                            one = groups[size][0]
+                            h = http_load(exe, port, reqs[:1], work, conc, seconds, pid=proc.pid)
+                            results[(name, "http-one", size, conc)] = h
+                            print(f"  {name} http {size:>2} x c{conc:<2}: {_fmt(h, size)} (one body)", flush=True)
+                            g = grpc_h2load(h2load, target, one, conc, seconds, work, pid=proc.pid)
+                            results[(name, "grpc-one", size, conc)] = g
+                            print(f"  {name} grpc {size:>2} x c{conc:<2}: {_fmt(g, size)} (one body)", flush=True)
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # serving closed the idle one
                 conn.request("GET", "/v1/status")
                 status = json.loads(conn.getresponse().read())
@@ -450,7 +500,21 @@ def _print_table(results: dict, sizes, dense_limit_2: float, with_mlflow: bool) 
                 f"{size:>4} {conc:>4} | {cell(c)} {pred:7.0f}p/s | {cell(n)} | {cell(g)} | {peer} | "
                 f"{ratio} | {pred / dense_limit_2:13.1%}"
             )
-    print("cells: requests/s, p50 ms, p99 ms; 'vs MLflow' = ElasticCTR HTTP (cache) req/s / MLflow req/s")
+    print(
+        "cells: requests/s, p50 ms, p99 ms; 'vs MLflow' = ElasticCTR HTTP (cache) req/s / MLflow req/s; "
+        "gRPC cache: from a Python grpc.aio client"
+    )
+    if any(k[1] == "grpc-one" for k in results if isinstance(k, tuple) and len(k) == 4):
+        print(
+            f"\ngRPC vs HTTP, server against server (C clients, one body repeated, cache on)\n"
+            f"{'inst':>4} {'conc':>4} | {'HTTP (loadgen.c)':>22} | {'gRPC (h2load)':>22} | {'gRPC / HTTP':>11}"
+        )
+        for size in sizes:
+            for conc in (1, 8, 32):
+                h = results.get(("cache", "http-one", size, conc))
+                g = results.get(("cache", "grpc-one", size, conc))
+                if h and g:
+                    print(f"{size:>4} {conc:>4} | {cell(h)} | {cell(g)} | {g['rps'] / h['rps']:10.2f}x")
     for name in ("cache", "nocache"):
         st = results.get((name, "status"))
         if st:

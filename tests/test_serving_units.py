@@ -457,6 +457,52 @@ def test_a_batcher_that_never_started_stops_cleanly():
     Batcher(app=None, workers=2).stop()
 
 
+def test_requests_arriving_while_others_are_in_flight_wait_to_share_a_batch():
+    """Frontend.submit: at an idle server a request is queued at the end of the loop's pass; while others are
+    in flight, it waits up to the batch delay for more to join (gRPC calls arrive one at a time and woke a
+    worker each); a full batch goes at once; a delay of 0 never waits."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from elastic_control.serving.batcher import Batcher, Frontend, Job
+
+    def scenario(delay: float):
+        batcher = Batcher(app=None, workers=1, max_batch_instances=8, batch_delay=delay)
+        frontend = Frontend(SimpleNamespace(batcher=batcher))
+        queued: list[int] = []  # instances per submit_many call
+        submit_many = batcher.submit_many
+        batcher.submit_many = lambda jobs: (queued.append(sum(j.n for j in jobs)), submit_many(jobs))
+
+        def job(n: int) -> Job:
+            return Job(predict_request({"instances": [{"line": "1 0 5:1"}] * n}), frontend, None)
+
+        async def run():
+            frontend.loop = asyncio.get_running_loop()
+            frontend.submit(job(1))  # nothing in flight: no wait
+            await asyncio.sleep(0.01)
+            seen = [list(queued)]
+            frontend.submit(job(1))  # the first is in flight (never answered: no worker runs)
+            frontend.submit(job(2))
+            await asyncio.sleep(0.01)
+            seen.append(list(queued))
+            frontend.submit(job(1))  # joins the two still waiting
+            await asyncio.sleep(0.15)
+            seen.append(list(queued))
+            frontend.submit(job(3))
+            frontend.submit(job(5))  # 8 instances pending: the batch is full
+            seen.append(list(queued))
+            await asyncio.sleep(0.15)
+            return seen
+
+        try:
+            return asyncio.run(run())
+        finally:
+            batcher.stop()
+
+    assert scenario(0.1) == [[1], [1], [1, 4], [1, 4, 8]]
+    assert scenario(0.0) == [[1], [1, 3], [1, 3, 1], [1, 3, 1]]  # no delay: each pass's requests go together
+
+
 def _rss() -> int:
     import psutil
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ctr_foundation import names, native_memory
 from elastic_control.serving.arms import Arm, Split, SplitError, make_split
-from elastic_control.serving.batcher import CHECK_FIRST, Batcher, Refusal
+from elastic_control.serving.batcher import CHECK_FIRST, DEFAULT_BATCH_DELAY, Batcher, Refusal
 from elastic_control.serving.cache import EmbeddingCaches
 from elastic_control.serving.feedback import PredictionLog
 from elastic_control.serving.instances import PredictRequest
@@ -71,6 +71,7 @@ class ServingApp:
         onednn: bool = False,
         probe_interval: float = 1.0,
         pin_wait: float = 60.0,
+        batch_delay: float = DEFAULT_BATCH_DELAY,
     ):
         self.source = source
         self.workers = workers
@@ -83,7 +84,9 @@ class ServingApp:
         self.monitor = monitor or Monitor()
         self.prediction_log = prediction_log or PredictionLog()
         self.cache = EmbeddingCaches(cache_entries) if cache_entries else None
-        self.batcher = Batcher(self, workers=workers, max_batch_instances=max_batch_instances, onednn=onednn)
+        self.batcher = Batcher(
+            self, workers=workers, max_batch_instances=max_batch_instances, onednn=onednn, batch_delay=batch_delay
+        )
         self.active: LoadedVersion | None = None
         self.pinned: dict[str, LoadedVersion] = {}  # challengers' versions
         self.split = Split.single()

@@ -44,6 +44,10 @@ from elastic_control.serving.versions import LoadedVersion
 
 log = logging.getLogger("elastic_control.serving")
 
+# Seconds a request arriving while others are in flight may wait for more to join its batch
+# (Frontend.submit; serving's --batch-delay in milliseconds).
+DEFAULT_BATCH_DELAY = 0.002
+
 # What the app answers for a part whose lookup failed when the reload thread should look for a newer version
 # first (ServingApp.after_cube_failure): the part waits in Batcher._held until release_held.
 CHECK_FIRST = object()
@@ -142,9 +146,48 @@ class _Part:
 
 
 class Frontend:
-    """Where answers go: ``deliver(items)`` is called on a worker thread with [(job, outcome), ...]."""
+    """A frontend's event loop and the batch workers: requests in (``submit``, on the loop), answers out
+    (``deliver(items)``, called on a worker thread with [(job, outcome), ...])."""
 
     name = "frontend"
+
+    def __init__(self, app):
+        self.app = app
+        self.loop = None  # the frontend's event loop, set once it runs
+        self._pending: list[Job] = []  # submitted on the loop, not yet queued
+        self._pending_instances = 0
+        self._timer = None  # the delayed flush while requests wait for others to join them
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` for the batch workers at the end of the loop's current pass (on the loop thread).
+
+        The requests that became ready together (every readable connection's, every gRPC call the loop
+        took in) are queued with one lock and one wake-up (``Batcher.submit_many``), so a worker wakes to
+        a merged batch instead of to the first of them. A lone request waits for nothing: the pass ends
+        right after its own callback. While other requests are in flight, the first one queued after them
+        waits up to ``Batcher.batch_delay`` seconds (or until a full batch is pending) for more to join:
+        under concurrent load, calls that arrive one at a time (gRPC's, typically) would otherwise wake a
+        worker each, and a batch of one request spends on the GIL what the frontend needs to take calls in.
+        """
+        if not self._pending:
+            batcher = self.app.batcher
+            if batcher.batch_delay and batcher.inflight > 0:
+                self._timer = self.loop.call_later(batcher.batch_delay, self.flush)
+            else:
+                self.loop.call_soon(self.flush)
+        self._pending.append(job)
+        self._pending_instances += job.n
+        if self._timer is not None and self._pending_instances >= self.app.batcher.max_batch_instances:
+            self.flush()  # a full batch has nothing to wait for
+
+    def flush(self) -> None:
+        """Queue what ``submit`` holds (the loop's callback; the drain calls it before waiting for the workers)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        jobs, self._pending, self._pending_instances = self._pending, [], 0
+        if jobs:
+            self.app.batcher.submit_many(jobs)
 
     def deliver(self, items: list[tuple[Job, Outcome]]) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -238,9 +281,11 @@ class Batcher:
         onednn: bool = False,
         part_instances: int = 256,
         block_rows: int | None = DENSE_BLOCK_ROWS,
+        batch_delay: float = DEFAULT_BATCH_DELAY,
     ):
         self.app = app
         self.max_batch_instances = max_batch_instances
+        self.batch_delay = batch_delay  # seconds a request may wait for others while requests are in flight
         self.part_instances = max(1, min(part_instances, max_batch_instances))
         self.block_rows = block_rows
         self.onednn = onednn

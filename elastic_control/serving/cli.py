@@ -13,6 +13,7 @@ from ctr_foundation.env_vars import (
 from elastic_control.console import done
 from elastic_control.inference.scoring import import_paddle
 from elastic_control.serving.app import DEFAULT_CACHE_ENTRIES, DEFAULT_GRPC_PORT, DEFAULT_MAX_BODY, DEFAULT_PORT
+from elastic_control.serving.batcher import DEFAULT_BATCH_DELAY
 from elastic_control.serving.http_server import LIMITS
 from elastic_control.serving.service import ServingConfig, listening_message, serve
 
@@ -80,6 +81,14 @@ from elastic_control.serving.service import ServingConfig, listening_message, se
 )
 @click.option(
     "--max-batch", default=2048, show_default=True, type=click.IntRange(1), help="Most instances merged into one batch."
+)
+@click.option(
+    "--batch-delay",
+    default=DEFAULT_BATCH_DELAY * 1000,
+    show_default=True,
+    type=click.FloatRange(0, 1000),
+    help="Milliseconds a request arriving while others are in flight may wait for more to join its batch "
+    "(0: never wait). A request arriving at an idle server never waits.",
 )
 @click.option(
     "--cache-entries",
@@ -187,6 +196,7 @@ def serve_command(
     max_body,
     max_connections,
     max_batch,
+    batch_delay,
     cache_entries,
     split_spec,
     feedback_window,
@@ -218,6 +228,7 @@ def serve_command(
         max_body=max_body,
         max_connections=max_connections,
         max_batch=max_batch,
+        batch_delay=batch_delay / 1000,
         cache_entries=cache_entries,
         split=split_spec,
         feedback_window=feedback_window,

@@ -8,7 +8,8 @@ status codes with the HTTP route's message: 400 -> INVALID_ARGUMENT, 413 -> RESO
 INVALID_ARGUMENT too, naming the message type (grpc would answer UNKNOWN for a deserializer's exception).
 The standard ``grpc.health.v1.Health`` service answers SERVING
 (for "" and for ``elasticctr.serving.v1.Prediction``) only while serving is ready, and server
-reflection lists the services. The server is grpc.aio on its own event loop thread; answers come back
+reflection lists the services. The server is grpc.aio on its own event loop thread; the calls it takes
+in one pass of the loop reach the batch workers together (``Frontend.submit``), and answers come back
 from batch workers with one ``call_soon_threadsafe`` per batch.
 """
 
@@ -127,9 +128,8 @@ class GrpcFrontend(Frontend):
     name = "grpc"
 
     def __init__(self, app: ServingApp, *, host: str, port: int):
-        self.app = app
+        super().__init__(app)
         self.host, self.port = host, port
-        self.loop: asyncio.AbstractEventLoop | None = None
         self._server: grpc.aio.Server | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -256,7 +256,7 @@ class _PredictionServicer(serving_pb2_grpc.PredictionServicer):
             app.metrics.observe_request(refusal.status, time.perf_counter() - started)
             await context.abort(grpc.StatusCode.UNAVAILABLE, refusal.message)
         fut = asyncio.get_running_loop().create_future()
-        app.batcher.submit(Job(parsed, self.frontend, fut, started))
+        self.frontend.submit(Job(parsed, self.frontend, fut, started))
         outcome = await fut
         if isinstance(outcome, Answer):
             return serving_pb2.PredictResponse(

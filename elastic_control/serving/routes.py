@@ -35,27 +35,8 @@ class HttpFrontend(Frontend):
     name = "http"
 
     def __init__(self, app: ServingApp):
-        self.app = app
-        self.loop = None  # set by the server once its event loop runs
+        super().__init__(app)
         self.address: str | None = None
-        self._pending: list[Job] = []  # parsed on the loop in this pass over ready connections, not yet queued
-
-    def submit(self, job: Job) -> None:
-        """Queue ``job`` for the batch workers at the end of the loop's current pass (on the loop thread).
-
-        The requests of every connection that became readable together are queued with one lock and one
-        wake-up (``Batcher.submit_many``), so a worker wakes to a merged batch instead of to the first of
-        them. A lone request waits for nothing: the pass ends right after its own callback.
-        """
-        if not self._pending:
-            self.loop.call_soon(self.flush)
-        self._pending.append(job)
-
-    def flush(self) -> None:
-        """Queue what ``submit`` holds (the loop's callback; the drain calls it before waiting for the workers)."""
-        jobs, self._pending = self._pending, []
-        if jobs:
-            self.app.batcher.submit_many(jobs)
 
     def deliver(self, items: list[tuple[Job, Outcome]]) -> None:
         encoded = [(job.context, _response(outcome)) for job, outcome in items]

@@ -25,6 +25,7 @@ from elastic_control.serving.app import (
     ServingApp,
 )
 from elastic_control.serving.arms import SplitError, split_from_flag
+from elastic_control.serving.batcher import DEFAULT_BATCH_DELAY
 from elastic_control.serving.feedback import PredictionLog
 from elastic_control.serving.http_server import LIMITS, ServingServer
 from elastic_control.serving.monitor import AlertRules, Monitor
@@ -49,6 +50,7 @@ class ServingConfig:
     max_body: int = DEFAULT_MAX_BODY
     max_connections: int = LIMITS.max_connections
     max_batch: int = 2048  # most instances merged into one batch
+    batch_delay: float = DEFAULT_BATCH_DELAY  # seconds a request may wait for others while requests are in flight
     cache_entries: int = DEFAULT_CACHE_ENTRIES  # hot-key embedding cache rows (0: none)
     split: str | None = None  # NAME=VERSION:PERCENT[,...], applied once the first version is active
     feedback_window: float = 900.0
@@ -116,6 +118,7 @@ def build_app(config: ServingConfig, *, after_response_hooks: Sequence = ()):
         workers=config.workers,
         poll_interval=config.poll_interval,
         max_batch_instances=config.max_batch,
+        batch_delay=config.batch_delay,
         cache_entries=config.cache_entries,
         monitor=Monitor(window_s=config.monitor_window, rules=rules),
         prediction_log=PredictionLog(window_s=config.feedback_window, capacity=config.feedback_capacity),
