@@ -25,12 +25,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# Redis is the peer the cube benchmark (and its tests) measure against.
-if ! command -v redis-server >/dev/null 2>&1; then
+# Redis is the peer the cube benchmark (and its tests) measure against; h2load (nghttp2-client) is the C gRPC
+# load generator of the serving benchmark.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v h2load >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "setup: installing redis-server (benchmark peer)" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
-      || echo "setup: warning: could not install redis-server; the cube benchmark will skip Redis" >&2
+    echo "setup: installing redis-server and nghttp2-client (benchmark peer, gRPC load generator)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nghttp2-client >/dev/null) \
+      || echo "setup: warning: could not install redis-server/nghttp2-client; the benchmarks will skip them" >&2
   fi
 fi
 # podman, runc and mmdebstrap build and run the container image (tests/test_image.py; scripts/build-image.sh).
