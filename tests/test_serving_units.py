@@ -298,6 +298,24 @@ def test_version_cache_hits_only_what_it_was_given_and_stays_bounded():
     assert not hit0.any()
 
 
+def test_keys_sharing_a_set_all_stay_until_its_ways_are_full():
+    """A request carries about 1,250 keys: with two ways a set holding three of them kept evicting one, so
+    most requests missed and waited for cube. A set keeps up to its 8 ways; the 9th key replaces the way
+    filled longest ago."""
+    cache = VersionCache(1024, 3)
+    candidates = np.arange(1, 200_000, dtype=np.uint64)
+    sets = cache._set_of(candidates)
+    same = candidates[sets == sets[0]][:9]  # nine keys of one set
+    assert len(same) == 9
+    for i, key in enumerate(same[:8]):  # one at a time, as lookups come back
+        cache.put(np.array([key]), np.full((1, 3), i, np.float32), np.ones(1, bool))
+    hit, rows, _ = cache.get(same[:8])
+    assert hit.all() and (rows[:, 0] == np.arange(8)).all()
+    cache.put(same[8:], np.full((1, 3), 8, np.float32), np.ones(1, bool))
+    hit, _, _ = cache.get(same)
+    assert hit.tolist() == [False] + [True] * 8  # the first one in went out
+
+
 def _version(name: str, load_id: int, width: int = 2) -> LoadedVersion:
     return LoadedVersion(name, (1,), None, width, Path("unused"), lookup=None, load_id=load_id)
 
