@@ -22,11 +22,15 @@ from elastic_control.serving.feedback import PredictionLog
 from elastic_control.serving.instances import (
     InstanceError,
     TooManyInstances,
+    UnparsedLines,
     build_key_batch,
     decode_json,
     parse_instances,
     parse_lines_strict,
+    parse_parts,
+    parsed_lines,
     predict_request,
+    slice_parsed,
 )
 from elastic_control.serving.monitor import AlertRules, Monitor
 from elastic_control.serving.versions import LoadedVersion
@@ -243,6 +247,66 @@ def test_fast_and_exact_line_paths_agree_on_random_lines():
                 continue
             _same_as_reference(got, [mutated] * many)
     assert bads, "the mutations must produce some bad lines"
+
+
+def _columns_of(parsed):
+    return [
+        np.asarray(parsed.counts, np.int64).tolist(),
+        np.asarray(parsed.feasigns, np.uint64).tolist(),
+        np.asarray(parsed.feature_slots, np.int64).tolist(),
+        sorted(
+            zip(*(np.asarray(c).tolist() for c in (parsed.value_rows, parsed.value_slots, parsed.values)), strict=True)
+        ),
+    ]
+
+
+def test_lines_parsed_together_are_each_request_parsed_alone():
+    """The batch worker parses the unparsed lines of every request in its batch at once (parse_parts): each
+    request gets exactly what parsing it alone gives, values included, whatever its size."""
+    rng = random.Random(3)
+    lines = criteo_slot_lines(300, 40)
+    lines += ["1 0 2.5:40 -3:41 1e-3:42 7:43", "0 1", "1 1 00012:0001 5.:45"]
+    rng.shuffle(lines)
+    sizes, at = [], 0
+    while at < len(lines):
+        sizes.append(min(rng.choice([1, 2, 5, 32, 40]), len(lines) - at))
+        at += sizes[-1]
+    requests = np.split(np.array(lines, dtype=object), np.cumsum(sizes)[:-1])
+    items = [UnparsedLines(list(r)) for r in requests]
+    items.insert(3, parse_instances([{"slots": {"2": [5]}}]))  # a request parsed by its frontend passes through
+    got = parse_parts(items)
+    assert got[3] is items[3]
+    for item, parsed in zip(items, got, strict=True):
+        if isinstance(item, UnparsedLines):
+            assert parsed.n == item.n
+            assert _columns_of(parsed) == _columns_of(parsed_lines(item.lines, range(item.n)))
+
+
+def test_a_bad_line_parsed_together_refuses_its_own_request_alone():
+    good = criteo_slot_lines(12, 40)
+    items = [UnparsedLines(good[:6]), UnparsedLines([good[6], "1 0 5:1 oops", good[7]]), UnparsedLines(good[8:])]
+    first, bad, last = parse_parts(items)
+    assert isinstance(bad, InstanceError) and bad.status == 400
+    with pytest.raises(InstanceError) as alone:
+        parse_instances([{"line": ln} for ln in items[1].lines])
+    assert str(bad) == str(alone.value) and str(bad).startswith("instance 1:")
+    assert _columns_of(first) == _columns_of(parsed_lines(good[:6], range(6)))
+    assert _columns_of(last) == _columns_of(parsed_lines(good[8:], range(4)))
+    # a part of a larger request names its instances as the whole request does
+    (part,) = parse_parts([slice_parsed(UnparsedLines([*good[:5], "1 0 x:1"]), 4, 6)])
+    assert str(part).startswith("instance 5:")
+
+
+def test_only_requests_of_lines_stay_unparsed():
+    assert isinstance(predict_request({"instances": [{"line": "1 0 5:1"}]}, defer_lines=True).parsed, UnparsedLines)
+    for instances in ([{"slots": {"1": [5]}}], [{"line": "1 0 5:1"}, {"slots": {"1": [5]}}], [{"line": 5}]):
+        try:
+            parsed = predict_request({"instances": instances}, defer_lines=True).parsed
+        except InstanceError:
+            continue
+        assert not isinstance(parsed, UnparsedLines)
+    with pytest.raises(InstanceError, match="empty"):
+        predict_request({"instances": []}, defer_lines=True)
 
 
 @pytest.mark.parametrize(

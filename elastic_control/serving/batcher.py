@@ -32,9 +32,12 @@ import numpy as np
 
 from elastic_control.inference.scoring import DENSE_BLOCK_ROWS, DenseModel, KeyBatch, model_input
 from elastic_control.serving.instances import (
+    InstanceError,
     ParsedInstances,
     PredictRequest,
+    UnparsedLines,
     concat_parsed,
+    parse_parts,
     parsed_key_batch,
     slice_parsed,
     strict_problems,
@@ -436,10 +439,10 @@ class Batcher:
     def score(self, parts: list[_Part], worker: _Worker) -> None:
         app = self.app
         groups: dict[tuple[str, int], tuple[str, LoadedVersion, list[_Part]]] = {}
-        refused: list[tuple[_Part, Refusal]] = []
+        refused: list[tuple[_Part, Refusal]] = self._parse_lines(parts)
         for part in parts:
             job = part.job
-            if job.answered:
+            if job.answered or isinstance(part.parsed, UnparsedLines):  # answered, or its lines were refused
                 continue
             if part.error is not None:
                 error = part.error
@@ -466,6 +469,19 @@ class Batcher:
             self.refuse_jobs([part], refusal)
         for arm, version, group in groups.values():
             self._score_group(arm, version, group, worker)
+
+    @staticmethod
+    def _parse_lines(parts: list[_Part]) -> list[tuple[_Part, Refusal]]:
+        """Parse the lines the frontends left unparsed, every part's at once (instances.parse_parts); the
+        parts with a bad line are refused (and keep their UnparsedLines)."""
+        waiting = [p for p in parts if isinstance(p.parsed, UnparsedLines) and not p.job.answered]
+        refused = []
+        for part, parsed in zip(waiting, parse_parts([p.parsed for p in waiting]), strict=True):
+            if isinstance(parsed, InstanceError):
+                refused.append((part, Refusal(parsed.status, str(parsed))))
+            else:
+                part.parsed = parsed
+        return refused
 
     def _after_failure(self, part: _Part):
         """The (arm, version) a part whose lookup failed is tried again with, once; None (-> 503); or CHECK_FIRST

@@ -36,6 +36,7 @@ from elastic_control.serving.instances import (
     InstanceError,
     ParsedInstances,
     PredictRequest,
+    UnparsedLines,
     arm_of,
     check_count,
     routing_key_of,
@@ -98,9 +99,12 @@ def _add_prediction_service(servicer, server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
-def parse_proto_instances(instances) -> ParsedInstances:
-    """Proto instances -> feature columns, with the HTTP route's rules (instances.py)."""
+def parse_proto_instances(instances, *, defer_lines: bool = False) -> ParsedInstances | UnparsedLines:
+    """Proto instances -> feature columns, with the HTTP route's rules (instances.py); with ``defer_lines``,
+    instances that are all lines stay unparsed for the batch worker."""
     check_count(len(instances))
+    if defer_lines and all(inst.WhichOneof("features") == "line" for inst in instances):
+        return UnparsedLines([inst.line for inst in instances])
     columns = InstanceColumns(len(instances))
     for r, inst in enumerate(instances):
         kind = inst.WhichOneof("features")
@@ -246,7 +250,9 @@ class _PredictionServicer(serving_pb2_grpc.PredictionServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             parsed = PredictRequest(
-                parse_proto_instances(request.instances), routing_key_of(request.routing_key), arm_of(request.arm)
+                parse_proto_instances(request.instances, defer_lines=True),
+                routing_key_of(request.routing_key),
+                arm_of(request.arm),
             )
         except InstanceError as e:
             app.metrics.observe_request(e.status, time.perf_counter() - started)

@@ -125,7 +125,7 @@ class HttpRoutes:
     def _parsed(self, body: bytes, started: float) -> PredictRequest | Response:
         app = self.app
         try:
-            parsed = predict_request(decode_json(body))
+            parsed = predict_request(decode_json(body), defer_lines=True)
         except InstanceError as e:
             app.metrics.observe_request(e.status, time.perf_counter() - started)
             return Response.error(e.status, str(e))
