@@ -1,7 +1,9 @@
 """Merged batches: a queue of parsed requests, batch workers each with their own paddle predictors.
 
-Frontends (HTTP, gRPC) parse and validate each request on their own thread, then ``submit`` it. A
-worker takes what is queued (up to ``max_batch_instances``; a large request one part at a time, see
+Frontends (HTTP, gRPC) validate each request on their own thread (a request of lines only is left
+unparsed: the worker parses the lines of all such requests of its batch at once, instances.parse_parts),
+then ``submit`` it (Frontend.submit: one wake-up per pass of the frontend's loop). A worker takes what is
+queued (up to ``max_batch_instances``; a large request one part at a time, see
 ``Batcher``), routes every request to its A/B arm with the split in force, and per arm builds one
 KeyBatch, takes its keys from the hot-key cache, pools, appends the version's standardised dense slots
 (``scoring.model_input``) and runs the dense model once. Requests with keys the cache lacks are set

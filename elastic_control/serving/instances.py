@@ -1,4 +1,4 @@
-"""Request bodies and instances -> feature columns, validated per request before any merging.
+"""Request bodies and instances -> feature columns, validated per request (one bad request never fails another).
 
 An instance is ``{"line": "<slot-format line>"}`` or ``{"slots": {"<slot>": [feasign, ...], ...}}``.
 Every request is parsed and checked on its own (one client's bad feasign must never fail
