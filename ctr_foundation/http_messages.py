@@ -115,17 +115,15 @@ def nesting_depth(data: bytes) -> int:
     if not len(b):
         return 0
     if b"\\" not in data:  # no escapes (the usual case): only quotes and brackets matter, a few of the bytes
-        k = b[np.flatnonzero(np.frombuffer(data.translate(_STRUCTURE), dtype=np.uint8))]
-        quote = k == 34
-        outside = (np.cumsum(quote) % 2 == 0) & ~quote
-        delta = ((k == 91) | (k == 123)).astype(np.int64) - ((k == 93) | (k == 125))
-        return int(np.max(np.cumsum(delta * outside), initial=0))
-    backslash = b == 92
-    # length of the run of backslashes ending at each byte, to find the quotes that are not escaped
-    count = np.cumsum(backslash, dtype=np.int64)
-    run = count - np.maximum.accumulate(np.where(backslash, 0, count))
-    before = np.concatenate(([0], run[:-1]))
-    quote = (b == 34) & (before % 2 == 0)
+        b = b[np.flatnonzero(np.frombuffer(data.translate(_STRUCTURE), dtype=np.uint8))]
+        quote = b == 34
+    else:
+        backslash = b == 92
+        # length of the run of backslashes ending at each byte, to find the quotes that are not escaped
+        count = np.cumsum(backslash, dtype=np.int64)
+        run = count - np.maximum.accumulate(np.where(backslash, 0, count))
+        before = np.concatenate(([0], run[:-1]))
+        quote = (b == 34) & (before % 2 == 0)
     outside = (np.cumsum(quote) % 2 == 0) & ~quote
     delta = ((b == 91) | (b == 123)).astype(np.int64) - ((b == 93) | (b == 125))
     return int(np.max(np.cumsum(delta * outside), initial=0))
