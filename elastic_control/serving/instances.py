@@ -59,7 +59,7 @@ from ctr_foundation.slot_grammar import (
     feasign_above_uint64,
     line_problem,
 )
-from elastic_control.data.line_batch import LineBatch, parse_lines, parse_plain_lines
+from elastic_control.data.line_batch import LineBatch, parse_lines, parse_plain_lines, slice_batch
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
 MAX_INSTANCES = 10_000
@@ -191,35 +191,23 @@ def parse_parts(items: Sequence[ParsedInstances | UnparsedLines]) -> list[Parsed
 
 def _split_lines(batch: LineBatch, sizes: list[int]) -> list[ParsedInstances]:
     """A LineBatch of several requests' lines (one row each, request after request) as each request's
-    ParsedInstances (slices of its columns: features and values are in line order)."""
-    counts = np.bincount(batch.feature_line, minlength=len(batch))
-    bounds = np.cumsum([0, *sizes])
-    feature_at = np.concatenate([[0], np.cumsum(counts)])[bounds].tolist()
-    value_at = np.searchsorted(batch.value_line, bounds).tolist()
-    bounds = bounds.tolist()
-    out = []
-    for k, n in enumerate(sizes):
-        a, f0, f1, v0, v1 = bounds[k], feature_at[k], feature_at[k + 1], value_at[k], value_at[k + 1]
-        out.append(
-            ParsedInstances(
-                n,
-                counts[a : a + n],
-                batch.feasigns[f0:f1],
-                batch.feature_slots[f0:f1],
-                None,
-                batch.value_line[v0:v1] - a,
-                batch.value_slots[v0:v1],
-                batch.values[v0:v1],
-            )
-        )
+    ParsedInstances."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(_instances_of(_columns(slice_batch(batch, at, at + n), n)))
+        at += n
     return out
 
 
 def parsed_lines(lines: Sequence[str], line_rows: Sequence[int]) -> ParsedInstances:
     """Instances that are all lines, parsed (``parse_lines_strict``; InstanceError names a bad one)."""
-    cols = parse_lines_strict(lines, line_rows)
+    return _instances_of(parse_lines_strict(lines, line_rows))
+
+
+def _instances_of(cols: LineColumns) -> ParsedInstances:
+    """Lines' columns as the instances of a request whose instances are all lines (line i is instance i)."""
     return ParsedInstances(
-        len(lines), cols.counts, cols.feasigns, cols.slots, None, cols.value_lines, cols.value_slots, cols.values
+        len(cols.counts), cols.counts, cols.feasigns, cols.slots, None, cols.value_lines, cols.value_slots, cols.values
     )
 
 
