@@ -89,6 +89,11 @@ class DonefileEntry:
     def parent(self) -> str | None:
         return self.extra.get("parent") if self.kind == "delta" else None
 
+    def summary(self) -> dict:
+        """What a search prunes on: ``{"pass", "end", "logloss"}`` (the held-out log loss trainer 0 measured;
+        published on a Kubernetes job by training/job_progress.py, read by tuning/candidates.py)."""
+        return {"pass": self.pass_name, "end": self.window.get("end"), "logloss": self.metrics.get("logloss")}
+
     def to_json(self) -> dict:
         out = dict(self.extra)
         out.update(

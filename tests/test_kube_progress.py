@@ -11,6 +11,7 @@ from helpers_kube import render_plan
 from helpers_kube_api import VOLCANO, fake_cluster
 
 from ctr_foundation.progress import PassProgress
+from ctr_foundation.records import DonefileEntry
 from elastic_control.cli.status_view import print_status
 from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
@@ -127,3 +128,43 @@ def test_only_a_trainer_pod_with_a_token_publishes(tmp_path, monkeypatch):
     assert jp.JobProgressAnnotator.in_pod("elastic-ctr-pserver-0", account_dir=tmp_path) is None
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     assert jp.JobProgressAnnotator.in_pod("elastic-ctr-trainer-0", account_dir=tmp_path) is None
+
+
+def _entries(n: int) -> list[DonefileEntry]:
+    return [
+        DonefileEntry(
+            f"pass-20260101-{h:02d}",
+            f"/shared/m/pass-20260101-{h:02d}",
+            {"start": f"20260101/{h:02d}", "end": f"20260101/{h:02d}"},
+            "2026-01-01T00:00:00Z",
+            {"logloss": 0.5 - h / 100},
+            {},
+        )  # fmt: skip
+        for h in range(n)
+    ]
+
+
+def test_the_annotation_lists_the_complete_passes_and_sends_them_at_once(cluster, tmp_path):
+    """What `tune` on Kubernetes prunes on: each complete pass's window end and held-out log loss, sent as soon
+    as the donefile has it (not after `every`), the last MAX_PASSES of them."""
+    plan, _ = _plan(tmp_path)
+    KubeBackend().apply(plan).wait()
+    annotator = jp.JobProgressAnnotator(adaptor.custom(), "default", "elastic-ctr", every=3600)
+    annotator.passes_done(_entries(2))  # a restarted trainer 0: nothing of its own to send yet
+    assert (
+        k.PROGRESS_ANNOTATION not in cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")["metadata"]["annotations"]
+    )
+    annotator({"pass": "20260101-02", "steps": 5}, force=True)
+    annotator.passes_done(_entries(3))  # within `every`, yet sent
+
+    def published():
+        job = cluster.get(VOLCANO, "jobs", "default", "elastic-ctr")
+        return json.loads(job["metadata"]["annotations"][k.PROGRESS_ANNOTATION])
+
+    doc = published()
+    assert doc["pass"] == "20260101-02" and doc["steps"] == 5
+    assert doc["passes"][-1] == {"pass": "pass-20260101-02", "end": "20260101/02", "logloss": 0.48}
+    assert len(doc["passes"]) == 3
+    annotator.passes_done(_entries(jp.MAX_PASSES + 5))
+    passes = published()["passes"]
+    assert len(passes) == jp.MAX_PASSES and passes[0]["pass"] == "pass-20260101-05"

@@ -7,16 +7,24 @@ trainers write real passes on the "claim", real evaluation workers and merge jud
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import pytest
-from helpers_common import run_cli
+from helpers_common import run_cli, wait_until
 from helpers_kube import render_plan
-from helpers_kube_api import VOLCANO, FakeKubeAPI
+from helpers_kube_api import VOLCANO, FakeKubeAPI, fake_cluster
 from helpers_kube_eval import VolcanoEvalController, deployment_objects, local_pod_runner
 from helpers_passes import write_data_config
 
+from ctr_foundation.records import DonefileEntry
+from elastic_control.config.data_config import load_data_config
+from elastic_control.kube import adaptor
 from elastic_control.kube import constants as k
+from elastic_control.training.job_progress import JobProgressAnnotator
+from elastic_control.tuning.candidates import CandidateFolder
+from elastic_control.tuning.kube import start_candidate
+from elastic_control.tuning.split import prepare_split
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 SLOTS = list(range(1, 9))
@@ -79,3 +87,47 @@ def test_tune_submits_each_candidate_and_judges_it_with_the_evaluation_jobs(tmp_
     # Every candidate's training pods kept their logs on the claim (the same role, two jobs).
     assert len(list((claim / "logs").glob("*/*-trainer.log"))) >= 2
     print(json.dumps(rows, indent=1), file=sys.stderr)
+
+
+def test_a_candidate_job_feeds_the_pruner_and_a_stopped_worker_deletes_it(tmp_path, monkeypatch):
+    """The passes trainer 0 publishes on the candidate's job reach the candidate's folder, where the pruner reads
+    them (CandidateFolder.passes); stopping the worker as tune does (SIGTERM) deletes the job, so a pruned
+    candidate frees its place in the queue."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "slot.conf").write_text("".join(f"{s}\n" for s in SLOTS))
+    write_data_config(config / "data.config", tmp_path / "data", "20191221/00", "20191221/03")
+    with fake_cluster(tmp_path, monkeypatch) as api:
+        plan, _ = render_plan(
+            tmp_path / "state", trainers=1, pservers=1, cube_shards=1, slot_conf=str(config / "slot.conf"),
+            data_config=str(config / "data.config"),
+        )  # fmt: skip
+        out = tmp_path / "out"
+        split = prepare_split(config=load_data_config(config / "data.config"), output=out, validation="20191221/03")
+        folder = CandidateFolder.of(out, 0)
+        folder.path.mkdir(parents=True)
+        proc = start_candidate(plan, folder, {"pass_hours": 1}, output=out, split=split)
+        try:
+            job = f"{plan.job_name}-t000"
+            wait_until(lambda: api.get(VOLCANO, "jobs", "default", job), timeout=60, what="the candidate's job")
+            assert folder.passes() == []
+            # What trainer 0 sends from the candidate's pod after its second pass (training/job_progress.py).
+            annotator = JobProgressAnnotator(adaptor.custom(), "default", job, every=0)
+            annotator({"pass": "20191221-01", "epoch": 1}, force=True)
+            annotator.passes_done(
+                [DonefileEntry(f"pass-20191221-0{h}", "/shared/x", {"start": f"20191221/0{h}", "end": f"20191221/0{h}"},
+                               "2026-01-01T00:00:00Z", {"logloss": 0.45 - h / 100}, {}) for h in range(2)]
+            )  # fmt: skip
+            passes = wait_until(folder.passes, timeout=30, what="passes.json")
+            assert passes == [
+                {"pass": "pass-20191221-00", "end": "20191221/00", "logloss": 0.45},
+                {"pass": "pass-20191221-01", "end": "20191221/01", "logloss": 0.44},
+            ]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 130
+            wait_until(lambda: api.get(VOLCANO, "jobs", "default", job) is None, timeout=30, what="job deleted")
+            log = (folder.path / "worker.log").read_text()
+            assert f"Volcano job default/{job} deleted" in log and "stopped" in log
+        finally:
+            if proc.poll() is None:
+                proc.kill()

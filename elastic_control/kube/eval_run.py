@@ -22,6 +22,7 @@ from elastic_control.kube.logs import TERMINAL_JOB_PHASES
 from elastic_control.kube.objects import apply_volcano_job, job_pods, read_volcano_job
 from elastic_control.kube.pods import explain_pod, fatal_reason, pod_events
 from elastic_control.kube.preflight import preflight
+from elastic_control.kube.status import job_progress as published_progress
 
 LOG_TAIL_LINES = 20
 
@@ -38,6 +39,7 @@ class JobProgress:
     failed: int = 0
     restarts: int = 0
     pods: list = field(default_factory=list)
+    trainer_progress: dict | None = None  # a training job's: what trainer 0 published (kube/status.job_progress)
 
 
 def check_deployment(namespace: str, job: str) -> None:
@@ -76,6 +78,7 @@ def job_progress(name: str, namespace: str, total: int) -> JobProgress | None:
         failed=sum(p.status.phase == "Failed" for p in pods),
         restarts=int(status.get("retryCount") or 0),
         pods=pods,
+        trainer_progress=published_progress(job),
     )
 
 

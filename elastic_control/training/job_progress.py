@@ -8,6 +8,11 @@ JOB-training-progress, whose Role may get and patch that one job and nothing els
 The pod finds its job from its host name, JOB-trainer-INDEX: Volcano names the job's pods JOB-TASK-INDEX and
 its svc plugin makes that the host name (the Paddle endpoint lists rely on the same names); its namespace
 from the service-account mount. Outside such a pod (locally, the pod harness: no token) nothing is published.
+
+Beside the pass in progress the document lists the job's complete passes (``passes``: each one's name, the
+end of its window and its held-out log loss, the last MAX_PASSES of the donefile): `tune` with a Kubernetes
+plan follows a candidate's job through it and prunes the candidate on those losses (tuning/kube_worker.py),
+since the donefile itself is on the claim.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ PATCH_EVERY = 15.0
 # After a failed patch (API server away, Role missing): training goes on, the next try waits this long.
 QUIET_AFTER_FAILURE = 60.0
 MERGE_PATCH = "application/merge-patch+json"
+# Complete passes the annotation lists (about 80 bytes each): a search's pruner needs the first few, people
+# the last; Kubernetes caps all of an object's annotations at 256 KiB together.
+MAX_PASSES = 48
 
 
 def job_of_host(hostname: str) -> str | None:
@@ -47,6 +55,8 @@ class JobProgressAnnotator:
         self.api, self.namespace, self.job, self.every = api, namespace, job, every
         self._sent = float("-inf")
         self._quiet_until = float("-inf")
+        self.passes: list[dict] = []
+        self._last: dict | None = None
 
     @classmethod
     def in_pod(cls, hostname: str | None = None, account_dir: Path = ACCOUNT_DIR) -> JobProgressAnnotator | None:
@@ -60,11 +70,19 @@ class JobProgressAnnotator:
         namespace = (account_dir / "namespace").read_text().strip()
         return cls(client.CustomObjectsApi(), namespace, job)
 
+    def passes_done(self, entries) -> None:
+        """The donefile's complete passes (DonefileEntry); sent at once with the last progress document."""
+        self.passes = [e.summary() for e in list(entries)[-MAX_PASSES:]]
+        if self._last is not None:
+            self(self._last, force=True)
+
     def __call__(self, doc: dict, *, force: bool = False) -> None:
+        self._last = doc
         now = time.monotonic()
         if now < self._quiet_until or (not force and now - self._sent < self.every):
             return
         self._sent = now
+        doc = {**doc, "passes": self.passes} if self.passes else doc
         body = {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(doc, sort_keys=True)}}}
         try:
             self.api.patch_namespaced_custom_object(

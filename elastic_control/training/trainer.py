@@ -19,6 +19,7 @@ import numpy as np
 from ctr_foundation.dense_features import DenseMoments, DenseNorm
 from ctr_foundation.pass_format import load_pass, pass_name
 from ctr_foundation.progress import PassProgress
+from ctr_foundation.records import read_donefile
 from elastic_control.config.data_config import format_hour, parse_slot
 from elastic_control.data.line_batch import LineBatch, batch_dense, batch_keys, slice_batch
 from elastic_control.data.readers import BadLineCounter, HourlyData, HourPartition
@@ -83,6 +84,7 @@ class Trainer:
                 settings.model_path, run_name=f"train-{format_hour(settings.data_config.start)}", warn=self.log
             )
             self._job_progress = JobProgressAnnotator.in_pod()  # None outside the Volcano job's pods
+            self._publish_passes()  # a restarted job's annotation lists the passes done before too
         import pyarrow  # noqa: F401  (before paddle)
 
         import paddle
@@ -252,12 +254,18 @@ class Trainer:
             if self.s.is_chief and self.s.hyper.refit_bias is not False:
                 stats.bias_shift = self._refit_bias(part, [d["prediction_sums"] for d in everyone.values()])
             published = export_pass(self, part, stats, everyone) if self.s.is_chief else None
+            self._publish_passes()
             done = self.coord.barrier(f"{part.name}/exported", self.rank, self.s.trainers, {"pass_dir": published})
             if self.incremental and not self.s.is_chief:
                 self.incremental.follow(done["0"]["pass_dir"])
             passes += 1
         self.log(f"finished: {passes} pass(es)")
         self.shutdown()
+
+    def _publish_passes(self) -> None:
+        """Trainer 0 in a Volcano job's pod: the complete passes onto the job's annotation (job_progress.py)."""
+        if self._job_progress is not None and "://" not in self.s.model_path:
+            self._job_progress.passes_done(read_donefile(self.s.model_path))
 
     def train_hour(self, data: HourlyData, part: HourPartition, *, cold: bool = False) -> PassStats:
         """Train on this trainer's share of one pass, for the pass's epochs; trainer 0 keeps its held-out lines.

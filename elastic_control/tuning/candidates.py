@@ -7,6 +7,8 @@
       worker.log       the worker's own output (the roles log to models/logs/)
       result.json      the done marker, written last: the judged pass, its validation metrics, speed, time
       pruned.json      tune stopped it early (successive halving); no result
+      passes.json      on Kubernetes: the complete passes its job's trainer 0 published (tuning/kube_worker.py),
+                       since models/ is then on the shared claim
 
 The worker (``python -m elastic_control.tuning.candidates DIR/candidates/NNN``) runs the product's local
 training job (local/train_job.py), trying again after a lost role (the new job resumes after the last
@@ -41,6 +43,7 @@ CANDIDATE_FILE = "candidate.json"
 RESULT_FILE = "result.json"
 PRUNED_FILE = "pruned.json"
 FAILED_FILE = "failed.json"
+PASSES_FILE = "passes.json"
 WORKER_LOG = "worker.log"
 TRAIN_ATTEMPTS = 3  # a job that lost a role runs again, resuming after its last complete pass
 
@@ -78,6 +81,17 @@ class CandidateFolder:
     @property
     def spec(self) -> dict | None:
         return self.read(CANDIDATE_FILE)
+
+    def passes(self) -> list[dict]:
+        """Its complete passes so far, each ``{"pass", "end", "logloss"}``: from its donefile, or on
+        Kubernetes from what its job published (PASSES_FILE)."""
+        entries = read_donefile(self.models)
+        if entries:
+            return [
+                {"pass": e.pass_name, "end": e.window.get("end"), "logloss": e.metrics.get("logloss")} for e in entries
+            ]
+        published = self.read(PASSES_FILE)
+        return [p for p in published if isinstance(p, dict)] if isinstance(published, list) else []
 
 
 def write_candidate(

@@ -48,7 +48,7 @@ def tune(
 
     ``plan``: a Kubernetes plan (kube_plan): each candidate is then its Volcano training job and evaluation
     jobs in the plan's namespace and queue, followed by a worker process here (tuning/kube_worker.py); the
-    pruner has no passes to see (they are on the shared claim) and the references are not judged."""
+    pruner sees the passes each job's trainer 0 publishes, and the references are not judged."""
     out = Path(output)
     if plan is not None and not validation:
         raise UsageError(

@@ -2,7 +2,8 @@
 
 Sampling is TPE (multivariate, with a constant liar so that parallel candidates spread out); the first
 trials are the seed points of space.py. Pruning is successive halving (Optuna's asynchronous one) on each
-pass's held-out log loss, which trainer 0 writes into the donefile's metrics: the step is the number of
+pass's held-out log loss, which trainer 0 writes into the donefile's metrics (on Kubernetes, as its job's
+annotation: CandidateFolder.passes): the step is the number of
 window hours the candidate has trained so far, so candidates with different PASS_HOURS meet on one scale.
 A candidate whose window is one pass reports once, at its end, and is never stopped early.
 
@@ -21,7 +22,6 @@ from pathlib import Path
 
 from ctr_foundation.atomic import atomic_write_json
 from ctr_foundation.errors import ComponentError
-from ctr_foundation.records import read_donefile
 from elastic_control.local.process import stop_components
 from elastic_control.tuning.candidates import PRUNED_FILE, CandidateFolder, start_worker, write_candidate
 from elastic_control.tuning.space import seed_points, suggest
@@ -111,12 +111,12 @@ def _report_passes(trial, folder: CandidateFolder, reported: set) -> int | None:
     spec = folder.spec or {}
     start = spec.get("train_start")
     new = None
-    for entry in read_donefile(folder.models):
-        loss = entry.metrics.get("logloss")
-        if entry.pass_name in reported or not isinstance(loss, (int, float)) or not start:
+    for entry in folder.passes():
+        loss = entry.get("logloss")
+        if entry.get("pass") in reported or not isinstance(loss, (int, float)) or not start:
             continue
-        reported.add(entry.pass_name)
-        end = dt.datetime.strptime(entry.window.get("end", ""), "%Y%m%d/%H")
+        reported.add(entry["pass"])
+        end = dt.datetime.strptime(entry.get("end") or "", "%Y%m%d/%H")
         step = (end - dt.datetime.strptime(start, "%Y%m%d/%H")) // HOUR + 1
         trial.report(-float(loss), step)
         new = step
