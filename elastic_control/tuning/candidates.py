@@ -87,9 +87,7 @@ class CandidateFolder:
         Kubernetes from what its job published (PASSES_FILE)."""
         entries = read_donefile(self.models)
         if entries:
-            return [
-                {"pass": e.pass_name, "end": e.window.get("end"), "logloss": e.metrics.get("logloss")} for e in entries
-            ]
+            return [e.summary() for e in entries]
         published = self.read(PASSES_FILE)
         return [p for p in published if isinstance(p, dict)] if isinstance(published, list) else []
 
