@@ -168,3 +168,20 @@ def test_the_annotation_lists_the_complete_passes_and_sends_them_at_once(cluster
     annotator.passes_done(_entries(jp.MAX_PASSES + 5))
     passes = published()["passes"]
     assert len(passes) == jp.MAX_PASSES and passes[0]["pass"] == "pass-20260101-05"
+
+
+def test_a_trainer_pod_whose_cluster_configuration_cannot_load_trains_without_progress(tmp_path, monkeypatch, capsys):
+    """The annotator's client is the project's one adaptor (in-cluster in a pod); a configuration it cannot load
+    (no CA file beside the token here) is a line on stderr and no annotator, never a failed trainer."""
+    from elastic_control.kube import adaptor as kube_adaptor
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    (tmp_path / "token").write_text("t")
+    (tmp_path / "namespace").write_text("team-a\n")
+    kube_adaptor.reset()
+    try:
+        assert jp.JobProgressAnnotator.in_pod("elastic-ctr-trainer-0", account_dir=tmp_path) is None
+    finally:
+        kube_adaptor.reset()
+    assert "no progress annotation on job team-a/elastic-ctr" in capsys.readouterr().err

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from ctr_foundation import env_vars as ev
+from ctr_foundation.errors import ClusterUnavailableError
 from elastic_control.kube.constants import (
     PROGRESS_ANNOTATION,
     VOLCANO_JOB_GROUP,
@@ -64,11 +65,16 @@ class JobProgressAnnotator:
         job = job_of_host(hostname or socket.gethostname())
         if job is None or not ev.KUBERNETES_SERVICE_HOST.get() or not (account_dir / "token").is_file():
             return None
-        from kubernetes import client, config
+        # function-level: the kubernetes client (about a second of imports), in a trainer pod only
+        from elastic_control.kube.adaptor import custom
 
-        config.load_incluster_config()
         namespace = (account_dir / "namespace").read_text().strip()
-        return cls(client.CustomObjectsApi(), namespace, job)
+        try:
+            api = custom()  # the project's one client: in-cluster here (KUBERNETES_SERVICE_HOST)
+        except ClusterUnavailableError as e:  # progress is for people: training goes on without it
+            print(f"no progress annotation on job {namespace}/{job}: {e}", file=sys.stderr, flush=True)
+            return None
+        return cls(api, namespace, job)
 
     def passes_done(self, entries) -> None:
         """The donefile's complete passes (DonefileEntry); sent at once with the last progress document."""
