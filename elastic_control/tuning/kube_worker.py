@@ -110,7 +110,7 @@ def _follow(folder: CandidateFolder, rendered: dict, plan, submitted: list[str],
     model = metrics["model"]
     result = {
         "pass": rendered["pass"],
-        "passes": len(published) or None,  # as trainer 0 published them (the donefile is on the claim)
+        "passes": None,  # on the shared claim: the annotation lists only the last MAX_PASSES of them
         "attempts": 1 + restarts[0],
         "validation": {k: model.get(k) for k in HEADLINE},
         "examples_per_sec": None,

@@ -2,9 +2,9 @@
 
 Sampling is TPE (multivariate, with a constant liar so that parallel candidates spread out); the first
 trials are the seed points of space.py. Pruning is successive halving (Optuna's asynchronous one) on each
-pass's held-out log loss, which trainer 0 writes into the donefile's metrics (on Kubernetes, as its job's
-annotation: CandidateFolder.passes): the step is the number of
-window hours the candidate has trained so far, so candidates with different PASS_HOURS meet on one scale.
+pass's held-out log loss, which trainer 0 writes into the donefile's metrics (on Kubernetes, onto its job's
+annotation too: CandidateFolder.passes): the step is the number of window hours the candidate has trained so
+far, so candidates with different PASS_HOURS meet on one scale.
 A candidate whose window is one pass reports once, at its end, and is never stopped early.
 
 Resume: the study lives in its SQLite file and every candidate's result in its result.json. A trial still
