@@ -388,3 +388,46 @@ def test_admission_trains_one_epoch_per_pass_and_refuses_more(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and "EPOCHS=4 with ADMIT_MIN_COUNT=2" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "m").exists()
+
+
+def _table(folder, shards, rows):
+    """A saved table of ``shards`` part files: each key's line in the file of shard ``key % shards``."""
+    import pyarrow as pa
+
+    from elastic_control.training.table_files import write_lines
+
+    for s in range(shards):
+        lines = [line for key, line in rows if key % shards == s]
+        write_lines(folder / "000" / f"part-000-{s:05d}.gz", pa.array(lines, pa.string()))
+
+
+def test_a_chain_saved_with_other_shard_counts_assembles_into_any_count(tmp_path):
+    """A job of another number of pservers (or a pass of the former 16 shards) resumes: every key of the chain
+    lands in the shard ``key % shards`` of the new table, the newest layer's line winning, the deleted gone."""
+    from elastic_control.training.delta_export import assemble_resume_table
+    from elastic_control.training.table_files import read_part_lines
+
+    big = 18446744073709551600
+    base = [(k, f"{k} 0 0 0.5 1 0 0.1 1") for k in (*range(40), big)]
+    delta = [(k, f"{k} 0 0 0.5 2 0 0.2 2") for k in (3, 17, 38)]
+    _pass(tmp_path, "pass-00")
+    _table(tmp_path / "pass-00" / "sparse", 16, base)
+    _pass(tmp_path, "pass-01", "delta", "pass-00", 1)
+    _table(tmp_path / "pass-01" / "sparse", 4, delta)  # written after a resume with 2 pservers
+    (tmp_path / "pass-01" / "deleted").mkdir()
+    (tmp_path / "pass-01" / "deleted" / "part-00000").write_text("5\n")
+    expected = {k: line for k, line in base + delta if k != 5}
+    for shards in (2, 3, 4, 16):
+        out = assemble_resume_table(
+            tmp_path / "pass-01", tmp_path / f"out{shards}", shards=shards, mine=range(shards), log=lambda m: None
+        )
+        got = {}
+        for s in range(shards):
+            part = read_part_lines(out / "000" / f"part-000-{s:05d}")
+            assert (part.keys % np.uint64(shards) == s).all(), (shards, s)
+            got.update(zip(part.keys.tolist(), part.lines.to_pylist(), strict=True))
+        # delta_score (the 4th column) is reset by the resume.
+        assert got == {k: line.replace(" 0.5 ", " 0 ") for k, line in expected.items()}, shards
+    # Only this pserver's shards are filled; the others are empty files, as Paddle's load wants.
+    out = assemble_resume_table(tmp_path / "pass-01", tmp_path / "mine", shards=4, mine=range(2, 4), log=print)
+    assert [(out / "000" / f"part-000-{s:05d}").stat().st_size > 0 for s in range(4)] == [False, False, True, True]

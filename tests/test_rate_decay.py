@@ -87,7 +87,7 @@ def test_the_pservers_run_plain_sgd_for_the_decay_rule():
     from elastic_control.training.model import SPARSE_TABLE_NAME, ModelSpec, make_strategy, saved_rule
 
     spec = ModelSpec(SLOTS, family="wide_deep", sparse_optimizer="decay", wide_optimizer="adam")
-    config = make_strategy(fleet, spec).sparse_table_configs
+    config = make_strategy(fleet, spec, shards=2).sparse_table_configs
     assert spec.uses_decay and saved_rule("decay") == "naive" and saved_rule("adam") == "adam"
     text = str(config)  # fleet's table configuration (a protobuf message once set)
     assert SPARSE_TABLE_NAME in text and "SparseNaiveSGDRule" in text and "SparseAdamSGDRule" in text

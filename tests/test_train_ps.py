@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from ctr_foundation import pass_format
 from ctr_foundation.errors import ComponentError
 from ctr_foundation.records import GOLDEN_FILE, read_donefile
 from elastic_control.training import pass_export
+from elastic_control.training.table_files import read_part_lines
 
 SLOTS = (1, 2, 3, 4, 5, 6)
 
@@ -90,7 +92,7 @@ def test_two_trainers_one_pserver_write_passes_of_hour_groups_track_mlflow_resum
 
 
 @pytest.mark.e2e
-def test_crash_during_export_leaves_no_complete_pass_and_resume_continues(tmp_path):
+def test_crash_during_export_leaves_no_complete_pass_and_resume_continues_on_more_pservers(tmp_path):
     job = _synth_job(tmp_path, hours=3, lines_per_hour=1500)
     with open(job.data_config, "a") as f:
         f.write("export EPOCHS=2\n")  # the first pass of a new model would train 20 epochs of these few lines
@@ -102,10 +104,21 @@ def test_crash_during_export_leaves_no_complete_pass_and_resume_continues(tmp_pa
     assert [p.name for p in pass_format.complete_passes(job.models)] == ["pass-20191221-00"]
     assert (job.models / "pass-20191221-01").exists()  # looks finished, but is not: no donefile line
 
-    result = run_training(job, trainers=2, timeout=400)
+    # Resumed by a job of 2 pservers: their table has 4 shards, the pass was saved with 2; each pserver loads
+    # its shards' keys from the pass's files.
+    result = run_training(job, trainers=2, pservers=2, timeout=400)
     assert result.passes == ["pass-20191221-00", "pass-20191221-01", "pass-20191221-02"]
     log = (job.models / "logs" / "train-trainer-0.log").read_text()
     assert "resuming after pass-20191221-00" in log
+    saved = pass_format.sparse_part_files(job.models / "pass-20191221-00")
+    rows = sum(len(read_part_lines(p)) for p in saved)
+    assert len(saved) == 2 and rows > 0
+    assembled = [
+        int(re.search(r"assembled (\d+) rows of pass-20191221-00", (job.models / "logs" / name).read_text())[1])
+        for name in ("train-pserver-0.log", "train-pserver-1.log")
+    ]
+    assert sum(assembled) == rows and min(assembled) > 0
+    assert len(pass_format.sparse_part_files(job.models / "pass-20191221-01")) == 4
     for name in result.passes:
         _assert_complete_pass(job.models, name)
     lines, golden = read_golden(job.models / "pass-20191221-02")

@@ -197,6 +197,25 @@ class IncrementalExport:
 
 
 # -- resume (each pserver) ---------------------------------------------------------------------------
+def shard_lines(where: Path, parts: dict[int, Path], shard: int, shards: int) -> PartLines:
+    """The lines of shard ``shard`` of a table of ``shards`` in one saved table's part files (``table_parts``).
+
+    A table saved with as many shards has them in the shard's own file. One saved with another count (by a
+    job of another number of pservers, or before tables had 2 shards a pserver) has them spread over its
+    files: every file is read and its keys ``key % shards == shard`` kept."""
+    if (max(parts) + 1 if parts else 0) == shards:
+        lines = read_part_lines(parts[shard]) if shard in parts else PartLines.empty()
+        bad = lines.keys % np.uint64(shards) != shard
+        if bad.any():
+            raise DataError(f"{where}: key {int(lines.keys[bad][0])} is in the file of shard {shard}")
+        return lines
+    kept = []
+    for path in parts.values():
+        lines = read_part_lines(path)
+        kept.append(lines.take(np.flatnonzero(lines.keys % np.uint64(shards) == shard)))
+    return PartLines.concat(kept)
+
+
 def assemble_resume_table(
     pass_dir: str | os.PathLike,
     out: str | os.PathLike,
@@ -206,8 +225,9 @@ def assemble_resume_table(
     log: Callable[[str], None] = print,
 ) -> Path:
     """Write the whole table of ``pass_dir`` (its chain: base, then deltas; admitted and pending keys) for
-    the shards in ``mine`` into ``out/000/part-000-SSSSS`` (empty files for the other shards: Paddle's load
-    wants one file per shard and reads only its own), delta_score reset. Returns ``out``."""
+    the shards in ``mine`` of a table of ``shards`` into ``out/000/part-000-SSSSS`` (empty files for the
+    other shards: Paddle's load wants one file per shard and reads only its own), delta_score reset; the
+    chain's passes may have been saved with other shard counts (``shard_lines``). Returns ``out``."""
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
     table = out / SPARSE_TABLE_SUBDIR
@@ -227,10 +247,7 @@ def assemble_resume_table(
             continue
         merged = PartLines.empty()
         for info, files, pending, deleted in layers:
-            newer = PartLines.concat([read_part_lines(f) for f in (files.get(s), pending.get(s)) if f])
-            bad = newer.keys % np.uint64(shards) != s
-            if bad.any():
-                raise DataError(f"{info.path}: key {int(newer.keys[bad][0])} is in the file of shard {s}")
+            newer = PartLines.concat([shard_lines(info.path, parts, s, shards) for parts in (files, pending)])
             merged = overlay(merged, newer, deleted)
         write_lines(path, zero_delta_score(merged.lines))
         rows += len(merged)

@@ -265,9 +265,20 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
     )
 
 
-# Shards of the sparse table per pserver. Paddle's default (1000) writes 1000
-# files per save and makes every pass export take tens of seconds.
-SPARSE_SHARDS = 16
+# Shards of the sparse table per pserver. Paddle's default (1000 in all) writes 1000 files per save and makes
+# every pass export take tens of seconds. Fewer is faster at every step too: a pserver hands each pull and
+# push to every one of its shards' task threads, even shards the request has no key in, and waits for them
+# all. With 16 shards on one pserver, two trainers made it switch context 250,000 times a second (4,000
+# with 2 shards), and examples/s rose 13-19% with 1 trainer and 14-24% with 2 once the pserver had 2
+# (docs/benchmarks.md, "Training throughput"). More than one per pserver keeps a second core busy there.
+SHARDS_PER_PSERVER = 2
+
+
+def table_shards(pservers: int) -> int:
+    """The sparse table's shards (Paddle's ``shard_num``, a save's part files) for a job of ``pservers``."""
+    return SHARDS_PER_PSERVER * pservers
+
+
 SPARSE_ACCESSOR = "SparseAccessor"
 # The sparse optimizer rules the trainer can pin -> (Paddle's rule, its parameter block = the
 # pass_format.SparseLayout name of the saved columns). ``decay`` is plain SGD on the pservers with
@@ -285,7 +296,7 @@ def saved_rule(rule: str) -> str:
     return SPARSE_RULES[rule][1]
 
 
-def make_strategy(fleet, spec: ModelSpec, *, shards: int = SPARSE_SHARDS, accessor: dict | None = None):
+def make_strategy(fleet, spec: ModelSpec, *, shards: int, accessor: dict | None = None):
     """Fully asynchronous parameter-server training (the original's setting), table layout pinned.
 
     The accessor and the sparse optimizer rules decide the saved table's columns

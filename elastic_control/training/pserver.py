@@ -13,8 +13,9 @@ import shutil
 import time
 
 from ctr_foundation.errors import ConfigError
+from ctr_foundation.pass_format import SPARSE_DIR
 from elastic_control.training.coordinator import Coordinator, CoordinatorClient, coordinator_endpoint
-from elastic_control.training.model import SPARSE_SHARDS, build_training_net, make_strategy
+from elastic_control.training.model import build_training_net, make_strategy, table_shards
 from elastic_control.training.resume import remove_stale_staging, resume_point
 from elastic_control.training.settings import RoleSettings
 
@@ -64,6 +65,7 @@ def run_pserver(settings: RoleSettings) -> None:
     # function-level: they import pyarrow (imported just above, before paddle, on purpose)
     from elastic_control.training import delta_export
     from elastic_control.training.admission import embedding_hook
+    from elastic_control.training.table_files import table_parts
 
     paddle.enable_static()
     fleet.init(is_collective=False)
@@ -72,17 +74,20 @@ def run_pserver(settings: RoleSettings) -> None:
     # The same program and table settings as the trainers' (admission adds its mask inputs).
     hook = embedding_hook(paddle) if config.admit_min_count else None
     net = build_training_net(paddle, spec, embedding_hook=hook)
-    strategy = make_strategy(fleet, spec, accessor=delta_export.accessor_overrides(config))
+    shards = table_shards(settings.pservers)
+    strategy = make_strategy(fleet, spec, shards=shards, accessor=delta_export.accessor_overrides(config))
     fleet.distributed_optimizer(paddle.optimizer.Adam(spec.learning_rate), strategy).minimize(net.loss)
-    if start.get("last_pass") and config.incremental:
-        # Deltas (and pending keys) hold part of the table each: merge the chain for this pserver's shards.
+    saved_shards = len(table_parts(os.path.join(start["last_pass_dir"], SPARSE_DIR))) if start.get("last_pass") else 0
+    if start.get("last_pass") and (config.incremental or saved_shards != shards):
+        # Deltas (and pending keys) hold part of the table each, and a pass saved with another shard count
+        # has this pserver's keys in other files: assemble its shards (Paddle loads only a table of as many).
         out = os.path.join(settings.model_path, f"{delta_export.RESUME_PREFIX}{start['last_pass']}-ps{index}")
         t = time.monotonic()
         delta_export.assemble_resume_table(
             start["last_pass_dir"],
             out,
-            shards=SPARSE_SHARDS,
-            mine=delta_export.local_shards(index, settings.pservers, SPARSE_SHARDS),
+            shards=shards,
+            mine=delta_export.local_shards(index, settings.pservers, shards),
             log=lambda m: _log(settings, f"resuming: {m}"),
         )
         _log(settings, f"resuming: loading the whole table of {start['last_pass']} ({time.monotonic() - t:.1f}s)")
@@ -91,7 +96,7 @@ def run_pserver(settings: RoleSettings) -> None:
         finally:
             shutil.rmtree(out, ignore_errors=True)
     elif start.get("last_pass"):
-        sparse_dir = os.path.join(start["last_pass_dir"], "sparse")
+        sparse_dir = os.path.join(start["last_pass_dir"], SPARSE_DIR)
         _log(settings, f"resuming: loading the sparse table of {start['last_pass']} from {sparse_dir}")
         fleet.init_server(sparse_dir)
     else:
