@@ -12,7 +12,8 @@ Prints, in one run:
   with the embeddings on Paddle's sparse Adam rule (before the decay rule), the defaults without the wide prior
   (--wide-prior 0), without copies of the best epoch, and the original defaults
   (dnn, 1 epoch), in the same run, with the ratios: medians of --rounds rounds in which the
-  configurations take turns;
+  configurations take turns; beside them single-process Paddle, the defaults' net trained in one process
+  without a parameter server on the same hours (bench/single_process_training.py), once a round;
 - synthetic planted-model data as the demo makes it (26 slots, 4 hours x 25k lines, seed 7), without and with
   planted pairwise interactions: held-out AUC of the defaults, of logistic regression on the same feasigns and
   (interaction data) of `tune`'s best of --tune-candidates candidates, beside the Bayes-optimal AUC;
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -127,6 +130,16 @@ def train(job, trainers: int, *, family: str | None = None, extra=()) -> tuple[P
     passes = B.train(*job, trainers=trainers, args=args)
     rates = [e.metrics["examples_per_sec"] for e in read_donefile(job[2])]
     return passes[-1], float(np.mean(rates))
+
+
+def single_process_rate(job) -> float:
+    """examples/s of the defaults' net trained in one process without a parameter server on ``job``'s hours
+    (bench/single_process_training.py, in a process of its own)."""
+    script = Path(__file__).resolve().parent / "single_process_training.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(job[0]), str(job[1])], check=True, capture_output=True, text=True
+    ).stdout
+    return float(json.loads(out.splitlines()[-1])["examples_per_sec"])
 
 
 def hourly_job(folder: Path, data: Path, slots, hours: int):
@@ -453,11 +466,14 @@ def main() -> None:
             # run one after the other, a configuration measured while the machine was busier lost up to 30%
             # against the next (the same pair alternated: 0.90x; in a row: 0.68x).
             runs: dict[tuple[str, int], list[float]] = {}
+            single: list[float] = []  # the same net and data in one process, no parameter server
             for r in range(args.rounds):
                 for label, extra in configs:
                     for trainers in (1, 2):
                         job = hourly_job(root / f"{label}-t{trainers}-r{r}", root / "data", THROUGHPUT_SLOTS, hours)
                         runs.setdefault((label, trainers), []).append(train(job, trainers, extra=extra)[1])
+                job = hourly_job(root / f"single-r{r}", root / "data", THROUGHPUT_SLOTS, hours)
+                single.append(single_process_rate(job))
                 print(f"throughput round {r + 1} of {args.rounds} done", flush=True)
             rates = {key: float(np.median(values)) for key, values in runs.items()}
             for (label, trainers), values in sorted(runs.items()):
@@ -477,6 +493,16 @@ def main() -> None:
                 )
             print(
                 f"2 trainers vs 1 with the defaults: {rates['default', 2] / rates['default', 1]:.2f}x on 2 cores",
+                flush=True,
+            )
+            alone = float(np.median(single))
+            print(
+                f"single-process Paddle, the defaults' net on the same hours without a parameter server (Adam on "
+                f"every parameter in the one process, the training loop alone): {alone:,.0f} examples/s ("
+                + " / ".join(f"{v:,.0f}" for v in single)
+                + f"); the parameter-server defaults run {rates['default', 1] / alone:.2f}x of it with 1 trainer and "
+                f"{rates['default', 2] / alone:.2f}x with 2 (their passes' rates: key counts, barriers and held-out "
+                "scoring included; the optimizer runs on the pserver)",
                 flush=True,
             )
         if args.skip_quality:
