@@ -269,8 +269,8 @@ def build_training_net(paddle, spec: ModelSpec, *, embedding_hook=None) -> Train
 # every pass export take tens of seconds. Fewer is faster at every step too: a pserver hands each pull and
 # push to every one of its shards' task threads, even shards the request has no key in, and waits for them
 # all. With 16 shards on one pserver, two trainers made it switch context 250,000 times a second (4,000
-# with 2 shards), and examples/s rose 13-19% with 1 trainer and 14-24% with 2 once the pserver had 2
-# (docs/benchmarks.md, "Training throughput"). More than one per pserver keeps a second core busy there.
+# with 2 shards), and examples/s rose 13-23% with 1 trainer and 15-16% with 2 once it had 2 (CHANGELOG.md,
+# "Two table shards a pserver"). More than one per pserver keeps a second core busy there.
 SHARDS_PER_PSERVER = 2
 
 

@@ -101,7 +101,7 @@ class Trainer:
         self.rate_decay = None
         paddle.enable_static()
         # Each step runs a few hundred small ops: run in order on this thread, they cost less than handed
-        # to the executor's worker threads and waited for (5-6% more examples/s, 1 or 2 trainers).
+        # to the executor's worker threads and waited for (3-8% more examples/s, 1 or 2 trainers).
         paddle.set_flags({"FLAGS_new_executor_serial_run": True})
         fleet.init(is_collective=False)
         self.spec = settings.model_spec()
