@@ -71,7 +71,16 @@ def main() -> None:
     config = load_data_config(str(args.data_config), {})
     hyper = Hyperparameters()
     settings = RoleSettings(
-        "TRAINER", "127.0.0.1:0", 1, 0, "127.0.0.1", 0, config, load_slot_conf(args.slot_conf), "", hyper
+        role="TRAINER",
+        pserver_endpoints="127.0.0.1:0",
+        trainers=1,
+        trainer_id=0,
+        pod_ip="127.0.0.1",
+        port=0,
+        data_config=config,
+        slot_conf=load_slot_conf(args.slot_conf),
+        model_path="",
+        hyper=hyper,
     )
     spec = settings.model_spec()
     data = HourlyData(config)
