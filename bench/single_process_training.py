@@ -7,7 +7,8 @@ Paddle's own Adam on every parameter, the rows too, in this process: no sparse p
 pull, no barrier. Batches of the default size are fed as the trainer feeds them (parsed ahead in a thread,
 every slot's keys as one LoD tensor, the defaults' per-key inputs, here all ones), over every hour of the
 window, ``--epochs`` times, in file order. Prints one JSON line: ``{"examples_per_sec", "examples",
-"seconds", "keys"}``, the seconds those of the training loop alone (the hours are parsed before it).
+"seconds", "keys", "mean_log_loss"}``, the seconds those of the training loop alone (the hours are parsed
+before it).
 
 The keys are renumbered 0..K-1 for the net's local table, which has the 1,024 rows the parameter-server
 net declares (its pservers ignore the count); data with more distinct keys is refused.
