@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -583,6 +584,84 @@ def test_requests_arriving_while_others_are_in_flight_wait_to_share_a_batch():
 
     assert scenario(0.1) == [[1], [1], [1, 4], [1, 4, 8]]
     assert scenario(0.0) == [[1], [1, 3], [1, 3, 1], [1, 3, 1]]  # no delay: each pass's requests go together
+
+
+def _lookup_scenario(hold: float):
+    """A _Pending over four parts: part 0 needs key 10 (shard 0), part 1 key 30 (shard 1), part 2 keys 20 and 30,
+    part 3 none (its keys were cached, it waits along); and the batcher holding it."""
+    from types import SimpleNamespace
+
+    from elastic_control.serving.batcher import Batcher, _Part, _Pending
+
+    counted: list[str] = []
+    batcher = Batcher(app=SimpleNamespace(metrics=SimpleNamespace(count=counted.append)), workers=1, lookup_hold=hold)
+    parts = [_Part(job=None, lo=i, hi=i + 1, parsed=None) for i in range(4)]
+    keys, key_at, part_at = np.array([10, 20, 30]), np.array([0, 2, 1, 2]), np.array([0, 1, 2, 2])
+    pending = _Pending(batcher, parts, SimpleNamespace(load_id=7), keys, key_at, part_at)
+    batcher._hold(pending)
+    return batcher, pending, parts, counted
+
+
+def _piece(idx: list[int], error=None):
+    from elastic_control.serving.lookup import Looked, failed_piece
+
+    at = np.array(idx)
+    return failed_piece(at, error) if error else Looked(at, np.ones((len(at), 2), np.float32), np.ones(len(at), bool))
+
+
+def test_the_parts_of_a_lookup_come_back_together_unless_a_shard_is_slow_or_fails():
+    """The requests of a batch that wait for a lookup come back as one batch once every shard has answered
+    (split per shard, a cold cache scored twice as many batches); once the hold has passed, or a shard has
+    failed, each goes back as soon as its own keys are in, with the error of a shard it needed."""
+    from elastic_control.serving.lookup import CubeUnavailable
+
+    def sent_back(batcher) -> list[list[int]]:
+        out: list[list[int]] = []
+        batcher._come_back = lambda parts: out.append([p.lo for p in parts])
+        return out
+
+    # every shard answers within the hold: one batch, each part with every piece
+    batcher, pending, parts, _ = _lookup_scenario(hold=60)
+    back = sent_back(batcher)
+    pending.piece(_piece([0, 1]))
+    assert back == []
+    pending.piece(_piece([2]))
+    assert back == [[0, 1, 2, 3]]
+    assert all(p.rows[0] == 7 and len(p.rows[1]) == 2 and p.error is None for p in parts)
+
+    # the hold passes before shard 1 answers: the parts with their keys in go on, the others on its answer
+    batcher, pending, parts, _ = _lookup_scenario(hold=60)
+    back = sent_back(batcher)
+    pending.piece(_piece([0, 1]))
+    assert pending.release_held() == [parts[0], parts[3]]
+    pending.piece(_piece([2]))
+    assert back == [[1, 2]]
+
+    # shard 1 fails first: the parts that needed only it go back at once with its error, the rest on their keys
+    batcher, pending, parts, counted = _lookup_scenario(hold=60)
+    back = sent_back(batcher)
+    error = CubeUnavailable("cube shard 1 did not answer")
+    pending.piece(_piece([2], error))
+    assert back == [[1, 3]] and parts[1].error is error and parts[3].error is None
+    pending.piece(_piece([0, 1]))
+    assert back == [[1, 3], [0, 2]] and parts[2].error is error and parts[0].error is None
+    assert counted == ["cube_errors"]
+
+
+def test_a_waiting_worker_sends_the_parts_on_when_the_hold_passes():
+    """A shard slower than the hold: the workers' wait ends with the hold, and the parts whose keys are in are
+    the next batch (nothing else is queued)."""
+    from types import SimpleNamespace
+
+    batcher, pending, parts, _ = _lookup_scenario(hold=0.2)
+    pending.piece(_piece([0, 1]))
+    t = time.monotonic()
+    try:
+        got = batcher.take_parts(SimpleNamespace(control=[]))
+    finally:
+        batcher.stop()
+    assert got == [parts[0], parts[3]]
+    assert 0.15 < time.monotonic() - t < 0.45
 
 
 def _rss() -> int:

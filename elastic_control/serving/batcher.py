@@ -6,11 +6,14 @@ then ``submit`` it (Frontend.submit: one wake-up per pass of the frontend's loop
 queued (up to ``max_batch_instances``; a large request one part at a time, see
 ``Batcher``), routes every request to its A/B arm with the split in force, and per arm builds one
 KeyBatch, takes its keys from the hot-key cache, pools, appends the version's standardised dense slots
-(``scoring.model_input``) and runs the dense model once. Requests with keys the cache lacks are set
-aside while those keys are looked up in cube, pinned to the arm's version, one lookup for all of them
-(one request per shard that holds one of the keys), and come back to the front of the queue. So
-concurrent requests share one cube round trip per shard and one dense-model run, every answer's model
-and cube versions are the same version, and no request waits on a shard it does not need.
+(``scoring.model_input``) and runs the dense model once. When some of a batch's keys are neither cached
+nor looked up yet, its new requests are set aside while those keys are looked up in cube, pinned to the
+arm's version, one lookup for all of them (one request per shard that holds one of the keys), and come
+back to the front of the queue together, as one batch, once every shard asked has answered or
+``LOOKUP_HOLD`` after the lookup began, whichever is first (a slower shard then delays only the requests
+that need it). So concurrent requests share one cube round trip per shard and one dense-model run,
+every answer's model and cube versions are the same version, and no request waits long on a shard it
+does not need.
 
 Predictors: each worker creates the DenseModel of every version it scores in its own thread
 (predictors created in one thread and run in others crashed inside oneDNN under load), and
@@ -52,6 +55,13 @@ log = logging.getLogger("elastic_control.serving")
 # Seconds a request arriving while others are in flight may wait for more to join its batch
 # (Frontend.submit; serving's --batch-delay in milliseconds).
 DEFAULT_BATCH_DELAY = 0.002
+
+# Seconds the requests of a batch with keys to look up wait for the whole lookup before those it has
+# answered go on alone. Coming back as one batch they share one dense-model run: split per shard and
+# into requests with and without keys to look up, a cold cache scored single requests in twice as many
+# runs as the requests without a cache (bench/bench_serving.py, 1 x c32). Above a healthy shard's round
+# trip under load; far below the lookup timeout, what a stalled shard costs the requests that need it.
+LOOKUP_HOLD = 0.01
 
 # What the app answers for a part whose lookup failed when the reload thread should look for a newer version
 # first (ServingApp.after_cube_failure): the part waits in Batcher._held until release_held.
@@ -271,10 +281,11 @@ class Batcher:
     The queue is fair between requests: a request of more than ``part_instances`` instances is cut into
     parts of that size, one part per batch, and after each part the rest of it goes behind the requests
     that came meanwhile; so a small request waits for at most about one part of each large request ahead
-    of it, not for whole large requests. Batches never wait on cube: the parts whose keys are all in the
-    cache (or were looked up for them) are scored at once, the others are set aside while their missing
-    keys are looked up (lookup.py: per shard, bounded by the lookup timeout) and come back to the front of
-    the queue with their rows, or with the lookup's error (a 503 for their requests alone).
+    of it, not for whole large requests. Workers never wait on cube: a batch whose keys are all in the
+    cache (or were looked up for its parts) is scored at once; otherwise its new parts are set aside while
+    the missing keys are looked up (lookup.py: per shard, bounded by the lookup timeout) and come back to
+    the front of the queue with their rows, together (``_Pending``), or with the lookup's error (a 503 for
+    their requests alone), and the parts back from a lookup already are scored at once.
     """
 
     def __init__(
@@ -287,8 +298,10 @@ class Batcher:
         part_instances: int = 256,
         block_rows: int | None = DENSE_BLOCK_ROWS,
         batch_delay: float = DEFAULT_BATCH_DELAY,
+        lookup_hold: float = LOOKUP_HOLD,
     ):
         self.app = app
+        self.lookup_hold = lookup_hold
         self.max_batch_instances = max_batch_instances
         self.batch_delay = batch_delay  # seconds a request may wait for others while requests are in flight
         self.part_instances = max(1, min(part_instances, max_batch_instances))
@@ -301,6 +314,7 @@ class Batcher:
         self._jobs_lock = threading.Lock()
         self._workers = [_Worker(self, i) for i in range(workers)]
         self._held: list[_Part] = []  # parts waiting for the reload thread's next look (CHECK_FIRST)
+        self._lookups: list[_Pending] = []  # lookups holding answered parts back until LOOKUP_HOLD (under _cond)
         self.inflight = 0  # submitted and not yet answered (drain waits for 0)
         self._inflight_lock = threading.Lock()
 
@@ -366,10 +380,33 @@ class Batcher:
             self._queue.extendleft(reversed(parts))
             self._cond.notify()
 
+    def _hold(self, pending: _Pending) -> None:
+        with self._cond:
+            self._lookups.append(pending)
+
+    def _release_expired_holds(self) -> float:
+        """Under _cond: put the parts of lookups whose hold ended at the front of the queue; the seconds to the
+        next hold's end (0.5 when none holds)."""
+        now, wait, holding = time.monotonic(), 0.5, []
+        for pending in self._lookups:
+            until = pending.hold_until
+            if until is None:  # complete, failed or released already
+                continue
+            if until <= now:
+                self._queue.extendleft(reversed(pending.release_held()))
+            else:
+                holding.append(pending)
+                wait = min(wait, until - now)
+        self._lookups = holding
+        return wait
+
     def take_parts(self, worker: _Worker) -> list[_Part]:
         with self._cond:
-            while not self._queue and not self.stopping.is_set() and not worker.control:
-                self._cond.wait(0.5)
+            while True:
+                wait = self._release_expired_holds() if self._lookups else 0.5
+                if self._queue or self.stopping.is_set() or worker.control:
+                    break
+                self._cond.wait(wait)
             parts: list[_Part] = []
             taken: set[int] = set()  # jobs with a part in this batch: at most one new part of each
             n = 0
@@ -524,16 +561,19 @@ class Batcher:
             if hit.all():
                 self._scored(arm, version, parts, offsets, kb, values, found, worker)
                 return
-            # the parts with a key neither cached nor looked up wait for a lookup; the others go on now
+            # The parts with a key neither cached nor looked up wait for a lookup, and so do the parts that have
+            # not waited yet: they come back together, as one batch. The parts back from a lookup go on now
+            # (made to wait again, they could follow one new request's lookup after another).
             of_part = np.repeat(np.arange(len(parts)), [p.n for p in parts])
-            missing = np.zeros(len(parts), bool)
-            missing[of_part[kb.rows[~hit]]] = True
-            waiting = [p for p, m in zip(parts, missing, strict=True) if m]
+            waits = np.array([p.rows is None for p in parts])
+            waits[of_part[kb.rows[~hit]]] = True
+            waiting = [p for p, w in zip(parts, waits, strict=True) if w]
             keys, key_at = np.unique(kb.keys[~hit], return_inverse=True)
-            number = np.cumsum(missing) - 1  # a waiting part's place in ``waiting``
+            number = np.cumsum(waits) - 1  # a waiting part's place in ``waiting``
             pending = _Pending(self, waiting, version, keys, key_at, number[of_part[kb.rows[~hit]]])
+            self._hold(pending)
             app.fetch(version, keys, pending.piece)
-            parts = [p for p, m in zip(parts, missing, strict=True) if not m]
+            parts = [p for p, w in zip(parts, waits, strict=True) if not w]
 
     def _scored(self, arm, version, parts, offsets, kb, values, found, worker) -> None:
         app = self.app
@@ -592,15 +632,20 @@ class Batcher:
 
 
 class _Pending:
-    """Parts of a batch waiting for the lookup of their missing keys. The lookup comes in pieces (one per
-    shard); a part goes back to the queue as soon as every key it needs is in, so it never waits for a
-    shard it does not need; a part that needs a key of a shard that failed goes back with that error."""
+    """Parts of a batch waiting for the lookup of the keys some of them miss. The lookup comes in pieces
+    (one per shard). The parts go back to the queue together once every piece is in; when a piece failed or
+    ``Batcher.lookup_hold`` has passed first, each part goes back as soon as every key it needs is in (so
+    it never waits long for a shard it does not need), and a part that needs a key of a shard that failed
+    goes back with that error."""
 
     def __init__(self, batcher: Batcher, parts: list[_Part], version: LoadedVersion, keys, key_at, part_at):
         self.batcher, self.parts, self.version, self.keys = batcher, parts, version, keys
         pairs = np.unique(np.stack([key_at.astype(np.int64), part_at.astype(np.int64)]), axis=1)
         self.pair_key, self.pair_part = pairs[0], pairs[1]  # each (key, part that needs it) once
-        self.left = np.bincount(self.pair_part, minlength=len(parts))
+        self.left = np.bincount(self.pair_part, minlength=len(parts))  # 0 for a part that needs no key
+        self.back = np.zeros(len(parts), bool)  # gone back to the queue
+        # parts whose keys are in stay until then (None: each goes back as soon as its keys are in)
+        self.hold_until: float | None = time.monotonic() + batcher.lookup_hold
         self.pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.error: list[CubeUnavailable | None] = [None] * len(parts)
         self.failed = False
@@ -617,26 +662,40 @@ class _Pending:
             else:
                 for j in np.unique(hit_parts).tolist():
                     self.error[j] = self.error[j] or looked.error
-            before = self.left.copy()
             self.left -= np.bincount(hit_parts, minlength=len(self.parts))
-            ready = np.flatnonzero((self.left == 0) & (before > 0)).tolist()
-            pieces = list(self.pieces)
             first_error = looked.error is not None and not self.failed
             self.failed = self.failed or looked.error is not None
+            if self.failed or not self.left.any():
+                self.hold_until = None
+            back = self._ready()
         if first_error:  # one per failed lookup, however many of its shards failed
             self.batcher.app.metrics.count("cube_errors")
-        if not ready:
-            return
+        if back:
+            self.batcher._come_back(back)
+
+    def release_held(self) -> list[_Part]:
+        """The hold has passed (the batcher's workers watch it): from now on each part goes back once its keys
+        are in; those whose keys are in already are returned (for the front of the queue)."""
+        with self.lock:
+            self.hold_until = None
+            return self._ready()
+
+    def _ready(self) -> list[_Part]:
+        """Under the lock: the parts to send back now, with the rows looked up for them so far."""
+        if self.hold_until is not None:
+            return []
+        ready = np.flatnonzero((self.left == 0) & ~self.back)
+        self.back[ready] = True
         back = []
-        for j in ready:
+        for j in ready.tolist():
             p = self.parts[j]
             # Keep what earlier lookups brought this part: the cache is set-associative, so keys it held when
             # the part left can be evicted by the time it is back; with only the newest pieces a part whose
             # keys share a set went back and forth for ever.
             earlier = p.rows[1] if p.rows is not None and p.rows[0] == self.version.load_id else []
-            p.rows, p.error = (self.version.load_id, [*earlier, *pieces]), self.error[j]
+            p.rows, p.error = (self.version.load_id, [*earlier, *self.pieces]), self.error[j]
             back.append(p)
-        self.batcher._come_back(back)
+        return back
 
 
 def _key_batch_of(
