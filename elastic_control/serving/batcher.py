@@ -58,9 +58,10 @@ DEFAULT_BATCH_DELAY = 0.002
 
 # Seconds the requests of a batch with keys to look up wait for the whole lookup before those it has
 # answered go on alone. Coming back as one batch they share one dense-model run: split per shard and
-# into requests with and without keys to look up, a cold cache scored single requests in twice as many
-# runs as the requests without a cache (bench/bench_serving.py, 1 x c32). Above a healthy shard's round
-# trip under load; far below the lookup timeout, what a stalled shard costs the requests that need it.
+# into requests with and without keys to look up, a cold cache scored single requests in up to three
+# times as many runs as without a cache (bench/bench_serving.py, 1 x c32; CHANGELOG.md). Above a loaded
+# shard's round trip (a 0.5 ms hold split the batches again); far below the lookup timeout, what a
+# stalled shard costs the requests that need it.
 LOOKUP_HOLD = 0.01
 
 # What the app answers for a part whose lookup failed when the reload thread should look for a newer version
