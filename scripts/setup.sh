@@ -50,4 +50,13 @@ if ! command -v nft >/dev/null 2>&1; then
       || echo "setup: warning: could not install nftables; the pod harness tests will skip" >&2
   fi
 fi
+# promtool (Debian's prometheus package) checks the rendered alert rules and runs their unit tests
+# (tests/test_kube_monitoring.py); the Prometheus server the package also holds is not used.
+if ! command -v promtool >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing prometheus (promtool, the alert rules' tests)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+      || echo "setup: warning: could not install prometheus; the promtool tests will skip" >&2
+  fi
+fi
 echo "setup: ready (.venv)" >&2
