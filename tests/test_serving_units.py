@@ -611,7 +611,7 @@ def _piece(idx: list[int], error=None):
 
 def test_the_parts_of_a_lookup_come_back_together_unless_a_shard_is_slow_or_fails():
     """The requests of a batch that wait for a lookup come back as one batch once every shard has answered
-    (split per shard, a cold cache scored twice as many batches); once the hold has passed, or a shard has
+    (split per shard, a cold cache scored up to three times as many batches); once the hold has passed, or a shard has
     failed, each goes back as soon as its own keys are in, with the error of a shard it needed."""
     from elastic_control.serving.lookup import CubeUnavailable
 
@@ -661,7 +661,7 @@ def test_a_waiting_worker_sends_the_parts_on_when_the_hold_passes():
     finally:
         batcher.stop()
     assert got == [parts[0], parts[3]]
-    assert 0.15 < time.monotonic() - t < 0.45
+    assert 0.15 < time.monotonic() - t < 1.0
 
 
 def _rss() -> int:
