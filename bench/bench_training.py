@@ -1,7 +1,7 @@
 """Training benchmark: every model family on real Criteo lines beside logistic regression, throughput, synthetic gap.
 
     .venv/bin/python bench/bench_training.py [--quick] [--families dnn,wide_deep] [--skip-throughput]
-        [--skip-quality | --small-logs-only | --reader-only]
+        [--skip-quality | --small-logs-only [--small-logs N] | --reader-only] [--tune-candidates N]
 
 Prints, in one run:
 - the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit), on the
@@ -22,11 +22,14 @@ Prints, in one run:
   included): AUC, log loss, calibration (mean predicted CTR / observed), examples/s with 1 and with 2
   trainers; beside a scikit-learn logistic regression on the same one-hot feasigns and split, best C over
   a small grid, measured in the same run; the default family on the sparse slots alone (no dense slots);
-  and the default family trained on the four hours as one pass (PASS_HOURS=4) beside its hourly passes;
+  the default family trained on the four hours as one pass (PASS_HOURS=4) beside its hourly passes; and
+  `tune`'s best of --tune-candidates candidates judged on lines held out of the four hours;
 - small real logs (slices of the same file, 2,000-15,000 training lines in one or two passes, scored on
   the next hour): AUC and calibration of the defaults, of the defaults on the sparse slots alone, with
   every pass judged by its few held-out lines (--min-holdout-to-stop 0) and with the first pass at the
-  full batch size (--min-batches-first-pass 0), beside logistic regression on the same feasigns and split.
+  full batch size (--min-batches-first-pass 0), and of `tune`'s best of --tune-candidates candidates judged on
+  lines held out of the window (no --validation hour), beside logistic regression on the same feasigns and
+  split.
 """
 
 from __future__ import annotations
@@ -142,6 +145,22 @@ def single_process_rate(job) -> float:
     return float(json.loads(out.splitlines()[-1])["examples_per_sec"])
 
 
+def tune_best(job, out: Path, candidates: int, test_lines: list[str], validation: str | None = None):
+    """`elastic-control tune` on ``job``'s window with ``candidates`` candidates, judged on ``validation`` (an hour)
+    or, without it, on lines held out of the window; its winner's pass scored on ``test_lines``:
+    (AUC, seconds, the winner's settings)."""
+    argv = [B.PYTHON, "-m", "elastic_control", "tune", "-f", str(job[0]), "-s", str(job[1])]
+    argv += ["--validation", validation] if validation else []
+    argv += ["--candidates", str(candidates), "--output", str(out), "--json", "--no-references"]
+    t = time.monotonic()
+    r = subprocess.run(argv, cwd=B.REPO, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"tune failed:\n{r.stderr[-3000:]}")
+    best = json.loads(r.stdout)["best"]
+    score = auc(labels_of(test_lines), B.score_pass(Path(best["pass"]), test_lines))
+    return score, time.monotonic() - t, best["settings"]
+
+
 def hourly_job(folder: Path, data: Path, slots, hours: int):
     """The job files of ``hours`` hours of ``data`` from the benchmarks' start hour."""
     return B.write_job(folder, data=data, slots=slots, start=B.START, hours=hours)
@@ -227,9 +246,6 @@ def synthetic_data(root: Path, lines: int, tune_candidates: int) -> None:
     """The demo's synthetic data without and with planted interactions: the defaults, logistic regression on
     the same feasigns and `tune`'s best of ``tune_candidates`` (interaction data), each scored on the hour
     after the window beside the Bayes-optimal AUC of the planted model."""
-    import json
-    import subprocess
-
     from elastic_control.data.synth import DEFAULT_INTERACTIONS
 
     hours = 4
@@ -254,18 +270,8 @@ def synthetic_data(root: Path, lines: int, tune_candidates: int) -> None:
         tuned = None
         if strength and tune_candidates:
             # The window's last hour judges the candidates (--validation), the hour after it scores the winner.
-            out = root / "tune"
-            t = time.monotonic()
-            r = subprocess.run(
-                [B.PYTHON, "-m", "elastic_control", "tune", "-f", str(job[0]), "-s", str(job[1]),
-                 "--validation", f"{B.START + dt.timedelta(hours=hours - 1):%Y%m%d/%H}",
-                 "--candidates", str(tune_candidates), "--output", str(out), "--json", "--no-references"],
-                cwd=B.REPO, capture_output=True, text=True,
-            )  # fmt: skip
-            if r.returncode:
-                raise SystemExit(f"tune failed:\n{r.stderr[-3000:]}")
-            best = json.loads(r.stdout)["best"]
-            tuned = (auc(labels, B.score_pass(Path(best["pass"]), test_lines)), time.monotonic() - t, best["settings"])
+            validation = f"{B.START + dt.timedelta(hours=hours - 1):%Y%m%d/%H}"
+            tuned = tune_best(job, root / "tune", tune_candidates, test_lines, validation)
         calibration = probs.mean() / labels.mean()
         rows.append((strength, summary["ctr"], bayes, peer.auc, ours, calibration, rate, seconds, tuned))
         print(
@@ -285,12 +291,14 @@ def synthetic_data(root: Path, lines: int, tune_candidates: int) -> None:
         )
 
 
-def small_logs(root: Path, quick: bool) -> None:
-    """The defaults (and SMALL_LOG_CONFIGS' variants of them) on small real logs, beside logistic regression."""
+def small_logs(root: Path, quick: bool, tune_candidates: int, logs: int | None = None) -> None:
+    """The defaults (and SMALL_LOG_CONFIGS' variants of them) on small real logs, beside logistic regression and
+    `tune`'s best of ``tune_candidates`` judged on lines held out of the window (no --validation hour: as a
+    user with one small log would run it); ``logs``: the first so many of SMALL_LOGS."""
     from elastic_control.data.criteo import convert_file
 
     rows = []
-    for first, count, hours in SMALL_LOGS[:2] if quick else SMALL_LOGS:
+    for first, count, hours in SMALL_LOGS[: logs or (2 if quick else len(SMALL_LOGS))]:
         folder = root / f"small-{first}"
         folder.mkdir()
         raw = B.write_criteo_slice(folder / "raw.txt", first, count)
@@ -308,6 +316,9 @@ def small_logs(root: Path, quick: bool) -> None:
             last, _ = train(hourly_job(folder / label.replace(" ", "-"), data, slots, hours - 1), 2, extra=extra)
             probs = B.score_pass(last, test_lines)
             got[label] = (auc(labels, probs), probs.mean() / labels.mean())
+        if tune_candidates:
+            job = hourly_job(folder / "tune-job", data, criteo_slots(), hours - 1)
+            got["tune"] = tune_best(job, folder / "tune", tune_candidates, test_lines)
         rows.append((first, len(train_lines), hours - 1, peer.auc, peer.c, got))
         print(
             f"small log: lines {first}..{first + count}, {len(train_lines)} training lines in {hours - 1} pass(es): "
@@ -315,19 +326,28 @@ def small_logs(root: Path, quick: bool) -> None:
             f"calibration {got['defaults'][1]:.3f}; no dense slots {got['no dense slots'][0]:.4f}; "
             f"all judged {got['all judged'][0]:.4f}; "
             f"full batches {got['full batches'][0]:.4f}; "
-            f"logistic regression (C={peer.c}) {peer.auc:.4f}",
+            f"logistic regression (C={peer.c}) {peer.auc:.4f}"
+            + (
+                f"; tune's best of {tune_candidates} {got['tune'][0]:.4f} ({got['tune'][0] - peer.auc:+.4f} vs LR, "
+                f"{got['tune'][1]:.0f} s: {json.dumps(got['tune'][2], sort_keys=True)})"
+                if "tune" in got
+                else ""
+            ),
             flush=True,
         )
     print(
         "\n| first line | training lines, passes | LR (best C) | defaults (calibration) | vs LR | no dense slots "
-        "| all judged | full batches |"
+        f"| all judged | full batches | tune ({tune_candidates} candidates, time) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for first, n, passes, lr_auc, c, got in rows:
         (a, cal), judged, full = got["defaults"], got["all judged"][0], got["full batches"][0]
         row = (f"{first:,}", f"{n:,}, {passes}", f"{lr_auc:.4f} ({c})", f"{a:.4f} ({cal:.3f})", f"{a - lr_auc:+.4f}")
-        print("| " + " | ".join(row) + f" | {got['no dense slots'][0]:.4f} | {judged:.4f} | {full:.4f} |")
-    for label, _ in SMALL_LOG_CONFIGS:
+        tuned = (
+            f"{got['tune'][0]:.4f} ({got['tune'][0] - lr_auc:+.4f}, {got['tune'][1]:.0f} s)" if "tune" in got else "-"
+        )
+        print("| " + " | ".join(row) + f" | {got['no dense slots'][0]:.4f} | {judged:.4f} | {full:.4f} | {tuned} |")
+    for label in [c for c, _ in SMALL_LOG_CONFIGS] + (["tune"] if tune_candidates else []):
         gaps = [got[label][0] - lr_auc for _, _, _, lr_auc, _, got in rows]
         print(
             f"{label}: at or above logistic regression on {sum(g >= 0 for g in gaps)} of {len(rows)} small logs, "
@@ -336,7 +356,10 @@ def small_logs(root: Path, quick: bool) -> None:
         )
 
 
-def criteo_families(root: Path, families: list[str], quick: bool) -> None:
+def criteo_families(root: Path, families: list[str], quick: bool, tune_candidates: int) -> None:
+    """Every family with the defaults on the Criteo split, the default family without dense slots and as one
+    pass, and `tune`'s best of ``tune_candidates`` judged on lines held out of the four hours, beside
+    logistic regression on the same feasigns."""
     from elastic_control.data.criteo import convert_file
 
     hours = 5
@@ -399,6 +422,16 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     probs = B.score_pass(last, test_lines)
     pooled = (auc(labels, probs), log_loss(labels, probs), probs.mean() / labels.mean(), rate)
     hourly = next((r for r in rows if r[0] == DEFAULT_MODEL), None)
+    tuned = None
+    if tune_candidates:
+        job = hourly_job(root / "criteo-tune-job", root / "criteo", criteo_slots(), hours - 1)
+        tuned = tune_best(job, root / "criteo-tune", tune_candidates, test_lines)
+        print(
+            f"  tune's best of {tune_candidates} (judged on lines held out of the {hours - 1} hours): AUC "
+            f"{tuned[0]:.4f} ({tuned[0] - lr_auc:+.4f} vs LR) in {tuned[1]:.0f} s: "
+            + json.dumps(tuned[2], sort_keys=True),
+            flush=True,
+        )
     print(
         f"  {DEFAULT_MODEL}, PASS_HOURS={hours - 1} (one pass over the {hours - 1} hours): AUC {pooled[0]:.4f} "
         f"({pooled[0] - lr_auc:+.4f} vs LR"
@@ -414,6 +447,11 @@ def criteo_families(root: Path, families: list[str], quick: bool) -> None:
     for label, r in (("no dense slots", sparse_only), (f"PASS_HOURS={hours - 1}", pooled)):
         label = f"{DEFAULT_MODEL}, {label}"
         print(f"| {label} | {r[0]:.4f} | {r[0] - lr_auc:+.4f} | {r[1]:.4f} | {r[2]:.3f} | - | {r[3]:,.0f} | - |")
+    if tuned:
+        print(
+            f"| tune's best of {tune_candidates} ({tuned[1]:.0f} s) | {tuned[0]:.4f} | {tuned[0] - lr_auc:+.4f} "
+            "| - | - | - | - | - |"
+        )
 
 
 def main() -> None:
@@ -428,8 +466,10 @@ def main() -> None:
         "--tune-candidates",
         type=int,
         default=None,
-        help="tune's budget on the synthetic interaction data (default 8, --quick 3; 0: no tune row)",
+        help="tune's budget on the synthetic interaction data, the Criteo split and each small log "
+        "(default 8, --quick 3; 0: no tune rows)",
     )
+    ap.add_argument("--small-logs", type=int, default=None, help="only the first N small logs (default all, --quick 2)")
     ap.add_argument(
         "--rounds", type=int, default=None, help="throughput rounds, configurations alternating (default 3, --quick 1)"
     )
@@ -442,7 +482,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         root = Path(tmp)
         if args.small_logs_only:
-            small_logs(root, args.quick)
+            small_logs(root, args.quick, args.tune_candidates, args.small_logs)
             return
         if not args.skip_throughput or args.reader_only:
             generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=B.START)
@@ -511,8 +551,8 @@ def main() -> None:
         if not B.CRITEO_FILE.exists():
             print(f"Criteo comparison skipped: {B.CRITEO_FILE} not found")
             return
-        criteo_families(root, families, args.quick)
-        small_logs(root, args.quick)
+        criteo_families(root, families, args.quick, args.tune_candidates)
+        small_logs(root, args.quick, args.tune_candidates, args.small_logs)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ reliability table then come from float64 running sums (exact up to rounding).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -377,6 +378,15 @@ def summarize(t: ScoreCounts) -> dict:
 
 
 # ---- one-call forms and the trainer's running window -------------------------------------------
+
+
+def auc_standard_error(auc: float, positives: int, negatives: int) -> float | None:
+    """The standard error of an AUC measured on so many positives and negatives (Hanley and McNeil, 1982)."""
+    if positives < 1 or negatives < 1:
+        return None
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    variance = auc * (1 - auc) + (positives - 1) * (q1 - auc * auc) + (negatives - 1) * (q2 - auc * auc)
+    return math.sqrt(max(variance, 0.0) / (positives * negatives))
 
 
 def auc(labels, scores) -> float:

@@ -2,7 +2,7 @@
 
 One search (module fixture) is killed with SIGKILL while its second candidate trains and run again with
 the same --output; the tests then read what it left: the leaderboard, the candidates' folders, their
-passes, and the plan after --apply.
+passes, the winner retrained on the whole window, and the plan after --apply.
 """
 
 from __future__ import annotations
@@ -81,9 +81,24 @@ def test_leaderboard_names_the_best_candidate(search):
     done = [c for c in board["candidates"] if c["state"] == "done"]
     assert len(done) == 2 and board["budget"] == {"candidates": 2, "finished": 2}
     best = board["best"]
-    assert set(best) == {"candidate", "pass", "settings", "validation"}
-    assert best["validation"]["auc"] == max(c["validation"]["auc"] for c in done)
-    assert Path(best["pass"], "meta.json").exists()
+    assert set(best) == {"candidate", "pass", "settings", "validation", "judged_pass", "why", "refit"}
+    top = max(done, key=lambda c: c["validation"]["auc"])
+    if best["candidate"] == top["candidate"]:
+        assert best["why"] == "the best validation AUC"
+    else:  # the defaults, within one standard error of the top AUC
+        assert best["candidate"] == "000" and "one standard error" in best["why"]
+    winner = next(c for c in done if c["candidate"] == best["candidate"])
+    assert best["judged_pass"] == winner["pass"] and Path(winner["pass"], "meta.json").exists()
+    # No --validation: the candidates trained on 4 lines in 5, so the winner was trained again on every line of
+    # the window (-f's data, not the split's copy), and that pass is best.pass.
+    refit = best["refit"]
+    assert refit["window"] == {"start": "20191221/00", "end": "20191221/01"} and "held out" in refit["why"]
+    assert Path(best["pass"], "meta.json").exists() and Path(best["pass"]).parent == search["out"] / "refit" / "models"
+    config = (search["out"] / "refit" / "data.config").read_text()
+    assert f'DATASET_PATH="{search["root"] / "data"}"' in config
+    spec = json.loads((search["out"] / "refit" / "candidate.json").read_text())
+    assert spec["settings"] == best["settings"] and spec["validation_config"] is None
+    assert "retrained on the whole window" in search["stderr"]
     for row in done:
         v = row["validation"]
         assert 0.5 < v["auc"] < 1 and v["logloss"] > 0 and 0.5 < v["calibration"] < 1.5
@@ -109,7 +124,9 @@ def test_a_killed_search_resumes_without_redoing_finished_candidates(search):
 
 def test_every_pass_tune_writes_reproduces_its_golden_lines(search):
     passes = sorted(search["out"].glob("candidates/*/models/pass-*"))
-    assert passes
+    refit = sorted(search["out"].glob("refit/models/pass-*"))
+    assert passes and refit
+    passes += refit
     for pass_dir in passes:
         lines, probs = read_golden(pass_dir)
         assert len(lines) > 0
@@ -147,6 +164,52 @@ def test_apply_puts_the_winner_into_the_plan(search):
     local = plan_components(plan, StateFolder.of(root / "state"), model_path=str(root / "models"))
     roles = [c for c in local.components if c.kind in ("pserver", "trainer")]
     assert roles and all(c.argv[-len(args) :] == args for c in roles), [c.argv for c in roles]
+
+
+def test_a_finished_search_run_again_redoes_nothing(search):
+    out = search["out"]
+    marks = sorted([*out.glob("candidates/*/result.json"), out / "refit" / "result.json"])
+    before = {p: p.stat().st_mtime for p in marks}
+    res = _run(search["root"], *_tune_args(), "--json")
+    assert res.returncode == 0, res.stderr
+    assert {p: p.stat().st_mtime for p in marks} == before
+    board = json.loads(res.stdout)
+    assert board["best"] == search["board"]["best"] and "started" not in res.stderr
+
+
+def test_the_defaults_win_within_one_standard_error_of_the_best():
+    from elastic_control.metrics import auc_standard_error
+    from elastic_control.tuning.leaderboard import best_row
+    from elastic_control.tuning.space import product_defaults
+
+    assert auc_standard_error(0.75, 100, 100) == pytest.approx(0.0344, abs=1e-4)  # Hanley and McNeil's table
+    defaults = json.loads(json.dumps(product_defaults(2)))
+
+    def row(name, auc, settings, examples):
+        validation = {"auc": auc, "positives": examples // 4, "examples": examples}
+        return {"candidate": name, "trial": int(name), "state": "done", "validation": validation, "settings": settings}
+
+    for examples, winner in ((400, "000"), (40_000, "001")):  # SE 0.026 and 0.0026 at AUC 0.75
+        rows = [row("001", 0.75, {**defaults, "model": "dcn"}, examples), row("000", 0.74, defaults, examples)]
+        chosen, why = best_row(rows, train_hours=2)
+        assert chosen["candidate"] == winner, (examples, why)
+    rows = [row("001", 0.75, {**defaults, "model": "dcn"}, 400)]  # no defaults among them: the best AUC
+    assert best_row(rows, train_hours=2)[0]["candidate"] == "001"
+
+
+def test_refit_is_needed_only_where_candidates_trained_on_less_than_the_window(tmp_path):
+    from elastic_control.config.data_config import load_data_config
+    from elastic_control.tuning.split import prepare_split
+
+    (tmp_path / "data.config").write_text(
+        'export START_DATE_HR=20191221/00\nexport END_DATE_HR=20191221/03\nexport DATASET_PATH="/data"\n'
+    )
+    config = load_data_config(tmp_path / "data.config")
+    outside = prepare_split(config=config, output=tmp_path / "a", validation="20191221/04")
+    assert outside.refit_reason is None and outside.train_hours == 4
+    at_end = prepare_split(config=config, output=tmp_path / "b", validation="20191221/03")
+    assert at_end.train_hours == 3 and "trimmed" in at_end.refit_reason
+    assert at_end.window_values["DATASET_PATH"] == "/data" and at_end.window_end == config.end
 
 
 def test_validation_hours_inside_the_window_are_refused(search):
@@ -304,6 +367,9 @@ def test_a_time_budget_starts_no_candidate_after_it(search):
     assert board["budget"] == {"candidates": 3, "finished": 1}
     assert [c["state"] for c in board["candidates"]] == ["done"] and board["best"]["candidate"] == "000"
     assert "time budget spent: 1 of 3" in res.stderr
+    # The budget also stops the refit: best.pass is the judged candidate's.
+    assert board["best"]["refit"] is None and board["best"]["pass"] == board["best"]["judged_pass"]
+    assert "not retrained on the whole window" in res.stderr
 
 
 def test_the_training_window_is_searched_for_hourly_passes_only():

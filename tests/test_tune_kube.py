@@ -83,7 +83,8 @@ def test_tune_submits_each_candidate_and_judges_it_with_the_evaluation_jobs(tmp_
         # The judged pass is on the claim, as the pods wrote it.
         local = claim / row["pass"][len(k.SHARED_MOUNT) + 1 :]
         assert (local / "meta.json").exists() and (local / "golden.jsonl").exists()
-    assert board["best"]["validation"]["auc"] == max(r["validation"]["auc"] for r in rows)
+    assert board["best"]["candidate"] in {r["candidate"] for r in rows} and board["best"]["why"]
+    assert board["best"]["refit"] is None  # the validation hour lies outside the window: nothing to add
     # Every candidate's training pods kept their logs on the claim (the same role, two jobs).
     assert len(list((claim / "logs").glob("*/*-trainer.log"))) >= 2
     print(json.dumps(rows, indent=1), file=sys.stderr)

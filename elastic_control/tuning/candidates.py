@@ -99,12 +99,14 @@ def write_candidate(
     settings: dict,
     train_values: dict,
     train_window: tuple[str, str],
-    validation_config: Path,
+    validation_config: Path | None,
     trainers: int,
     pservers: int,
     max_epochs_cap: int | None,
+    refit_of: int | None = None,
 ) -> None:
-    """The candidate's data.config (training window, its MODEL_PATH and PASS_HOURS) and candidate.json."""
+    """The candidate's data.config (training window, its MODEL_PATH and PASS_HOURS) and candidate.json.
+    ``validation_config`` None: trained, not judged (the winner's refit; ``refit_of``: the winner's trial)."""
     folder.path.mkdir(parents=True, exist_ok=True)
     values = {
         **train_values,
@@ -121,10 +123,11 @@ def write_candidate(
             "number": number,
             "train_start": train_window[0],
             "settings": settings,
-            "validation_config": str(Path(validation_config).resolve()),
+            "validation_config": None if validation_config is None else str(Path(validation_config).resolve()),
             "trainers": trainers,
             "pservers": pservers,
             "max_epochs_cap": max_epochs_cap,
+            **({} if refit_of is None else {"refit_of": refit_of, "train_end": train_window[1]}),
         },
     )
 
@@ -137,7 +140,8 @@ def start_worker(folder: CandidateFolder, slot_conf: Path):
 
 
 def train_and_judge(folder: CandidateFolder, slot_conf: str, log=print) -> dict:
-    """Train the candidate (resuming what an earlier attempt left), judge its last pass, write result.json."""
+    """Train the candidate (resuming what an earlier attempt left), judge its last pass (unless it has no
+    validation lines: the winner's refit), write result.json."""
     spec = folder.spec
     hyper = hyperparameters(spec["settings"], max_epochs_cap=spec.get("max_epochs_cap"))
     config = load_data_config(folder.data_config)
@@ -163,7 +167,9 @@ def train_and_judge(folder: CandidateFolder, slot_conf: str, log=print) -> dict:
     entries = read_donefile(folder.models)
     last = entries[-1].path
     t = time.monotonic()
-    validation = judge_pass(last, spec["validation_config"], partials=folder.path / "eval-partials")
+    validation = None
+    if spec["validation_config"] is not None:
+        validation = judge_pass(last, spec["validation_config"], partials=folder.path / "eval-partials")
     result = {
         "pass": last,
         "passes": len(entries),

@@ -59,6 +59,13 @@ EPILOG = (
     help="Judge logistic regression and the plan's current pass on the same lines.",
 )
 @click.option(
+    "--refit/--no-refit",
+    default=True,
+    show_default=True,
+    help="When the candidates trained on less than the window (held-out lines, or validation hours at its end), "
+    "train the winner once more on the whole window; its pass becomes best.pass.",
+)
+@click.option(
     "--apply",
     "apply_best",
     is_flag=True,
@@ -86,6 +93,7 @@ def tune_command(
     seed,
     mlflow_uri,
     references,
+    refit,
     apply_best,
     render_only,
     state_dir,
@@ -137,6 +145,7 @@ def tune_command(
         mlflow_uri=mlflow_uri,
         references=references,
         plan=plan,
+        refit=refit,
     )
     # function-level: keeps `elastic-control --help` fast (the tuning engine loads psutil, jinja2, the backends)
     from elastic_control.tuning.leaderboard import table
@@ -152,7 +161,13 @@ def tune_command(
     if not board["best"]:
         raise UsageError(f"no candidate finished: see the worker.log files under {output}/candidates/")
     best = board["best"]
-    done(f"best: candidate {best['candidate']}, validation AUC {best['validation']['auc']:.5f}, pass {best['pass']}")
+    done(
+        f"best: candidate {best['candidate']}, validation AUC {best['validation']['auc']:.5f}, "
+        f"pass {best['judged_pass']} ({best['why']})"
+    )
+    if (best["refit"] or {}).get("pass"):
+        window = best["refit"]["window"]
+        done(f"retrained on the whole window {window['start']}..{window['end']}: pass {best['pass']} (best.pass)")
     if apply_best:
         _apply(output, state_dir)
     else:

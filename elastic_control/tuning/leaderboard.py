@@ -4,19 +4,31 @@ leaderboard.json::
 
     {"format": 1, "train_window": {"start", "end"}, "validation": {"how", "config"},
      "budget": {"candidates": N, "finished": K},
-     "best": {"candidate", "pass", "settings", "validation"} or null,
+     "best": {"candidate", "pass", "settings", "validation", "judged_pass", "why", "refit"} or null,
      "candidates": [{"candidate", "trial", "state", "settings", "pass", "passes", "validation",
                      "examples_per_sec", "seconds"}, ...],   # best validation AUC first
      "references": {"logistic_regression": {...} or null, "production": {...} or null}}
+
+The winner is the finished candidate with the best validation AUC, unless the product defaults are within one
+standard error of that AUC (Hanley and McNeil's, from the validation lines' positives and negatives): on a
+few hundred validation lines the top AUC of a dozen candidates owes much to chance, and the defaults are
+then the safer bet (Breiman's one-standard-error rule). ``best.why`` says which rule chose it.
+
+``best.pass`` is the pass to use: the winner retrained on the whole window when the candidates trained on
+less of it (``best.refit``: {"pass", "window", "why", "train_seconds"}, or {"failed", "why"}; null when no
+refit ran, tuning/refit.py), else the judged candidate's pass. ``best.validation`` and ``best.judged_pass``
+are always the judged candidate's.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ctr_foundation.atomic import atomic_write_json
+from elastic_control.metrics import auc_standard_error
 from elastic_control.tuning.candidates import PRUNED_FILE, CandidateFolder
-from elastic_control.tuning.space import describe
+from elastic_control.tuning.space import describe, product_defaults
 
 LEADERBOARD_FILE = "leaderboard.json"
 FORMAT = 1
@@ -61,10 +73,40 @@ def _rank_key(row: dict):
     return (row["state"] != "done" or auc is None, -(auc or 0.0), row["trial"])
 
 
-def build(study, *, output: Path, split, candidates: int, references: dict) -> dict:
-    rows = candidate_rows(study, output)
+def best_row(rows: list[dict], *, train_hours: int) -> tuple[dict | None, str]:
+    """The winner among ``rows`` (sorted as candidate_rows sorts them) and why it won: the best validation AUC,
+    or the product defaults when their AUC is within one standard error of it."""
     done = [r for r in rows if r["state"] == "done" and (r["validation"] or {}).get("auc") is not None]
-    best = done[0] if done else None
+    if not done:
+        return None, ""
+    top, v = done[0], done[0]["validation"]
+    defaults = json.loads(json.dumps(product_defaults(train_hours)))  # as candidate.json holds settings
+    base = next((r for r in done if r["settings"] == defaults), None)
+    positives, examples = v.get("positives"), v.get("examples")
+    if base is None or base is top or not isinstance(positives, int) or not isinstance(examples, int):
+        return top, "the best validation AUC"
+    se = auc_standard_error(v["auc"], positives, examples - positives)
+    if se is not None and base["validation"]["auc"] >= v["auc"] - se:
+        return base, (
+            f"the product defaults: their validation AUC is within one standard error ({se:.4f}) of the best, "
+            f"candidate {top['candidate']}'s {v['auc']:.5f}"
+        )
+    return top, "the best validation AUC"
+
+
+def _best(chosen: tuple[dict | None, str], refit: dict | None) -> dict | None:
+    row, why = chosen
+    if row is None:
+        return None
+    best = {k: row[k] for k in ("candidate", "pass", "settings", "validation")}
+    best.update(judged_pass=row["pass"], why=why, refit=refit)
+    if refit and refit.get("pass"):
+        best["pass"] = refit["pass"]
+    return best
+
+
+def build(study, *, output: Path, split, candidates: int, references: dict, refit: dict | None = None) -> dict:
+    rows = candidate_rows(study, output)
     return {
         "format": FORMAT,
         "train_window": {
@@ -73,7 +115,7 @@ def build(study, *, output: Path, split, candidates: int, references: dict) -> d
         },
         "validation": {"how": split.how, "config": str(Path(split.validation_config).resolve())},
         "budget": {"candidates": candidates, "finished": sum(r["state"] in ("done", "pruned") for r in rows)},
-        "best": ({k: best[k] for k in ("candidate", "pass", "settings", "validation")} if best is not None else None),
+        "best": _best(best_row(rows, train_hours=split.train_hours), refit),
         "candidates": rows,
         "references": references,
     }

@@ -15,6 +15,7 @@ from elastic_control.plan import load_plan
 from elastic_control.tuning import leaderboard, tracking
 from elastic_control.tuning import references as refs
 from elastic_control.tuning.kube import render_search, start_candidate
+from elastic_control.tuning.refit import refit as refit_winner
 from elastic_control.tuning.split import prepare_split
 from elastic_control.tuning.study import open_study, recover, run_search, seed_study
 
@@ -43,12 +44,16 @@ def tune(
     references: bool = True,
     show_progress: bool = True,
     plan=None,
+    refit: bool = True,
 ) -> dict:
     """Run (or finish) the search in ``output``; returns the leaderboard (also in output/leaderboard.json).
 
     ``plan``: a Kubernetes plan (kube_plan): each candidate is then its Volcano training job and evaluation
     jobs in the plan's namespace and queue, followed by a worker process here (tuning/kube_worker.py); the
-    pruner sees the passes each job's trainer 0 publishes, and the references are not judged."""
+    pruner sees the passes each job's trainer 0 publishes, and the references are not judged.
+
+    ``refit``: when the candidates trained on less than the window (held-out lines, or validation hours
+    trimmed off it), train the winner once more on the whole window (tuning/refit.py; local only)."""
     out = Path(output)
     if plan is not None and not validation:
         raise UsageError(
@@ -70,7 +75,7 @@ def tune(
     if plan is not None:
         info(f"tune: candidates run as Volcano jobs in {plan.namespace} (queue {plan.queue}), {parallel or 1} at once")
         start = functools.partial(start_candidate, plan, output=out, split=split)
-    _search_with_progress(
+    completed = _search_with_progress(
         study,
         output=out,
         split=split,
@@ -90,7 +95,32 @@ def tune(
     elif references:
         reference_rows["logistic_regression"] = refs.logistic_regression(split, out, warn=warn)
         reference_rows["production"] = refs.production(state_dir, split, warn=warn)
-    board = leaderboard.build(study, output=out, split=split, candidates=candidates, references=reference_rows)
+    winner, _ = leaderboard.best_row(leaderboard.candidate_rows(study, out), train_hours=split.train_hours)
+    refitted = None
+    if refit and winner is not None and split.refit_reason:
+        if plan is not None:
+            info("tune: the winner is not retrained here on Kubernetes: `tune --apply` and `-a` train it on the plan")
+        elif not completed:
+            warn(
+                "tune: the time budget is spent, so the winner is not retrained on the whole window; run the same "
+                "command again (without --timeout) to finish the search and retrain it"
+            )
+        else:
+            refitted = refit_winner(
+                winner,
+                output=out,
+                split=split,
+                slot_conf=Path(slot_conf),
+                trainers=trainers,
+                pservers=pservers,
+                max_epochs_cap=max_epochs_cap,
+                log=info,
+            )
+            if "failed" in refitted:
+                warn(f"tune: retraining the winner on the whole window failed: {refitted['failed']}")
+    board = leaderboard.build(
+        study, output=out, split=split, candidates=candidates, references=reference_rows, refit=refitted
+    )
     path = leaderboard.write(out, board)
     done(f"leaderboard written to {path}")
     uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
@@ -130,7 +160,7 @@ def check_same_search(output: Path, *, data_config: str, slot_conf: str, validat
         )
 
 
-def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> None:
+def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> bool:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -141,7 +171,7 @@ def _search_with_progress(study, *, show: bool, candidates: int, **kwargs) -> No
             what = f"running {', '.join(running)}" if running else "candidates"
             bar.update(task, completed=min(finished, candidates), description=what)
 
-        run_search(
+        return run_search(
             study,
             candidates=candidates,
             on_change=on_change,

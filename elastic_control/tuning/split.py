@@ -7,6 +7,10 @@ Two ways, and no candidate ever trains on a line that judges it:
 - otherwise every ``HOLDOUT_EVERY``-th line of each hour of the window is held out: the window is copied once
   into ``DIR/data/train`` (the rest) and ``DIR/data/validation`` (the held-out lines), each hour sealed by its
   donefile like any dataset, and ``DIR/data/split.json`` (written last) says the copy is complete.
+
+Either way the candidates may train on less than the window holds (its held-out lines, or the validation
+hours trimmed off one of its ends): ``Split.refit_reason`` says so, and the winner is then trained once more
+on the whole window (tuning/refit.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ class Split:
     train_end: dt.datetime
     validation_config: Path  # data.config of the judging lines (its window is exactly them)
     how: str  # one line for people
+    window_values: dict  # data.config keys of the whole window as -f gives it (no MODEL_PATH, no PASS_HOURS)
+    window_start: dt.datetime
+    window_end: dt.datetime
+    holds_lines_out: bool = False
+
+    @property
+    def refit_reason(self) -> str | None:
+        """Why the window holds lines no candidate trained on (None: the candidates trained on all of it)."""
+        if self.holds_lines_out:
+            return f"every {HOLDOUT_EVERY}th line of each hour was held out"
+        if (self.train_start, self.train_end) != (self.window_start, self.window_end):
+            return "the validation hours were trimmed off the window"
+        return None
 
     @property
     def train_hours(self) -> int:
@@ -101,7 +118,7 @@ def _hours_split(config: DataConfig, output: Path, text: str) -> Split:
         config_text({**values, "START_DATE_HR": format_hour(v_start), "END_DATE_HR": format_hour(v_end)}),
     )
     how = f"hours {format_hour(v_start)}..{format_hour(v_end)}"
-    return Split(values, start, end, validation_config, how)
+    return Split(values, start, end, validation_config, how, values, config.start, config.end)
 
 
 def _holdout_split(config: DataConfig, output: Path) -> Split:
@@ -139,7 +156,17 @@ def _holdout_split(config: DataConfig, output: Path) -> Split:
         ),
     )
     how = f"every {HOLDOUT_EVERY}th line of {window['start']}..{window['end']} held out"
-    return Split(train_values, config.start, config.end, validation_config, how)
+    return Split(
+        train_values,
+        config.start,
+        config.end,
+        validation_config,
+        how,
+        _base_values(config),
+        config.start,
+        config.end,
+        holds_lines_out=True,
+    )
 
 
 def _split_done(mark: Path, window: dict) -> bool:

@@ -123,7 +123,7 @@ def _report_passes(trial, folder: CandidateFolder, reported: set) -> int | None:
     return new
 
 
-def _stop(proc) -> None:
+def stop_worker(proc) -> None:
     """SIGTERM to the worker and its job's roles (the worker's supervisor stops them too), SIGKILL after a grace."""
     if proc.poll() is None:
         stop_components([proc.pid], grace=STOP_GRACE, popen={proc.pid: proc})
@@ -193,7 +193,7 @@ def run_search(
                 # Stopping a candidate after its last pass saves nothing: only one with hours to go is pruned.
                 more = step is not None and step < split.train_hours and code is None
                 if more and r.trial.should_prune():
-                    _stop(r.proc)
+                    stop_worker(r.proc)
                     atomic_write_json(r.folder.path / PRUNED_FILE, {"passes": sorted(r.reported)})
                     study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)
                     log(f"candidate {r.folder.name} pruned after {len(r.reported)} pass(es)")
@@ -217,4 +217,4 @@ def run_search(
             time.sleep(POLL_SECONDS)
     finally:
         for r in running.values():  # Ctrl-C or an error: their trials stay RUNNING and are recovered next time
-            _stop(r.proc)
+            stop_worker(r.proc)

@@ -73,6 +73,7 @@ def record(board: dict, *, output: Path, uri: str, warn=print) -> str | None:
             for k, v in _numbers(best["validation"], "best_").items():
                 client.log_metric(parent, k, v)
             client.set_tag(parent, "elastic_ctr.best_pass", best["pass"])
+            client.set_tag(parent, "elastic_ctr.judged_pass", best["judged_pass"])
         client.log_artifact(parent, str(Path(output) / "leaderboard.json"))
         return parent
     except Exception as e:  # noqa: BLE001 - tracking never fails the search

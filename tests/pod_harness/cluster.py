@@ -591,7 +591,14 @@ class Cluster:
                     ip: admitted_ports(self.network_policies, view, labels) for ip, labels in sources if ip != pod.ip
                 }
             if self._ingress.get(pod.netns, "unset") != admitted:
-                self.network.set_ingress(pod.netns, admitted)
+                try:
+                    self.network.set_ingress(pod.netns, admitted)
+                except RuntimeError as e:
+                    # nft can fail while the pod is being removed (its namespace's processes are killed, nft
+                    # among them): tried again next round, so the controllers never stop over one pod.
+                    if str(e) not in pod.events:
+                        pod.event(str(e))
+                    continue
                 self._ingress[pod.netns] = admitted
         for netns in set(self._ingress) - live:
             del self._ingress[netns]
