@@ -56,6 +56,7 @@ from elastic_control.evaluation.logistic_peer import C_GRID, best_fit, labels_of
 from elastic_control.metrics import auc, log_loss  # noqa: E402
 from elastic_control.training.families import FAMILIES  # noqa: E402
 from elastic_control.training.settings import DEFAULT_MODEL  # noqa: E402
+from elastic_control.tuning.space import describe  # noqa: E402
 
 THROUGHPUT_SLOTS = tuple(range(1, 9))
 DEMO_SLOTS = tuple(range(1, 27))
@@ -147,8 +148,9 @@ def single_process_rate(job) -> float:
 
 def tune_best(job, out: Path, candidates: int, test_lines: list[str], validation: str | None = None):
     """`elastic-control tune` on ``job``'s window with ``candidates`` candidates, judged on ``validation`` (an hour)
-    or, without it, on lines held out of the window; its winner's pass scored on ``test_lines``:
-    (AUC, seconds, the winner's settings)."""
+    or, without it, on lines held out of the window; its winner's pass (best.pass) scored on ``test_lines``:
+    (AUC, seconds, the winner's settings and why it won, in one line)."""
+
     argv = [B.PYTHON, "-m", "elastic_control", "tune", "-f", str(job[0]), "-s", str(job[1])]
     argv += ["--validation", validation] if validation else []
     argv += ["--candidates", str(candidates), "--output", str(out), "--json", "--no-references"]
@@ -158,7 +160,7 @@ def tune_best(job, out: Path, candidates: int, test_lines: list[str], validation
         raise SystemExit(f"tune failed:\n{r.stderr[-3000:]}")
     best = json.loads(r.stdout)["best"]
     score = auc(labels_of(test_lines), B.score_pass(Path(best["pass"]), test_lines))
-    return score, time.monotonic() - t, best["settings"]
+    return score, time.monotonic() - t, f"{describe(best['settings'])} ({best['why']})"
 
 
 def hourly_job(folder: Path, data: Path, slots, hours: int):
@@ -329,7 +331,7 @@ def small_logs(root: Path, quick: bool, tune_candidates: int, logs: int | None =
             f"logistic regression (C={peer.c}) {peer.auc:.4f}"
             + (
                 f"; tune's best of {tune_candidates} {got['tune'][0]:.4f} ({got['tune'][0] - peer.auc:+.4f} vs LR, "
-                f"{got['tune'][1]:.0f} s: {json.dumps(got['tune'][2], sort_keys=True)})"
+                f"{got['tune'][1]:.0f} s: {got['tune'][2]})"
                 if "tune" in got
                 else ""
             ),
@@ -428,8 +430,7 @@ def criteo_families(root: Path, families: list[str], quick: bool, tune_candidate
         tuned = tune_best(job, root / "criteo-tune", tune_candidates, test_lines)
         print(
             f"  tune's best of {tune_candidates} (judged on lines held out of the {hours - 1} hours): AUC "
-            f"{tuned[0]:.4f} ({tuned[0] - lr_auc:+.4f} vs LR) in {tuned[1]:.0f} s: "
-            + json.dumps(tuned[2], sort_keys=True),
+            f"{tuned[0]:.4f} ({tuned[0] - lr_auc:+.4f} vs LR) in {tuned[1]:.0f} s: " + tuned[2],
             flush=True,
         )
     print(
