@@ -511,3 +511,6 @@ def test_no_network_policy_renders_none(tmp_path):
     docs = docs_of(tmp_path, kube={"network_policy": False})
     assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
     assert by_name(docs, "Deployment", "elastic-ctr-serving")  # the rest is as before
+    # Volcano's svc plugin then fences the training job with its own policy (the job's pods only).
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert job["spec"]["plugins"]["svc"] == []

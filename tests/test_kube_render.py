@@ -103,7 +103,8 @@ def test_volcano_job_matches_the_design(tmp_path):
     spec = job["spec"]
     assert job["apiVersion"] == "batch.volcano.sh/v1alpha1"
     assert spec["minAvailable"] == 5 and spec["schedulerName"] == "volcano" and spec["queue"] == "default"
-    assert spec["plugins"] == {"svc": [], "env": []}
+    # The instance's NetworkPolicies decide who reaches the job's pods, not the svc plugin's own.
+    assert spec["plugins"] == {"svc": ["--disable-network-policy"], "env": []}
     # In order (Volcano takes the first match): a configuration error aborts before PodFailed restarts.
     assert spec["policies"] == [
         {"exitCode": 2, "action": "AbortJob"},
