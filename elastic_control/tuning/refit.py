@@ -4,7 +4,7 @@ Without ``--validation`` every 5th line of each hour judged the candidates and n
 validation hours at an end of the window, the candidates' window stopped short of them. Either way the
 winner's pass learned from less than the user's window holds: on small logs, where held-out lines are most
 of what a search costs, a fifth fewer lines cost the winner 0.002-0.009 AUC on the next hour (Criteo
-slices of 2,000-4,000 training lines, docs/tune.md). So, as a grid search refits its best estimator on all
+slices of 2,000-6,000 training lines, CHANGELOG.md). So, as a grid search refits its best estimator on all
 the data, tune trains the winner's settings once more on the whole window, in ``DIR/refit/``: a candidate
 folder whose data.config is the window of ``-f`` and whose candidate.json has no validation lines (its
 worker trains and does not judge: it has seen every judging line). The leaderboard's ``best.pass`` is then
