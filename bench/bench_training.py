@@ -150,7 +150,6 @@ def tune_best(job, out: Path, candidates: int, test_lines: list[str], validation
     """`elastic-control tune` on ``job``'s window with ``candidates`` candidates, judged on ``validation`` (an hour)
     or, without it, on lines held out of the window; its winner's pass (best.pass) scored on ``test_lines``:
     (AUC, seconds, the winner's settings and why it won, in one line)."""
-
     argv = [B.PYTHON, "-m", "elastic_control", "tune", "-f", str(job[0]), "-s", str(job[1])]
     argv += ["--validation", validation] if validation else []
     argv += ["--candidates", str(candidates), "--output", str(out), "--json", "--no-references"]

@@ -105,8 +105,10 @@ def _best(chosen: tuple[dict | None, str], refit: dict | None) -> dict | None:
     return best
 
 
-def build(study, *, output: Path, split, candidates: int, references: dict, refit: dict | None = None) -> dict:
-    rows = candidate_rows(study, output)
+def build(
+    rows: list[dict], chosen: tuple[dict | None, str], *, split, candidates: int, references: dict, refit: dict | None
+) -> dict:
+    """The leaderboard of ``rows`` (candidate_rows) with ``chosen`` (best_row) as its best."""
     return {
         "format": FORMAT,
         "train_window": {
@@ -115,7 +117,7 @@ def build(study, *, output: Path, split, candidates: int, references: dict, refi
         },
         "validation": {"how": split.how, "config": str(Path(split.validation_config).resolve())},
         "budget": {"candidates": candidates, "finished": sum(r["state"] in ("done", "pruned") for r in rows)},
-        "best": _best(best_row(rows, train_hours=split.train_hours), refit),
+        "best": _best(chosen, refit),
         "candidates": rows,
         "references": references,
     }

@@ -95,7 +95,9 @@ def tune(
     elif references:
         reference_rows["logistic_regression"] = refs.logistic_regression(split, out, warn=warn)
         reference_rows["production"] = refs.production(state_dir, split, warn=warn)
-    winner, _ = leaderboard.best_row(leaderboard.candidate_rows(study, out), train_hours=split.train_hours)
+    rows = leaderboard.candidate_rows(study, out)
+    chosen = leaderboard.best_row(rows, train_hours=split.train_hours)
+    winner = chosen[0]
     refitted = None
     if refit and winner is not None and split.refit_reason:
         if plan is not None:
@@ -119,7 +121,7 @@ def tune(
             if "failed" in refitted:
                 warn(f"tune: retraining the winner on the whole window failed: {refitted['failed']}")
     board = leaderboard.build(
-        study, output=out, split=split, candidates=candidates, references=reference_rows, refit=refitted
+        rows, chosen, split=split, candidates=candidates, references=reference_rows, refit=refitted
     )
     path = leaderboard.write(out, board)
     done(f"leaderboard written to {path}")
