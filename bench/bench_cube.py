@@ -380,7 +380,11 @@ def main() -> None:
         default="c",
         help="load generator: the compiled bench/loadgen.c (default) or the Python selectors loop",
     )
+    ap.add_argument("--batches", default="26,1000", help="comma-separated batch sizes to measure")
+    ap.add_argument("--clients", default="1,16", help="comma-separated client counts to measure")
     args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    client_counts = [int(c) for c in args.clients.split(",")]
     n = args.keys or (1_000_000 if args.quick else 10_000_000)
     seconds = args.seconds or (3.0 if args.quick else 6.0)
     work = Path(tempfile.mkdtemp(prefix="bench-cube-"))
@@ -447,8 +451,8 @@ def main() -> None:
         print(f"load generator: {generator}", flush=True)
         rows = []
         redis_proc = procs[1]
-        for batch in (26, 1000):
-            queries = make_queries(keys, batch, 4000 if batch == 26 else 800, seed=batch)
+        for batch in batches:
+            queries = make_queries(keys, batch, 4000 if batch <= 100 else 800, seed=batch)
             cube_reqs = [cube_request(cube_port, q) for q in queries]
             redis_reqs = [redis_request(q) for q in queries]
             expect = [redis_answer_length(q, is_present(keys, q)) for q in queries]
@@ -457,7 +461,7 @@ def main() -> None:
                     work / f"cube-{batch}.req", cube_reqs, http_answer_lengths(cube_port, cube_reqs)
                 )
                 redis_file = write_request_file(work / f"redis-{batch}.req", redis_reqs, expect)
-            for clients in (1, 16):
+            for clients in client_counts:
                 if exe:
                     res_c = measured(
                         lambda f=cube_file, c=clients, b=batch: run_loadgen(exe, cube_port, f, c, seconds, b), cube_proc

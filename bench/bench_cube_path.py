@@ -96,13 +96,12 @@ def main() -> None:
         worker.apply_state_file()
         worker._loop = asyncio.get_running_loop()
         if list(inspect.signature(LookupProtocol.__init__).parameters)[1] == "server":
-            from ctr_foundation.http_server import HttpLimits
+            # A real (never started) HttpServer: whatever a protocol reads of its server is there.
+            from ctr_foundation.http_server import HttpServer  # function-level: the measured tree's module
 
-            class Server:  # what a protocol reads of its HttpServer
-                limits, connections, name, token, app = HttpLimits(), set(), "bench", "t", worker
-                loop = asyncio.get_running_loop()
-
-            proto = LookupProtocol(Server(), worker)
+            server = HttpServer(worker, name="bench", token="t")
+            server.loop = asyncio.get_running_loop()
+            proto = LookupProtocol(server, worker)
         else:  # the protocol before the one HTTP layer
             proto = LookupProtocol(worker, 8_001_024)
         transport = CountingTransport()

@@ -122,10 +122,44 @@ class LookupProtocol(HttpProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._heard = True
+        if self._alone(data):
+            return
         try:
             self._receive(data)
         finally:  # even after an early return: what was queued must be answered
             self.worker.end_of_chunk()
+
+    def _alone(self, data: bytes) -> bool:
+        """Answer ``data`` at once if it is exactly one whole plain keep-alive lookup on the worker's only
+        connection, with nothing before it (no unanswered request, no buffered bytes, no body arriving):
+        a single client's request then costs no answer slot, queue or merge pass. Anything else (and
+        any lookup that is not a plain success) goes the ordinary way, which parses and answers it."""
+        if (
+            self.buffer
+            or self.pending
+            or self._head is not None
+            or self.worker.connections != 1
+            or self.closing
+            or self._busy
+            or self._write_paused
+            or self._lingering
+            or self._eof
+            or self.transport is None
+            or not data.startswith(LOOKUP_PREFIX)
+        ):
+            return False
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end > self.limits.max_header_bytes:
+            return False
+        fast = parse_lookup_head(data, 0, end)
+        if fast is None or not fast[2] or fast[1] > self.fast_max_body or len(data) != end + 4 + fast[1]:
+            return False
+        answer = self.worker.lookup_now(fast[0], data[end + 4 :])
+        if answer is None:
+            return False
+        self.requests += 1
+        self.transport.write(answer)
+        return True
 
     def new_slot(self, keep_alive: bool) -> Slot:
         """Reserve this request's place in the connection's ordered answers."""

@@ -344,6 +344,35 @@ class CubeWorker:
             return
         self._queue(index, body, slot, proto._deliver)
 
+    def lookup_now(self, version: str | None, body: bytes) -> bytes | None:
+        """The whole keep-alive answer to a lookup that is alone (LookupProtocol's direct path), or None
+        when it is not a plain success (no such version, a bad body, a failure): the caller then sends it
+        the ordinary way, which answers the error (and counts it)."""
+        t0 = perf_counter()
+        versions = self.versions
+        index = versions.active if version is None else versions.indexes.get(version)
+        if index is None or len(body) & 7 or len(body) > self._max_body_bytes or self._pending:
+            return None
+        try:
+            return self._answer_one(index, body, True, t0)
+        except Exception:  # noqa: BLE001 - the ordinary path tries again and answers 500 if it fails again
+            log.exception("direct lookup failed")
+            return None
+
+    def _answer_one(self, index, body: bytes, keep_alive: bool, t0: float) -> bytes:
+        """The encoded answer to one lookup (head, rows, found-bitmap), counted in the metrics."""
+        rows, found = index.lookup_rows(np.frombuffer(body, dtype="<u8"))
+        total = len(found)
+        misses = total - int(np.count_nonzero(found))
+        bitmap = np.packbits(found, bitorder="little").tobytes()
+        prefixes = self._head_prefixes.get((index.version, index.dim)) or self._head_prefixes_for(index)
+        head = prefixes[keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (
+            total * index.row_bytes + len(bitmap),
+            misses,
+        )
+        self.metrics.observe_lookups(1, total, misses, (perf_counter() - t0,))
+        return b"".join((head, rows, bitmap))
+
     def _no_index(self, version: str | None) -> Response:
         if version is None:
             return Response.error(503, "no active version yet")
@@ -392,26 +421,16 @@ class CubeWorker:
     def _answer_group(self, items: list) -> None:
         """One vectorised lookup for every request in ``items`` (all bound to one version), then answer each."""
         index = items[0][0]
-        single = len(items) == 1
-        keys = np.frombuffer(items[0][1] if single else b"".join([it[1] for it in items]), dtype="<u8")
+        if len(items) == 1:
+            _, body, slot, deliver, t0 = items[0]
+            deliver(slot, self._answer_one(index, body, slot.keep_alive, t0))
+            return
+        keys = np.frombuffer(b"".join([it[1] for it in items]), dtype="<u8")
         rows, found = index.lookup_rows(keys)
         rows = memoryview(rows.reshape(-1))  # flat bytes: slices below are byte ranges, not rows
         rb = index.row_bytes
         total = len(keys)
-        prefixes = self._head_prefixes.get((index.version, index.dim))
-        if prefixes is None:
-            prefixes = self._head_prefixes_for(index)
-        if single:
-            hits = int(np.count_nonzero(found))
-            _, body, slot, deliver, t0 = items[0]
-            bitmap = np.packbits(found, bitorder="little").tobytes()
-            head = prefixes[slot.keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (
-                total * rb + len(bitmap),
-                total - hits,
-            )
-            deliver(slot, b"".join((head, rows, bitmap)))
-            self.metrics.observe_lookups(1, total, total - hits, (perf_counter() - t0,))
-            return
+        prefixes = self._head_prefixes.get((index.version, index.dim)) or self._head_prefixes_for(index)
         bitmaps = _split_bitmaps(found, [len(it[1]) >> 3 for it in items])
         hits_upto = np.cumsum(found).tolist()
         start = 0

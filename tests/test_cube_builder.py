@@ -162,7 +162,7 @@ def test_lookup_index_matches_a_plain_set_lookup(tmp_path, keys):
     pos = np.searchsorted(keys, query[found])
     np.testing.assert_array_equal(got[found], values[pos])
     assert not got[~found].any()
-    # Small batches take the sliding-window path (below WINDOW_MAX_KEYS): same answers.
+    # Small batches take the window path (up to WINDOW_MAX_KEYS): same answers.
     for size in (1, 26, WINDOW_MAX_KEYS, WINDOW_MAX_KEYS + 1):
         for at in range(0, len(query), 997):
             part = query[at : at + size]
