@@ -126,7 +126,7 @@ def test_the_byte_parse_takes_criteo_like_lines_with_values_and_refuses_misplace
 
 
 @pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
-def test_text_blocks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, monkeypatch, block_bytes):
+def test_text_chunks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, monkeypatch, block_bytes):
     import fsspec
 
     from elastic_control.data import readers
@@ -134,17 +134,22 @@ def test_text_blocks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, mo
     monkeypatch.setattr(readers, "READ_BLOCK_BYTES", block_bytes)
     rng = np.random.default_rng(block_bytes)
     lines = [_random_line(rng) for _ in range(200)]
+    lines[7] = lines[8] = ""  # blank lines count as lines here (parse_lines drops them)
     fs = fsspec.filesystem("file")
     for tail in ("\n", ""):
         path = tmp_path / f"part{len(tail)}"
         path.write_bytes(("\n".join(lines) + tail).encode())
         for chunk_lines in (1, 5, 64, 199, 200, 4096):
-            chunks = list(readers.iter_text_blocks(fs, str(path), "part", chunk_lines))
-            assert all(isinstance(c, bytes) for c in chunks)
+            chunks = list(readers.read_text_chunks(fs, str(path), "part", chunk_lines))
+            # Each whole lines, the file's last line given its newline when it has none.
             expected = ["\n".join(lines[i : i + chunk_lines]) + "\n" for i in range(0, len(lines), chunk_lines)]
-            if not tail:
-                expected[-1] = expected[-1][:-1]
-            assert [c.decode() for c in chunks] == expected
+            assert [c.data().decode() for c in chunks] == expected
+            assert [(c.lines, c.colons) for c in chunks] == [(e.count("\n"), e.count(":")) for e in expected]
+            assert [c.newline_added for c in chunks] == [not tail and c is chunks[-1] for c in chunks]
+            expected[-1] = expected[-1][: len(expected[-1]) - (not tail)]
+            assert list(readers.iter_text_blocks(fs, str(path), "part", chunk_lines)) == [e.encode() for e in expected]
+            for c in chunks:  # the padding the compiled pass reads past a chunk's end
+                assert len(c.buffer) >= c.end + line_batch.byte_scan.PADDING
 
 
 def test_the_byte_parse_keeps_its_lines_as_text_lines_that_behave_as_a_list():
@@ -164,3 +169,54 @@ def test_the_byte_parse_keeps_its_lines_as_text_lines_that_behave_as_a_list():
     assert isinstance(both.lines, line_batch.TextLines) and both.lines == lines * 2
     mixed = line_batch.concat_batches([batch, line_batch.parse_lines(["4 1 1:1"])[0]])
     assert mixed.lines == [*lines, "4 1 1:1"]
+
+
+# Integer tokens around the grammar's bounds, digit by digit (the compiled pass reads them 8 digits at a time),
+# and value tokens it does not convert itself (more than 2**53, long exponents): each alone in a line.
+_BOUNDARY_TOKENS = [
+    "18446744073709551615:1",  # 2**64-1
+    "18446744073709551616:1",  # 2**64
+    "18446744073709551625:1",
+    "18446744083709551615:1",
+    "28446744073709551615:1",
+    "00000000000000000001:1",  # 20 digits, leading zeros
+    "000000000000000000001:1",  # 21
+    "99999999999999999999:1",
+    "1844674407370955161:1",
+    *(f"{'7' * k}:{'3' * s}" for k in range(1, 22) for s in (1, 9, 10)),
+    "5:0000000001",
+    "9007199254740993.0:40",  # above 2**53: the caller's float()
+    "-12345678901234567890123.5:40",
+    "1.5e22:40",
+    "1.5e23:40",
+    "4.9e-324:40",
+    "1e-400:40",
+    "1e400:40",
+    "0e999999:40",
+    "-0.0:40",
+    "+.5:40",
+    "123456789.123456789:40",
+    "1234567.1234567:40",
+    "12345678.1:40",
+    "1.12345678:40",
+]
+_BOUNDARY_SHOWS = ["9223372036854775807", "9223372036854775808", "09223372036854775807", "0", "00", "1" * 21]
+
+
+def test_tokens_at_the_grammars_bounds_parse_as_the_per_line_parser_does():
+    lines = [f"1 0 {tok}" for tok in _BOUNDARY_TOKENS] + [f"{show} 1 5:1" for show in _BOUNDARY_SHOWS]
+    lines += ["  1 0   5:1  6:2  ", "1  1 5:1", "1 0", "   ", "", "1 1 5:1 :1", "1 1 5: 1", "1 2 5:1", "1 01 5:1"]
+    taken = refused = 0
+    for line in lines:
+        for text in (f"{line}\n", f"7 1 1:1\n{line}\n\n8 0 2:2\n"):
+            batch, bad = line_batch.parse_text(text.encode())
+            kept = [ln for ln in text.split("\n")[:-1] if ln.strip()]
+            ref, ref_bad = line_batch._parse_line_by_line(kept)
+            assert _rows(batch) == _rows(ref), line
+            assert list(batch.lines) == list(ref.lines), line
+            assert [(b.index, b.line, b.reason) for b in bad] == [(b.index, b.line, b.reason) for b in ref_bad], line
+            fast = line_batch._parse_plain_bytes(text.encode())
+            taken += fast is not None
+            refused += fast is None and not ref_bad  # valid, but left to the older paths (a 21-digit value)
+            assert fast is None or not ref_bad, line
+    assert taken > 80 and refused < 5  # the compiled pass itself took the valid lines, bar a few

@@ -5,32 +5,22 @@
 messages); this module does the same for thousands of lines at once, because
 a per-line Python parse caps a trainer at a few tens of thousands of lines per second.
 
-``parse_text`` takes a chunk of the file as bytes (what the hourly reader
-reads) and finds its tokens with numpy on the whole chunk: the separators'
-positions give every token, the byte after a token says whether it is a
-pair's left part (``:``), and each line's tokens must then be show, click and
-feasign:slot pairs; pyarrow converts every integer token at once (its
-parser refuses a uint64 overflow) and the value tokens of dense slots
-(``2.5:40``), each checked against ``VALUE_NUMBER`` first. Anything outside that
-plain layout (tabs, carriage returns, runs of odd bytes, a malformed
+``parse_text`` takes a chunk of the file as bytes (``parse_chunk``: as the
+hourly reader reads it, lines in a buffer) and parses it in one compiled pass
+(``byte_scan.py``): tokens found, checked and converted together. Anything
+outside the plain layout (tabs, carriage returns, odd bytes, a malformed
 token) sends the chunk to the older paths of ``parse_lines``: a regular
 expression over the chunk with one ``np.fromstring``, and, when that
 fails, the per-line parser, which names the bad lines. So a chunk the
 fast path accepts parses as the reference would, and one it refuses is
 counted and skipped exactly as before.
 
-Where a chunk's time goes (Criteo lines as ``data criteo`` writes them: about
-100 tokens and 500 bytes a line, 10 of the tokens dense values). Such chunks
-never fell back to the per-line parser, but took 7 us a line before value
-tokens had their own path in the layout writers produce: copying the integer
-tokens out (a pyarrow ``take``) cost as much as converting them, the value
-tokens' regular expression (pyarrow's) 50 ns each, cutting the lines into
-Python strings 0.5 us, and some twenty passes over per-token arrays the rest.
-About 4 us are left. What no pass of numpy or pyarrow avoids is 1.6 us of
-them: finding the separators (``np.flatnonzero`` over every byte, 0.6 us: as
-long as pyarrow's whole CSV split of the same bytes) and converting the
-integers (pyarrow, about 10 ns a token: 1 us); the rest is some fifteen
-passes over per-token arrays, 0.1 us each, and the value tokens' 0.5 us.
+Before the compiled pass, the fast path was some twenty numpy and pyarrow
+kernels over the chunk's bytes and tokens: 4.3 us of CPU a Criteo line (about
+100 tokens and 1,000 bytes a line, 13 of the tokens dense values), against
+0.45 us for pyarrow's bare split of the same lines into strings; converting the
+integers (pyarrow, 10 ns a token) and finding the separators (``np.flatnonzero``
+over every byte) alone took 1.6 us.
 """
 
 from __future__ import annotations
@@ -46,20 +36,17 @@ from ctr_foundation.dense_features import dense_matrix
 from ctr_foundation.sample import PADDING_FEASIGN, parse_sample_line, transform_keys
 from ctr_foundation.slot_grammar import (
     CLICK,
-    FEASIGN_DIGITS,
     INTEGER_LINES_OK,
     LEAD,
     SEP,
     SHOW,
-    SHOW_DIGITS,
     SHOW_LIMIT,
     SLOT,
-    SLOT_DIGITS,
     TRAIL,
     UINT64_MAX,
-    VALUE_NUMBER,
     MalformedLine,
 )
+from elastic_control.data import byte_scan
 
 # A chunk with value tokens too (a dense slot's number, ctr_foundation/dense_features.py: a decimal number
 # that is not a plain unsigned integer, so it has a sign, a point or an exponent), in feature positions only:
@@ -89,14 +76,14 @@ class TextLines(Sequence):
         self._arr = arr
 
     @classmethod
-    def of_chunk(cls, data: bytes, newlines: np.ndarray) -> TextLines:
-        """The lines of ``data``, whose newlines are at ``newlines`` (sorted, the last one ending ``data``)."""
+    def of_buffer(cls, buffer: np.ndarray, start: int, newlines: np.ndarray) -> TextLines:
+        """The lines of ``buffer`` from ``start`` on, one after another, whose newlines are at ``newlines``."""
         import pyarrow as pa
 
         offsets = np.empty(len(newlines) + 1, np.int64)
-        offsets[0] = 0
+        offsets[0] = start
         offsets[1:] = newlines + 1
-        return cls(pa.LargeStringArray.from_buffers(len(newlines), pa.py_buffer(offsets), pa.py_buffer(data)))
+        return cls(pa.LargeStringArray.from_buffers(len(newlines), pa.py_buffer(offsets), pa.py_buffer(buffer)))
 
     @classmethod
     def concat(cls, parts: list[TextLines]) -> TextLines:
@@ -188,6 +175,30 @@ class BadLine:
     reason: str
 
 
+@dataclass(frozen=True)
+class TextChunk:
+    """Whole lines of a file as bytes: ``buffer[start:end]``, the last line ending with a newline, and
+    ``byte_scan.PADDING`` bytes readable after ``end``; ``lines`` newlines and ``colons`` colons in it
+    (what the parse allocates for)."""
+
+    buffer: np.ndarray  # uint8
+    start: int
+    end: int
+    lines: int
+    colons: int
+    newline_added: bool = False  # the file's last line, given the newline it lacks
+
+    @classmethod
+    def of_bytes(cls, data: bytes) -> TextChunk:
+        """``data`` (whole lines, the last ending with a newline) copied into a buffer of its own."""
+        buffer = np.frombuffer(data + bytes(byte_scan.PADDING), np.uint8)
+        lines, colons = byte_scan.count(buffer, 0, len(data))
+        return cls(buffer, 0, len(data), lines, colons)
+
+    def data(self) -> bytes:
+        return self.buffer[self.start : self.end].tobytes()
+
+
 def parse_text(data: bytes) -> tuple[LineBatch, list[BadLine]]:
     """Parse a chunk of slot-format text, whole lines as read from a file (bytes, UTF-8; the last line's
     newline optional): ``parse_lines`` of its lines, without a Python object per line on the way."""
@@ -198,7 +209,23 @@ def parse_text(data: bytes) -> tuple[LineBatch, list[BadLine]]:
     batch = _parse_plain_bytes(data)
     if batch is not None:
         return batch, []
-    # What a text-mode read of the file gives (undecodable bytes replaced, lines split at "\n" only).
+    return _parse_decoded(data)
+
+
+def parse_chunk(chunk: TextChunk) -> tuple[LineBatch, list[BadLine]]:
+    """``parse_text`` of a chunk of a file read into a buffer (``readers.read_text_chunks``), parsed where
+    it lies."""
+    if chunk.end == chunk.start:
+        return LineBatch.empty(), []
+    batch = _parse_plain_chunk(chunk)
+    if batch is not None:
+        return batch, []
+    return _parse_decoded(chunk.data())
+
+
+def _parse_decoded(data: bytes) -> tuple[LineBatch, list[BadLine]]:
+    """The chunk as a text-mode read of the file gives it (undecodable bytes replaced, lines split at "\n"
+    only), through ``parse_lines``."""
     return parse_lines(data.decode("utf-8", "replace").split("\n")[:-1])
 
 
@@ -237,331 +264,53 @@ def parse_plain_lines(lines: Sequence[str]) -> LineBatch | None:
     return batch
 
 
-# The separators of the plain layout: space, ":" and newline (tabs and carriage returns take the older path).
-_SPACE, _COLON, _NEWLINE = np.uint8(32), np.uint8(58), np.uint8(10)
-# The grammar's bounds (slot_grammar.py) as numpy compares them: digit counts, even with leading zeros.
+# The grammar's show bound as numpy compares it (the older paths' check).
 _SHOW_LIMIT = np.uint64(SHOW_LIMIT)
 
 
 def _parse_plain_bytes(data: bytes, lines: list[str] | None = None) -> LineBatch | None:
-    """The fast path over a chunk of ASCII text ending with a newline; None when the chunk is not in the
-    plain layout or holds a malformed line (the caller then takes the older, exact paths).
+    """``_parse_plain_chunk`` of a chunk of ASCII text ending with a newline."""
+    return _parse_plain_chunk(TextChunk.of_bytes(data), lines)
+
+
+def _parse_plain_chunk(chunk: TextChunk, lines: list[str] | None = None) -> LineBatch | None:
+    """The fast path (``byte_scan.scan``, one compiled pass); None when the chunk is not in the plain layout
+    or holds a malformed line (the caller then takes the older, exact paths).
 
     ``lines``: the chunk's lines when the caller has them (blank lines already dropped); else they are
-    cut from ``data``.
+    the chunk's bytes, kept as ``TextLines``.
     """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    b = np.frombuffer(data, np.uint8)
-    # Bytes that are not digits: the separators, and in value tokens their signs, points and exponents.
-    other = np.flatnonzero((b - np.uint8(48)) > 9)
-    kinds = b[other]
-    sep = (kinds == _SPACE) | (kinds == _COLON) | (kinds == _NEWLINE)  # compares, not a table (see _value_bytes)
-    if sep.all():
-        seps, odd = other, other[:0]
-    else:
-        odd_at = np.flatnonzero(~sep)
-        seps, odd = other[sep], other[odd_at]
-        kinds = kinds[sep]
-        if not _value_bytes(b[odd]).all():
-            return None
-    gaps = np.diff(seps)
-    if seps[0] > 0 and (gaps > 1).all():
-        # An odd byte's token is the separator after it: the separators before it in ``other``.
-        odd_tok = odd_at - np.arange(len(odd_at)) if len(odd) else odd
-        return _parse_plain_tokens(data, seps, gaps, kinds, odd, odd_tok, lines)
-    # The token before separator k, if any, is data[prev[k] + 1 : seps[k]].
-    prev = np.empty(len(seps), np.int64)
-    prev[0] = -1
-    prev[1:] = seps[:-1]
-    length = seps - prev - 1
-    colons = np.flatnonzero(kinds == _COLON)
-    # Every ":" sits between two tokens (the chunk ends with a newline, so colons + 1 exists).
-    if len(colons) and not ((length[colons] > 0).all() and (length[colons + 1] > 0).all()):
+    found = byte_scan.scan(chunk.buffer, chunk.start, chunk.end, chunk.lines, chunk.colons)
+    if found is None:
         return None
-    if length.min() > 0:  # one separator between tokens, as writers write: every separator ends a token
-        tok, starts, ends = None, prev + 1, seps
-        follow = kinds
-    else:
-        tok = np.flatnonzero(length > 0)  # each token by the separator that ends it
-        if not len(tok):
-            return None
-        starts, ends, follow = prev[tok] + 1, seps[tok], kinds[tok]
-    n_tok = len(starts)
-    is_feature = follow == _COLON  # the left part of a pair: a feasign or a dense slot's value
-    # Each token's line among the chunk's raw lines: the newlines before it.
-    newline = kinds == _NEWLINE
-    raw_line = np.cumsum(newline) - newline
-    if tok is not None:
-        raw_line = raw_line[tok]
-    per_line = np.bincount(raw_line, minlength=int(newline.sum()))
-    nonblank = per_line > 0
-    if not nonblank.all():  # lines of spaces only: not samples, nor errors (as parse_lines)
-        raw_line = (np.cumsum(nonblank) - 1)[raw_line]
-        per_line = per_line[nonblank]
-    if per_line.min() < 2:
-        return None
-    first = np.cumsum(per_line) - per_line
-    j = np.arange(n_tok, dtype=np.int64) - np.repeat(first, per_line)  # a token's place in its line
-    # show, click, then feasign:slot pairs: a token is a pair's left part exactly at the even places from 2.
-    if not np.array_equal(is_feature, (j >= 2) & ((j & 1) == 0)):
-        return None
-    is_value = None
-    if len(odd):
-        is_value = np.zeros(n_tok, bool)
-        is_value[np.searchsorted(ends, odd, side="right")] = True
-        if not is_feature[is_value].all():  # only a pair's left part may be a number that is not an integer
-            return None
-    bounds = np.empty(2 * n_tok, np.int64)
-    bounds[0::2], bounds[1::2] = starts, ends
-    # The tokens at the even places, the separators between them at the odd ones.
-    whole = pa.LargeStringArray.from_buffers(2 * n_tok - 1, pa.py_buffer(bounds), pa.py_buffer(data))
-    ints = np.arange(0, 2 * n_tok, 2) if is_value is None else 2 * np.flatnonzero(~is_value)
-    try:
-        numbers = _numpy_of(pc.cast(whole.take(_arrow_indices(ints)), pa.uint64()), np.uint64)
-    except (pa.ArrowInvalid, ValueError):  # above 2**64-1: the reference names the line
-        return None
-    if is_value is None:
-        at = None  # every token has its number, at its own place
-        feature_tok = np.flatnonzero(is_feature)
-        shows, clicks, slot_numbers = numbers[first], numbers[first + 1], numbers[feature_tok + 1]
-        feasigns = numbers[feature_tok]
-    else:
-        at = np.cumsum(~is_value) - 1  # where each token's number is in ``numbers`` (value tokens have none)
-        feature_tok = np.flatnonzero(is_feature & ~is_value)
-        shows, clicks, slot_numbers = numbers[at[first]], numbers[at[first + 1]], numbers[at[feature_tok + 1]]
-        feasigns = numbers[at[feature_tok]]
-    length = ends - starts
-    if (
-        (clicks > 1).any()
-        or (length[first + 1] != 1).any()  # click: "0" or "1", not "00"
-        or (shows >= _SHOW_LIMIT).any()
-        or (length[first] > SHOW_DIGITS).any()
-        or (length[np.flatnonzero(is_feature) + 1] > SLOT_DIGITS).any()  # value tokens' slots too
-        or (length[feature_tok] > FEASIGN_DIGITS).any()
-    ):
-        return None
-    if lines is None:
-        lines = data.decode("ascii").split("\n")[:-1]
-        if not nonblank.all():
-            lines = [ln for ln, keep in zip(lines, nonblank.tolist(), strict=True) if keep]
-    batch = LineBatch(
-        shows.astype(np.int64),
-        clicks.astype(np.int64),
-        raw_line[feature_tok],
-        feasigns,
-        slot_numbers.astype(np.int64),
-        lines,
-    )
-    if is_value is not None:
-        value_tok = np.flatnonzero(is_value)
-        texts = whole.take(_arrow_indices(2 * value_tok))
-        if not pc.all(pc.match_substring_regex(texts, _VALUE_TOKEN_RE2)).as_py():
-            return None
-        values = _numpy_of(pc.cast(texts, pa.float64()), np.float64).copy()
+    shows, clicks, ends, feature_line, feasigns, feature_slots, value_line, value_slots, values, inexact, blank = found
+    if len(inexact):
+        # Value tokens the compiled pass does not convert exactly (more than 2**53, or a large exponent):
+        # read as the per-line parser reads them; an overflow (1e999) is for the reference to name.
+        data = chunk.buffer
+        for index, start, end in inexact.reshape(-1, 3).tolist():
+            values[index] = float(data[start:end].tobytes())
         if not np.isfinite(values).all():
             return None
-        value_slots = numbers[at[value_tok + 1]]
-        batch.value_line = raw_line[value_tok]
-        batch.value_slots = value_slots.astype(np.int64)
-        batch.values = values
+    if lines is None:
+        if blank:  # lines of spaces only, dropped as parse_lines drops them
+            lines = [ln for ln in chunk.data().decode("ascii").split("\n")[:-1] if ln.strip()]
+        else:
+            lines = TextLines.of_buffer(chunk.buffer, chunk.start, ends)
+    batch = LineBatch(shows, clicks, feature_line, feasigns, feature_slots, lines)
+    if len(values):
+        batch.value_line, batch.value_slots, batch.values = value_line, value_slots, values
     return batch
 
 
-def _parse_plain_tokens(
-    data: bytes, seps: np.ndarray, gaps: np.ndarray, kinds: np.ndarray, odd: np.ndarray, odd_tok: np.ndarray, lines
-) -> LineBatch | None:
-    """``_parse_plain_bytes`` of a chunk with one separator after each token (the layout every writer of the
-    format produces): token i is ``data[seps[i - 1] + 1 : seps[i]]``, so token i + 1 has ``gaps[i] - 1``
-    bytes (``gaps = np.diff(seps)``); ``odd``: the bytes of value tokens that are not digits, ``odd_tok``
-    their tokens. The checks look at the separators' kinds, the few odd bytes and the longest token, not at
-    every token's digits.
-
-    Every number is converted where it stands: one pyarrow cast of the chunk seen as its tokens alternating
-    with its separators, the separators (and the value tokens) null, so that nothing is copied to gather
-    the tokens first (a ``take`` of the integer tokens cost as much as their conversion); the value tokens,
-    checked against ``VALUE_NUMBER`` by where their odd bytes stand (pyarrow's regular expressions cost
-    50 ns a token), get one cast to float64.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    # A line of k pairs is show, click, then the pairs: 2 + 2k tokens, so when every line has an even
-    # number of tokens (each newline ends an odd-numbered token), every line starts at an even token and a
-    # token's place in its line has the parity of its index: a colon must follow exactly the tokens at even
-    # indices that do not start a line, and a space follows those that do. No token's line is needed for that.
-    is_colon = kinds == _COLON
-    ends_line = np.flatnonzero(kinds == _NEWLINE)  # each line's last token
-    line_first = np.empty(len(ends_line), np.int64)
-    line_first[0] = 0
-    line_first[1:] = ends_line[:-1] + 1
-    even_colon = is_colon[0::2]
-    if (
-        not (ends_line & 1).all()
-        or is_colon[1::2].any()
-        or even_colon[line_first >> 1].any()
-        or int(np.count_nonzero(even_colon)) != len(even_colon) - len(line_first)
-    ):
-        return None
-    feature_line = np.repeat(np.arange(len(ends_line), dtype=np.int64), (ends_line - line_first - 1) >> 1)
-    n_tok = len(seps)
-    # The tokens at the even places of ``whole``, the separators between them at the odd ones.
-    bounds = np.empty(2 * n_tok, np.int64)
-    bounds[0] = 0
-    np.add(seps[:-1], 1, out=bounds[2::2])
-    bounds[1::2] = seps
-    buffer = pa.py_buffer(data)
-    if len(odd):
-        found = _value_tokens(data, seps, is_colon, odd, odd_tok)
-        if found is None:
-            return None
-        value_tok, value_start = found
-    else:
-        value_tok = None
-    # Which entries of ``whole`` the cast reads (a bitmap, little-endian): the tokens, 4 to a byte, less
-    # the value tokens (token t is bit 2 * (t & 3) of byte t >> 2; each bit set once, so summing sets them).
-    validity = np.full(n_tok // 4 + 1, 0x55, np.uint8)
-    if value_tok is not None:
-        cleared = np.bincount(value_tok >> 2, weights=1 << 2 * (value_tok & 3), minlength=len(validity))
-        validity -= cleared.astype(np.uint8)
-    whole = pa.LargeStringArray.from_buffers(2 * n_tok - 1, pa.py_buffer(bounds), buffer, pa.py_buffer(validity))
-    try:
-        numbers = _numpy_of(pc.cast(whole, pa.uint64()), np.uint64)[0::2]  # token i's number at i
-    except (pa.ArrowInvalid, ValueError):  # above 2**64-1: the reference names the line
-        return None
-    shows, clicks = numbers[line_first], numbers[line_first + 1]
-    # Digit counts, not values, are the grammar's bounds (leading zeros count): every integer token within the
-    # feasign's and the show's 20 digits (one maximum), slots within 9, a click of one digit ("0", not "00").
-    if (
-        (clicks > 1).any()
-        or (gaps[line_first] != 2).any()
-        or (shows >= _SHOW_LIMIT).any()
-        or max(int(seps[0]), _longest_integer(gaps, value_tok)) > min(FEASIGN_DIGITS, SHOW_DIGITS)
-        or ((gaps[0::2] > SLOT_DIGITS + 1) & even_colon).any()  # token 2j + 1, a slot when even_colon[j]
-    ):
-        return None
-    # The pairs are the even tokens that do not start a line (``even_colon``) and the odd tokens after them.
-    int_pairs = even_colon
-    if value_tok is not None:
-        value_line = np.searchsorted(ends_line, value_tok)  # the first line end at or after it
-        # Value tokens are pairs' left parts too. A line's tokens before its pairs are its show and click, so
-        # the pair of token t of line L (t = 2L + 2 * (the pairs before it) + 2) is the chunk's (t >> 1) - L - 1th.
-        keep = np.ones(len(feature_line), bool)
-        keep[(value_tok >> 1) - value_line - 1] = False
-        feature_line = feature_line[keep]
-        int_pairs = even_colon.copy()
-        int_pairs[value_tok >> 1] = False
-    batch = LineBatch(
-        shows.astype(np.int64),
-        clicks.astype(np.int64),
-        feature_line,
-        numbers[0::2][int_pairs],
-        numbers[1::2][int_pairs].astype(np.int64),
-        TextLines.of_chunk(data, seps[ends_line]) if lines is None else lines,
-    )
-    if value_tok is not None:
-        # The value tokens alone, alternating with what lies between them (null): the cast then reads
-        # only them (over all of ``whole``, it cost 4x as much: a float64 for every entry).
-        k = len(value_tok)
-        value_bounds = np.empty(2 * k, np.int64)
-        value_bounds[0::2], value_bounds[1::2] = value_start, seps[value_tok]
-        texts = pa.LargeStringArray.from_buffers(
-            2 * k - 1, pa.py_buffer(value_bounds), buffer, pa.py_buffer(np.full(k // 4 + 1, 0x55, np.uint8))
-        )
-        values = _numpy_of(pc.cast(texts, pa.float64()), np.float64)[0::2].copy()
-        if not np.isfinite(values).all():  # an overflow (1e999): the reference names the line
-            return None
-        batch.value_line = value_line
-        batch.value_slots = numbers[value_tok + 1].astype(np.int64)
-        batch.values = values
-    return batch
-
-
-# The bytes of a value token besides its digits, by kind. Told apart by compares: a lookup in a 256-entry
-# table indexes with a 64-bit copy of the bytes, which on a chunk's bytes cost more than all the compares.
-_DOT, _PLUS, _MINUS, _E, _UPPER_E = (np.uint8(c) for c in b".+-eE")
-
-
-def _value_bytes(c: np.ndarray) -> np.ndarray:
-    """Which of the bytes ``c`` a value token may hold besides digits (anything else in a token sends the
-    chunk to the older paths)."""
-    return (c == _DOT) | (c == _PLUS) | (c == _MINUS) | (c == _E) | (c == _UPPER_E)
-
-
-def _longest_integer(gaps: np.ndarray, value_tok: np.ndarray | None) -> int:
-    """The most digits of an integer token after the chunk's first (token i + 1 has ``gaps[i] - 1`` bytes),
-    value tokens set aside (their length is not bounded; one is never a line's first token)."""
-    longest = int(gaps.max(initial=1)) - 1
-    if value_tok is None or longest <= min(FEASIGN_DIGITS, SHOW_DIGITS):  # the usual case: no copy
-        return longest
-    int_gaps = gaps.copy()
-    int_gaps[value_tok - 1] = 0
-    return int(int_gaps.max(initial=1)) - 1
-
-
-def _value_tokens(
-    data: bytes, seps: np.ndarray, is_colon: np.ndarray, odd: np.ndarray, odd_tok: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """The tokens (indices, sorted) holding the ``odd`` bytes (``.+-eE``; ``odd_tok``: the token of each)
-    and where each starts, when each is a pair's left part and a ``VALUE_NUMBER``; else None.
-
-    ``VALUE_NUMBER`` with its alternatives merged: an optional sign, a mantissa of digits with at most one
-    point and at least one digit, then optionally ``e`` or ``E``, an optional sign and at least one digit;
-    and not a plain unsigned integer, which a token holding one of these bytes is not. So each token's odd
-    bytes are checked where they stand, never its digits one by one: at most one exponent and one point,
-    the point before the exponent, a sign only first or right after the exponent, and digits left on both
-    sides of the exponent.
-    """
-    if not is_colon[odd_tok].all():  # a show, a click or a slot: never a value
-        return None
-    new = np.empty(len(odd_tok), bool)  # ``odd_tok`` is sorted: the odd bytes that start a token's run of them
-    new[0] = True
-    np.not_equal(odd_tok[1:], odd_tok[:-1], out=new[1:])
-    value_tok = odd_tok[new]
-    which = np.cumsum(new) - 1  # each odd byte's value token, 0 .. k-1
-    k = len(value_tok)
-    start, end = seps[value_tok - 1] + 1, seps[value_tok]  # a pair's left part is never the chunk's first token
-    c = np.frombuffer(data, np.uint8)[odd]
-    is_exp, is_dot = (c == _E) | (c == _UPPER_E), c == _DOT
-    is_sign = (c == _PLUS) | (c == _MINUS)
-    exp_at = end.copy()  # the exponent's position, or the token's end without one
-    exp_at[which[is_exp]] = odd[is_exp]
-    at = exp_at[which]
-    lead_sign = np.zeros(k, np.int64)
-    lead_sign[which[is_sign & (odd == start[which])]] = 1
-    exp_sign = np.zeros(k, np.int64)
-    exp_sign[which[is_sign & (odd == at + 1)]] = 1
-    dots = np.bincount(which[is_dot], minlength=k)
-    if (
-        (np.bincount(which[is_exp], minlength=k) > 1).any()
-        or (dots > 1).any()
-        or (odd[is_dot] > at[is_dot]).any()
-        or int(lead_sign.sum() + exp_sign.sum()) != int(np.count_nonzero(is_sign))  # each sign in its place
-        or (exp_at - start - lead_sign - dots < 1).any()  # the mantissa's digits
-        or ((exp_at < end) & (end - exp_at - 1 - exp_sign < 1)).any()  # the exponent's digits
-    ):
-        return None
-    return value_tok, start
-
-
-# pa.array and Array.to_numpy import pandas when it is installed (a third of a second, paid by the first
-# chunk of every process, evaluation workers included): these two move numbers by their buffers instead.
+# pa.array imports pandas when it is installed (a third of a second, paid by the first chunk of every
+# process, evaluation workers included): this moves the numbers by their buffer instead.
 def _arrow_indices(idx: np.ndarray):
     """An int64 numpy array as a pyarrow array."""
     import pyarrow as pa
 
     idx = np.ascontiguousarray(idx, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(idx), [None, pa.py_buffer(idx)])
-
-
-def _numpy_of(arr, dtype) -> np.ndarray:
-    """The values of a pyarrow array without nulls of a fixed-width type, as numpy (read-only, sharing its buffer)."""
-    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr) + arr.offset)[arr.offset :]
-
-
-# slot_grammar.VALUE_NUMBER as a whole token, for pyarrow's regular expressions (RE2 reads the same syntax).
-_VALUE_TOKEN_RE2 = f"^{VALUE_NUMBER}$"
 
 
 def _parse_chunk_with_values(lines: list[str], text: str) -> LineBatch | None:

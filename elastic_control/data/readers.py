@@ -39,8 +39,18 @@ from ctr_foundation import native_memory
 from ctr_foundation.errors import DataError
 from elastic_control.config.data_config import DataConfig, format_slot, slot_path
 from elastic_control.console import warn
+from elastic_control.data import byte_scan
 from elastic_control.data.filesystems import DataLocation, open_location
-from elastic_control.data.line_batch import BadLine, LineBatch, concat_batches, parse_lines, parse_text, slice_batch
+from elastic_control.data.line_batch import (
+    BadLine,
+    LineBatch,
+    TextChunk,
+    concat_batches,
+    parse_chunk,
+    parse_lines,
+    parse_text,
+    slice_batch,
+)
 
 HOUR_DONEFILE = "donefile"
 DEFAULT_CHUNK_LINES = 4096
@@ -251,11 +261,13 @@ class HourlyData:
                 chunks = iter_parquet_batches(part.location.fs, path, where, chunk_lines)
             else:
                 keep_heap_top()
-                chunks = iter_text_blocks(part.location.fs, path, where, chunk_lines)
+                chunks = read_text_chunks(part.location.fs, path, where, chunk_lines)
             for chunk in chunks:
                 if stride > 1:
                     chunk, seen = _take_stride(chunk, seen, trainer_id, stride)
-                if isinstance(chunk, bytes):
+                if isinstance(chunk, TextChunk):
+                    batch, bad = parse_chunk(chunk)
+                elif isinstance(chunk, bytes):
                     batch, bad = parse_text(chunk)
                 elif isinstance(chunk, list):
                     batch, bad = parse_lines(chunk)
@@ -269,6 +281,8 @@ class HourlyData:
 
 def _take_stride(chunk, seen: int, trainer_id: int, stride: int):
     """Keep the lines whose hour-wide index is trainer_id modulo stride."""
+    if isinstance(chunk, TextChunk):
+        chunk = chunk.data()
     if isinstance(chunk, bytes):
         lines = chunk.split(b"\n")
         if chunk.endswith(b"\n"):
@@ -328,39 +342,65 @@ def keep_heap_top() -> None:
     native_memory.keep_heap_top(HEAP_TOP_PAD)
 
 
-# Bytes read from a text file at a time; chunks are cut from them at line ends. A block holds several
-# chunks (4,096 lines of 8 slots are about 750 KB), so few chunks straddle two reads: 4 MB read 19% more
-# lines per CPU second than 1 MB, 16 MB no more than 4.
+# Bytes read from a text file at a time (more when a chunk's lines do not fit); chunks are cut from them at
+# line ends. A block holds several chunks (4,096 lines of 8 slots are about 750 KB), so few chunks straddle
+# two reads: 4 MB read 19% more lines per CPU second than 1 MB, 16 MB no more than 4.
 READ_BLOCK_BYTES = 4 << 20
 
 
-def iter_text_blocks(fs, path: str, where: str, chunk_lines: int) -> Iterator[bytes]:
-    """The lines of a text file (plain or .gz) as bytes, up to ``chunk_lines`` lines per chunk, each chunk
-    whole lines (the file's last line may lack its newline): the lines ``iter_text_chunks`` gives,
-    without a Python string per line, for ``line_batch.parse_text``."""
+def read_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[TextChunk]:
+    """The lines of a text file (plain or .gz), ``chunk_lines`` lines per chunk (the last chunk fewer), each
+    chunk whole lines where they were read (a newline added to a last line without one), for
+    ``line_batch.parse_chunk``: the lines ``iter_text_chunks`` gives, without a copy or a Python object per
+    line. Each read goes into a buffer of its own, which the chunks' parsed lines (``TextLines``) share."""
     try:
         with fs.open(path, "rb") as raw, gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw as f:
-            # Each block's newlines are found once, and only the chunk that straddles two reads is joined:
-            # counting each block's newlines and then searching the joined text again (fresh memory each
-            # time, whose page faults cost as much as the scans) took 0.7 us a Criteo line, 0.5 us now.
-            carry: list = []  # the bytes read since the last chunk (a block's tail: a view, not a copy)
-            carried = 0  # their newlines, fewer than chunk_lines
-            while block := f.read(READ_BLOCK_BYTES):
-                newlines = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
-                ends = (newlines[chunk_lines - carried - 1 :: chunk_lines] + 1).tolist()
-                if not ends:
-                    carry.append(block)
-                    carried += len(newlines)
-                    continue
-                yield b"".join([*carry, block[: ends[0]]])
-                for start, end in itertools.pairwise(ends):
-                    yield block[start:end]
-                carry = [memoryview(block)[ends[-1] :]]
-                carried = len(newlines) - (chunk_lines - carried) - (len(ends) - 1) * chunk_lines
-            if any(carry):
-                yield b"".join(carry)
+            carry = np.zeros(0, np.uint8)  # the lines after the last chunk, fewer than chunk_lines
+            eof = False
+            while not eof:
+                # At least as much new text as carried, so that a chunk larger than a block is copied
+                # forward once or twice, not once per block.
+                size = max(READ_BLOCK_BYTES, len(carry))
+                buffer = np.empty(len(carry) + size + byte_scan.PADDING, np.uint8)
+                buffer[: len(carry)] = carry
+                got = _read_into(f, buffer[len(carry) : len(carry) + size])
+                eof = got < size
+                stop = len(carry) + got
+                added = eof and stop > 0 and buffer[stop - 1] != 10
+                if added:
+                    buffer[stop] = 10  # a last line without its newline: within the padding
+                    stop += 1
+                start = 0
+                while True:
+                    end, lines, colons = byte_scan.chunk_end(buffer, start, stop, chunk_lines)
+                    if end < 0:
+                        if eof and stop > start:
+                            yield TextChunk(buffer, start, stop, lines, colons, added)
+                        break
+                    yield TextChunk(buffer, start, end, lines, colons, added and end == stop)
+                    start = end
+                carry = buffer[start:stop]
     except (OSError, EOFError) as e:
         raise DataError(f"{where}: cannot read: {e}") from e
+
+
+def _read_into(f, view: np.ndarray) -> int:
+    """Fill ``view`` from the file ``f``; fewer bytes only at its end."""
+    got = 0
+    while got < len(view):
+        n = f.readinto(memoryview(view[got:]))
+        if not n:
+            break
+        got += n
+    return got
+
+
+def iter_text_blocks(fs, path: str, where: str, chunk_lines: int) -> Iterator[bytes]:
+    """``read_text_chunks`` as the file's bytes (a trainer's share of the lines of an hour with fewer files
+    than trainers is taken from them)."""
+    for chunk in read_text_chunks(fs, path, where, chunk_lines):
+        data = chunk.data()
+        yield data[:-1] if chunk.newline_added else data
 
 
 # Parquet layout (feature-store style): one row per sample.

@@ -1,0 +1,384 @@
+"""One compiled pass over a chunk of slot-format lines: tokens found, checked and converted together.
+
+``scan`` reads a chunk's bytes once, line by line, and writes every line's show and click, its
+``feasign:slot`` pairs and its value tokens (``2.5:40``) straight into the output arrays. It takes the
+plain layout only (fields separated by spaces, lines by newlines; blank lines skipped) and refuses the
+whole chunk at the first byte outside it or the first field the grammar refuses (``slot_grammar.py``:
+digit counts, a show below 2**63, a feasign at most 2**64-1, a value token's form), so that the caller
+can hand the chunk to the exact paths, which name the bad line.
+
+Why compiled (numba, ``nogil``): the earlier parse was some twenty numpy and pyarrow kernels, each
+visiting every byte or token of the chunk (4.3 us of CPU a Criteo line, where pyarrow's bare split of
+the same lines takes 0.45 us); here each byte is read once and each integer token is converted eight
+digits at a time (one 64-bit load, a digit check and three multiplies; ``_value8``). A value token
+is converted exactly when its digits make an integer of at most 2**53 and its decimal exponent is
+within 10**22 (one correctly rounded multiply or divide of two exact doubles); any other is left to
+the caller (``float``), which reads it as the per-line parser does.
+
+The input holds ``PADDING`` bytes after the chunk: a token is read eight bytes at a time, and one at
+the chunk's end reads past it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
+
+from ctr_foundation.slot_grammar import FEASIGN_DIGITS, SHOW_LIMIT, SLOT_DIGITS
+
+# Bytes readable after a chunk's last byte: a token's digits are read as three 8-byte words.
+PADDING = 24
+
+_SPACE, _NEWLINE, _COLON = 32, 10, 58
+_PLUS, _MINUS, _DOT, _E, _UPPER_E = 43, 45, 46, 101, 69
+_U8 = np.uint64(8)
+_ZEROS = np.uint64(0x3030303030303030)  # "0" in every byte
+_HIGH_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
+_SIXES = np.uint64(0x0606060606060606)
+_LOW_BYTES = np.uint64(0x000000FF000000FF)
+_TIMES_100_AND_1E6 = np.uint64(100 + (1000000 << 32))
+_TIMES_1_AND_1E4 = np.uint64(1 + (10000 << 32))
+_E8 = np.uint64(10**8)
+_E16 = np.uint64(10**16)
+# A 20-digit integer is hi * 10**16 + lo (hi of 4 digits): above 2**64-1 when hi > 1844, or hi == 1844
+# and lo > 6744073709551615.
+_TOP_HI = np.uint64((2**64 - 1) // 10**16)
+_TOP_LO = np.uint64((2**64 - 1) % 10**16)
+_SHOW_LIMIT = np.uint64(SHOW_LIMIT)
+_MAX_EXACT = np.uint64(2**53)  # integers up to here are exact doubles
+_POWERS = np.array([10.0**k for k in range(23)], np.float64)  # exact doubles, 1e0 .. 1e22
+_POWERS_INT = np.array([10**k for k in range(8)], np.uint64)
+assert FEASIGN_DIGITS == 20 and SLOT_DIGITS == 9  # what _integer and scan check
+
+
+def _jit(func):
+    """numba's ``njit`` without the GIL, its machine code cached on disk when a cache folder is writable
+    (numba's rule: NUMBA_CACHE_DIR, else beside this file, else the user's cache folder); compiled in
+    each process when none is (a read-only install without NUMBA_CACHE_DIR)."""
+    try:
+        return njit(nogil=True, cache=True)(func)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return njit(nogil=True)(func)
+
+
+def _inline(func):
+    """A helper compiled into each caller (numba calls another compiled function otherwise: a call and a
+    tuple through memory per token)."""
+    return njit(inline="always")(func)
+
+
+@_inline
+def _load8(b, i):
+    """The 8 bytes at ``b[i:]`` as one little-endian word (byte i lowest), read by one load."""
+    j = np.uint64(i)  # an unsigned index: no wraparound test per byte, so the 8 reads merge into one
+    w = np.uint64(0)
+    for k in range(8):
+        w |= np.uint64(b[j + np.uint64(k)]) << np.uint64(8 * k)
+    return w
+
+
+@_inline
+def _digits(w):
+    """How many of the word's first bytes, from the lowest, are ASCII digits (8: all of them)."""
+    # A byte is a digit when its high nibble is 3 and adding 6 keeps it so. A carry out of a non-digit
+    # byte can only spoil the bytes after it, never the first non-digit.
+    other = ((w & _HIGH_NIBBLES) ^ _ZEROS) | (((w + _SIXES) & _HIGH_NIBBLES) ^ _ZEROS)
+    if other == 0:
+        return 8
+    return np.int64(trailing_zeros(other)) >> 3
+
+
+@_inline
+def _value8(w, k):
+    """The number the word's first ``k`` bytes (0..8, ASCII digits) write (0 for none)."""
+    # Shifted so that the k digits are the word's last bytes, the bytes before them 0: then pairs, fours
+    # and the eight digits combine by multiplies (borrows from the bytes after the digits are shifted out).
+    # Two shifts of half as many bits each, so that k = 0 shifts every byte out (one of 64 bits would not).
+    half = np.uint64(4 * (8 - k))
+    x = ((w - _ZEROS) << half) << half
+    x = x * np.uint64(10) + (x >> _U8)
+    return (
+        (x & _LOW_BYTES) * _TIMES_100_AND_1E6 + ((x >> np.uint64(16)) & _LOW_BYTES) * _TIMES_1_AND_1E4
+    ) >> np.uint64(32)
+
+
+@_inline
+def _integer(b, i):
+    """(value, digit count) of the ASCII digits at ``b[i:]``; count -1 for more than 20 digits or a value
+    above 2**64-1 (counting leading zeros, as the grammar does)."""
+    w = _load8(b, i)
+    k = _digits(w)
+    if k < 8:
+        return _value8(w, k), k
+    w1 = _load8(b, i + 8)
+    k1 = _digits(w1)
+    if k1 < 8:
+        return _value8(w, k1) * _E8 + _value8(_load8(b, i + k1), 8), 8 + k1
+    k2 = _digits(_load8(b, i + 16))
+    hi = _value8(w, k2)
+    lo = _value8(_load8(b, i + k2), 8) * _E8 + _value8(_load8(b, i + k2 + 8), 8)
+    if k2 > 4 or (hi > _TOP_HI or (hi == _TOP_HI and lo > _TOP_LO)):
+        return np.uint64(0), -1
+    return hi * _E16 + lo, 16 + k2
+
+
+@_inline
+def _value_token(b, i):
+    """A value token at ``b[i:]`` (slot_grammar.VALUE_NUMBER: an optional sign, digits with at most one
+    point and at least one digit, optionally an exponent of an optional sign and digits) up to its ``:``:
+    (where the ``:`` is or -1 when the token is not one, the value, whether the value is exact)."""
+    c = b[i]
+    negative = c == _MINUS
+    signed = c == _PLUS or c == _MINUS
+    if signed:
+        i += 1
+        c = b[i]
+    # The usual form first (Criteo's "1.38629"): a sign or a point, fewer than 8 digits on either side of
+    # it and no exponent, read a word at a time; the exact value is then one division of exact doubles.
+    w = _load8(b, i)
+    whole = _digits(w)
+    point = b[i + whole] == _DOT
+    f = _load8(b, i + whole + 1)
+    fraction = _digits(f) if point else 0
+    end = i + whole + point + fraction
+    if b[end] == _COLON and (signed or point) and 0 < whole + fraction and whole < 8 and fraction < 8:
+        value = np.float64(_value8(w, whole) * _POWERS_INT[fraction] + _value8(f, fraction)) / _POWERS[fraction]
+        return end, -value if negative else value, True
+    mantissa = np.uint64(0)  # its first 19 significant digits
+    digits = 0
+    significant = 0
+    after_point = 0
+    point = False
+    while True:
+        d = np.uint64(c) - np.uint64(48)
+        if d <= np.uint64(9):
+            digits += 1
+            if significant > 0 or d != 0:
+                significant += 1
+                if significant <= 19:
+                    mantissa = mantissa * np.uint64(10) + d
+            if point:
+                after_point += 1
+        elif c == _DOT and not point:
+            point = True
+        else:
+            break
+        i += 1
+        c = b[i]
+    if digits == 0:
+        return -1, 0.0, False
+    exponent = 0
+    if c == _E or c == _UPPER_E:
+        i += 1
+        c = b[i]
+        exponent_negative = c == _MINUS
+        if c == _PLUS or c == _MINUS:
+            i += 1
+            c = b[i]
+        exponent_digits = 0
+        while np.uint64(c) - np.uint64(48) <= np.uint64(9):
+            exponent_digits += 1
+            if exponent < 100000:  # beyond any double's exponent: not exact here either way
+                exponent = exponent * 10 + (c - 48)
+            i += 1
+            c = b[i]
+        if exponent_digits == 0:
+            return -1, 0.0, False
+        if exponent_negative:
+            exponent = -exponent
+    if c != _COLON:
+        return -1, 0.0, False
+    scale = exponent - after_point
+    if mantissa == 0:
+        value = 0.0
+    elif significant <= 19 and mantissa <= _MAX_EXACT and -22 <= scale <= 22:
+        value = np.float64(mantissa)
+        value = value * _POWERS[scale] if scale >= 0 else value / _POWERS[-scale]
+    else:
+        return i, 0.0, False
+    return i, -value if negative else value, True
+
+
+@_jit
+def count(b, start, stop):
+    """(newlines, colons) in ``b[start:stop]``: the most rows and tokens its lines can have (a loop the
+    compiler vectorises: 0.1 ns a byte)."""
+    newlines = colons = 0
+    for c in b[start:stop]:  # not b[i] for i in range(start, stop): a signed index keeps it from vectorising
+        newlines += c == _NEWLINE
+        colons += c == _COLON
+    return newlines, colons
+
+
+_COUNT_BLOCK = 4096
+
+
+@_jit
+def chunk_end(b, start, stop, lines):
+    """Where the ``lines``-th line from ``start`` ends (after its newline) in ``b[start:stop]``, or -1 when
+    fewer end there; and (newlines, colons) up to that end (to ``stop`` when -1)."""
+    newlines = colons = 0
+    i = start
+    while i < stop:
+        block_end = min(stop, i + _COUNT_BLOCK)
+        block_newlines, block_colons = count(b, i, block_end)
+        if newlines + block_newlines < lines:
+            newlines += block_newlines
+            colons += block_colons
+            i = block_end
+            continue
+        while True:  # the line ends in this block: find it byte by byte
+            c = b[i]
+            i += 1
+            colons += c == _COLON
+            if c == _NEWLINE:
+                newlines += 1
+                if newlines == lines:
+                    return i, newlines, colons
+    return -1, newlines, colons
+
+
+@_jit
+def _fill(
+    b,
+    start,
+    end,
+    shows,
+    clicks,
+    ends,
+    feature_line,
+    feasigns,
+    feature_slots,
+    value_line,
+    value_slots,
+    values,
+    inexact,
+    counts,
+):
+    """The parse itself (``scan``), into arrays large enough; False at the first thing outside the plain
+    layout or the grammar. ``counts``: rows, pairs, value tokens, inexact value tokens and blank lines."""
+    rows = features = tokens = left = blank = 0
+    i = start
+    while i < end:
+        c = b[i]
+        while c == _SPACE:
+            i += 1
+            c = b[i]
+        if c == _NEWLINE:  # a blank line: not a sample
+            blank += 1
+            i += 1
+            continue
+        show, k = _integer(b, i)
+        i += k
+        if k <= 0 or b[i] != _SPACE or show >= _SHOW_LIMIT:
+            return False
+        while b[i] == _SPACE:
+            i += 1
+        click = np.int64(b[i]) - 48
+        i += 1
+        c = b[i]
+        if click < 0 or click > 1 or (c != _SPACE and c != _NEWLINE):
+            return False
+        shows[rows] = np.int64(show)
+        clicks[rows] = click
+        while True:
+            while c == _SPACE:
+                i += 1
+                c = b[i]
+            if c == _NEWLINE:
+                break
+            token = i
+            feasign, k = _integer(b, i)
+            i += k
+            is_value = k >= 0 and b[i] != _COLON
+            if is_value:
+                i, value, exact = _value_token(b, token)
+                if i < 0:
+                    return False
+                if not exact:
+                    inexact[3 * left] = tokens
+                    inexact[3 * left + 1] = token
+                    inexact[3 * left + 2] = i
+                    left += 1
+                values[tokens] = value
+            elif k <= 0:
+                return False
+            slot, k = _integer(b, i + 1)
+            i += 1 + k
+            c = b[i]
+            if k <= 0 or k > SLOT_DIGITS or (c != _SPACE and c != _NEWLINE):
+                return False
+            if is_value:
+                value_line[tokens] = rows
+                value_slots[tokens] = np.int64(slot)
+                tokens += 1
+            else:
+                feature_line[features] = rows
+                feasigns[features] = feasign
+                feature_slots[features] = np.int64(slot)
+                features += 1
+        ends[rows] = i
+        rows += 1
+        i += 1
+    counts[0], counts[1], counts[2], counts[3], counts[4] = rows, features, tokens, left, blank
+    return True
+
+
+@_jit
+def _scan(b, start, end, lines, colons):
+    shows = np.empty(lines, np.int64)
+    clicks = np.empty(lines, np.int64)
+    ends = np.empty(lines, np.int64)
+    feature_line = np.empty(colons, np.int64)
+    feasigns = np.empty(colons, np.uint64)
+    feature_slots = np.empty(colons, np.int64)
+    value_line = np.empty(colons, np.int64)
+    value_slots = np.empty(colons, np.int64)
+    values = np.empty(colons, np.float64)
+    inexact = np.empty(3 * colons, np.int64)
+    counts = np.zeros(5, np.int64)
+    ok = _fill(
+        b,
+        start,
+        end,
+        shows,
+        clicks,
+        ends,
+        feature_line,
+        feasigns,
+        feature_slots,
+        value_line,
+        value_slots,
+        values,
+        inexact,
+        counts,
+    )
+    rows, features, tokens, left = counts[0], counts[1], counts[2], counts[3]
+    # The value tokens' arrays are sized for every token: copied down (a tenth of the pairs' bytes on Criteo
+    # lines), not kept as views of mostly unused memory.
+    return (
+        ok,
+        shows[:rows],
+        clicks[:rows],
+        ends[:rows],
+        feature_line[:features],
+        feasigns[:features],
+        feature_slots[:features],
+        value_line[:tokens].copy(),
+        value_slots[:tokens].copy(),
+        values[:tokens].copy(),
+        inexact[: 3 * left],
+        counts[4],
+    )
+
+
+def scan(buffer: np.ndarray, start: int, end: int, lines: int, colons: int):
+    """The lines ``buffer[start:end]`` (uint8; the last ending with a newline; ``PADDING`` readable bytes
+    after ``end``; ``lines`` newlines and ``colons`` colons among them) in the plain layout: None when they
+    are not, or when a field breaks the grammar; else (shows, clicks, each row's newline, feature_line,
+    feasigns, feature_slots, value_line, value_slots, values, inexact, blank lines). The value tokens
+    ``inexact`` (their index in ``values``, start and end: three numbers each) are 0.0 in ``values``, for
+    the caller to convert."""
+    ok, *arrays = _scan(buffer, start, end, lines, colons)
+    return tuple(arrays) if ok else None
