@@ -5,7 +5,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
-_M_TOP_PAD = -2  # glibc's mallopt parameter number
+_M_TOP_PAD = -2  # glibc's mallopt parameter numbers
+_M_MMAP_THRESHOLD = -3
 
 
 @functools.cache
@@ -23,6 +24,16 @@ def keep_heap_top(nbytes: int) -> None:
     libc = _libc()
     if libc is not None:
         libc.mallopt(_M_TOP_PAD, nbytes)
+
+
+def allocate_from_heap_below(nbytes: int) -> None:
+    """Have the allocator serve blocks below ``nbytes`` from the heap, reused once freed, rather than from
+    fresh mappings that are faulted in page by page (M_MMAP_THRESHOLD). glibc raises this threshold by
+    itself up to 32 MB as large blocks are freed, but not once ``keep_heap_top`` (or any other mallopt
+    setting) has been made."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, nbytes)
 
 
 def give_back_freed_memory() -> None:

@@ -220,3 +220,55 @@ def test_tokens_at_the_grammars_bounds_parse_as_the_per_line_parser_does():
             refused += fast is None and not ref_bad  # valid, but left to the older paths (a 21-digit value)
             assert fast is None or not ref_bad, line
     assert taken > 80 and refused < 5  # the compiled pass itself took the valid lines, bar a few
+
+
+def _hour_data(root, text: bytes, max_bad: float = 0.5):
+    import datetime as dt
+
+    from elastic_control.config.data_config import parse_data_config
+    from elastic_control.data.readers import HourlyData
+
+    hour = dt.datetime(2020, 1, 1)
+    folder = root / "20200101" / "00"
+    folder.mkdir(parents=True)
+    (folder / "part-00000").write_bytes(text)
+    (folder / "donefile").write_text("ok\n")
+    config = parse_data_config(
+        f'export START_DATE_HR=20200101/00\nexport END_DATE_HR=20200101/00\nexport DATASET_PATH="{root}"\n'
+        f"export MAX_BAD_LINE_FRACTION={max_bad}\n",
+        env={},
+    )
+    data = HourlyData(config)
+    (part,) = list(data.partitions())
+    assert part.hour == hour
+    return data, part
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_chunks_parsed_on_several_threads_come_in_order_with_their_bad_lines(tmp_path, threads):
+    from elastic_control.data.readers import BadLineCounter
+
+    rng = np.random.default_rng(threads)
+    lines = [_random_line(rng) for _ in range(3000)]
+    lines[10] = "1\t0\t5:1"  # the older paths, in one chunk
+    data, part = _hour_data(tmp_path, ("\n".join(lines) + "\n").encode())
+    results = []
+    for n in (1, threads):
+        data.threads = n
+        counter = BadLineCounter(0.9)
+        batches = list(data.iter_batches(part, counter=counter, chunk_lines=97))
+        results.append(([_rows(b) for b in batches], [list(b.lines) for b in batches], counter.bad, counter.examples))
+    assert results[0] == results[1]
+    assert results[0][2] > 100  # random lines: many bad, counted in every chunk
+
+
+def test_a_bad_line_limit_stops_a_threaded_read(tmp_path):
+    from ctr_foundation.errors import DataError
+
+    lines = ["1 0 5:1"] * 50_000 + ["garbage"] * 5_000
+    data, part = _hour_data(tmp_path, ("\n".join(lines) + "\n").encode(), max_bad=0.01)
+    data.threads = 2
+    read = data.iter_batches(part, chunk_lines=1000)
+    with pytest.raises(DataError, match="lines are malformed"):
+        for _ in read:
+            pass

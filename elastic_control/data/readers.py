@@ -24,11 +24,14 @@ a file whose values break these rules is a DataError (a writer's bug, not a stra
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import datetime as dt
 import functools
 import gzip
 import io
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +57,9 @@ from elastic_control.data.line_batch import (
 
 HOUR_DONEFILE = "donefile"
 DEFAULT_CHUNK_LINES = 4096
+# Threads that parse a file's chunks (the compiled parse releases the GIL): one per core this process may
+# run on, as pyarrow's readers use.
+READER_THREADS = len(os.sched_getaffinity(0))
 # Do not judge the bad-line fraction on a handful of lines.
 MIN_LINES_FOR_EARLY_CHECK = 10_000
 
@@ -122,6 +128,7 @@ class HourlyData:
         self.root = open_location(config.dataset_root, hdfs_ugi=config.hdfs_ugi)
         self.wait_timeout = wait_timeout
         self.poll_seconds = poll_seconds
+        self.threads = READER_THREADS
         self._warn = warn or _default_warn
         self._sleep = sleep
 
@@ -254,29 +261,62 @@ class HourlyData:
         else:
             files, stride = part.files, trainers
         seen = 0  # lines across the hour's files, for the line-level split
-        for name in files:
-            path = f"{part.location.path}/{name}"
-            where = f"{part.location.url}/{name}"
-            if self.config.data_format == "parquet":
-                chunks = iter_parquet_batches(part.location.fs, path, where, chunk_lines)
-            else:
-                keep_heap_top()
-                chunks = read_text_chunks(part.location.fs, path, where, chunk_lines)
-            for chunk in chunks:
-                if stride > 1:
-                    chunk, seen = _take_stride(chunk, seen, trainer_id, stride)
-                if isinstance(chunk, TextChunk):
-                    batch, bad = parse_chunk(chunk)
-                elif isinstance(chunk, bytes):
-                    batch, bad = parse_text(chunk)
-                elif isinstance(chunk, list):
-                    batch, bad = parse_lines(chunk)
+
+        def chunks() -> Iterator[tuple[str, object]]:
+            nonlocal seen
+            for name in files:
+                path = f"{part.location.path}/{name}"
+                where = f"{part.location.url}/{name}"
+                if self.config.data_format == "parquet":
+                    file_chunks = iter_parquet_batches(part.location.fs, path, where, chunk_lines)
                 else:
-                    batch, bad = chunk
-                counter.add(len(batch), bad, where)
-                if len(batch):
-                    yield batch
+                    keep_heap_top()
+                    file_chunks = read_text_chunks(part.location.fs, path, where, chunk_lines)
+                for chunk in file_chunks:
+                    if stride > 1:
+                        chunk, seen = _take_stride(chunk, seen, trainer_id, stride)
+                    yield where, chunk
+
+        for where, (batch, bad) in _parse_ahead(chunks(), self.threads):
+            counter.add(len(batch), bad, where)
+            if len(batch):
+                yield batch
         counter.check(f"hour {part.name}")
+
+
+def _parse(chunk) -> tuple[LineBatch, list[BadLine]]:
+    """A chunk of a file as a batch and its bad lines, whatever form the reading gave it."""
+    if isinstance(chunk, TextChunk):
+        return parse_chunk(chunk)
+    if isinstance(chunk, bytes):
+        return parse_text(chunk)
+    if isinstance(chunk, list):
+        return parse_lines(chunk)
+    return chunk  # Parquet's, parsed as read
+
+
+def _parse_ahead(chunks: Iterator[tuple[str, object]], threads: int) -> Iterator[tuple[str, tuple]]:
+    """``(where, _parse(chunk))`` for each item of ``chunks``, in order, parsed by ``threads`` threads ahead of
+    the caller: the compiled parse releases the GIL, so while the caller trains on one batch (or reads the
+    file for the next chunks, in this thread) the next chunks are parsed on the other cores."""
+    if threads <= 1:
+        for where, chunk in chunks:
+            yield where, _parse(chunk)
+        return
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="reader-parse") as pool:
+        pending: collections.deque = collections.deque()
+        try:
+            for where, chunk in chunks:
+                pending.append((where, pool.submit(_parse, chunk)))
+                if len(pending) > threads:
+                    where, parsed = pending.popleft()
+                    yield where, parsed.result()
+            while pending:
+                where, parsed = pending.popleft()
+                yield where, parsed.result()
+        finally:  # the caller stopped early (an error, a bad-line limit): the parses not started are dropped
+            for _, parsed in pending:
+                parsed.cancel()
 
 
 def _take_stride(chunk, seen: int, trainer_id: int, stride: int):
@@ -334,12 +374,19 @@ def iter_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[li
 # and 197-221k on Criteo lines without the pad, 1.29-1.43M / 200-214k with reused buffers, 1.69-1.84M /
 # 231-248k with the pad, peak RSS the same (161-163 MB).
 HEAP_TOP_PAD = 64 << 20
+# The blocks read and the parse's arrays (4 MB and more a chunk) are allocated on the heap, where freed ones
+# are reused, below this size: glibc's own upper bound for its sliding threshold, which setting the pad stops
+# from sliding. Mapped afresh for each chunk, their pages were faulted in one by one: 0.06-0.1 faults and
+# 0.25-0.7 us of system CPU a Criteo line, against none with this threshold.
+HEAP_BLOCK_LIMIT = 32 << 20
 
 
 @functools.cache
 def keep_heap_top() -> None:
-    """Keep ``HEAP_TOP_PAD`` bytes of freed heap for the next chunk, once per process."""
+    """Keep ``HEAP_TOP_PAD`` bytes of freed heap for the next chunk, and serve blocks below ``HEAP_BLOCK_LIMIT``
+    from the heap, once per process."""
     native_memory.keep_heap_top(HEAP_TOP_PAD)
+    native_memory.allocate_from_heap_below(HEAP_BLOCK_LIMIT)
 
 
 # Bytes read from a text file at a time (more when a chunk's lines do not fit); chunks are cut from them at
