@@ -170,9 +170,11 @@ def hourly_job(folder: Path, data: Path, slots, hours: int):
 def parse_rate(path: Path, repeats: int = 5) -> tuple[float, float, float, float, float]:
     """(reader lines/s, bare pyarrow CSV lines/s, the same on one thread, and the reader's and the one-thread
     split's lines per CPU second) over the same text file: medians of ``repeats`` runs in turn, after one run
-    of each (the first run of either pays one-off costs: imports, pyarrow's thread pools; measured once,
-    cold, the bare split swung between 0.4M and 6M lines/s). The CPU rates count what the process itself
-    spent, so other work on the cores moves them less than the wall-clock ones (both run on one thread)."""
+    of each (the first run of either pays one-off costs: imports, pyarrow's thread pools, the compiled
+    parse's load from numba's cache; measured once, cold, the bare split swung between 0.4M and 6M
+    lines/s). The reader parses on ``readers.READER_THREADS`` threads (one per core, as the bare split's
+    default). The CPU rates count what the process itself spent, every thread, so other work on the cores
+    moves them less than the wall-clock ones."""
     import pyarrow.csv as pacsv
 
     from elastic_control.config.data_config import parse_data_config
