@@ -117,7 +117,7 @@ class CubeWorker:
 
     async def watch_state(self) -> None:
         loop = asyncio.get_running_loop()
-        last_metrics = 0.0
+        last_metrics, written = 0.0, None
         while True:
             await asyncio.sleep(WATCH_INTERVAL)
             if self.store.stamp() != self._stamp:
@@ -126,7 +126,11 @@ class CubeWorker:
             now = time.monotonic()
             if now - last_metrics >= METRICS_INTERVAL:
                 last_metrics = now
-                self.metrics.snapshot(self.store.dir, self.worker)
+                counters = self.metrics.to_json()
+                if counters != written:  # an idle worker writes nothing
+                    # The write fsyncs: off the event loop, so that a slow disk never stalls lookups.
+                    await loop.run_in_executor(None, self.metrics.write_snapshot, self.store.dir, self.worker, counters)
+                    written = counters
 
     async def _commit(self, change, *, must_load: str | None = None) -> ControlState:
         """Apply ``change(current) -> next`` to the state file and wait until every worker has it.

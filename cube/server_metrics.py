@@ -56,12 +56,14 @@ class ServerMetrics:
             "keys": self.keys,
             "misses": self.misses,
             "batches": self.batches,
-            "latency_counts": self.latency_counts,
+            "latency_counts": list(self.latency_counts),  # a copy: snapshots are written from another thread
             "latency_sum": self.latency_sum,
         }
 
-    def snapshot(self, state_dir: Path, worker: int) -> None:
-        atomic_write_json(state_dir / f"metrics-{worker}.json", self.to_json())
+    @staticmethod
+    def write_snapshot(state_dir: Path, worker: int, counters: dict) -> None:
+        """Write ``counters`` (a ``to_json()``) where the other workers' ``render`` reads them."""
+        atomic_write_json(state_dir / f"metrics-{worker}.json", counters)
 
     @staticmethod
     def _add(total: dict, part: dict) -> None:
