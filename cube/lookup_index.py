@@ -58,7 +58,7 @@ class ShardIndex:
         # on average).
         self._windows = None
         if 0 < widest <= WINDOW_MAX_WIDTH:
-            self._width = widest
+            self._window_keys = np.dtype((np.uint64, (widest,)))  # a window seen as its keys
             self._last_window = n - widest  # windows start at rows 0 .. n - widest
             self._windows = np.ndarray(
                 shape=(n - widest + 1,), dtype=np.dtype((np.void, 8 * widest)), buffer=keys, strides=(8,)
@@ -106,7 +106,7 @@ class ShardIndex:
         pos = self._start.take(self._buckets(query))
         # A bucket starting in the last `widest` rows lies inside the last window.
         np.minimum(pos, self._last_window, out=pos)
-        equal = self._windows[pos].view(np.uint64).reshape(len(query), self._width) == query[:, None]
+        equal = self._windows[pos].view(self._window_keys) == query[:, None]  # (n, widest) keys
         pos += equal.argmax(axis=1)  # the first equal row (any row of the window when none is)
         return pos, self._keys.take(pos) == query
 

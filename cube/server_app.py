@@ -374,7 +374,7 @@ class CubeWorker:
             total * index.row_bytes + len(bitmap),
             misses,
         )
-        self.metrics.observe_lookups(1, total, misses, (perf_counter() - t0,))
+        self.metrics.observe_one(total, misses, perf_counter() - t0)
         return b"".join((head, rows, bitmap))
 
     def _no_index(self, version: str | None) -> Response:

@@ -39,6 +39,15 @@ class ServerMetrics:
         self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.latency_sum += seconds
 
+    def observe_one(self, keys: int, misses: int, seconds: float) -> None:
+        """Count one binary lookup (200) answered on its own, in ``seconds``."""
+        self.batches += 1
+        self.requests["lookup|200"] += 1
+        self.keys += keys
+        self.misses += misses
+        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum += seconds
+
     def observe_lookups(self, requests: int, keys: int, misses: int, seconds) -> None:
         """Count one merged pass that answered ``requests`` binary lookups (200), with their latencies."""
         self.batches += 1
