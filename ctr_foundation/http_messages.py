@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 from urllib.parse import parse_qsl, unquote_to_bytes
 
+import orjson
+
 REASONS = {
     100: "Continue",
     200: "OK",
@@ -102,6 +104,36 @@ def _bounded_int(text: str) -> int:
 # new decoder (and its C scanner) per call.
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_bounded_int)
 
+# orjson decodes first (a 33 KB body of 32 Criteo lines: 16 us against json's 32 us, and counting its
+# brackets for the depth check took 31 us more). Its answer is taken only where it is json's: orjson turns
+# an integer literal beyond 64 bits into a float (json keeps the int, or refuses it past MAX_INT_DIGITS),
+# so a float that large, or nesting past max_depth, sends the body through json's path above, which gives
+# today's answer or message; so does anything orjson refuses (its messages differ from json's).
+_WIDE = float(2**63)  # orjson keeps every integer literal in [-2**63, 2**64) an int
+
+
+def _orjson_answer(obj, max_depth: int) -> bool:
+    """Whether orjson's ``obj`` is json's answer too: nested at most ``max_depth`` levels, and no float of
+    2**63 or more (an integer literal orjson did not keep as an int). One pass, level by level."""
+    level, depth = [obj], 0
+    while level:
+        depth += 1
+        below: list = []
+        for o in level:
+            t = type(o)
+            if t is dict:
+                if depth > max_depth:
+                    return False
+                below.extend(o.values())  # keys are strings
+            elif t is list:
+                if depth > max_depth:
+                    return False
+                below.extend(o)
+            elif t is float and not -_WIDE < o < _WIDE:
+                return False
+        level = below
+    return True
+
 
 # The bytes nesting_depth looks at when a body has no backslash: quotes and brackets (a translate table).
 _STRUCTURE = bytes(1 if c in b'"[]{}' else 0 for c in range(256))
@@ -133,6 +165,13 @@ def parse_json(body: bytes, *, max_depth: int = DEFAULT_MAX_DEPTH, max_bytes: in
     """``body`` as JSON; HttpError 400 (413 over ``max_bytes``) naming what is wrong with it."""
     if max_bytes is not None and len(body) > max_bytes:
         raise HttpError(413, f"JSON body of {len(body)} bytes exceeds the limit of {max_bytes}")
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass  # json's path names the problem (or takes what orjson cannot, e.g. a lone surrogate escape)
+    else:
+        if _orjson_answer(obj, max_depth):
+            return obj
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -239,6 +278,23 @@ class Response:
             return [self.encode_head(keep_alive)]
         parts = self.body if isinstance(self.body, list) else [self.body]
         return [self.encode_head(keep_alive), *parts]
+
+
+# The head of a 200 JSON answer, by keep-alive (``Response.encode_head``'s lines, prebuilt for the hot path).
+_OK_JSON_START = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+_OK_JSON_HEADS = {
+    keep: (_OK_JSON_START, b"\r\nConnection: " + word + b"\r\n\r\n")
+    for keep, word in ((True, b"keep-alive"), (False, b"close"))
+}
+
+
+def ok_json_bytes(body: bytes, slot: Slot) -> bytes:
+    """A whole 200 answer with a JSON ``body`` for ``slot``, head and body as one bytes, ready for the slot
+    (what ``Response(200, body).encode`` writes, built on the caller's thread: serving's batch workers)."""
+    start, end = _OK_JSON_HEADS[slot.keep_alive]
+    if slot.head_only:
+        return b"%s%d%s" % (start, len(body), end)
+    return b"%s%d%s%s" % (start, len(body), end, body)
 
 
 class Slot:

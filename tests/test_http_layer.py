@@ -23,6 +23,7 @@ from ctr_foundation.http_messages import (
     Slot,
     media_type,
     nesting_depth,
+    ok_json_bytes,
     parse_head,
     parse_json,
 )
@@ -197,6 +198,41 @@ def test_parse_json_accepts_plain_json():
     }
     assert parse_json(b'{"s": "' + b"9" * 100 + b'"}') == {"s": "9" * 100}  # long digit runs in strings are fine
     assert parse_json(b"[-" + b"9" * 40 + b", 1e5]") == [-int("9" * 40), 1e5]  # 40 digits: the limit itself
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"18446744073709551616",  # 2**64: orjson gives a float, json the int
+        b"[-9223372036854775809, 9223372036854775808]",  # below -2**63 (a float in orjson) and within uint64
+        b'{"a": [1, {"b": ' + b"9" * 25 + b"}]}",
+        b'{"s": "\\ud800"}',  # a lone surrogate escape: orjson refuses it, json takes it
+        b"1e400",  # orjson refuses the infinity, json gives inf
+        b'{"x": [1.5, -0.0, 1e-7, "\\u00e9"], "y": null, "z": true}',
+        b"[" * 64 + b"]" * 64,
+    ],
+)
+def test_parse_json_gives_what_the_standard_library_gives(body):
+    """orjson decodes first; where its answer could differ (integers beyond 64 bits, what it refuses) the
+    standard library's is taken, so the result is json's, type for type."""
+    got = parse_json(body)
+    want = json.loads(body)
+    assert got == want and repr(got) == repr(want)
+
+
+@pytest.mark.parametrize("keep_alive, head_only", [(True, False), (False, False), (True, True)])
+def test_a_prebuilt_json_answer_is_what_response_encodes(keep_alive, head_only):
+    body = b'{"predictions": [0.5]}\n'
+    want = b"".join(Response(200, body).encode(keep_alive, head_only))
+    assert ok_json_bytes(body, Slot(keep_alive, head_only)) == want
+
+
+def test_parse_json_nesting_is_checked_on_orjson_answers_too():
+    deep = b'{"instances": [], "x": ' + b"[" * 70 + b"]" * 70 + b"}"  # 71 levels, few enough for orjson
+    with pytest.raises(HttpError, match="nested deeper than 64") as e:
+        parse_json(deep)
+    assert e.value.status == 400
+    assert parse_json(deep, max_depth=80)["x"] == json.loads(deep)["x"]
 
 
 def test_downstream_errors_keep_their_meaning():

@@ -25,6 +25,7 @@ from elastic_control.serving.instances import (
     TooManyInstances,
     UnparsedLines,
     build_key_batch,
+    concat_parsed,
     decode_json,
     parse_instances,
     parse_lines_strict,
@@ -281,6 +282,22 @@ def test_lines_parsed_together_are_each_request_parsed_alone():
         if isinstance(item, UnparsedLines):
             assert parsed.n == item.n
             assert _columns_of(parsed) == _columns_of(parsed_lines(item.lines, range(item.n)))
+
+
+def test_requests_parsed_together_merge_back_to_their_shared_columns_exactly():
+    """A batch of requests parsed together merges (concat_parsed) into the columns they were cut from, without
+    a copy, and those equal merging each one parsed alone; any other selection or order is concatenated."""
+    lines = criteo_slot_lines(500, 24) + ["1 0 2.5:40 -3:41 1e-3:42 7:43"]
+    items = [UnparsedLines(lines[0:5]), UnparsedLines(lines[5:6]), UnparsedLines(lines[6:25])]
+    got = parse_parts(items)
+    alone = [parsed_lines(item.lines, range(item.n)) for item in items]
+    merged, offsets = concat_parsed(got)
+    assert offsets == [0, 5, 6] and merged is got[0].within[0]
+    assert _columns_of(merged) == _columns_of(concat_parsed(alone)[0])
+    for pick in ([got[0], got[2]], [got[1], got[0], got[2]], got[1:]):
+        part_merged, _ = concat_parsed(pick)
+        assert part_merged is not merged
+        assert _columns_of(part_merged) == _columns_of(concat_parsed([alone[got.index(p)] for p in pick])[0])
 
 
 def test_a_bad_line_parsed_together_refuses_its_own_request_alone():

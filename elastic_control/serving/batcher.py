@@ -34,6 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from elastic_control.inference.scoring import DENSE_BLOCK_ROWS, DenseModel, KeyBatch, model_input
 from elastic_control.serving.instances import (
@@ -87,26 +88,9 @@ class Answer:
         }
 
     def to_json_bytes(self) -> bytes:
-        """``json.dumps(self.to_json())`` + newline, written directly (hot path: one per answered request)."""
-        preds = ", ".join(map(float.__repr__, self.probabilities.tolist()))
-        return (
-            f'{{"predictions": [{preds}], "request_id": "{self.request_id}", "arm": "{self.arm}", '
-            f'"model_version": {_quoted(self.model_version)}, "cube_version": {_quoted(self.cube_version)}}}\n'
-        ).encode()
-
-
-_QUOTED: dict[str, str] = {}
-
-
-def _quoted(text: str) -> str:
-    q = _QUOTED.get(text)
-    if q is None:
-        import json
-
-        q = _QUOTED[text] = json.dumps(text)
-        if len(_QUOTED) > 1000:
-            _QUOTED.clear()
-    return q
+        """``to_json()`` as JSON + newline (hot path: one per answered request; orjson 1.5 us for 32 floats, the
+        same numbers as json.dumps, which took 17 us)."""
+        return orjson.dumps(self.to_json(), option=orjson.OPT_APPEND_NEWLINE)
 
 
 @dataclass(frozen=True)

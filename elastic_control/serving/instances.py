@@ -59,7 +59,7 @@ from ctr_foundation.slot_grammar import (
     feasign_above_uint64,
     line_problem,
 )
-from elastic_control.data.line_batch import LineBatch, parse_lines, parse_plain_lines, slice_batch
+from elastic_control.data.line_batch import LineBatch, parse_lines, parse_plain_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
 
 MAX_INSTANCES = 10_000
@@ -100,6 +100,9 @@ class ParsedInstances:
     value_rows: list | np.ndarray = ()  # int [k]
     value_slots: list | np.ndarray = ()  # int [k]
     values: list | np.ndarray = ()  # float [k]
+    # Requests parsed together (parse_parts): (the columns of all of them, this one's first row), so that
+    # concat_parsed gives those columns back, not a copy, when the batch holds the same requests in order.
+    within: tuple[ParsedInstances, int] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def feature_row(self) -> np.ndarray:
@@ -191,11 +194,31 @@ def parse_parts(items: Sequence[ParsedInstances | UnparsedLines]) -> list[Parsed
 
 def _split_lines(batch: LineBatch, sizes: list[int]) -> list[ParsedInstances]:
     """A LineBatch of several requests' lines (one row each, request after request) as each request's
-    ParsedInstances."""
-    out, at = [], 0
-    for n in sizes:
-        out.append(_instances_of(_columns(slice_batch(batch, at, at + n), n)))
-        at += n
+    ParsedInstances: views of the batch's columns, cut where each request's lines begin (features and
+    values are stored line after line), found for every request at once."""
+    counts = np.bincount(batch.feature_line, minlength=len(batch))
+    line_at = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=line_at[1:])
+    feature_at = np.zeros(len(batch) + 1, np.int64)
+    np.cumsum(counts, out=feature_at[1:])
+    lines, features = line_at.tolist(), feature_at[line_at].tolist()
+    values = np.searchsorted(batch.value_line, line_at).tolist()
+    has_values = values[-1] > 0
+    value_columns = (_ints(batch.value_line), _ints(batch.value_slots), np.asarray(batch.values, np.float64))
+    whole = ParsedInstances(len(batch), counts, batch.feasigns, batch.feature_slots, None, *value_columns)
+    out = []
+    for j, n in enumerate(sizes):
+        lo, hi, fl, fh = lines[j], lines[j + 1], features[j], features[j + 1]
+        if has_values:
+            vl, vh = values[j], values[j + 1]
+            value_columns = (batch.value_line[vl:vh] - lo, batch.value_slots[vl:vh], batch.values[vl:vh])
+        else:
+            value_columns = ((), (), ())
+        out.append(
+            ParsedInstances(
+                n, counts[lo:hi], batch.feasigns[fl:fh], batch.feature_slots[fl:fh], None, *value_columns, (whole, lo)
+            )
+        )
     return out
 
 
@@ -478,6 +501,9 @@ def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, li
     for p in parts:
         offsets.append(n)
         n += p.n
+    whole = _whole_of(parts, offsets, n)
+    if whole is not None:
+        return whole, offsets
     value_columns = _concat_values(parts, offsets)
     if len(parts) == 1 and isinstance(parts[0].feasigns, np.ndarray):
         return dataclasses.replace(parts[0], **value_columns), offsets
@@ -488,6 +514,19 @@ def concat_parsed(parts: Sequence[ParsedInstances]) -> tuple[ParsedInstances, li
     if any(p.strict_rows is not None for p in parts):
         strict = _concat([p.strict_rows if p.strict_rows is not None else [False] * p.n for p in parts], bool)
     return ParsedInstances(n, counts, feasigns, slots, strict, **value_columns), offsets
+
+
+def _whole_of(parts: Sequence[ParsedInstances], offsets: list[int], n: int) -> ParsedInstances | None:
+    """The columns ``parts`` were cut from (``ParsedInstances.within``) when they are all of them, in order
+    (a batch whose requests were all lines, parsed together): their concatenation, without copying."""
+    within = parts[0].within
+    if within is None or within[0].n != n:
+        return None
+    whole = within[0]
+    for p, at in zip(parts, offsets, strict=True):
+        if p.within is None or p.within[0] is not whole or p.within[1] != at:
+            return None
+    return whole
 
 
 def slice_parsed(parsed: ParsedInstances | UnparsedLines, lo: int, hi: int) -> ParsedInstances | UnparsedLines:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ctr_foundation.http_messages import Request, Response, Slot
+from ctr_foundation.http_messages import Request, Response, Slot, ok_json_bytes
 from elastic_control.serving.app import ServingApp, SplitConflict
 from elastic_control.serving.arms import SplitError, split_from_json
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
@@ -39,7 +39,7 @@ class HttpFrontend(Frontend):
         self.address: str | None = None
 
     def deliver(self, items: list[tuple[Job, Outcome]]) -> None:
-        encoded = [(job.context, _response(outcome)) for job, outcome in items]
+        encoded = [(job.context, _response(outcome, job.context[0])) for job, outcome in items]
         self.loop.call_soon_threadsafe(_deliver_all, encoded)
 
 
@@ -48,9 +48,10 @@ def _deliver_all(encoded) -> None:
         deliver(slot, response)
 
 
-def _response(outcome: Outcome) -> Response:
+def _response(outcome: Outcome, slot: Slot) -> Response | bytes:
+    """An answer whole, encoded on the batch worker (the event loop only writes it), or a refusal."""
     if isinstance(outcome, Answer):
-        return Response(200, outcome.to_json_bytes())
+        return ok_json_bytes(outcome.to_json_bytes(), slot)
     return Response.error(outcome.status, outcome.message)
 
 
