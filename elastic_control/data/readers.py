@@ -303,20 +303,29 @@ def _parse_ahead(chunks: Iterator[tuple[str, object]], threads: int) -> Iterator
         for where, chunk in chunks:
             yield where, _parse(chunk)
         return
-    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="reader-parse") as pool:
-        pending: collections.deque = collections.deque()
-        try:
-            for where, chunk in chunks:
-                pending.append((where, pool.submit(_parse, chunk)))
-                if len(pending) > threads:
-                    where, parsed = pending.popleft()
-                    yield where, parsed.result()
-            while pending:
+    pool = _parse_pool(threads, os.getpid())
+    pending: collections.deque = collections.deque()
+    try:
+        for where, chunk in chunks:
+            pending.append((where, pool.submit(_parse, chunk)))
+            if len(pending) > threads:
                 where, parsed = pending.popleft()
                 yield where, parsed.result()
-        finally:  # the caller stopped early (an error, a bad-line limit): the parses not started are dropped
-            for _, parsed in pending:
-                parsed.cancel()
+        while pending:
+            where, parsed = pending.popleft()
+            yield where, parsed.result()
+    finally:  # the caller stopped early (an error, a bad-line limit): the parses not started are dropped
+        for _, parsed in pending:
+            parsed.cancel()
+        concurrent.futures.wait([parsed for _, parsed in pending])
+
+
+@functools.cache
+def _parse_pool(threads: int, pid: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The process's parsing threads, kept between files and hours (starting and joining them for each file
+    cost 0.05-0.1 us a line of CPU on the synthetic lines, files of 12,500 lines). By process id: a forked
+    child has none of its parent's threads, and gets threads of its own."""
+    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="reader-parse")
 
 
 def _take_stride(chunk, seen: int, trainer_id: int, stride: int):
