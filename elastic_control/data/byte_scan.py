@@ -248,24 +248,11 @@ def chunk_end(b, start, stop, lines):
 
 
 @_jit
-def _fill(
-    b,
-    start,
-    end,
-    shows,
-    clicks,
-    ends,
-    feature_line,
-    feasigns,
-    feature_slots,
-    value_line,
-    value_slots,
-    values,
-    inexact,
-    counts,
-):
-    """The parse itself (``scan``), into arrays large enough; False at the first thing outside the plain
-    layout or the grammar. ``counts``: rows, pairs, value tokens, inexact value tokens and blank lines."""
+def _fill(b, start, end, out, counts):
+    """The parse itself (``scan``), into the arrays ``out``, large enough; False at the first thing outside
+    the plain layout or the grammar. ``counts``: rows, pairs, value tokens, inexact value tokens and blank
+    lines written."""
+    shows, clicks, ends, feature_line, feasigns, feature_slots, value_line, value_slots, values, inexact = out
     rows = features = tokens = left = blank = 0
     i = start
     while i < end:
@@ -346,22 +333,8 @@ def _scan(b, start, end, lines, colons):
     values = np.empty(colons, np.float64)
     inexact = np.empty(3 * colons, np.int64)
     counts = np.zeros(5, np.int64)
-    ok = _fill(
-        b,
-        start,
-        end,
-        shows,
-        clicks,
-        ends,
-        feature_line,
-        feasigns,
-        feature_slots,
-        value_line,
-        value_slots,
-        values,
-        inexact,
-        counts,
-    )
+    out = (shows, clicks, ends, feature_line, feasigns, feature_slots, value_line, value_slots, values, inexact)
+    ok = _fill(b, start, end, out, counts)
     rows, features, tokens, left = counts[0], counts[1], counts[2], counts[3]
     # The value tokens' arrays are sized for every token: copied down (a tenth of the pairs' bytes on Criteo
     # lines), not kept as views of mostly unused memory.
