@@ -21,7 +21,9 @@ same 2 cores). Then server against server: nghttp2's h2load (C, Debian's nghttp2
 flight per connection, as loadgen.c) sends one gRPC request over and over, and loadgen.c sends the
 same lines as one HTTP request over and over at the same concurrency; "gRPC / HTTP" is the ratio of
 those two (h2load sends a single body, so the HTTP side of that comparison repeats one body too).
-Without h2load that comparison is skipped and says so.
+Without h2load that comparison is skipped and says so. Each row also prints the CPU the load generator
+took per request ("client CPU", ms; for the grpc.aio client with its start-up), which comes off the same
+2 cores as serving's.
 
 The dense-only limit is measured in the same run: the pass's dense program alone (paddle.inference,
 what serving runs), batches of 2048 pooled rows, one predictor per core, both cores. "share of
@@ -117,8 +119,10 @@ def http_load(exe: str, port: int, requests: list[bytes], work: Path, conc: int,
 
     path = write_request_file(work / f"req-{port}-{conc}-{len(requests)}.bin", requests, [0] * len(requests))
     cpu0 = cpu_seconds(pid) if pid else None
+    client0 = children_cpu_seconds()
     r = run_loadgen(exe, port, path, conc, seconds, 1)
     out = {"rps": r["requests_per_s"], "p50": r["p50_ms"], "p99": r["p99_ms"], "n": r["requests"]}
+    out["client_cpu_ms_per_request"] = (children_cpu_seconds() - client0) * 1000 / max(r["requests"], 1)
     if pid:
         out["cpu_ms_per_request"] = (cpu_seconds(pid) - cpu0) * 1000 / max(r["requests"], 1)
     return out
@@ -128,12 +132,15 @@ def grpc_load(target: str, lines_groups: list[list[str]], concurrency: int, seco
     """Closed-loop gRPC load from a separate process (grpc.aio, ``concurrency`` calls in flight)."""
     spec = work / "grpc-load.json"
     spec.write_text(json.dumps({"target": target, "groups": lines_groups, "c": concurrency, "s": seconds}))
+    client0 = children_cpu_seconds()
     r = subprocess.run(
         [PYTHON, __file__, "--grpc-load", str(spec)], capture_output=True, text=True, timeout=seconds + 120
     )
     if r.returncode != 0:
         raise SystemExit(f"gRPC load failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["client_cpu_ms_per_request"] = (children_cpu_seconds() - client0) * 1000 / max(out["n"], 1)  # with start-up
+    return out
 
 
 def grpc_h2load(exe: str, target: str, lines: list[str], concurrency: int, seconds: float, work: Path, pid=None):
@@ -146,6 +153,7 @@ def grpc_h2load(exe: str, target: str, lines: list[str], concurrency: int, secon
     log = work / "h2load.log"
     log.unlink(missing_ok=True)  # h2load appends
     cpu0 = cpu_seconds(pid) if pid else None
+    client0 = children_cpu_seconds()
     r = subprocess.run(
         [exe, "-D", str(max(1, round(seconds))), "-c", str(concurrency), "-m", "1", "-d", str(body)]
         + ["-H", "content-type: application/grpc", "-H", "te: trailers", "--log-file", str(log)]
@@ -162,6 +170,7 @@ def grpc_h2load(exe: str, target: str, lines: list[str], concurrency: int, secon
     elapsed = max(1e-9, (max(s + int(row[2]) for s, row in zip(starts, rows, strict=True)) - min(starts)) / 1e6)
     out = {"rps": len(ok) / elapsed, "p50": float(np.percentile(ok, 50)), "p99": float(np.percentile(ok, 99))}
     out["n"] = len(ok)
+    out["client_cpu_ms_per_request"] = (children_cpu_seconds() - client0) * 1000 / len(ok)
     if pid:
         out["cpu_ms_per_request"] = (cpu_seconds(pid) - cpu0) * 1000 / len(ok)
     return out
@@ -322,6 +331,14 @@ def cpu_seconds(pid: int) -> float:
     return t.user + t.system
 
 
+def children_cpu_seconds() -> float:
+    """User + system CPU of this process's finished children: the load generators, which share the 2 cores."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def check_grpc(target: str, lines: list[str], http_port: int) -> float:
     """Max |gRPC - HTTP| over the same lines (and the versions must match)."""
     import grpc
@@ -475,6 +492,8 @@ def _run_mlflow_peer(stack, work, env, pass_dir, lines, probs, exe, groups, seco
 
 def _fmt(r: dict, size: int) -> str:
     cpu = f", serving CPU {r['cpu_ms_per_request']:.2f} ms/request" if "cpu_ms_per_request" in r else ""
+    if "client_cpu_ms_per_request" in r:
+        cpu += f", client CPU {r['client_cpu_ms_per_request']:.2f}"
     return f"{r['rps']:8.0f} req/s {r['rps'] * size:9.0f} pred/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms{cpu}"
 
 
