@@ -6,8 +6,10 @@ SPARSE_DIM``, even over their range), so the high bits of a key below the
 highest used bit spread keys evenly over 2**B buckets: an offset table
 ``start[b]`` (B ~ log2(rows)) narrows every key to a bucket of a few rows,
 and a branch-free, vectorised binary search of fixed depth finishes it.
-Everything is numpy over the whole batch: the per-batch cost is a handful of
-array passes, which is why the server merges waiting requests into one batch.
+Batches up to ``COMPILED_MAX_KEYS`` run that search in one compiled pass that
+also writes the answer (``cube/lookup_kernel.py``); larger ones run it as numpy
+passes over the whole batch, which is why the server merges waiting requests
+into one batch.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import numpy as np
 
 from cube.shard_format import ShardData
 
-WINDOW_MAX_WIDTH = 32  # widest bucket for which small batches use the window gather
-WINDOW_MAX_KEYS = 512  # above, the fixed-depth search is as cheap per key (416 keys: 45 vs 48 us; 1000: even)
+# Batches up to here take the compiled pass; from about 1500 keys the numpy passes are as fast, then faster
+# (lookup_rows' CPU per batch on 10M keys, compiled vs numpy: 26 keys 5.9 vs 24.5 us, 1000 keys 91 vs 98,
+# 1500 keys 133 vs 135, 2048 keys 185 vs 182, 4000 keys 340 vs 328).
+COMPILED_MAX_KEYS = 1024
 
 
 class ShardIndex:
@@ -50,19 +54,16 @@ class ShardIndex:
         self._shift_0d = np.array(self._shift)  # a 0-d array: cheaper for a ufunc than a scalar
         # Hashed keys use all 64 bits, so no query can land past the last bucket: skip the clamp.
         self._clamp = top < 64
-        # Small batches: compare each key with its whole bucket at once. windows[r] is the `widest` keys
-        # from row r as ONE opaque item (a strided view of the keys, no copy), so gathering every key's
-        # window is a plain 1-D fancy index: a handful of numpy calls instead of three per search step,
-        # and fewer than a 2-D index (a (26, widest) index array, or a 2-D sliding-window view, cost
-        # 1-2 us more per 26 keys). Only while buckets are narrow, as they are for hashed keys (~1.2 rows
-        # on average).
-        self._windows = None
-        if 0 < widest <= WINDOW_MAX_WIDTH:
-            self._window_keys = np.dtype((np.uint64, (widest,)))  # a window seen as its keys
-            self._last_window = n - widest  # windows start at rows 0 .. n - widest
-            self._windows = np.ndarray(
-                shape=(n - widest + 1,), dtype=np.dtype((np.void, 8 * widest)), buffer=keys, strides=(8,)
-            )
+        # The values as 32-bit words, the unit the compiled pass copies a row in (contiguous, as a
+        # shard's values are; anything else stays on the numpy passes rather than be copied).
+        self._row_words = shard.values.reshape(n, self.dim).view(np.uint32)
+        self._gather = None
+        if n and keys.flags.c_contiguous and self._row_words.flags.c_contiguous:
+            # function-level: numba and the kernel's load only where lookups are served (cube-builder and
+            # cube-transfer import version_store too)
+            from cube.lookup_kernel import gather_answer
+
+            self._gather = gather_answer
 
     @property
     def rows(self) -> int:
@@ -73,8 +74,6 @@ class ShardIndex:
         query = np.asarray(query, dtype=np.uint64)
         if self._n == 0 or len(query) == 0:
             return np.zeros(len(query), np.int64), np.zeros(len(query), bool)
-        if self._windows is not None and len(query) <= WINDOW_MAX_KEYS:
-            return self._window_positions(query)
         pos = self._start.take(self._buckets(query))
         keys = self._keys
         # Lower bound from the bucket's first row in fixed-depth power-of-two steps.
@@ -101,27 +100,47 @@ class ShardIndex:
             np.minimum(bucket, self._top_bucket, out=bucket)
         return bucket.view(np.int64)  # < 2**63 (shift >= 1, or clamped), so the view is exact
 
-    def _window_positions(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """positions() for a small batch: compare each key with every row of its bucket."""
-        pos = self._start.take(self._buckets(query))
-        # A bucket starting in the last `widest` rows lies inside the last window.
-        np.minimum(pos, self._last_window, out=pos)
-        equal = self._windows[pos].view(self._window_keys) == query[:, None]  # (n, widest) keys
-        pos += equal.argmax(axis=1)  # the first equal row (any row of the window when none is)
-        return pos, self._keys.take(pos) == query
+    def lookup_body(self, query: np.ndarray) -> tuple[np.ndarray, int]:
+        """(body, misses) of the answer to uint64 ``query``: ``body`` is uint8, the rows (``row_bytes``
+        each, zeros for a missing key) then the found-bitmap (bit i of byte i // 8, least significant
+        first), as cube-server sends them; ``misses`` the number of keys not found.
+
+        The hot path of cube-server for a request answered alone: up to ``COMPILED_MAX_KEYS`` keys
+        it is one buffer and one compiled call.
+        """
+        n = len(query)
+        rb = self.row_bytes
+        body = np.empty(n * rb + ((n + 7) >> 3), np.uint8)
+        if self._compiled(query):
+            return body, self._gather(query, self._start, self._shift, self._steps, self._keys, self._row_words, body)
+        rows, found = self.search_rows(query)
+        body[: n * rb] = rows.reshape(-1)
+        body[n * rb :] = np.packbits(found, bitorder="little")
+        return body, n - int(np.count_nonzero(found))
 
     def lookup_rows(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows uint8[n, row_bytes], found bool[n]) for uint64 ``query``; rows of missing keys are zero.
 
-        The hot path of cube-server, kept to a few numpy calls: the rows are
-        gathered as raw bytes (one memcpy each) and come back contiguous,
-        ready to be sliced per request and sent.
+        The rows come back contiguous, ready to be sliced per request and sent.
         """
-        if self._windows is not None and 0 < len(query) <= WINDOW_MAX_KEYS and query.dtype == np.uint64:
-            pos, found = self._window_positions(query)
-            rows = self._row_bytes.take(pos, axis=0)
-            rows[~found] = 0  # one boolean assignment: the cheapest way for a few rows
-            return rows, found
+        if not self._compiled(query):
+            return self.search_rows(query)
+        n = len(query)
+        body, _ = self.lookup_body(query)
+        found = np.unpackbits(body[n * self.row_bytes :], count=n, bitorder="little").view(bool)
+        return body[: n * self.row_bytes].reshape(n, self.row_bytes), found
+
+    def _compiled(self, query: np.ndarray) -> bool:
+        """Whether ``query`` takes the compiled pass (a small batch of plain contiguous uint64 keys)."""
+        return (
+            0 < len(query) <= COMPILED_MAX_KEYS
+            and self._gather is not None
+            and query.dtype == np.uint64
+            and query.flags.c_contiguous
+        )
+
+    def search_rows(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """lookup_rows() by the numpy passes of positions(), for any batch (the path of large ones)."""
         pos, found = self.positions(query)
         if self._n == 0:
             return np.zeros((len(pos), self.row_bytes), np.uint8), found

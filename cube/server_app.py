@@ -365,17 +365,11 @@ class CubeWorker:
 
     def _answer_one(self, index, body: bytes, keep_alive: bool, t0: float) -> bytes:
         """The encoded answer to one lookup (head, rows, found-bitmap), counted in the metrics."""
-        rows, found = index.lookup_rows(np.frombuffer(body, dtype="<u8"))
-        total = len(found)
-        misses = total - int(np.count_nonzero(found))
-        bitmap = np.packbits(found, bitorder="little").tobytes()
+        answer, misses = index.lookup_body(np.frombuffer(body, dtype="<u8"))  # rows, then the found-bitmap
         prefixes = self._head_prefixes.get((index.version, index.dim)) or self._head_prefixes_for(index)
-        head = prefixes[keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (
-            total * index.row_bytes + len(bitmap),
-            misses,
-        )
-        self.metrics.observe_one(total, misses, perf_counter() - t0)
-        return b"".join((head, rows, bitmap))
+        head = prefixes[keep_alive] + b"%d\r\nX-Cube-Misses: %d\r\n\r\n" % (len(answer), misses)
+        self.metrics.observe_one(len(body) >> 3, misses, perf_counter() - t0)
+        return b"".join((head, answer))
 
     def _no_index(self, version: str | None) -> Response:
         if version is None:

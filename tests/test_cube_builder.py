@@ -14,7 +14,7 @@ from ctr_foundation.errors import DataError, UsageError
 from ctr_foundation.pass_format import SparseLayout, iter_sparse_table, load_pass, read_sparse_table
 from ctr_foundation.sparse_table_reader import iter_sparse_table_fast
 from cube.builder import build_version
-from cube.lookup_index import WINDOW_MAX_KEYS, ShardIndex
+from cube.lookup_index import COMPILED_MAX_KEYS, ShardIndex
 from cube.shard_format import CorruptShardError, read_shard, verify_version_dir, write_shard
 
 
@@ -162,8 +162,8 @@ def test_lookup_index_matches_a_plain_set_lookup(tmp_path, keys):
     pos = np.searchsorted(keys, query[found])
     np.testing.assert_array_equal(got[found], values[pos])
     assert not got[~found].any()
-    # Small batches take the window path (up to WINDOW_MAX_KEYS): same answers.
-    for size in (1, 26, WINDOW_MAX_KEYS, WINDOW_MAX_KEYS + 1):
+    # Small batches take the compiled pass (up to COMPILED_MAX_KEYS): same answers.
+    for size in (1, 26, COMPILED_MAX_KEYS, COMPILED_MAX_KEYS + 1):
         for at in range(0, len(query), 997):
             part = query[at : at + size]
             got_part, found_part = index.lookup(part)
