@@ -732,3 +732,27 @@ def test_monitor_keeps_at_most_a_window_of_buckets():
             mon.summary(now=1000.0 + t)
     (series,) = mon._series.values()
     assert len(series.buckets) <= 5 + 2
+
+
+def test_serving_compiles_the_line_parse_before_it_listens(tmp_path):
+    """A fresh process without numba's cache compiles the byte parse on first use (3-4 s of CPU, 14 s seen
+    under load): serve() runs warm_up_line_parse before it binds, and that leaves the parse compiled."""
+    import inspect
+    import subprocess
+    import sys
+
+    from elastic_control.serving import service
+
+    source = inspect.getsource(service.serve)
+    assert source.index("warm_up_line_parse()") < source.index("ServingServer(")
+    probe = (
+        "import pyarrow\n"
+        "from elastic_control.data import byte_scan\n"
+        "from elastic_control.serving.instances import warm_up_line_parse\n"
+        "before = len(byte_scan._scan.signatures)\n"
+        "warm_up_line_parse()\n"
+        "print(before, len(byte_scan._scan.signatures))\n"
+    )
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "1"]

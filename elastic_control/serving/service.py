@@ -28,6 +28,7 @@ from elastic_control.serving.arms import SplitError, split_from_flag
 from elastic_control.serving.batcher import DEFAULT_BATCH_DELAY
 from elastic_control.serving.feedback import PredictionLog
 from elastic_control.serving.http_server import LIMITS, ServingServer
+from elastic_control.serving.instances import warm_up_line_parse
 from elastic_control.serving.monitor import AlertRules, Monitor
 from elastic_control.serving.recording import MlflowRecorder
 from elastic_control.serving.versions import CubeRootSource, FileServerSource, ModelDirSource
@@ -142,6 +143,7 @@ def serve(config: ServingConfig, *, on_listening: Callable | None = None, after_
     logging.getLogger("elastic_control").setLevel(logging.INFO)  # importing paddle sets the root logger to WARNING
     config = config.with_environment()
     app = build_app(config, after_response_hooks=after_response_hooks)
+    warm_up_line_parse()  # before listening: the first request would otherwise wait for its compilation
     try:
         server = ServingServer(  # binds here
             app,
