@@ -227,9 +227,9 @@ def print_parse_rate(label: str, path: Path) -> None:
     reader, bare, bare_one, reader_cpu, bare_one_cpu = parse_rate(path)
     print(
         f"reader parse rate, {label}: {reader:,.0f} lines/s; bare pyarrow CSV split: {bare:,.0f} lines/s "
-        f"(reader = {reader / bare:.2f}x of the limit; {bare_one:,.0f} lines/s on one thread as the "
-        f"reader runs: {reader / bare_one:.2f}x; per CPU second {reader_cpu:,.0f} against "
-        f"{bare_one_cpu:,.0f}: {reader_cpu / bare_one_cpu:.2f}x)",
+        f"on all cores (reader = {reader / bare:.2f}x of the limit); on one thread {bare_one:,.0f} lines/s "
+        f"(reader {reader / bare_one:.2f}x); per CPU second the reader {reader_cpu:,.0f} against the one-thread "
+        f"split's {bare_one_cpu:,.0f}: {reader_cpu / bare_one_cpu:.2f}x",
         flush=True,
     )
 
