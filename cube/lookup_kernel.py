@@ -17,7 +17,9 @@ imported, never by a lookup; one signature for every caller: read-only arrays ac
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import types
+
+from ctr_foundation.compiled import compiled
 
 _KEYS = types.Array(types.uint64, 1, "C", readonly=True)
 _SIGNATURE = types.int64(
@@ -31,21 +33,7 @@ _SIGNATURE = types.int64(
 )
 
 
-def _jit(signature):
-    """numba's ``njit`` for ``signature``, without the GIL, its machine code cached on disk when a cache
-    folder is writable (numba's rule: NUMBA_CACHE_DIR, else beside this file, else the user's cache
-    folder); compiled in each process when none is (a read-only install without NUMBA_CACHE_DIR)."""
-
-    def compile_(func):
-        try:
-            return njit(signature, nogil=True, cache=True)(func)
-        except RuntimeError:  # "cannot cache function ...: no locator available"
-            return njit(signature, nogil=True)(func)
-
-    return compile_
-
-
-@_jit(_SIGNATURE)
+@compiled(_SIGNATURE)
 def gather_answer(query, start, shift, steps, keys, rows, out):
     """Write the answer to ``query`` into ``out`` (sized n * 4 * dim + ceil(n / 8)); return the misses."""
     n = query.shape[0]

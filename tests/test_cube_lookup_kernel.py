@@ -111,21 +111,3 @@ def test_the_kernel_refuses_an_answer_buffer_of_the_wrong_size():
             lookup_kernel.gather_answer(*args, np.zeros(size, np.uint8))
     out = np.full(3 * 4 * DIM + 1, 0xAB, np.uint8)
     assert lookup_kernel.gather_answer(*args, out) == 1 and out[-1] == 0b011
-
-
-def test_without_a_writable_cache_folder_the_kernel_is_compiled_in_the_process(monkeypatch):
-    """A read-only install without NUMBA_CACHE_DIR (numba then finds no folder for its cache and refuses to
-    cache): the kernel still works, compiled anew by each process."""
-    import numba.core.dispatcher  # function-level: patched for this test only
-    from numba import types  # function-level: only this test builds a signature
-
-    def no_locator(py_func):
-        raise RuntimeError(f"cannot cache function {py_func.__name__!r}: no locator available for file 'x'")
-
-    monkeypatch.setattr(numba.core.dispatcher, "FunctionCache", no_locator)
-
-    def add(a, b):
-        return a + b
-
-    compiled = lookup_kernel._jit(types.int64(types.int64, types.int64))(add)
-    assert compiled(2, 3) == 5 and compiled._cache.__class__.__name__ == "NullCache"

@@ -272,20 +272,3 @@ def test_a_bad_line_limit_stops_a_threaded_read(tmp_path):
     with pytest.raises(DataError, match="lines are malformed"):
         for _ in read:
             pass
-
-
-def test_without_a_writable_cache_folder_the_parse_is_compiled_in_the_process(monkeypatch):
-    """A read-only install without NUMBA_CACHE_DIR (numba then finds no folder for its cache and refuses to
-    cache): the compiled pass still works, compiled anew by each process."""
-    import numba.core.dispatcher
-
-    def no_locator(py_func):
-        raise RuntimeError(f"cannot cache function {py_func.__name__!r}: no locator available for file 'x'")
-
-    monkeypatch.setattr(numba.core.dispatcher, "FunctionCache", no_locator)
-
-    def add(a, b):
-        return a + b
-
-    compiled = line_batch.byte_scan._jit(add)
-    assert compiled(2, 3) == 5 and compiled._cache.__class__.__name__ == "NullCache"

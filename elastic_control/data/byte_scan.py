@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from ctr_foundation.compiled import compiled
 from ctr_foundation.slot_grammar import FEASIGN_DIGITS, SHOW_LIMIT, SLOT_DIGITS
 
 # Bytes readable after a chunk's last byte: a token's digits are read as three 8-byte words.
@@ -50,16 +51,6 @@ _MAX_EXACT = np.uint64(2**53)  # integers up to here are exact doubles
 _POWERS = np.array([10.0**k for k in range(23)], np.float64)  # exact doubles, 1e0 .. 1e22
 _POWERS_INT = np.array([10**k for k in range(8)], np.uint64)
 assert FEASIGN_DIGITS == 20 and SLOT_DIGITS == 9  # what _integer and scan check
-
-
-def _jit(func):
-    """numba's ``njit`` without the GIL, its machine code cached on disk when a cache folder is writable
-    (numba's rule: NUMBA_CACHE_DIR, else beside this file, else the user's cache folder); compiled in
-    each process when none is (a read-only install without NUMBA_CACHE_DIR)."""
-    try:
-        return njit(nogil=True, cache=True)(func)
-    except RuntimeError:  # "cannot cache function ...: no locator available"
-        return njit(nogil=True)(func)
 
 
 def _small(func):
@@ -208,7 +199,7 @@ def _value_token(b, i):
     return i, -value if negative else value, True
 
 
-@_jit
+@compiled
 def count(b, start, stop):
     """(newlines, colons) in ``b[start:stop]``: the most rows and tokens its lines can have (a loop the
     compiler vectorises: 0.1 ns a byte)."""
@@ -222,7 +213,7 @@ def count(b, start, stop):
 _COUNT_BLOCK = 4096
 
 
-@_jit
+@compiled
 def chunk_end(b, start, stop, lines):
     """Where the ``lines``-th line from ``start`` ends (after its newline) in ``b[start:stop]``, or -1 when
     fewer end there; and (newlines, colons) up to that end (to ``stop`` when -1)."""
@@ -247,7 +238,7 @@ def chunk_end(b, start, stop, lines):
     return -1, newlines, colons
 
 
-@_jit
+@compiled
 def _fill(b, start, end, out, counts):
     """The parse itself (``scan``), into the arrays ``out``, large enough; False at the first thing outside
     the plain layout or the grammar. ``counts``: rows, pairs, value tokens, inexact value tokens and blank
@@ -320,7 +311,7 @@ def _fill(b, start, end, out, counts):
     return True
 
 
-@_jit
+@compiled
 def _scan(b, start, end, lines, colons):
     shows = np.empty(lines, np.int64)
     clicks = np.empty(lines, np.int64)
