@@ -153,6 +153,24 @@ class HttpProtocol(asyncio.Protocol):
         self._lingering = False
         self._linger_since = 0.0
 
+    @property
+    def at_rest(self) -> bool:
+        """Nothing of this connection is under way: no bytes buffered, no request unanswered or being
+        answered or streamed, no body arriving, not closing, write-paused, lingering or at its end, the
+        transport open. A subclass may then answer a whole request that arrived in one chunk by itself
+        (cube-server's lone lookup) without overtaking anything; any state this layer adds belongs here."""
+        return self.transport is not None and not (
+            self.buffer
+            or self.pending
+            or self._head is not None
+            or self.closing
+            or self._busy
+            or self._sending
+            or self._write_paused
+            or self._lingering
+            or self._eof
+        )
+
     # ---- connection events -------------------------------------------------------------------
     def connection_made(self, transport):
         server = self.server

@@ -134,19 +134,7 @@ class LookupProtocol(HttpProtocol):
         connection, with nothing before it (no unanswered request, no buffered bytes, no body arriving):
         a single client's request then costs no answer slot, queue or merge pass. Anything else (and
         any lookup that is not a plain success) goes the ordinary way, which parses and answers it."""
-        if (
-            self.buffer
-            or self.pending
-            or self._head is not None
-            or self.worker.connections != 1
-            or self.closing
-            or self._busy
-            or self._write_paused
-            or self._lingering
-            or self._eof
-            or self.transport is None
-            or not data.startswith(LOOKUP_PREFIX)
-        ):
+        if not self.at_rest or self.worker.connections != 1 or not data.startswith(LOOKUP_PREFIX):
             return False
         end = data.find(b"\r\n\r\n")
         if end < 0 or end > self.limits.max_header_bytes:
