@@ -152,6 +152,27 @@ def test_text_chunks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, mo
                 assert len(c.buffer) >= c.end + line_batch.byte_scan.PADDING
 
 
+def test_counts_and_line_ends_take_no_byte_after_stop():
+    """The compiled counts read 64 bytes at a time: a newline or colon after ``stop`` (the padding, or the
+    next read's bytes) is not counted, at every offset of start and stop within and across blocks."""
+    from elastic_control.data import byte_scan
+
+    rng = np.random.default_rng(5)
+    b = rng.choice(np.frombuffer(b"0:\n ", np.uint8), 300 + byte_scan.PADDING)
+    for start in range(0, 70, 3):
+        for stop in range(start, 300, 7):
+            part = b[start:stop]
+            assert byte_scan.count(b, start, stop) == ((part == 10).sum(), (part == 58).sum())
+            newlines = np.flatnonzero(part == 10)
+            for lines in {1, 2, max(len(newlines), 1), len(newlines) + 1}:
+                got = byte_scan.chunk_end(b, start, stop, lines)
+                if lines <= len(newlines):
+                    end = start + newlines[lines - 1] + 1
+                    assert got == (end, lines, (b[start:end] == 58).sum())
+                else:
+                    assert got == (-1, len(newlines), (part == 58).sum())
+
+
 def test_the_byte_parse_keeps_its_lines_as_text_lines_that_behave_as_a_list():
     lines = ["1 0 5:1 2.5:40", "2 1 7:2", "3 0 9:9 -1e-3:41"]
     batch, bad = line_batch.parse_text(("\n".join(lines) + "\n").encode())
