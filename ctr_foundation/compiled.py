@@ -5,8 +5,9 @@ look up in parallel), its machine code cached on disk when a cache folder is wri
 ``NUMBA_CACHE_DIR``, else beside the module, else the user's cache folder; the image sets
 ``NUMBA_CACHE_DIR=/tmp/numba``, so a pod compiles once), and compiled anew in each process when none is
 (a read-only install without ``NUMBA_CACHE_DIR``: numba then refuses to cache, and the kernel must still
-work). Users: the training reader's byte parse (``elastic_control/data/byte_scan.py``) and cube-server's
-small-batch lookup (``cube/lookup_kernel.py``).
+work). Users: the training reader's byte parse (``elastic_control/data/byte_scan.py``), cube-server's
+small-batch lookup (``cube/lookup_kernel.py``) and serving's hot-key cache read
+(``elastic_control/serving/cache_kernel.py``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ a batch never mixes cached rows of one version with looked-up rows of another. A
 never changes (cube versions are immutable), so entries need no invalidation. Cube's misses are
 cached too (zero rows, found = False), so coverage metrics stay exact.
 
-A VersionCache is an 8-way set-associative table in flat numpy arrays (vectorised for whole batches:
-a lookup of thousands of keys is about a dozen numpy calls, no Python loop per key): each key maps to
+A VersionCache is an 8-way set-associative table in flat numpy arrays (whole batches at once: a read of
+thousands of keys is one compiled pass, cache_kernel.py; an insert a dozen numpy calls): each key maps to
 one set of eight ways, whose eight keys are one 64-byte cache line; an insert replaces the way filled
 longest ago. Eight ways, not two: a request carries about 1,250 keys (32 Criteo lines), so the rare set
 that holds more hot keys than ways makes most requests miss and wait for cube. With 2 ways and 2^20
@@ -25,11 +25,13 @@ import threading
 
 import numpy as np
 
+from elastic_control.serving.cache_kernel import gather_cached
+
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: multiplicative hashing
 
 
 class VersionCache:
-    WAYS = 8  # 8 uint64 keys: one 64-byte cache line per set, and a row of 8 match flags reads as one uint64
+    WAYS = 8  # 8 uint64 keys: one 64-byte cache line per set
 
     def __init__(self, entries: int, width: int):
         ways = self.WAYS
@@ -54,18 +56,14 @@ class VersionCache:
         return ((keys * _MIX) >> self._shift).astype(np.int64)  # uint64 multiply wraps mod 2**64
 
     def get(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(hit bool [n], rows float32 [n, width] (garbage where not hit), found bool [n]) for uint64 keys."""
-        sets = self._set_of(keys)
-        with self._lock:
-            match = self._keys.take(sets, axis=0) == keys[:, None]
-            # A key sits in at most one way, so a row's 8 match flags, read as one little-endian uint64,
-            # are 0 (a miss) or 1 << (8 * way); frexp's exponent of 2**k is k + 1.
-            bits = match.view("<u8").reshape(-1)
-            hit = bits != 0
-            at = sets * self.WAYS + ((np.frexp(bits)[1] - 1) >> 3).clip(0)
-            values = self._values.take(at, axis=0)
-            found = self._found.take(at)
-        return hit, values, found
+        """(hit bool [n], rows float32 [n, width] (zeros where not hit), found bool [n]) for uint64 keys: one
+        compiled pass without the GIL (cache_kernel.py)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        n = len(keys)
+        hit, rows, found = np.empty(n, bool), np.empty((n, self.width), np.float32), np.empty(n, bool)
+        with self._lock:  # a put meanwhile would tear a way's key from its row
+            gather_cached(keys, self._keys, self._found, self._values, _MIX, self._shift, hit, rows, found)
+        return hit, rows, found
 
     def put(self, keys: np.ndarray, values: np.ndarray, found: np.ndarray) -> None:
         """Remember the rows cube answered for ``keys`` (unique)."""
