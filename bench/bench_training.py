@@ -132,12 +132,22 @@ SMALL_LOGS = (
 
 def train(job, trainers: int, *, family: str | None = None, extra=()) -> tuple[Path, float]:
     """`elastic-control train` with the defaults (or --model FAMILY); (the last pass, mean examples/s of its passes)."""
-    from ctr_foundation.records import read_donefile
-
     args = ["--log-every", "1000"] + (["--model", family] if family else []) + list(extra)
     passes = B.train(*job, trainers=trainers, args=args)
-    rates = [e.metrics["examples_per_sec"] for e in read_donefile(job[2])]
-    return passes[-1], float(np.mean(rates))
+    return passes[-1], float(np.mean(pass_rates(job)))
+
+
+def pass_rates(job) -> list[float]:
+    """examples/s of each of ``job``'s complete passes, oldest first (as the trainers measured them)."""
+    from ctr_foundation.records import read_donefile
+
+    return [e.metrics["examples_per_sec"] for e in read_donefile(job[2])]
+
+
+def later_pass_rate(job) -> float:
+    """Mean examples/s of ``job``'s passes after the first (0 with fewer than two passes)."""
+    rates = pass_rates(job)[1:]
+    return float(np.mean(rates)) if rates else 0.0
 
 
 def single_process_rate(job) -> float:
@@ -552,12 +562,15 @@ def main() -> None:
             # run one after the other, a configuration measured while the machine was busier lost up to 30%
             # against the next (the same pair alternated: 0.90x; in a row: 0.68x).
             runs: dict[tuple[str, int], list[float]] = {}
+            later: dict[int, list[float]] = {}  # the defaults' passes after the first (a running job's rate)
             single: list[float] = []  # the same net and data in one process, no parameter server
             for r in range(args.rounds):
                 for label, extra in configs:
                     for trainers in (1, 2):
                         job = hourly_job(root / f"{label}-t{trainers}-r{r}", root / "data", THROUGHPUT_SLOTS, hours)
                         runs.setdefault((label, trainers), []).append(train(job, trainers, extra=extra)[1])
+                        if label == "default":
+                            later.setdefault(trainers, []).append(later_pass_rate(job))
                 job = hourly_job(root / f"single-r{r}", root / "data", THROUGHPUT_SLOTS, hours)
                 single.append(single_process_rate(job))
                 print(f"throughput round {r + 1} of {args.rounds} done", flush=True)
@@ -579,6 +592,14 @@ def main() -> None:
                 )
             print(
                 f"2 trainers vs 1 with the defaults: {rates['default', 2] / rates['default', 1]:.2f}x on 2 cores",
+                flush=True,
+            )
+            steady = {t: float(np.median(v)) for t, v in later.items()}
+            print(
+                f"  the passes after the first (a running job's rate): 1 trainer {steady[1]:,.0f}, 2 trainers "
+                f"{steady[2]:,.0f} examples/s, {steady[2] / steady[1]:.2f}x (the first pass of a fresh model cuts "
+                "each trainer's share into at least min_batches_first_pass batches: 2 trainers train it in "
+                "smaller batches than 1 trainer does)",
                 flush=True,
             )
             alone = float(np.median(single))
