@@ -286,7 +286,9 @@ def test_a_trainer_over_its_memory_limit_is_oom_killed_with_137(image, tmp_path)
     trainer = f"elastic-ctr-oom-trainer-{os.getpid()}"
     start = image.run_args(env=pserver_env, **mount)
     start[start.index("--rm")] = "--detach"
-    image.podman(*start, "--name", name, image.tag, *pserver_argv, check=True)
+    # --timeout: a run killed before its finally (a CI time-out, ^C twice) must not leave the detached
+    # pserver running for hours; the test itself ends within its 600 s trainer time-out.
+    image.podman(*start, "--name", name, "--timeout", "900", image.tag, *pserver_argv, check=True)
     try:
         args = image.run_args(env=trainer_env, memory="200m", **mount)
         args.remove("--rm")
