@@ -255,13 +255,23 @@ def parse_plain_lines(lines: Sequence[str]) -> LineBatch | None:
     """``lines`` (one sample each: no newline inside, none blank) through the byte fast path alone: a batch
     with one row per line, or None when any line is not in the plain layout or is malformed (the caller then
     takes an exact path that names the bad line). Serving's requests take this path."""
-    text = "\n".join(lines) + "\n"
-    if not text.isascii() or text.count("\n") != len(lines):  # a newline inside a line is not one sample
+    # One copy into the parse's buffer: the lines, each with its newline, then the scan's padding (made
+    # by the same join); the count the parse sizes its arrays with also finds a newline inside a line.
+    text = "\n".join([*lines, _PADDING_TEXT])
+    if not text.isascii():
         return None
-    batch = _parse_plain_bytes(text.encode("ascii"), list(lines))
+    buffer = np.frombuffer(text.encode("ascii"), np.uint8)
+    end = len(buffer) - byte_scan.PADDING
+    newlines, colons = byte_scan.count(buffer, 0, end)
+    if newlines != len(lines):  # a newline inside a line is not one sample
+        return None
+    batch = _parse_plain_chunk(TextChunk(buffer, 0, end, newlines, colons), list(lines))
     if batch is None or len(batch) != len(lines):  # a blank line was dropped: not a sample here
         return None
     return batch
+
+
+_PADDING_TEXT = "\0" * byte_scan.PADDING  # what TextChunk.of_bytes pads with
 
 
 # The grammar's show bound as numpy compares it (the older paths' check).
