@@ -243,6 +243,25 @@ def test_tokens_at_the_grammars_bounds_parse_as_the_per_line_parser_does():
     assert taken > 80 and refused < 5  # the compiled pass itself took the valid lines, bar a few
 
 
+def test_integer_tokens_of_every_length_parse_as_the_per_line_parser_does():
+    """Feasigns, slots and shows of 1 to 22 digits, and feasigns around 2**64 (the compiled pass counts a
+    token's digits 32 bytes at a time and converts 16 of them at once)."""
+    rng = np.random.default_rng(3)
+    tokens = []
+    for _ in range(400):
+        digits = "".join(rng.choice(list("0123456789"), int(rng.integers(1, 23))))
+        tokens.append(f"{digits}:{int(rng.integers(0, 100))}")
+        tokens.append(f"{int(rng.integers(0, 100))}:{digits}")
+    tokens += [f"{(1 << 64) + int(d)}:1" for d in rng.integers(-3000, 3000, 200)]
+    for k in range(0, len(tokens), 7):
+        line = " ".join(["1", "0", *tokens[k : k + 7]])
+        fast = line_batch._parse_plain_bytes(f"{line}\n".encode())
+        if _good(line):
+            assert fast is not None and _rows(fast) == _rows(line_batch._parse_line_by_line([line])[0]), line
+        else:
+            assert fast is None, line
+
+
 def _hour_data(root, text: bytes, max_bad: float = 0.5):
     import datetime as dt
 

@@ -9,8 +9,9 @@ can hand the chunk to the exact paths, which name the bad line.
 
 Why compiled (numba, ``nogil``): the earlier parse was some twenty numpy and pyarrow kernels, each
 visiting every byte or token of the chunk (4.3 us of CPU a Criteo line, where pyarrow's bare split of
-the same lines takes 0.45 us); here each byte is read once and each integer token is converted eight
-digits at a time (one 64-bit load, a digit check and three multiplies; ``_value8``). A value token
+the same lines takes 0.45 us); here each byte is read once; an integer token's digits are counted 32 bytes
+at a time (``_digit_count``), its last 16 digits converted by vector multiplies (``_value16``) and the
+others eight at a time (one 64-bit load and three multiplies; ``_value8``). A value token
 is converted exactly when its digits make an integer of at most 2**53 and its decimal exponent is
 within 10**22 (one correctly rounded multiply or divide of two exact doubles); any other is left to
 the caller (``float``), which reads it as the per-line parser does.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
@@ -73,6 +75,13 @@ def _inline(func):
     return njit(inline="always")(func)
 
 
+def _vector_at(context, builder, signature, args, lanes: int):
+    """An intrinsic's ``b[i:i + lanes]`` (its two arguments) as one vector of bytes, read by one load."""
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+    vector = ir.VectorType(ir.IntType(8), lanes)
+    return builder.load(builder.bitcast(builder.gep(data, [args[1]]), vector.as_pointer()), align=1)
+
+
 def _byte_mask(*wanted: int):
     """A kernel ``(b, i) -> uint64`` whose bit k says whether ``b[i + k]`` is one of the bytes ``wanted``: one
     64-byte load and a compare per byte value (on AVX-512 a mask register, else a few byte-mask moves). numba
@@ -81,9 +90,8 @@ def _byte_mask(*wanted: int):
     @intrinsic
     def byte_mask(typingctx, array, index):
         def codegen(context, builder, signature, args):
-            data = context.make_array(signature.args[0])(context, builder, args[0]).data
-            vector = ir.VectorType(ir.IntType(8), _BLOCK)
-            block = builder.load(builder.bitcast(builder.gep(data, [args[1]]), vector.as_pointer()), align=1)
+            block = _vector_at(context, builder, signature, args, _BLOCK)
+            vector = block.type
             hits = [builder.icmp_unsigned("==", block, ir.Constant(vector, [w] * _BLOCK)) for w in wanted]
             hit = hits[0]
             for other in hits[1:]:
@@ -93,6 +101,44 @@ def _byte_mask(*wanted: int):
         return types.uint64(array, types.intp), codegen
 
     return byte_mask
+
+
+@intrinsic
+def _digit_count(typingctx, array, index):
+    """``(b, i) -> int64``: how many ASCII digits start ``b[i:]``, up to 32 (32 bytes compared at once, where
+    three 8-byte words were tested one after the other)."""
+
+    def codegen(context, builder, signature, args):
+        block = _vector_at(context, builder, signature, args, 32)
+        i64 = ir.IntType(64)
+        other = builder.icmp_unsigned(
+            ">", builder.sub(block, ir.Constant(block.type, [48] * 32)), ir.Constant(block.type, [9] * 32)
+        )
+        bits = builder.or_(builder.zext(builder.bitcast(other, ir.IntType(32)), i64), ir.Constant(i64, 1 << 32))
+        cttz = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.cttz.i64"
+        )
+        return builder.call(cttz, [bits, ir.Constant(ir.IntType(1), 1)])
+
+    return types.int64(array, types.intp), codegen
+
+
+@intrinsic
+def _value16(typingctx, array, index):
+    """``(b, i) -> uint64``: the number the 16 ASCII digits ``b[i:i + 16]`` write: each digit times its power
+    of ten, summed (vector multiplies and one reduction, a third faster than two ``_value8``)."""
+
+    def codegen(context, builder, signature, args):
+        block = _vector_at(context, builder, signature, args, 16)
+        wide = ir.VectorType(ir.IntType(64), 16)
+        digits = builder.zext(builder.sub(block, ir.Constant(block.type, [48] * 16)), wide)
+        terms = builder.mul(digits, ir.Constant(wide, [10 ** (15 - k) for k in range(16)]))
+        add = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(64), [wide]), "llvm.vector.reduce.add.v16i64"
+        )
+        return builder.call(add, [terms])
+
+    return types.uint64(array, types.intp), codegen
 
 
 _newlines = _byte_mask(_NEWLINE)
@@ -148,20 +194,18 @@ def _value8(w, k):
 def _integer(b, i):
     """(value, digit count) of the ASCII digits at ``b[i:]``; count -1 for more than 20 digits or a value
     above 2**64-1 (counting leading zeros, as the grammar does)."""
-    w = _load8(b, i)
-    k = _digits(w)
-    if k < 8:
-        return _value8(w, k), k
-    w1 = _load8(b, i + 8)
-    k1 = _digits(w1)
-    if k1 < 8:
-        return _value8(w, k1) * _E8 + _value8(_load8(b, i + k1), 8), 8 + k1
-    k2 = _digits(_load8(b, i + 16))
-    hi = _value8(w, k2)
-    lo = _value8(_load8(b, i + k2), 8) * _E8 + _value8(_load8(b, i + k2 + 8), 8)
-    if k2 > 4 or (hi > _TOP_HI or (hi == _TOP_HI and lo > _TOP_LO)):
+    k = _digit_count(b, i)
+    if k <= 8:
+        return _value8(_load8(b, i), k), k
+    if k <= 16:
+        return _value8(_load8(b, i), k - 8) * _E8 + _value8(_load8(b, i + k - 8), 8), k
+    if k > FEASIGN_DIGITS:
         return np.uint64(0), -1
-    return hi * _E16 + lo, 16 + k2
+    hi = _value8(_load8(b, i), k - 16)
+    lo = _value16(b, i + k - 16)
+    if hi > _TOP_HI or (hi == _TOP_HI and lo > _TOP_LO):
+        return np.uint64(0), -1
+    return hi * _E16 + lo, k
 
 
 @_inline
