@@ -194,7 +194,12 @@ def _value8(w, k):
 def _integer(b, i):
     """(value, digit count) of the ASCII digits at ``b[i:]``; count -1 for more than 20 digits or a value
     above 2**64-1 (counting leading zeros, as the grammar does)."""
-    k = _digit_count(b, i)
+    return _integer_of(b, i, _digit_count(b, i))
+
+
+@_inline
+def _integer_of(b, i, k):
+    """``_integer`` of the ``k`` digits at ``b[i:]`` (``_digit_count``: all of them)."""
     if k <= 8:
         return _value8(_load8(b, i), k), k
     if k <= 16:
@@ -206,6 +211,30 @@ def _integer(b, i):
     if hi > _TOP_HI or (hi == _TOP_HI and lo > _TOP_LO):
         return np.uint64(0), -1
     return hi * _E16 + lo, k
+
+
+@_inline
+def _nondigits(w, k):
+    """Nonzero when any of the word's first ``k`` bytes (0..8, from the lowest) is not an ASCII digit."""
+    other = ((w & _HIGH_NIBBLES) ^ _ZEROS) | (((w + _SIXES) & _HIGH_NIBBLES) ^ _ZEROS)  # as in _digits
+    half = np.uint64(4 * k)
+    return other & (((_ONE << half) << half) - _ONE)  # two shifts: k = 8 keeps every byte
+
+
+@_inline
+def _point_value(b, i, whole, n):
+    """(value, True) when the ``n`` bytes at ``b[i:]`` are ``whole`` digits (their count, from
+    ``_digit_count``), a point and digits, fewer than 8 on either side and at least one (Criteo's
+    "1.38629"): ``_value_token``'s usual form and its arithmetic, without finding the token's end, which
+    the separators gave; else (0.0, False)."""
+    fraction = n - whole - 1
+    if b[i + whole] != _DOT or whole >= 8 or fraction < 0 or fraction >= 8 or n < 2:
+        return 0.0, False
+    f = _load8(b, i + whole + 1)
+    if _nondigits(f, fraction) != 0:
+        return 0.0, False
+    number = np.int64(_value8(_load8(b, i), whole) * _POWERS_INT[fraction] + _value8(f, fraction))
+    return np.float64(number) / _POWERS[fraction], True
 
 
 @_inline
@@ -387,19 +416,26 @@ def _fill(b, start, end, out, counts):
                 return False
             if c != _COLON:
                 return False
-            feasign, k = _integer(b, i)
-            is_value = k != p - i
-            if is_value:
+            k = _digit_count(b, i)
+            is_value = k != p - i  # a byte other than a digit before the colon
+            feasign = np.uint64(0)
+            if not is_value:
+                feasign, k = _integer_of(b, i, k)
                 if k < 0:  # more than 20 digits, or above 2**64-1
                     return False
-                colon, value, exact = _value_token(b, i)
-                if colon != p:
+            else:
+                if k > 16 and _integer_of(b, i, k)[1] < 0:  # as for an integer token: refused here
                     return False
+                value, exact = _point_value(b, i, k, p - i)
                 if not exact:
-                    inexact[3 * left] = tokens
-                    inexact[3 * left + 1] = i
-                    inexact[3 * left + 2] = p
-                    left += 1
+                    colon, value, exact = _value_token(b, i)
+                    if colon != p:
+                        return False
+                    if not exact:
+                        inexact[3 * left] = tokens
+                        inexact[3 * left + 1] = i
+                        inexact[3 * left + 2] = p
+                        left += 1
                 values[tokens] = value
             i = p + 1
             p, block, mask = _next_separator(b, block, mask)
