@@ -61,6 +61,7 @@ from ctr_foundation.slot_grammar import (
 )
 from elastic_control.data.line_batch import LineBatch, parse_lines, parse_plain_lines
 from elastic_control.inference.scoring import KeyBatch, key_batch, slot_positions
+from elastic_control.serving.body_scan import body_lines
 
 MAX_INSTANCES = 10_000
 MAX_ROUTING_KEY = 256
@@ -141,6 +142,17 @@ def predict_request(body: object, *, defer_lines: bool = False) -> PredictReques
         arm_of(body.get("arm")),
         instances,
     )
+
+
+def predict_body(body: bytes) -> PredictRequest:
+    """A ``/v1/predict`` body -> ``predict_request(decode_json(body), defer_lines=True)``: the common body of
+    lines only through one compiled scan of its bytes (body_scan.py, without the GIL), any other through
+    JSON."""
+    lines = body_lines(body)
+    if lines is None:
+        return predict_request(decode_json(body), defer_lines=True)
+    check_count(len(lines))
+    return PredictRequest(UnparsedLines(lines), None, None, [{"line": line} for line in lines])
 
 
 def only_lines(instances: Sequence[object]) -> UnparsedLines | None:

@@ -21,7 +21,7 @@ from ctr_foundation.http_messages import Request, Response, Slot, ok_json_bytes
 from elastic_control.serving.app import ServingApp, SplitConflict
 from elastic_control.serving.arms import SplitError, split_from_json
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
-from elastic_control.serving.instances import InstanceError, PredictRequest, decode_json, predict_request
+from elastic_control.serving.instances import InstanceError, PredictRequest, decode_json, predict_body
 from elastic_control.serving.monitor import prometheus_lines
 
 MAX_FEEDBACK_EVENTS = 100_000
@@ -126,7 +126,7 @@ class HttpRoutes:
     def _parsed(self, body: bytes, started: float) -> PredictRequest | Response:
         app = self.app
         try:
-            parsed = predict_request(decode_json(body), defer_lines=True)
+            parsed = predict_body(body)
         except InstanceError as e:
             app.metrics.observe_request(e.status, time.perf_counter() - started)
             return Response.error(e.status, str(e))
