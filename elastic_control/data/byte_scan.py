@@ -213,6 +213,13 @@ def _integer_of(b, i, k):
     return hi * _E16 + lo, k
 
 
+@_small
+def _u(i):
+    """An index as numba takes it without a test for a negative one (wraparound) at every access: in the walk,
+    the tests and the array lengths they keep in registers cost 6% of the pass."""
+    return np.uint64(i)
+
+
 @_inline
 def _nondigits(w, k):
     """Nonzero when any of the word's first ``k`` bytes (0..8, from the lowest) is not an ASCII digit."""
@@ -228,13 +235,13 @@ def _point_value(b, i, whole, n):
     "1.38629"): ``_value_token``'s usual form and its arithmetic, without finding the token's end, which
     the separators gave; else (0.0, False)."""
     fraction = n - whole - 1
-    if b[i + whole] != _DOT or whole >= 8 or fraction < 0 or fraction >= 8 or n < 2:
+    if b[_u(i + whole)] != _DOT or whole >= 8 or fraction < 0 or fraction >= 8 or n < 2:
         return 0.0, False
     f = _load8(b, i + whole + 1)
     if _nondigits(f, fraction) != 0:
         return 0.0, False
-    number = np.int64(_value8(_load8(b, i), whole) * _POWERS_INT[fraction] + _value8(f, fraction))
-    return np.float64(number) / _POWERS[fraction], True
+    number = np.int64(_value8(_load8(b, i), whole) * _POWERS_INT[_u(fraction)] + _value8(f, fraction))
+    return np.float64(number) / _POWERS[_u(fraction)], True
 
 
 @_inline
@@ -380,7 +387,7 @@ def _fill(b, start, end, out, counts):
     i = start  # the first byte of the field after the last separator taken
     while i < end:
         p, block, mask = _next_separator(b, block, mask)
-        c = b[p]
+        c = b[_u(p)]
         if p == i:  # a separator where a line's show belongs
             i += 1
             if c == _SPACE:  # leading spaces
@@ -394,19 +401,19 @@ def _fill(b, start, end, out, counts):
             return False
         i = p + 1
         p, block, mask = _next_separator(b, block, mask)
-        while p == i and b[p] == _SPACE:
+        while p == i and b[_u(p)] == _SPACE:
             i += 1
             p, block, mask = _next_separator(b, block, mask)
-        click = np.int64(b[i]) - 48
-        c = b[p]
+        click = np.int64(b[_u(i)]) - 48
+        c = b[_u(p)]
         if p != i + 1 or click < 0 or click > 1 or (c != _SPACE and c != _NEWLINE):
             return False
-        shows[rows] = np.int64(show)
-        clicks[rows] = click
+        shows[_u(rows)] = np.int64(show)
+        clicks[_u(rows)] = click
         i = p + 1
         while c != _NEWLINE:
             p, block, mask = _next_separator(b, block, mask)
-            c = b[p]
+            c = b[_u(p)]
             if p == i:
                 i += 1
                 if c == _SPACE:
@@ -436,24 +443,24 @@ def _fill(b, start, end, out, counts):
                         inexact[3 * left + 1] = i
                         inexact[3 * left + 2] = p
                         left += 1
-                values[tokens] = value
+                values[_u(tokens)] = value
             i = p + 1
             p, block, mask = _next_separator(b, block, mask)
-            c = b[p]
+            c = b[_u(p)]
             slot, k = _integer(b, i)
             if k != p - i or k <= 0 or k > SLOT_DIGITS or (c != _SPACE and c != _NEWLINE):
                 return False
             if is_value:
-                value_line[tokens] = rows
-                value_slots[tokens] = np.int64(slot)
+                value_line[_u(tokens)] = rows
+                value_slots[_u(tokens)] = np.int64(slot)
                 tokens += 1
             else:
-                feature_line[features] = rows
-                feasigns[features] = feasign
-                feature_slots[features] = np.int64(slot)
+                feature_line[_u(features)] = rows
+                feasigns[_u(features)] = feasign
+                feature_slots[_u(features)] = np.int64(slot)
                 features += 1
             i = p + 1
-        ends[rows] = p
+        ends[_u(rows)] = p
         rows += 1
         i = p + 1
     counts[0], counts[1], counts[2], counts[3], counts[4] = rows, features, tokens, left, blank
