@@ -32,6 +32,7 @@ from ctr_foundation.env_vars import MKL_DEBUG_CPU_TYPE
 from ctr_foundation.pass_format import DENSE_DIR, DENSE_PREFIX, PassInfo
 from ctr_foundation.sample import PADDING_FEASIGN, MalformedLine, transform_keys
 from elastic_control.data.line_batch import parse_lines
+from elastic_control.inference.key_kernel import one_key_cells
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,28 @@ def key_batch(
         dense = dense_matrix(n, dense_slots, vr, vs, vv, feature_row, feasigns, feature_slots)
     slots_arr = np.asarray(list(slots), dtype=np.int64)
     num_slots = len(slots_arr)
-    feature_row = np.asarray(feature_row, dtype=np.int64)
-    feature_slots = np.asarray(feature_slots, dtype=np.int64)
-    feasigns = np.asarray(feasigns, dtype=np.uint64)
+    feature_row = np.ascontiguousarray(feature_row, dtype=np.int64)
+    feature_slots = np.ascontiguousarray(feature_slots, dtype=np.int64)
+    feasigns = np.ascontiguousarray(feasigns, dtype=np.uint64)
+    table = _slot_table(tuple(slots_arr.tolist())) if n * num_slots else None
+    if table is not None:  # one compiled pass when every cell has one key at most (key_kernel.py)
+        keys, cells = np.empty(n * num_slots, np.uint64), np.empty(n * num_slots, np.int64)
+        if one_key_cells(feature_row, feasigns, feature_slots, table, n, np.uint64(sparse_dim or 0), keys, cells):
+            return KeyBatch(keys, cells, n, num_slots, None, dense)
+    return _sorted_key_batch(feature_row, feasigns, feature_slots, n, slots_arr, sparse_dim, dense)
+
+
+def _sorted_key_batch(
+    feature_row: np.ndarray,
+    feasigns: np.ndarray,
+    feature_slots: np.ndarray,
+    n: int,
+    slots_arr: np.ndarray,
+    sparse_dim: int | None,
+    dense: np.ndarray | None,
+) -> KeyBatch:
+    """key_batch's numpy passes, for every batch (a cell of several keys included)."""
+    num_slots = len(slots_arr)
     pos = slot_positions(feature_slots, slots_arr)
     known = pos >= 0
     if not known.all():
