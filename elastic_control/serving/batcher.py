@@ -565,8 +565,13 @@ class Batcher:
         probs = worker.model_for(version).predict(model_input(kb, values, version.dense_norm))
         app.metrics.observe_batch(kb.n)
         num_slots = len(version.slots)
-        slot_keys = np.bincount(kb.slot_pos, minlength=num_slots)
-        slot_unknown = np.bincount(kb.slot_pos[~found], minlength=num_slots)
+        # One key a cell (the common case): every slot has n keys, and only the unknown keys' slots are
+        # counted (a modulo over a few keys, not over the batch's ~20,000).
+        if kb.cell_starts is None:
+            slot_keys = np.full(num_slots, kb.n, np.int64)
+        else:
+            slot_keys = np.bincount(kb.slot_pos, minlength=num_slots)
+        slot_unknown = np.bincount(kb.cells[~found] % max(num_slots, 1), minlength=num_slots)
         app.monitor.observe_predictions(arm, version.version, version.slots, probs, slot_keys, slot_unknown)
         whole = [(p, off) for p, off in zip(parts, offsets, strict=True) if p.whole]
         items: list[tuple[Job, Outcome]] = []
