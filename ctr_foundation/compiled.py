@@ -8,8 +8,9 @@ look up in parallel), its machine code cached on disk when a cache folder is wri
 work). The image also carries its kernels compiled when it was built (``ELASTIC_CTR_NUMBA_SEED``,
 ``python -m elastic_control.kube.kernel_cache``): a pod's first kernel copies them into its absent
 ``NUMBA_CACHE_DIR``, so the pod loads them instead of compiling. Users: the training reader's byte parse
-(``elastic_control/data/byte_scan.py``), cube-server's small-batch lookup (``cube/lookup_kernel.py``) and
-serving's hot-key cache read (``elastic_control/serving/cache_kernel.py``).
+(``elastic_control/data/byte_scan.py``), cube-server's small-batch lookup (``cube/lookup_kernel.py``), the
+KeyBatch of one key a cell (``elastic_control/inference/key_kernel.py``), and serving's hot-key cache read
+and request body scan (``elastic_control/serving/cache_kernel.py``, ``body_scan.py``).
 """
 
 from __future__ import annotations
