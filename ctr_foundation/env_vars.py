@@ -91,6 +91,14 @@ PADDLE_TRAINER_ENDPOINTS = _var("PADDLE_TRAINER_ENDPOINTS", str, None, "host:por
 DATA_CONFIG = _var("ELASTIC_CTR_DATA_CONFIG", str, None, "path of data.config", PATH)
 SLOT_CONF = _var("ELASTIC_CTR_SLOT_CONF", str, None, "path of slot.conf", PATH)
 MODEL_PATH = _var("MODEL_PATH", str, None, "where training writes pass folders and the donefile", PATH)
+# The image's compiled kernels (ctr_foundation/compiled.py), copied into NUMBA_CACHE_DIR by a pod's first kernel.
+NUMBA_SEED = _var(
+    "ELASTIC_CTR_NUMBA_SEED",
+    str,
+    None,
+    "folder of compiled kernels written when the image was built, copied into an absent NUMBA_CACHE_DIR",
+    PATH,
+)
 TOKEN = _var(
     "ELASTIC_CTR_TOKEN",
     str,
