@@ -125,13 +125,16 @@ def test_the_byte_parse_takes_criteo_like_lines_with_values_and_refuses_misplace
         assert not _good(bad), bad
 
 
+@pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
-def test_text_chunks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, monkeypatch, block_bytes):
+def test_text_chunks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, monkeypatch, block_bytes, mapped):
     import fsspec
 
     from elastic_control.data import readers
 
     monkeypatch.setattr(readers, "READ_BLOCK_BYTES", block_bytes)
+    # Mapped: the file's chunks where the mapping holds them, its last lines read as an unmapped file's.
+    monkeypatch.setattr(readers, "MAP_MIN_BYTES", 0 if mapped else 1 << 62)
     rng = np.random.default_rng(block_bytes)
     lines = [_random_line(rng) for _ in range(200)]
     lines[7] = lines[8] = ""  # blank lines count as lines here (parse_lines drops them)
@@ -150,6 +153,11 @@ def test_text_chunks_cut_every_chunk_lines_lines_whatever_the_reads(tmp_path, mo
             assert list(readers.iter_text_blocks(fs, str(path), "part", chunk_lines)) == [e.encode() for e in expected]
             for c in chunks:  # the padding the compiled pass reads past a chunk's end
                 assert len(c.buffer) >= c.end + line_batch.byte_scan.PADDING
+            # A mapping is read-only, each read's buffer is not: mapped, the chunks that end at least the
+            # padding before the file's end are the mapping's.
+            ends = np.cumsum([c.end - c.start for c in chunks])  # in the file
+            in_mapping = [mapped and end + line_batch.byte_scan.PADDING <= path.stat().st_size for end in ends]
+            assert [not c.buffer.flags.writeable for c in chunks] == in_mapping
 
 
 def test_counts_and_line_ends_take_no_byte_after_stop():
