@@ -439,14 +439,16 @@ def read_text_chunks(fs, path: str, where: str, chunk_lines: int) -> Iterator[Te
 
 
 def _mapped(f) -> np.ndarray | None:
-    """The bytes of the open file ``f`` mapped read-only; None when it has no descriptor (HDFS, S3, memory)
+    """The bytes of the open file ``f`` mapped; None when it has no descriptor (HDFS, S3, memory)
     or fewer than ``MAP_MIN_BYTES``, or cannot be mapped."""
     try:
         descriptor = f.fileno()
         size = os.fstat(descriptor).st_size
         if size < max(MAP_MIN_BYTES, 2 * byte_scan.PADDING):
             return None
-        return np.frombuffer(mmap.mmap(descriptor, size, access=mmap.ACCESS_READ), np.uint8)
+        # Copy-on-write (never written): a writable array, as a read's buffer is, so the kernels compiled for
+        # one serve the other (a read-only array is another type to numba, another compile).
+        return np.frombuffer(mmap.mmap(descriptor, size, access=mmap.ACCESS_COPY), np.uint8)
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
         return None
 
