@@ -31,6 +31,7 @@ from ctr_foundation.grpc_api import SERVICE, serving_pb2, serving_pb2_grpc
 from ctr_foundation.slot_grammar import SLOT_LIMIT, slot_too_long
 from elastic_control.serving.app import ServingApp
 from elastic_control.serving.batcher import Answer, Frontend, Job, Outcome
+from elastic_control.serving.grpc_reply import predict_reply
 from elastic_control.serving.instances import (
     InstanceColumns,
     InstanceError,
@@ -88,7 +89,7 @@ def _add_prediction_service(servicer, server) -> None:
         "Predict": grpc.unary_unary_rpc_method_handler(
             servicer.Predict,
             request_deserializer=_lenient(serving_pb2.PredictRequest),
-            response_serializer=serving_pb2.PredictResponse.SerializeToString,
+            response_serializer=predict_reply,  # Predict returns the batcher's Answer itself
         ),
         "Feedback": grpc.unary_unary_rpc_method_handler(
             servicer.Feedback,
@@ -104,12 +105,11 @@ def parse_proto_instances(instances, *, defer_lines: bool = False) -> ParsedInst
     instances that are all lines stay unparsed for the batch worker."""
     check_count(len(instances))
     if defer_lines:
-        lines = []
-        for inst in instances:  # one pass (17 -> 9 us for 32 lines): a oneof member has presence
-            if not inst.HasField("line"):
-                break
-            lines.append(inst.line)
-        else:
+        # A non-empty line is the oneof's line member: 7.7 us for 32 lines against 11.4 us for a pass with
+        # HasField, which decides only when some line is empty (a "slots" instance, no member, or a line set
+        # to "", which stays a line for the batch worker, as in JSON).
+        lines = [inst.line for inst in instances]
+        if all(lines) or all(inst.HasField("line") for inst in instances):
             return UnparsedLines(lines)
     columns = InstanceColumns(len(instances))
     for r, inst in enumerate(instances):
@@ -271,13 +271,7 @@ class _PredictionServicer(serving_pb2_grpc.PredictionServicer):
         self.frontend.submit(Job(parsed, self.frontend, fut, started))
         outcome = await fut
         if isinstance(outcome, Answer):
-            return serving_pb2.PredictResponse(
-                probabilities=outcome.probabilities.tolist(),  # a list converts faster than the array's scalars
-                request_id=outcome.request_id,
-                arm=outcome.arm,
-                model_version=outcome.model_version,
-                cube_version=outcome.cube_version,
-            )
+            return outcome  # written as a PredictResponse by the method's serializer (grpc_reply.py)
         await context.abort(STATUS_CODES.get(outcome.status, grpc.StatusCode.INTERNAL), outcome.message)
 
     async def Feedback(self, request, context):
