@@ -32,7 +32,7 @@ def test_the_reply_is_what_protobuf_writes(n, dtype):
     probabilities = rng.random(n).astype(dtype)
     if n > 3:
         probabilities[:3] = (0.0, 1.0, np.float32(1e-30))
-    answer = Answer(probabilities, "r" * 200, "arm-é", "pass-20200101-00", "")
+    answer = Answer(probabilities, "r" * 200, "arm-é", "pass-20200101-00", "cube-7")
     got = predict_reply(answer)
     assert got == _protobuf_bytes(answer)
     back = serving_pb2.PredictResponse.FromString(got)
@@ -41,7 +41,7 @@ def test_the_reply_is_what_protobuf_writes(n, dtype):
         answer.request_id,
         answer.arm,
         answer.model_version,
-        "",
+        answer.cube_version,
     )
 
 
