@@ -5,7 +5,7 @@ strings (fields 2-5): the wire form is the probabilities array's little-endian b
 UTF-8, each behind its tag and length, an empty one left out as proto3 leaves a default out. Built this way
 (1.9 us for 32 probabilities) instead of as a message (5.8 us: 32 Python floats from ``tolist``, each
 converted again by protobuf, then serialized) on the gRPC event loop's thread, whose GIL time bounds
-how fast calls are taken in. The bytes are the ones ``SerializeToString`` writes (tests/test_grpc_reply.py).
+how fast calls are taken in. The bytes are the ones ``SerializeToString`` writes (tests/test_grpc_messages.py).
 """
 
 from __future__ import annotations
