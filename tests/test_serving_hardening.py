@@ -259,7 +259,7 @@ def soak(served, tmp_path, *, seconds: float, reload_every: float, clients: int 
                 except OSError:
                     pass
                 s.close()
-        status = requests.get(url + "/v1/status", timeout=10).json()
+        status = _settled_status(url)
         assert proc.poll() is None, "serving died during the soak"
     return {
         "answers": sum(answers),
@@ -271,6 +271,19 @@ def soak(served, tmp_path, *, seconds: float, reload_every: float, clients: int 
         "rss": rss,
         "idle_still_open": alive_idle,
     }
+
+
+def _settled_status(url: str, within: float = 5.0) -> dict:
+    """/v1/status once a switch under way has finished: the last copied pass may be switching as the soak
+    ends, and between the new version becoming active and the old one's cache being dropped both show. A
+    retired version's cache brought back would never be dropped, so it still shows after ``within``."""
+    deadline = time.monotonic() + within
+    while True:
+        status = requests.get(url + "/v1/status", timeout=10).json()
+        cached = set((status["cache"] or {}).get("versions", []))
+        if cached <= {status["model_version"]} or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
 
 
 def _rss_growth_mb(rss: list[int]) -> float:

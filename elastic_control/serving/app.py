@@ -215,10 +215,10 @@ class ServingApp:
     def _retire(self, old: LoadedVersion) -> None:
         """Drop a version nothing routes to any more: predictors between batches, its lookup a bit later."""
         old.retired = True  # first: nothing creates a cache or a kept predictor for it from here on
+        if self.cache is not None:  # at once: /v1/status then shows no cache of a version nothing routes to
+            self.cache.drop(old)
         self.batcher.forget(old)
         self._probe.pop(old.load_id, None)
-        if self.cache is not None:
-            self.cache.drop(old)
         t = threading.Timer(30.0, self._release_retired, args=(old,))
         t.daemon = True
         t.start()
