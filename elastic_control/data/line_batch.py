@@ -191,9 +191,15 @@ class TextChunk:
     @classmethod
     def of_bytes(cls, data: bytes) -> TextChunk:
         """``data`` (whole lines, the last ending with a newline) copied into a buffer of its own."""
-        buffer = np.frombuffer(data + bytes(byte_scan.PADDING), np.uint8)
-        lines, colons = byte_scan.count(buffer, 0, len(data))
-        return cls(buffer, 0, len(data), lines, colons)
+        return cls.of_padded(data + bytes(byte_scan.PADDING))
+
+    @classmethod
+    def of_padded(cls, padded: bytes) -> TextChunk:
+        """Whole lines followed by ``byte_scan.PADDING`` zero bytes, used where they lie (no copy)."""
+        buffer = np.frombuffer(padded, np.uint8)
+        end = len(buffer) - byte_scan.PADDING
+        lines, colons = byte_scan.count(buffer, 0, end)
+        return cls(buffer, 0, end, lines, colons)
 
     def data(self) -> bytes:
         return self.buffer[self.start : self.end].tobytes()
@@ -260,18 +266,16 @@ def parse_plain_lines(lines: Sequence[str]) -> LineBatch | None:
     text = "\n".join([*lines, _PADDING_TEXT])
     if not text.isascii():
         return None
-    buffer = np.frombuffer(text.encode("ascii"), np.uint8)
-    end = len(buffer) - byte_scan.PADDING
-    newlines, colons = byte_scan.count(buffer, 0, end)
-    if newlines != len(lines):  # a newline inside a line is not one sample
+    chunk = TextChunk.of_padded(text.encode("ascii"))
+    if chunk.lines != len(lines):  # a newline inside a line is not one sample
         return None
-    batch = _parse_plain_chunk(TextChunk(buffer, 0, end, newlines, colons), list(lines))
+    batch = _parse_plain_chunk(chunk, list(lines))
     if batch is None or len(batch) != len(lines):  # a blank line was dropped: not a sample here
         return None
     return batch
 
 
-_PADDING_TEXT = "\0" * byte_scan.PADDING  # what TextChunk.of_bytes pads with
+_PADDING_TEXT = "\0" * byte_scan.PADDING  # what TextChunk.of_padded expects after the lines
 
 
 # The grammar's show bound as numpy compares it (the older paths' check).
