@@ -42,14 +42,20 @@ def compile_all() -> list[str]:
         for chunk in read_text_chunks(location.fs, f"{location.path}/part-00000", str(path), 4):
             parse_chunk(chunk)
     warm_up_line_parse()
+    return sorted(f"{k.py_func.__module__}.{k.py_func.__qualname__}" for k in loaded_kernels() if k.signatures)
+
+
+def loaded_kernels() -> list[CPUDispatcher]:
+    """The project's kernels imported in this process, each once (a module importing another's kernel holds
+    the same dispatcher)."""
     kernels = {
-        id(value): f"{value.py_func.__module__}.{value.py_func.__qualname__}"
+        id(value): value
         for name, module in list(sys.modules.items())
         if name.split(".")[0] in PACKAGES
         for value in vars(module).values()
-        if isinstance(value, CPUDispatcher) and value.signatures
+        if isinstance(value, CPUDispatcher)
     }
-    return sorted(kernels.values())
+    return list(kernels.values())
 
 
 def main(argv: list[str]) -> int:
