@@ -526,9 +526,17 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=int, default=None, help="throughput rounds, configurations alternating (default 3, --quick 1)"
     )
+    ap.add_argument(
+        "--lines-per-hour",
+        type=int,
+        default=None,
+        help="lines of each synthetic hour of the reader and throughput parts (default 25,000, --quick 5,000): "
+        "a pass's fixed costs (Paddle's 100 ms flush, the barriers, the export) weigh less on larger hours",
+    )
     args = ap.parse_args()
     families = [f for f in args.families.split(",") if f]
     hours, lines = (2, 5000) if args.quick else (4, 25_000)
+    throughput_lines = args.lines_per_hour or lines
     args.rounds = args.rounds or (1 if args.quick else 3)
     if args.tune_candidates is None:
         args.tune_candidates = 3 if args.quick else 8
@@ -541,7 +549,14 @@ def main() -> None:
             movielens_log(root, args.tune_candidates)
             return
         if not args.skip_throughput or args.reader_only:
-            generate(root / "data", slots=THROUGHPUT_SLOTS, hours=hours, lines_per_hour=lines, seed=1, start=B.START)
+            generate(
+                root / "data",
+                slots=THROUGHPUT_SLOTS,
+                hours=hours,
+                lines_per_hour=throughput_lines,
+                seed=1,
+                start=B.START,
+            )
             part = hour_dir(root / "data", B.START) / "part-00000"
             print_parse_rate(f"synthetic {len(THROUGHPUT_SLOTS)} slots, integer tokens only", part)
             if B.CRITEO_FILE.exists():
@@ -583,15 +598,16 @@ def main() -> None:
                 )
                 print(
                     f"training throughput, {trainers} trainer(s) + 1 pserver (synthetic {len(THROUGHPUT_SLOTS)} slots, "
-                    f"{hours} x {lines} lines): defaults ({DEFAULT_MODEL}) {now:,.0f} examples/s; without copies of "
-                    f"the best epoch {plain:,.0f} ({now / plain:.2f}x); embeddings on the "
+                    f"{hours} x {throughput_lines} lines): defaults ({DEFAULT_MODEL}) {now:,.0f} examples/s; "
+                    f"without copies of the best epoch {plain:,.0f} ({now / plain:.2f}x); embeddings on the "
                     f"sparse Adam rule {adam:,.0f} ({now / adam:.2f}x); without the wide prior {prior:,.0f} "
                     f"(defaults {now / prior:.2f}x); the original defaults (dnn 400-400-400, 1 epoch, "
                     f"sparse Adam, no L2) {before:,.0f} ({now / before:.2f}x)",
                     flush=True,
                 )
             print(
-                f"2 trainers vs 1 with the defaults: {rates['default', 2] / rates['default', 1]:.2f}x on 2 cores",
+                f"2 trainers vs 1 with the defaults: {rates['default', 2] / rates['default', 1]:.2f}x on 2 cores "
+                f"({throughput_lines:,} lines an hour)",
                 flush=True,
             )
             steady = {t: float(np.median(v)) for t, v in later.items()}
