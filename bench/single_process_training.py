@@ -93,7 +93,8 @@ def main() -> None:
     import paddle
 
     paddle.enable_static()
-    paddle.set_flags({"FLAGS_new_executor_serial_run": True})  # as the trainers run
+    # As the trainers run: ops in order on this thread, no garbage collector's thread (training/trainer.py).
+    paddle.set_flags({"FLAGS_new_executor_serial_run": True, "FLAGS_eager_delete_tensor_gb": -1.0})
     paddle.static.nn.sparse_embedding = local_table(paddle)
     net = build_training_net(paddle, spec)
     paddle.optimizer.Adam(spec.learning_rate).minimize(net.loss)

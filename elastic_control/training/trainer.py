@@ -102,7 +102,10 @@ class Trainer:
         paddle.enable_static()
         # Each step runs a few hundred small ops: run in order on this thread, they cost less than handed
         # to the executor's worker threads and waited for (3-8% more examples/s, 1 or 2 trainers).
-        paddle.set_flags({"FLAGS_new_executor_serial_run": True})
+        # No garbage collection inside a run: its work queue's thread spins between a step's ops (about a
+        # fifth of a core a trainer, perf: ThreadPoolTempl::WorkerLoop), a core the other trainer and the
+        # pserver need; a step's temporaries stay allocated until the next run of the program reuses them.
+        paddle.set_flags({"FLAGS_new_executor_serial_run": True, "FLAGS_eager_delete_tensor_gb": -1.0})
         fleet.init(is_collective=False)
         self.spec = settings.model_spec()
         inc = self.incremental
