@@ -34,7 +34,7 @@ from elastic_control.config.slot_conf import load_slot_conf  # noqa: E402
 from elastic_control.data.line_batch import batch_keys  # noqa: E402
 from elastic_control.data.readers import HourlyData  # noqa: E402
 from elastic_control.training.feeding import feed_keys, prefetch, rebatch  # noqa: E402
-from elastic_control.training.model import build_training_net  # noqa: E402
+from elastic_control.training.model import EXECUTOR_FLAGS, build_training_net  # noqa: E402
 from elastic_control.training.settings import Hyperparameters, RoleSettings  # noqa: E402
 
 LOCAL_TABLE_ROWS = 1024  # model.build_training_net's sparse_embedding size
@@ -93,8 +93,7 @@ def main() -> None:
     import paddle
 
     paddle.enable_static()
-    # As the trainers run: ops in order on this thread, no garbage collector's thread (training/trainer.py).
-    paddle.set_flags({"FLAGS_new_executor_serial_run": True, "FLAGS_eager_delete_tensor_gb": -1.0})
+    paddle.set_flags(EXECUTOR_FLAGS)  # as the trainers run
     paddle.static.nn.sparse_embedding = local_table(paddle)
     net = build_training_net(paddle, spec)
     paddle.optimizer.Adam(spec.learning_rate).minimize(net.loss)

@@ -23,6 +23,13 @@ SPARSE_TABLE_NAME = "SparseFeatFactors"
 DEFAULT_EMBEDDING_DIM = 9
 DEFAULT_HIDDEN = (128, 64)  # the original's 400-400-400 overfits small passes (settings.py)
 LABEL_INPUT = "click"
+# How a trainer's executor runs the training program (paddle.set_flags, before the first run). Each step
+# runs a few hundred small ops: run in order on the calling thread, they cost less than handed to the
+# executor's worker threads and waited for (3-8% more examples/s, 1 or 2 trainers). No garbage collection
+# inside a run: its work queue's thread spins between a step's ops (about a fifth of a core a trainer, perf:
+# ThreadPoolTempl::WorkerLoop), a core the other trainer and the pserver need; a step's temporaries stay
+# allocated until the next run of the program reuses them.
+EXECUTOR_FLAGS = {"FLAGS_new_executor_serial_run": True, "FLAGS_eager_delete_tensor_gb": -1.0}
 # embedx_w starts uniform in +-INITIAL_RANGE; embed_w starts at 0 (the accessor's zero_init). 0.05, not
 # 0.01: the deep part learns interactions through products of embeddings and MLP weights, and from rows
 # near zero it sat on a plateau (held-out loss flat for epochs 5-9 of the first pass) that a run left by

@@ -29,7 +29,7 @@ from elastic_control.training.bias_refit import BIAS_REFIT_LINES, PredictionSums
 from elastic_control.training.coordinator import CoordinatorClient, coordinator_endpoint
 from elastic_control.training.feeding import feed_keys, make_feed, prefetch, rebatch
 from elastic_control.training.job_progress import JobProgressAnnotator
-from elastic_control.training.model import build_training_net, make_strategy, table_shards
+from elastic_control.training.model import EXECUTOR_FLAGS, build_training_net, make_strategy, table_shards
 from elastic_control.training.pass_stream import (
     Holdout,
     KeyCounts,
@@ -100,12 +100,7 @@ class Trainer:
         # The decay rule's per-key rates (training/rate_decay.py), None when no part of the rows uses it.
         self.rate_decay = None
         paddle.enable_static()
-        # Each step runs a few hundred small ops: run in order on this thread, they cost less than handed
-        # to the executor's worker threads and waited for (3-8% more examples/s, 1 or 2 trainers).
-        # No garbage collection inside a run: its work queue's thread spins between a step's ops (about a
-        # fifth of a core a trainer, perf: ThreadPoolTempl::WorkerLoop), a core the other trainer and the
-        # pserver need; a step's temporaries stay allocated until the next run of the program reuses them.
-        paddle.set_flags({"FLAGS_new_executor_serial_run": True, "FLAGS_eager_delete_tensor_gb": -1.0})
+        paddle.set_flags(EXECUTOR_FLAGS)
         fleet.init(is_collective=False)
         self.spec = settings.model_spec()
         inc = self.incremental
