@@ -75,8 +75,6 @@ def ours_slice(args):
     paths, lo, hi, buckets, out = args
     y, s, g = (np.asarray(a) for a in _load(paths, lo, hi))
     table = _counts(y, s)
-    if out is None:
-        return table, [(g, y, s)]
     bucket = group_bucket(g, buckets)
     files = []
     for j in range(buckets):
