@@ -15,6 +15,7 @@ from helpers_common import CRITEO_FILE
 
 from ctr_foundation.errors import UsageError
 from elastic_control.config import load_data_config, load_slot_conf
+from elastic_control.demo.run import _size
 
 ROOT = Path(__file__).resolve().parents[1]
 CRITEO = CRITEO_FILE
@@ -56,6 +57,11 @@ def test_criteo_data_is_converted_and_split(tmp_path):
     assert set(data.heldout_labels) <= {0, 1}
     conf = load_slot_conf(data.slot_conf)
     assert conf.slots == tuple(range(1, 40)) and conf.dense == tuple(range(40, 53))
+
+
+def test_shipped_sizes_read_in_the_unit_that_shows_them():
+    assert _size(41_234) == "41.2 kB"  # the demo's tables: "0.0 MB" said nothing
+    assert _size(440e6) == "440.0 MB"
 
 
 def test_demo_refuses_bad_arguments(tmp_path):

@@ -319,6 +319,11 @@ def demo_config_keys(deltas: bool, pass_minutes, admit_min_count, evict_after) -
     return extra
 
 
+def _size(n: float) -> str:
+    """Bytes for a person: the demo's small tables ship tens of kB, a real day's passes hundreds of MB."""
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
 def print_report(report: DemoReport, data) -> None:
     console.rule("ElasticCTR demo")
     unit = "passes" if any(p.get("kind") == "delta" for p in report.passes) else "hourly passes"
@@ -352,7 +357,7 @@ def print_report(report: DemoReport, data) -> None:
     for r in report.rollouts:
         if r.get("freshness_s") is not None:
             kind = f" ({r['kind']})" if r.get("kind") else ""
-            shipped = f", {r['shipped_bytes'] / 1e6:.1f} MB shipped to the shards" if r.get("shipped_bytes") else ""
+            shipped = f", {_size(r['shipped_bytes'])} shipped to the shards" if r.get("shipped_bytes") else ""
             info(
                 f"freshness of {r['version']}{kind}: {r['freshness_s']:.1f}s"
                 f" from its donefile line to serving answering with it{shipped}"
