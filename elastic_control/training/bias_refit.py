@@ -1,17 +1,17 @@
 """The logit bias refitted after each pass, so that the pass's mean prediction is its click rate.
 
-In Paddle 2.6.2's asynchronous parameter-server mode the dense part's bias barely leaves its start (the
-base rate's log-odds): on passes of a few thousand lines it moved by 0.001, and the model's mean prediction
-was whatever the embeddings and the MLP made of it (1.05-1.07 times the click rate on its own training
-hour, 1.09-1.15 on the next one, CHANGELOG.md, "The bias refitted after each pass"). Logistic
-regression's optimality condition for its intercept is exactly "mean prediction = click rate on the
-training lines": after a pass's epochs every trainer scores up to BIAS_REFIT_LINES lines of its share,
-trainer 0 sums what they send on the pass's ``trained`` barrier and moves the bias by the shift that meets
-that condition, at most MAX_SHIFT in logit. What a trainer sends is its click count and a histogram of its
-logits (LOGIT_BINS bins of 0.02), enough to solve the condition by Newton's method within 0.1% of the
-click rate (one Newton step from the sums alone left 1.3% when the logits were 0.3 off). A shift of the bias moves
-every logit alike, so it changes no AUC; it is pushed to the servers before the export, so the pass's
-dense model, its golden lines and the next pass all have it.
+In Paddle 2.6.2's asynchronous parameter-server mode the dense part's bias barely leaves its start (the base
+rate's log-odds): on passes of a few thousand lines it moved by 0.001, and the model's mean prediction was
+whatever the embeddings and the MLP made of it (1.05-1.07 times the click rate on its own training hour,
+1.09-1.15 on the next one, CHANGELOG.md, "The bias refitted after each pass"). Logistic regression's
+optimality condition for its intercept is exactly "mean prediction = click rate on the training lines": after
+a pass's epochs the trainers score up to BIAS_REFIT_LINES lines of the pass between them (each the first 1/N
+of them from its share), trainer 0 sums what they send on the pass's ``trained`` barrier and moves the bias by
+the shift that meets that condition, at most MAX_SHIFT in logit. What a trainer sends is its click count and a
+histogram of its logits (LOGIT_BINS bins of 0.02), enough to solve the condition by Newton's method within
+0.1% of the click rate (one Newton step from the sums alone left 1.3% when the logits were 0.3 off). A shift
+of the bias moves every logit alike, so it changes no AUC; it is pushed to the servers before the export, so
+the pass's dense model, its golden lines and the next pass all have it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BIAS_REFIT_LINES = 20_000  # per trainer and pass: enough for a click rate within ~1% (sd of 0.25 / sqrt(n))
+BIAS_REFIT_LINES = 20_000  # per pass, all trainers together: a click rate within ~1% (sd of 0.25 / sqrt(n))
 MAX_SHIFT = 0.5  # in logit: a pass whose mean is off by more than this is left to the next passes
 LOGIT_RANGE = 12.0  # logits beyond +-this fall in the end bins (their probabilities hardly move)
 LOGIT_BIN = 0.02

@@ -415,7 +415,9 @@ class Trainer:
         if self.wide_prior:
             self.wide_prior.end_pass(counts)
         if h.refit_bias is not False:
-            stats.prediction_sums = self._prediction_sums(share)
+            # The refit needs BIAS_REFIT_LINES lines of the pass in all (a click rate within ~1%), not from each
+            # trainer: N trainers score a share of them each, so a second trainer halves this cost of a pass.
+            stats.prediction_sums = self._prediction_sums(share, math.ceil(BIAS_REFIT_LINES / self.s.trainers))
         stats.epochs = epoch
         stats.seconds = time.monotonic() - started
         self.progress.finish(epoch)
@@ -470,7 +472,7 @@ class Trainer:
         self._best.start_pass(Path(self.s.model_path) / f".{name}-best-epoch.tmp")
         return self._best
 
-    def _prediction_sums(self, share, lines: int = BIAS_REFIT_LINES) -> dict:
+    def _prediction_sums(self, share, lines: int) -> dict:
         """Sums of the current model's predictions over up to ``lines`` of this trainer's share (its first
         ones: the share is in file order, and any part of the hour will do), for ``bias_refit.shift``."""
         self.ps.pull_dense()
