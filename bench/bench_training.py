@@ -181,7 +181,7 @@ def hourly_job(folder: Path, data: Path, slots, hours: int):
     return B.write_job(folder, data=data, slots=slots, start=B.START, hours=hours)
 
 
-def parse_rate(path: Path, repeats: int = 5) -> tuple[float, float, float, float, float]:
+def parse_rate(path: Path, repeats: int = 11) -> tuple[float, float, float, float, float]:
     """(reader lines/s, bare pyarrow CSV lines/s, the same on one thread, and the reader's and the one-thread
     split's lines per CPU second) over the same text file: medians of ``repeats`` runs in turn, after one run
     of each (the first run of either pays one-off costs: imports, pyarrow's thread pools, the compiled
